@@ -1,0 +1,140 @@
+"""The framed JSON protocol between the host and the in-sandbox agent.
+
+This module is the one definition both sides use. It is imported by the host
+(``mcp_code_sandbox.agent.protocol``) and, inside the sandbox, by the agent as part of the
+stand-alone package mounted at ``/opt/sandbox/lib/mcs_agent``: standard library only, and
+no absolute imports of ``mcp_code_sandbox``.
+
+Framing: a 4-byte big-endian unsigned length, then that many bytes of UTF-8 JSON holding
+one object. A frame larger than ``MAX_FRAME_BYTES`` is a protocol error, and so is EOF in
+the middle of a frame ("unexpected EOF"); EOF between frames is a clean close.
+
+Messages host → agent (key ``op``)::
+
+    {"op": "exec", "id": int, "language": str, "code": str, "timeout_s": float,
+     "env": {str: str}}                       run one cell / program
+    {"op": "interrupt", "id": int, "reason": "timeout" | "cancelled"}
+                                              stop run ``id`` (SIGINT, then kill + restart)
+    {"op": "shutdown"}                        exit cleanly
+
+Messages agent → host (key ``ev``)::
+
+    {"ev": "ready", "languages": {name: version}, "ipython": bool, "pid": int}
+    {"ev": "stream", "id": int, "name": "stdout" | "stderr", "text": str}
+    {"ev": "display", "id": int, "source": "figure" | "display",
+     "data": {mime: str}}                     image/png is base64; text types are text
+    {"ev": "done", "id": int, "status": "ok" | "error" | "timeout" | "cancelled",
+     "exit_code": int | None, "result": str | None,
+     "error": {"name": str, "value": str, "traceback": str} | None,
+     "execution_count": int | None, "state_lost": bool}
+
+Exactly one ``done`` ends every ``exec``, after all of its ``stream`` and ``display``
+messages. ``state_lost`` is true only when the interpreter was restarted during this run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import struct
+from typing import Any
+
+__all__ = [
+    "HEADER",
+    "MAX_FRAME_BYTES",
+    "FrameDecoder",
+    "ProtocolError",
+    "encode_frame",
+    "read_frame",
+    "write_frame",
+]
+
+HEADER = struct.Struct(">I")
+#: One frame at most: room for a few large PNGs in base64 inside one display message.
+MAX_FRAME_BYTES = 64 * 1024 * 1024
+
+
+class ProtocolError(Exception):
+    """A frame was oversized, not JSON, not an object, or cut short by EOF."""
+
+
+def encode_frame(message: dict[str, Any]) -> bytes:
+    body = json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    if len(body) > MAX_FRAME_BYTES:
+        raise ProtocolError(f"frame of {len(body)} bytes exceeds {MAX_FRAME_BYTES}")
+    return HEADER.pack(len(body)) + body
+
+
+def decode_body(body: bytes) -> dict[str, Any]:
+    try:
+        message = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ProtocolError(f"frame is not UTF-8 JSON: {exc}") from None
+    if not isinstance(message, dict):
+        raise ProtocolError("frame is not a JSON object")
+    return message
+
+
+class FrameDecoder:
+    """Incremental decoder: feed bytes, get whole messages. For non-blocking readers."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[dict[str, Any]]:
+        self._buf += data
+        out: list[dict[str, Any]] = []
+        while len(self._buf) >= HEADER.size:
+            (length,) = HEADER.unpack_from(self._buf)
+            if length > MAX_FRAME_BYTES:
+                raise ProtocolError(f"frame of {length} bytes exceeds {MAX_FRAME_BYTES}")
+            if len(self._buf) < HEADER.size + length:
+                break
+            body = bytes(self._buf[HEADER.size : HEADER.size + length])
+            del self._buf[: HEADER.size + length]
+            out.append(decode_body(body))
+        return out
+
+    @property
+    def pending(self) -> int:
+        """Bytes of an unfinished frame; non-zero at EOF means the peer cut a frame short."""
+        return len(self._buf)
+
+
+def _read_exactly(fd: int, n: int) -> bytes:
+    chunks: list[bytes] = []
+    remaining = n
+    while remaining:
+        chunk = os.read(fd, min(remaining, 1 << 20))
+        if not chunk:
+            if remaining == n:
+                return b""
+            raise ProtocolError("unexpected EOF inside a frame")
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(chunks)
+
+
+def read_frame(fd: int) -> dict[str, Any] | None:
+    """Blocking read of one message from a file descriptor; ``None`` on clean EOF."""
+    header = _read_exactly(fd, HEADER.size)
+    if not header:
+        return None
+    if len(header) < HEADER.size:
+        raise ProtocolError("unexpected EOF inside a frame header")
+    (length,) = HEADER.unpack(header)
+    if length > MAX_FRAME_BYTES:
+        raise ProtocolError(f"frame of {length} bytes exceeds {MAX_FRAME_BYTES}")
+    body = _read_exactly(fd, length)
+    if len(body) != length:
+        raise ProtocolError("unexpected EOF inside a frame")
+    return decode_body(body)
+
+
+def write_frame(fd: int | socket.socket, message: dict[str, Any]) -> None:
+    """Blocking write of one whole message (callers serialise writers with a lock)."""
+    data = memoryview(encode_frame(message))
+    while data:
+        sent = fd.send(data) if isinstance(fd, socket.socket) else os.write(fd, data)
+        data = data[sent:]

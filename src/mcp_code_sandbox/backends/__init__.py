@@ -1,0 +1,1 @@
+"""Backends: how sandboxes are started, connected to, stopped and listed."""

@@ -1,0 +1,234 @@
+"""The backend seam: how the session manager gets a sandbox with an agent in it.
+
+A backend only starts, connects to, stops and lists sandboxes. It knows nothing of MCP,
+of files (the session manager and :mod:`mcp_code_sandbox.workspace` own those) or of the
+agent's messages (:mod:`mcp_code_sandbox.agent_client` speaks them over the channel a
+backend hands back). Each backend maps its own foreign errors (``OSError``, docker-py's
+exceptions) to :class:`~mcp_code_sandbox.errors.BackendUnavailable` or
+:class:`~mcp_code_sandbox.errors.SandboxFailed`, and lets nothing else out.
+
+Every backend lays the sandbox out the same way, so the agent and the tool descriptions
+can rely on it: the workspace at ``WORKSPACE_DIR`` (the working directory), the runtime
+environment's interpreter at ``SANDBOX_PYTHON``, the agent package at ``AGENT_LIB_DIR``,
+``/tmp`` a size-limited tmpfs, everything else read-only, uid/gid 1000, no capabilities.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from mcp_code_sandbox.agent.protocol import (
+    HEADER,
+    MAX_FRAME_BYTES,
+    ProtocolError,
+    decode_body,
+    encode_frame,
+)
+
+__all__ = [
+    "AGENT_LIB_DIR",
+    "AGENT_MODULE",
+    "SANDBOX_GID",
+    "SANDBOX_PYTHON",
+    "SANDBOX_UID",
+    "SANDBOX_VENV",
+    "WORKSPACE_DIR",
+    "Backend",
+    "Channel",
+    "Enforcement",
+    "Leftover",
+    "Limits",
+    "Sandbox",
+    "SandboxSpec",
+    "agent_argv",
+    "sandbox_env",
+]
+
+WORKSPACE_DIR = "/mnt/data"
+SANDBOX_VENV = "/opt/sandbox/venv"
+SANDBOX_PYTHON = f"{SANDBOX_VENV}/bin/python"
+#: Parent directory of the agent package inside the sandbox; the package is ``mcs_agent``.
+AGENT_LIB_DIR = "/opt/sandbox/lib"
+AGENT_MODULE = "mcs_agent"
+SANDBOX_UID = 1000
+SANDBOX_GID = 1000
+
+#: How a limit is enforced in one sandbox, as reported by ``doctor`` and ``list_runtimes``.
+Enforcement = Literal["cgroup", "rlimit", "checked", "none"]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource limits of one sandbox. Every field is a hard cap; none is optional."""
+
+    memory_bytes: int
+    cpu: float
+    pids: int
+    tmp_bytes: int
+    #: The largest single file the sandbox may write (RLIMIT_FSIZE); the workspace's total
+    #: is checked by the session manager, which knows the quota.
+    file_bytes: int
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """What the session manager asks a backend for."""
+
+    #: Unique, filesystem- and label-safe name of the session (not the client's id).
+    key: str
+    owner: str
+    session_id: str
+    #: Host directory bound read-write at ``WORKSPACE_DIR``; the backend never writes to it.
+    workspace: Path
+    limits: Limits
+    network: bool = False
+    #: Environment of every process in the sandbox, on top of the backend's base env.
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Leftover:
+    """A sandbox (or its remains) that a previous server process left behind."""
+
+    backend_id: str
+    key: str | None
+    owner: str | None
+    session_id: str | None
+    running: bool
+
+
+class Channel:
+    """Framed-JSON channel to one agent over an asyncio stream pair.
+
+    ``receive`` returns ``None`` at a clean EOF and raises :class:`ProtocolError` on a
+    broken frame; callers translate both into ``SandboxFailed``.
+    """
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._reader = reader
+        self._writer = writer
+        self._send_lock = asyncio.Lock()
+
+    async def send(self, message: dict[str, Any]) -> None:
+        async with self._send_lock:
+            self._writer.write(encode_frame(message))
+            await self._writer.drain()
+
+    async def receive(self) -> dict[str, Any] | None:
+        try:
+            header = await self._reader.readexactly(HEADER.size)
+        except asyncio.IncompleteReadError as exc:
+            if exc.partial:
+                raise ProtocolError("unexpected EOF inside a frame header") from None
+            return None
+        (length,) = HEADER.unpack(header)
+        if length > MAX_FRAME_BYTES:
+            raise ProtocolError(f"frame of {length} bytes exceeds {MAX_FRAME_BYTES}")
+        try:
+            body = await self._reader.readexactly(length)
+        except asyncio.IncompleteReadError:
+            raise ProtocolError("unexpected EOF inside a frame") from None
+        return decode_body(body)
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+class Sandbox(abc.ABC):
+    """A running sandbox as one backend sees it. Created only by :meth:`Backend.create`."""
+
+    def __init__(self, spec: SandboxSpec, channel: Channel, backend_id: str) -> None:
+        self.spec = spec
+        self.channel = channel
+        #: The backend's own name for it (a pid, a container id): for logs and leftovers.
+        self.backend_id = backend_id
+
+    @abc.abstractmethod
+    def is_alive(self) -> bool:
+        """Called by the session manager before a run, to notice a sandbox that died."""
+
+
+class Backend(abc.ABC):
+    """One way of running sandboxes. Called only by the session manager (and ``doctor``)."""
+
+    name: str
+
+    @abc.abstractmethod
+    async def create(self, spec: SandboxSpec) -> Sandbox:
+        """Start a sandbox for ``spec`` and return it once its agent said ``ready``.
+
+        Called by the session manager for a new session, and again for an existing one
+        whose sandbox died. Raises ``BackendUnavailable`` when the backend cannot run at
+        all and ``SandboxFailed`` when this one sandbox could not start.
+        """
+
+    @abc.abstractmethod
+    async def stop(self, sandbox: Sandbox) -> None:
+        """Stop ``sandbox`` and free what the backend holds for it (processes, cgroups).
+
+        Called by the session manager on close, expiry and shutdown. Escalates (ask the
+        agent, SIGTERM, SIGKILL) with bounded waits; never raises for a sandbox that is
+        already gone.
+        """
+
+    @abc.abstractmethod
+    async def list_leftovers(self) -> list[Leftover]:
+        """Sandboxes of this backend that no live server owns. Called once at start."""
+
+    @abc.abstractmethod
+    async def remove_leftover(self, leftover: Leftover) -> None:
+        """Remove one leftover for good. Called at start for those not re-attached."""
+
+    @abc.abstractmethod
+    def enforcement(self) -> dict[str, Enforcement]:
+        """How each limit is enforced: keys ``memory``, ``cpu``, ``pids``, ``tmp``,
+        ``file_size``, ``network``. For ``doctor`` and ``list_runtimes``."""
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook, a no-op by default
+        """Release backend-wide resources at server shutdown, after every sandbox stopped."""
+
+
+def sandbox_env(extra: Mapping[str, str]) -> dict[str, str]:
+    """The environment of the agent and every process it starts, for every backend."""
+    env = {
+        "PATH": f"{SANDBOX_VENV}/bin:/usr/local/bin:/usr/bin:/bin",
+        "HOME": "/tmp",
+        "USER": "sandbox",
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "TERM": "dumb",
+        "MPLBACKEND": "Agg",
+        "MPLCONFIGDIR": "/tmp/.matplotlib",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONUNBUFFERED": "1",
+        "VIRTUAL_ENV": SANDBOX_VENV,
+    }
+    env.update(extra)
+    return env
+
+
+def agent_argv(limits: Limits, rlimit_memory: bool) -> list[str]:
+    """Command line of the agent inside the sandbox (run with cwd ``AGENT_LIB_DIR``).
+
+    ``rlimit_memory`` asks the agent to cap the interpreter's data segment with
+    RLIMIT_DATA, for backends that could not set a cgroup memory limit.
+    """
+    import json
+
+    config = {
+        # The agent is alone in its pid namespace: on a kill it may end every process but
+        # itself and pid 1, so a child that escaped into its own session dies too.
+        "kill_strays": True,
+        "pids": limits.pids,
+        "file_bytes": limits.file_bytes,
+        "memory_bytes": limits.memory_bytes if rlimit_memory else None,
+    }
+    return [
+        SANDBOX_PYTHON, "-s", "-B", "-m", AGENT_MODULE,
+        "--channel-fd", "3", "--config", json.dumps(config, separators=(",", ":")),
+    ]

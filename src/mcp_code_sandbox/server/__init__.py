@@ -1,0 +1,1 @@
+"""The MCP layer: the only package that imports ``mcp``."""

@@ -1,0 +1,179 @@
+"""The server's configuration: read once from ``SANDBOX_*`` variables and CLI flags.
+
+One frozen :class:`Settings` object is built at start (``load_settings``) and passed down;
+nothing else reads ``os.environ``. Invalid values stop the server with one line per problem
+(:class:`ConfigError`), naming the variable and what it accepts.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AliasChoices,
+    BeforeValidator,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+__all__ = ["ConfigError", "Settings", "load_settings", "parse_size"]
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+
+
+def parse_size(value: object) -> object:
+    """``512m``, ``1GiB``, ``100k``, ``1048576`` → bytes (binary units, as Docker reads them)."""
+    if isinstance(value, str):
+        match = _SIZE.match(value)
+        if not match:
+            raise ValueError("expected a size such as 512m, 1g, 100k or a number of bytes")
+        number, unit, _ = match.groups()
+        return int(float(number) * _UNITS[unit.lower()])
+    return value
+
+
+def _split_names(value: object) -> object:
+    if isinstance(value, str):
+        return [name.strip() for name in value.split(",") if name.strip()]
+    return value
+
+
+Size = Annotated[int, BeforeValidator(parse_size), Field(gt=0)]
+NameList = Annotated[list[str], NoDecode, BeforeValidator(_split_names)]
+
+
+def _default_state_dir() -> Path:
+    # Read here, once, as the default of STATE_DIR: the XDG convention for state files.
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "mcp-code-sandbox"
+
+
+class Settings(BaseSettings):
+    """Every setting of DESIGN.md §8; env ``SANDBOX_<NAME>``, CLI ``--<name-with-dashes>``."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="SANDBOX_", frozen=True, extra="forbid", case_sensitive=False
+    )
+
+    backend: Literal["auto", "bwrap", "docker"] = "auto"
+    image: str = "mcp-code-sandbox:latest"
+    docker_runtime: Literal["runc", "runsc"] = "runc"
+
+    memory_limit: Size = 512 * 1024**2
+    cpu_limit: float = Field(1.0, gt=0, le=256)
+    pids_limit: int = Field(256, ge=16, le=65536)
+    tmp_size: Size = 256 * 1024**2
+
+    exec_timeout_s: float = Field(60.0, gt=0)
+    max_exec_timeout_s: float = Field(600.0, gt=0)
+    session_ttl_m: float = Field(30.0, gt=0)
+    session_max_lifetime_h: float = Field(24.0, gt=0)
+    max_sessions: int = Field(10, ge=1)
+
+    max_upload_bytes: Size = 50 * 1024**2
+    max_output_bytes: Size = 100 * 1024
+    max_code_bytes: Size = 100 * 1024
+    workspace_quota_bytes: Size = 1024**3
+    max_image_bytes: Size = 1024**2
+    max_images: int = Field(4, ge=0, le=64)
+    max_read_bytes: Size = 1024**2
+
+    allow_network: bool = False
+    pass_through_env: NameList = Field(default_factory=list)
+    allow_call_env: bool = False
+
+    http_host: str = "127.0.0.1"
+    http_port: int = Field(8080, ge=0, le=65535)
+    public_base_url: str | None = None
+    api_tokens: str | None = Field(None, repr=False)
+    api_tokens_file: Path | None = None
+
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_format: Literal["console", "json"] = "console"
+    log_file: Path | None = None
+    state_dir: Path = Field(default_factory=_default_state_dir)
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper_level(cls, value: object) -> object:
+        return value.upper() if isinstance(value, str) else value
+
+    @field_validator("pass_through_env")
+    @classmethod
+    def _valid_names(cls, names: list[str]) -> list[str]:
+        for name in names:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                raise ValueError(f"{name!r} is not an environment variable name")
+        return names
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Settings:
+        if self.exec_timeout_s > self.max_exec_timeout_s:
+            raise ValueError(
+                "exec_timeout_s must not be larger than max_exec_timeout_s "
+                f"({self.exec_timeout_s} > {self.max_exec_timeout_s})"
+            )
+        return self
+
+    @property
+    def runtime_dir(self) -> Path:
+        """Where ``setup`` builds the bwrap runtime environment (a venv, later node)."""
+        return self.state_dir / "runtime"
+
+    @property
+    def workspaces_dir(self) -> Path:
+        return self.state_dir / "workspaces"
+
+    @property
+    def run_dir(self) -> Path:
+        """Per-process records (pid files) used to find what a dead server left behind."""
+        return self.state_dir / "run"
+
+
+class ConfigError(Exception):
+    """Invalid configuration: ``lines`` has one human line per problem."""
+
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__("\n".join(lines))
+        self.lines = lines
+
+
+def load_settings(
+    overrides: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None
+) -> Settings:
+    """Build the settings from ``environ`` (default: the process env) plus CLI overrides.
+
+    ``overrides`` are values from CLI flags, keyed by field name; they win over the env.
+    """
+    env = dict(os.environ if environ is None else environ)
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    try:
+        if environ is None:
+            return Settings(**given)
+        # An explicit environ: read only that, never the process env.
+        from_env = {
+            name: env[key]
+            for name in Settings.model_fields
+            if (key := f"SANDBOX_{name.upper()}") in env
+        }
+        return Settings(**{**from_env, **given})
+    except ValidationError as exc:
+        raise ConfigError([_describe(err) for err in exc.errors()]) from None
+
+
+def _describe(err: Mapping[str, Any]) -> str:
+    loc = [str(part) for part in err.get("loc", ()) if part != "__root__"]
+    name = loc[0] if loc else ""
+    where = f"SANDBOX_{name.upper()} (--{name.replace('_', '-')})" if name else "settings"
+    msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+    value = err.get("input")
+    shown = f" (got {value!r})" if name and not isinstance(value, dict) and name != "api_tokens" else ""
+    return f"invalid configuration: {where}: {msg}{shown}"
