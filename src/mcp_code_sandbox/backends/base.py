@@ -157,6 +157,9 @@ class Backend(abc.ABC):
     """One way of running sandboxes. Called only by the session manager (and ``doctor``)."""
 
     name: str
+    #: Host uid/gid that sandbox processes have, which must own the workspace and every
+    #: file the server writes into it; ``None`` when that is the server's own uid.
+    workspace_owner: tuple[int, int] | None = None
 
     @abc.abstractmethod
     async def create(self, spec: SandboxSpec) -> Sandbox:
