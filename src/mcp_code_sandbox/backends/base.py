@@ -192,6 +192,14 @@ class Backend(abc.ABC):
         """How each limit is enforced: keys ``memory``, ``cpu``, ``pids``, ``tmp``,
         ``file_size``, ``network``. For ``doctor`` and ``list_runtimes``."""
 
+    def runtime_info(self) -> dict[str, dict[str, Any]]:
+        """Per language: ``version``, ``packages`` {name: version}, ``image`` (or None).
+
+        Called by ``list_runtimes``; cheap (read from a manifest or cached), never starts
+        a sandbox. Languages missing here are offered with unknown versions.
+        """
+        return {}
+
     async def aclose(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release backend-wide resources at server shutdown, after every sandbox stopped."""
 

@@ -1,0 +1,3 @@
+from mcp_code_sandbox.cli import main
+
+raise SystemExit(main())

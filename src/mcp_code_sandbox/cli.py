@@ -1,0 +1,165 @@
+"""``mcp-code-sandbox``: argv → settings → one of serve, setup, doctor, exec.
+
+Every setting of :class:`~mcp_code_sandbox.settings.Settings` is also a flag
+(``--memory-limit 1g`` is ``SANDBOX_MEMORY_LIMIT=1g``); flags win over the environment.
+Human output goes to stderr except where a command's result is its output (``doctor``,
+``exec``); ``serve`` never writes to stdout, which stdio mode reserves for the protocol.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import typing
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from mcp_code_sandbox import __version__
+from mcp_code_sandbox.errors import SandboxError
+from mcp_code_sandbox.settings import ConfigError, Settings, load_settings
+
+__all__ = ["main"]
+
+
+def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("settings (also SANDBOX_<NAME> environment variables)")
+    for name, field in Settings.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        if typing.get_origin(field.annotation) is None and field.annotation is bool:
+            group.add_argument(flag, dest=name, default=None,
+                               action=argparse.BooleanOptionalAction)
+        else:
+            group.add_argument(flag, dest=name, default=None, metavar=name.upper())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mcp-code-sandbox",
+        description="MCP server that runs LLM-written code in isolated, stateful sandboxes.",
+    )
+    parser.add_argument("--version", action="version", version=__version__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="serve MCP over stdio (default) or HTTP")
+    serve.add_argument("--transport", choices=("stdio", "http"), default="stdio")
+    serve.add_argument("--host", dest="http_host_flag", default=None,
+                       help="HTTP address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", dest="http_port_flag", default=None, type=int,
+                       help="HTTP port (default 8080)")
+    setup = sub.add_parser("setup", help="build the sandbox runtime environment (bwrap)")
+    setup.add_argument("--force", action="store_true", help="rebuild even if up to date")
+    sub.add_parser("doctor", help="check each backend and say what is enforced")
+    run = sub.add_parser("exec", help="run code once in a fresh sandbox and print the result")
+    run.add_argument("code", nargs="?", help="the code (or use --file)")
+    run.add_argument("--file", type=Path, help="read the code from this file")
+    run.add_argument("--language", default="python")
+    for p in (serve, setup, sub.choices["doctor"], run):
+        _add_setting_flags(p)
+    return parser
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    overrides: dict[str, Any] = {
+        name: getattr(args, name) for name in Settings.model_fields if hasattr(args, name)
+    }
+    if getattr(args, "http_host_flag", None) is not None:
+        overrides["http_host"] = args.http_host_flag
+    if getattr(args, "http_port_flag", None) is not None:
+        overrides["http_port"] = args.http_port_flag
+    return load_settings(overrides)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = _settings(args)
+    except ConfigError as exc:
+        for line in exc.lines:
+            print(line, file=sys.stderr)
+        return 2
+    from mcp_code_sandbox.logs import configure_logging
+
+    configure_logging(settings)
+    try:
+        if args.command == "serve":
+            return _serve(settings, args.transport)
+        if args.command == "setup":
+            return _setup(settings, force=args.force)
+        if args.command == "doctor":
+            from mcp_code_sandbox.doctor import run_doctor
+
+            return run_doctor(settings)
+        return _exec(settings, args)
+    except ConfigError as exc:
+        for line in exc.lines:
+            print(line, file=sys.stderr)
+        return 2
+    except SandboxError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _serve(settings: Settings, transport: str) -> int:
+    from mcp_code_sandbox.backends import create_backend
+    from mcp_code_sandbox.server.transports import check_http_exposure, serve_http, serve_stdio
+    from mcp_code_sandbox.service import SandboxService
+
+    if transport == "http":
+        check_http_exposure(settings)
+    service = SandboxService(settings, create_backend(settings))
+    if transport == "stdio":
+        asyncio.run(serve_stdio(service))
+    else:
+        asyncio.run(serve_http(service))
+    return 0
+
+
+def _setup(settings: Settings, *, force: bool) -> int:
+    from mcp_code_sandbox.runtime_env import build_runtime
+
+    def progress(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    status = build_runtime(settings, force=force, progress=progress)
+    print(f"runtime environment ready: {status.venv} (Python {status.python_version})",
+          file=sys.stderr)
+    return 0
+
+
+def _exec(settings: Settings, args: argparse.Namespace) -> int:
+    if args.file is not None:
+        code = args.file.read_text(encoding="utf-8")
+    elif args.code is not None:
+        code = args.code
+    else:
+        code = sys.stdin.read()
+    return asyncio.run(_exec_once(settings, code, args.language))
+
+
+async def _exec_once(settings: Settings, code: str, language: str) -> int:
+    from mcp_code_sandbox.backends import create_backend
+    from mcp_code_sandbox.runs import RunRequest
+    from mcp_code_sandbox.service import SandboxService
+
+    service = SandboxService(settings, create_backend(settings))
+    await service.start()
+    try:
+        report = await service.run_code("local", RunRequest(code, language))
+    finally:
+        await service.aclose()
+    sys.stdout.write(report.stdout)
+    sys.stderr.write(report.stderr)
+    if report.result is not None:
+        print(f"Out[{report.execution_count}]: {report.result}")
+    if report.error:
+        print(report.error.get("traceback") or
+              f"{report.error['name']}: {report.error['value']}", file=sys.stderr)
+    for display in report.displays:
+        print(f"[{display.source}: {display.mime_type}, {len(display.data)} bytes]",
+              file=sys.stderr)
+    if report.status != "ok":
+        print(f"status: {report.status}", file=sys.stderr)
+    return 0 if report.status == "ok" else 1

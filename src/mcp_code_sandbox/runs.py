@@ -1,0 +1,260 @@
+"""One ``run_code`` call inside a held session: checks, execution, output, artifacts, audit.
+
+The session manager owns the session's lifecycle; this module owns what happens during one
+run. Nothing here knows about MCP: the tool layer turns a :class:`RunReport` into a result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import BinaryIO
+
+import structlog
+
+from mcp_code_sandbox.agent_client import Display, Outcome
+from mcp_code_sandbox.errors import (
+    CodeTooLarge,
+    EnvNotAllowed,
+    InvalidArgument,
+    NetworkNotAllowed,
+    QuotaExceeded,
+    SandboxError,
+    SandboxFailed,
+    UnsupportedLanguage,
+)
+from mcp_code_sandbox.output import OutputCapture
+from mcp_code_sandbox.runtimes import RUNTIMES
+from mcp_code_sandbox.sessions import Session, SessionManager
+from mcp_code_sandbox.settings import Settings
+from mcp_code_sandbox.workspace import Change
+
+__all__ = ["IMAGE_MIME_TYPES", "ImageFile", "RunReport", "RunRequest", "check_request", "run"]
+
+audit = structlog.get_logger("mcp_code_sandbox.audit")
+
+#: Image files a run writes that come back as image blocks (what LLM APIs accept).
+IMAGE_MIME_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
+#: Image files larger than this are linked, not embedded (decoding them costs too much).
+MAX_IMAGE_FILE_BYTES = 20 * 1024 * 1024
+#: Names that would change how the sandbox itself behaves, never settable per call.
+FORBIDDEN_ENV = frozenset({
+    "LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "PATH", "PYTHONPATH", "PYTHONHOME",
+    "PYTHONSTARTUP", "PYTHONINSPECT", "NODE_OPTIONS", "NODE_PATH", "BASH_ENV", "ENV",
+    "HOME", "VIRTUAL_ENV", "MPLBACKEND", "MPLCONFIGDIR",
+})
+PROGRESS_EVERY_S = 2.0
+
+ProgressSink = Callable[[float, str], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    code: str
+    language: str = "python"
+    timeout_s: float | None = None
+    network: bool = False
+    env: Mapping[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class ImageFile:
+    path: str
+    mime_type: str
+    data: bytes
+
+
+@dataclass
+class RunReport:
+    session_id: str
+    session_created: bool
+    notice: str | None
+    language: str
+    status: str
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    stdout_truncated: bool
+    stderr_truncated: bool
+    full_output_path: str | None
+    result: str | None
+    error: dict[str, str] | None
+    files: list[Change]
+    execution_count: int | None
+    duration_ms: int
+    state_lost: bool
+    displays: list[Display] = field(default_factory=list)
+    image_files: list[ImageFile] = field(default_factory=list)
+
+
+def check_request(settings: Settings, request: RunRequest) -> float:
+    """Refuse what this server does not allow; return the effective timeout."""
+    if request.language not in RUNTIMES:
+        raise UnsupportedLanguage(
+            f"language {request.language!r} is not offered here; available: "
+            + ", ".join(sorted(RUNTIMES))
+        )
+    if len(request.code.encode("utf-8")) > settings.max_code_bytes:
+        raise CodeTooLarge(
+            f"code is larger than {settings.max_code_bytes} bytes; upload data with "
+            "upload_file and read it from /mnt/data instead of inlining it"
+        )
+    if request.network and not settings.allow_network:
+        raise NetworkNotAllowed(
+            "this server does not allow network access from sandboxes "
+            "(the operator can set SANDBOX_ALLOW_NETWORK=true)"
+        )
+    if request.network:
+        raise NetworkNotAllowed("network access is not available on this backend yet")
+    if request.env:
+        if not settings.allow_call_env:
+            raise EnvNotAllowed(
+                "this server does not accept env per call (the operator can set "
+                "SANDBOX_ALLOW_CALL_ENV=true); run without env"
+            )
+        bad = sorted(k for k in request.env if k.upper() in FORBIDDEN_ENV or "=" in k or not k)
+        if bad:
+            raise InvalidArgument(f"env may not set {', '.join(bad)}: they control the sandbox")
+    timeout = settings.exec_timeout_s if request.timeout_s is None else request.timeout_s
+    if not 0 < timeout <= settings.max_exec_timeout_s:
+        raise InvalidArgument(
+            f"timeout_s must be more than 0 and at most {settings.max_exec_timeout_s:g}"
+        )
+    return timeout
+
+
+async def run(
+    manager: SessionManager,
+    session: Session,
+    request: RunRequest,
+    timeout_s: float,
+    on_progress: ProgressSink | None,
+) -> RunReport:
+    """Run ``request`` in ``session`` (whose lock the caller holds)."""
+    settings = manager.settings
+    started = time.monotonic()
+    session.runs += 1
+    run_name = f"run-{session.runs}"
+    agent, notice = await manager.ensure_sandbox(session)
+    before = await asyncio.to_thread(session.workspace.snapshot)
+    with tempfile.TemporaryDirectory(prefix="mcs-out-") as spool_dir:
+        capture = OutputCapture(
+            settings.max_output_bytes, lambda: _open_spool(spool_dir)
+        )
+        progress = asyncio.create_task(_report_progress(capture, started, on_progress))
+        try:
+            outcome = await agent.execute(
+                language=request.language, code=request.code, timeout_s=timeout_s,
+                env=dict(request.env or {}), on_stream=capture.add,
+            )
+        except SandboxFailed as exc:
+            await manager.restart_sandbox(session)
+            outcome = _lost(str(exc))
+        finally:
+            progress.cancel()
+            capture.close_spool()
+        full_path = await _save_full_output(session, capture, run_name)
+    after = await asyncio.to_thread(session.workspace.snapshot)
+    changes = session.workspace.diff(before, after)
+    report = _report(session, request, outcome, capture, full_path, changes, started, notice)
+    report.image_files = await asyncio.to_thread(_read_images, session, changes, settings)
+    _audit(session, request, report, capture)
+    return report
+
+
+def _open_spool(spool_dir: str) -> BinaryIO:
+    return open(f"{spool_dir}/full.txt", "wb")  # noqa: SIM115 - closed by OutputCapture
+
+
+async def _report_progress(
+    capture: OutputCapture, started: float, on_progress: ProgressSink | None
+) -> None:
+    if on_progress is None:
+        return
+    while True:
+        await asyncio.sleep(PROGRESS_EVERY_S)
+        elapsed = time.monotonic() - started
+        with contextlib.suppress(Exception):  # a client gone away must not fail the run
+            await on_progress(elapsed, capture.tail() or f"running for {elapsed:.0f} s")
+
+
+async def _save_full_output(
+    session: Session, capture: OutputCapture, run_name: str
+) -> str | None:
+    if capture.spool is None:
+        return None
+    rel = f".outputs/{run_name}.txt"
+    path = capture.spool.name
+    try:
+        data = await asyncio.to_thread(_read_bytes, path)
+        await asyncio.to_thread(session.workspace.write_file, rel, data, overwrite=True)
+    except QuotaExceeded:
+        return None
+    return rel
+
+
+def _read_bytes(path: str | bytes | int) -> bytes:
+    with open(path, "rb") as fh:
+        return fh.read()
+
+
+def _lost(reason: str) -> Outcome:
+    return Outcome(
+        status="error", exit_code=None, result=None,
+        error={"name": "SandboxDied", "value": reason, "traceback": ""},
+        execution_count=None, state_lost=True,
+    )
+
+
+def _report(
+    session: Session, request: RunRequest, outcome: Outcome, capture: OutputCapture,
+    full_path: str | None, changes: list[Change], started: float, notice: str | None,
+) -> RunReport:
+    where = f"/mnt/data/{full_path}" if full_path else None
+    stdout = capture.render("stdout", where)
+    stderr = capture.render("stderr", where)
+    if outcome.state_lost:
+        lost = "the interpreter was restarted: files in /mnt/data are kept, variables are gone"
+        notice = f"{notice}; {lost}" if notice else lost
+    return RunReport(
+        session_id=session.id, session_created=False, notice=notice,
+        language=request.language, status=outcome.status, exit_code=outcome.exit_code,
+        stdout=stdout.text, stderr=stderr.text, stdout_truncated=stdout.truncated,
+        stderr_truncated=stderr.truncated, full_output_path=full_path,
+        result=outcome.result, error=outcome.error, files=changes,
+        execution_count=outcome.execution_count,
+        duration_ms=int((time.monotonic() - started) * 1000),
+        state_lost=outcome.state_lost, displays=outcome.displays,
+    )
+
+
+def _read_images(session: Session, changes: list[Change], settings: Settings) -> list[ImageFile]:
+    images: list[ImageFile] = []
+    for change in changes:
+        if len(images) >= settings.max_images:
+            break
+        if change.mime_type not in IMAGE_MIME_TYPES or change.size_bytes > MAX_IMAGE_FILE_BYTES:
+            continue
+        try:
+            read = session.workspace.read_file(change.path, max_bytes=MAX_IMAGE_FILE_BYTES)
+        except SandboxError:
+            continue  # replaced by a link or removed since the diff: skip, never follow
+        images.append(ImageFile(change.path, change.mime_type, read.data))
+    return images
+
+
+def _audit(
+    session: Session, request: RunRequest, report: RunReport, capture: OutputCapture
+) -> None:
+    # Never the code, the output, file contents or env values: sizes and outcomes only.
+    audit.info(
+        "run", owner=session.owner, session=session.id, language=request.language,
+        status=report.status, duration_ms=report.duration_ms,
+        code_bytes=len(request.code.encode("utf-8")), output_bytes=capture.total_bytes,
+        files_changed=len(report.files), state_lost=report.state_lost,
+        env_names=sorted(request.env or {}),
+    )

@@ -1,0 +1,32 @@
+"""The languages ``run_code`` offers, and how each one runs.
+
+Python runs in the session's persistent interpreter; every other language runs per call
+as a subprocess of the agent in the same sandbox and workspace (issue 4 adds them here).
+A backend may offer fewer (its runtime env or image lacks the interpreter): the agent's
+``ready`` message lists what it really found.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["RUNTIMES", "Runtime"]
+
+
+@dataclass(frozen=True)
+class Runtime:
+    language: str
+    #: Persistent interpreter state across calls (Python) or files only (subprocesses).
+    stateful: bool
+    summary: str
+
+
+RUNTIMES: dict[str, Runtime] = {
+    "python": Runtime(
+        "python",
+        stateful=True,
+        summary="Python 3 in a persistent IPython interpreter: variables and imports survive "
+        "between calls; the last expression's value is returned; matplotlib figures come "
+        "back as images",
+    ),
+}

@@ -1,0 +1,180 @@
+"""Build the MCP server: tools with generated descriptions, the file resource, middleware.
+
+``build_server`` is the one place that wires the SDK to the service. Tool descriptions
+are generated from the settings, so what they promise (limits, lifetimes, network) is
+always what this server does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from mcp.server import MCPServer
+from mcp.server.mcpserver.exceptions import ResourceError
+from mcp_types import ToolAnnotations
+
+from mcp_code_sandbox import __version__
+from mcp_code_sandbox.errors import SandboxError
+from mcp_code_sandbox.server.tools import ToolSet, owner_of
+from mcp_code_sandbox.service import SandboxService
+from mcp_code_sandbox.settings import Settings
+from mcp_code_sandbox.workspace import is_text_mime
+
+__all__ = ["build_server", "descriptions"]
+
+INSTRUCTIONS = (
+    "Runs code in an isolated sandbox with a persistent session: files in /mnt/data and "
+    "Python variables survive between run_code calls of one session_id. Upload data with "
+    "upload_file, run code with run_code, fetch results with list_files and read_file."
+)
+
+
+def _size(n: int) -> str:
+    for unit, factor in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= factor:
+            return f"{n / factor:g} {unit}"
+    return f"{n} bytes"
+
+
+def descriptions(settings: Settings) -> dict[str, str]:
+    net = (
+        "Network access can be requested with network=true."
+        if settings.allow_network
+        else "There is no network access (pip install will not work)."
+    )
+    life = (
+        f"A session ends after {settings.session_ttl_m:g} min without calls, or "
+        f"{settings.session_max_lifetime_h:g} h after it started; then its files and "
+        "variables are gone."
+    )
+    return {
+        "run_code": (
+            "Run code in a sandboxed session and return its output. Python runs in a "
+            "persistent IPython interpreter: variables and imports survive between calls "
+            "with the same session_id; the value of the last expression is returned as "
+            "`result`; every matplotlib figure comes back as an image. The working "
+            "directory is /mnt/data (the session's files; files created or changed there "
+            "are listed in `files`, image files are returned as images). Preinstalled: "
+            "pandas, numpy, matplotlib, seaborn, scipy, openpyxl, reportlab, pyarrow, "
+            f"requests, ipython. {net} Limits per session: {_size(settings.memory_limit)} "
+            f"memory, {settings.cpu_limit:g} CPU, {settings.exec_timeout_s:g} s per call "
+            f"by default (timeout_s up to {settings.max_exec_timeout_s:g}), output beyond "
+            f"{_size(settings.max_output_bytes)} per stream is cut (the full text is saved "
+            f"under /mnt/data/.outputs). {life} Failing code is a normal result with "
+            "status 'error' and a traceback."
+        ),
+        "upload_file": (
+            "Write a file into a session's /mnt/data (creating the session if needed). "
+            "Give content_text for text or content_base64 for binary, at most "
+            f"{_size(settings.max_upload_bytes)}. Paths are relative to /mnt/data; "
+            "existing files are kept unless overwrite=true."
+        ),
+        "read_file": (
+            "Read a file from a session's /mnt/data: text comes back as text (page with "
+            "offset and max_bytes), images as images, other files as an embedded resource "
+            f"up to {_size(settings.max_read_bytes)}."
+        ),
+        "list_files": "List files under a directory of a session's /mnt/data.",
+        "close_session": (
+            "Close a session: stop its sandbox and delete its files. Do this when done."
+        ),
+        "list_runtimes": (
+            "List the languages run_code offers, with versions, preinstalled packages and "
+            "the limits of every session."
+        ),
+    }
+
+
+def build_server(
+    service: SandboxService,
+    lifespan: Callable[[MCPServer[Any]], contextlib.AbstractAsyncContextManager[Any]] | None = None,
+) -> MCPServer[Any]:
+    settings = service.settings
+    mcp: MCPServer[Any] = MCPServer(
+        "mcp-code-sandbox", version=__version__, instructions=INSTRUCTIONS,
+        log_level=settings.log_level, lifespan=lifespan,
+    )
+    tools = ToolSet(service)
+    text = descriptions(settings)
+    readonly = ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False)
+    mcp.add_tool(
+        tools.run_code, name="run_code", title="Run code", description=text["run_code"],
+        annotations=ToolAnnotations(
+            read_only_hint=False, destructive_hint=False, idempotent_hint=False,
+            open_world_hint=settings.allow_network,
+        ),
+    )
+    mcp.add_tool(
+        tools.upload_file, name="upload_file", title="Upload a file",
+        description=text["upload_file"],
+        annotations=ToolAnnotations(
+            read_only_hint=False, destructive_hint=True, idempotent_hint=True,
+            open_world_hint=False,
+        ),
+    )
+    mcp.add_tool(tools.read_file, name="read_file", title="Read a file",
+                 description=text["read_file"], annotations=readonly)
+    mcp.add_tool(tools.list_files, name="list_files", title="List files",
+                 description=text["list_files"], annotations=readonly)
+    mcp.add_tool(
+        tools.close_session, name="close_session", title="Close a session",
+        description=text["close_session"],
+        annotations=ToolAnnotations(
+            read_only_hint=False, destructive_hint=True, idempotent_hint=False,
+            open_world_hint=False,
+        ),
+    )
+    mcp.add_tool(tools.list_runtimes, name="list_runtimes", title="List runtimes",
+                 description=text["list_runtimes"], annotations=readonly)
+    _add_file_resource(mcp, service)
+    mcp.middleware.append(_argument_errors)
+    return mcp
+
+
+def _add_file_resource(mcp: MCPServer[Any], service: SandboxService) -> None:
+    @mcp.resource(
+        "sandbox://{session_id}/{+path}", name="workspace_file",
+        description="A file in a session's /mnt/data",
+    )
+    async def workspace_file(session_id: str, path: str) -> str | bytes:
+        try:
+            read = await service.read_file(
+                owner_of(None), session_id, path, offset=0, max_bytes=None
+            )
+        except SandboxError as exc:
+            raise ResourceError(str(exc)) from None
+        if is_text_mime(read.mime_type, read.data):
+            return read.data.decode("utf-8", "replace")
+        return read.data
+
+
+_PYDANTIC_LINK = re.compile(r"\s*For further information visit \S+")
+
+
+async def _argument_errors(ctx: Any, call_next: Callable[[Any], Awaitable[Any]]) -> Any:
+    """Give the SDK's own tool failures (bad arguments, unknown tool) our error shape."""
+    result = await call_next(ctx)
+    if getattr(ctx, "method", None) != "tools/call" or not isinstance(result, dict):
+        return result
+    if not result.get("isError") or (result.get("_meta") or {}).get("error_code"):
+        return result
+    content = result.get("content") or [{}]
+    text = str(content[0].get("text", "")) if isinstance(content[0], dict) else ""
+    text = _PYDANTIC_LINK.sub("", text).replace("Error executing tool ", "tool ")
+    code = "invalid_argument"
+    result = dict(result)
+    result["content"] = [{"type": "text", "text": f"{code}: {text}"}]
+    result["_meta"] = {**(result.get("_meta") or {}), "error_code": code}
+    return result
+
+
+@contextlib.asynccontextmanager
+async def service_lifespan(service: SandboxService) -> AsyncIterator[SandboxService]:
+    await service.start()
+    try:
+        yield service
+    finally:
+        await service.aclose()

@@ -1,0 +1,122 @@
+"""Output schemas of the tools (DESIGN.md §6): what ``structuredContent`` holds.
+
+No base64 in here: images travel as content blocks beside the structured result.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+__all__ = [
+    "CloseResult",
+    "DisplayOut",
+    "FileEntryOut",
+    "FileOut",
+    "ListFilesResult",
+    "ReadFileResult",
+    "RunError",
+    "RunResult",
+    "RuntimeOut",
+    "RuntimesResult",
+    "UploadResult",
+]
+
+
+class FileOut(BaseModel):
+    path: str = Field(description="Relative to /mnt/data")
+    size_bytes: int
+    mime_type: str
+    change: Literal["created", "modified"]
+    download_url: str | None = None
+
+
+class RunError(BaseModel):
+    name: str
+    value: str
+    traceback: str
+
+
+class DisplayOut(BaseModel):
+    """A text-like rich output (markdown, plain text, SVG) of display(); images are blocks."""
+
+    mime_type: str
+    text: str
+
+
+class RunResult(BaseModel):
+    session_id: str
+    session_created: bool
+    notice: str | None = None
+    language: str
+    status: Literal["ok", "error", "timeout", "cancelled"]
+    exit_code: int | None = None
+    stdout: str
+    stderr: str
+    stdout_truncated: bool
+    stderr_truncated: bool
+    full_output_path: str | None = None
+    result: str | None = Field(None, description="Text repr of the last expression (Out[n])")
+    error: RunError | None = None
+    files: list[FileOut]
+    displays: list[DisplayOut] = Field(default_factory=list)
+    execution_count: int | None = None
+    duration_ms: int
+    state_lost: bool = Field(description="True when a restart dropped variables")
+
+
+class UploadResult(BaseModel):
+    session_id: str
+    path: str
+    size_bytes: int
+    session_created: bool
+    notice: str | None = None
+
+
+class ReadFileResult(BaseModel):
+    session_id: str
+    path: str
+    mime_type: str
+    size_bytes: int
+    offset: int
+    returned_bytes: int
+    eof: bool
+    next_offset: int | None = None
+    encoding: Literal["text", "image", "resource"]
+    download_url: str | None = None
+
+
+class FileEntryOut(BaseModel):
+    path: str
+    size_bytes: int
+    modified: str
+    mime_type: str
+    type: Literal["file", "directory", "symlink", "other"]
+
+
+class ListFilesResult(BaseModel):
+    session_id: str
+    path: str
+    entries: list[FileEntryOut]
+    truncated: bool
+
+
+class CloseResult(BaseModel):
+    session_id: str
+    status: Literal["closed"]
+
+
+class RuntimeOut(BaseModel):
+    language: str
+    version: str | None
+    backend: str
+    image: str | None
+    stateful: bool
+    summary: str
+    packages: dict[str, str]
+    limits: dict[str, Any]
+
+
+class RuntimesResult(BaseModel):
+    runtimes: list[RuntimeOut]

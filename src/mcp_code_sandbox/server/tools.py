@@ -1,0 +1,241 @@
+"""The six tools of DESIGN §6. Each validates its arguments, calls the service, shapes.
+
+Owners: over stdio every call is the local user's (``local``); over HTTP the authenticated
+principal's (tokens arrive with the HTTP service work; until then ``local`` as well).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import functools
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, ParamSpec
+
+import structlog
+from mcp.server.mcpserver import Context
+from mcp_types import CallToolResult, ContentBlock, ImageContent, TextContent
+from pydantic import Field
+
+from mcp_code_sandbox.errors import InternalError, InvalidArgument, InvalidContent, SandboxError
+from mcp_code_sandbox.images import fit_image
+from mcp_code_sandbox.runs import RunRequest
+from mcp_code_sandbox.runtimes import RUNTIMES
+from mcp_code_sandbox.server import models
+from mcp_code_sandbox.server.results import (
+    embedded_blob,
+    error_result,
+    file_uri,
+    run_result,
+    structured_result,
+)
+from mcp_code_sandbox.service import SandboxService
+from mcp_code_sandbox.workspace import is_text_mime
+
+__all__ = ["ToolSet", "owner_of"]
+
+log = structlog.get_logger("mcp_code_sandbox.tools")
+P = ParamSpec("P")
+LANGUAGES = sorted(RUNTIMES)
+
+SessionArg = Annotated[
+    str | None,
+    Field(description="Session to use. Omit to start a new one (its id is in the result); "
+          "pass your own id (letters, digits, . _ -) to create or reuse a named session."),
+]
+RequiredSession = Annotated[str, Field(description="The session_id a previous result returned")]
+
+
+def owner_of(ctx: Context[Any, Any] | None) -> str:
+    return "local"
+
+
+def tool_errors(
+    fn: Callable[P, Awaitable[CallToolResult]],
+) -> Callable[P, Awaitable[CallToolResult]]:
+    """Turn our errors into ``isError`` results; anything else is ``internal_error``."""
+
+    @functools.wraps(fn)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> CallToolResult:
+        try:
+            return await fn(*args, **kwargs)
+        except SandboxError as exc:
+            return error_result(exc)
+        except Exception:
+            log.exception("tool failed unexpectedly", tool=fn.__name__)
+            return error_result(InternalError(
+                "the server failed unexpectedly; the error is in its log. Try again, or "
+                "start a new session if it persists"
+            ))
+
+    return wrapper
+
+
+class ToolSet:
+    """The tools bound to one service; ``app.build_server`` registers them."""
+
+    def __init__(self, service: SandboxService) -> None:
+        self.service = service
+        self.settings = service.settings
+
+    @tool_errors
+    async def run_code(
+        self,
+        code: Annotated[str, Field(description="The program or cell to run")],
+        ctx: Context[Any, Any],
+        language: Annotated[
+            str, Field(description="Language of the code", json_schema_extra={"enum": LANGUAGES})
+        ] = "python",
+        session_id: SessionArg = None,
+        timeout_s: Annotated[float | None, Field(description="Wall-time limit in seconds")] = None,
+        network: Annotated[bool, Field(description="Ask for outbound network access")] = False,
+        env: Annotated[dict[str, str] | None, Field(description="Extra environment for this call")] = None,
+    ) -> Annotated[CallToolResult, models.RunResult]:
+        request = RunRequest(code, language, timeout_s, network, env)
+        report = await self.service.run_code(
+            owner_of(ctx), request, session_id, on_progress=_progress_sink(ctx)
+        )
+        return run_result(report, self.settings)
+
+    @tool_errors
+    async def upload_file(
+        self,
+        filename: Annotated[str, Field(description="Path relative to /mnt/data, e.g. data/sales.csv")],
+        ctx: Context[Any, Any],
+        content_base64: Annotated[str | None, Field(description="File content, base64")] = None,
+        content_text: Annotated[str | None, Field(description="File content as UTF-8 text")] = None,
+        session_id: SessionArg = None,
+        overwrite: Annotated[bool, Field(description="Replace an existing file")] = False,
+    ) -> Annotated[CallToolResult, models.UploadResult]:
+        data = self._decode_content(content_base64, content_text)
+        up = await self.service.upload_file(
+            owner_of(ctx), filename, data, session_id=session_id, overwrite=overwrite
+        )
+        return structured_result(models.UploadResult(
+            session_id=up.session_id, path=up.path, size_bytes=up.size_bytes,
+            session_created=up.session_created, notice=up.notice,
+        ))
+
+    def _decode_content(self, b64: str | None, text: str | None) -> bytes:
+        if (b64 is None) == (text is None):
+            raise InvalidArgument("give exactly one of content_base64 and content_text")
+        if text is not None:
+            return text.encode("utf-8")
+        assert b64 is not None
+        limit = self.settings.max_upload_bytes
+        if len(b64) > (limit + 2) // 3 * 4 + 4:
+            from mcp_code_sandbox.errors import UploadTooLarge
+
+            raise UploadTooLarge(f"the file is larger than the upload limit of {limit} bytes")
+        try:
+            return base64.b64decode("".join(b64.split()), validate=True)
+        except (binascii.Error, ValueError):
+            raise InvalidContent(
+                "content_base64 is not valid base64; send standard base64 (RFC 4648) or "
+                "use content_text for text"
+            ) from None
+
+    @tool_errors
+    async def read_file(
+        self,
+        session_id: RequiredSession,
+        path: Annotated[str, Field(description="Path relative to /mnt/data")],
+        ctx: Context[Any, Any],
+        offset: Annotated[int, Field(description="Byte offset to start at (text paging)")] = 0,
+        max_bytes: Annotated[int | None, Field(description="Most bytes to return")] = None,
+    ) -> Annotated[CallToolResult, models.ReadFileResult]:
+        read = await self.service.read_file(
+            owner_of(ctx), session_id, path, offset=offset, max_bytes=max_bytes
+        )
+        uri = file_uri(session_id, read.path)
+        block: ContentBlock
+        if read.mime_type.startswith("image/") and offset == 0 and read.eof:
+            fitted = fit_image(read.data, read.mime_type, self.settings.max_image_bytes)
+            if fitted is None:
+                return self._too_large(read.path, read.size_bytes)
+            block = ImageContent(
+                type="image", data=base64.b64encode(fitted[0]).decode(), mime_type=fitted[1]
+            )
+            kind = "image"
+        elif is_text_mime(read.mime_type, read.data):
+            data, returned = _utf8_prefix(read.data, read.eof)
+            block = TextContent(type="text", text=data)
+            kind = "text"
+            read_len = returned
+        else:
+            if not read.eof or offset:
+                return self._too_large(read.path, read.size_bytes)
+            block = embedded_blob(uri, read.data, read.mime_type)
+            kind = "resource"
+        if kind != "text":
+            read_len = len(read.data)
+        end = offset + read_len
+        eof = end >= read.size_bytes
+        meta = models.ReadFileResult(
+            session_id=session_id, path=read.path, mime_type=read.mime_type,
+            size_bytes=read.size_bytes, offset=offset, returned_bytes=read_len, eof=eof,
+            next_offset=None if eof else end, encoding=kind,  # type: ignore[arg-type]
+        )
+        return structured_result(meta, [block])
+
+    def _too_large(self, path: str, size: int) -> CallToolResult:
+        from mcp_code_sandbox.errors import ArtifactTooLarge
+
+        return error_result(ArtifactTooLarge(
+            f"{path} is {size} bytes of binary data, more than one result can carry "
+            f"({self.settings.max_read_bytes} bytes); process it with run_code, or "
+            "download it over HTTP"
+        ))
+
+    @tool_errors
+    async def list_files(
+        self,
+        session_id: RequiredSession,
+        ctx: Context[Any, Any],
+        path: Annotated[str, Field(description="Directory relative to /mnt/data")] = ".",
+        recursive: Annotated[bool, Field(description="Include subdirectories")] = True,
+    ) -> Annotated[CallToolResult, models.ListFilesResult]:
+        listing = await self.service.list_files(
+            owner_of(ctx), session_id, path, recursive=recursive
+        )
+        return structured_result(models.ListFilesResult(
+            session_id=session_id, path=path,
+            entries=[models.FileEntryOut(**vars(e)) for e in listing.entries],
+            truncated=listing.truncated,
+        ))
+
+    @tool_errors
+    async def close_session(
+        self, session_id: RequiredSession, ctx: Context[Any, Any]
+    ) -> Annotated[CallToolResult, models.CloseResult]:
+        await self.service.close_session(owner_of(ctx), session_id)
+        return structured_result(models.CloseResult(session_id=session_id, status="closed"))
+
+    @tool_errors
+    async def list_runtimes(self) -> Annotated[CallToolResult, models.RuntimesResult]:
+        runtimes = [models.RuntimeOut(**r) for r in self.service.runtimes()]
+        return structured_result(models.RuntimesResult(runtimes=runtimes))
+
+
+def _progress_sink(ctx: Context[Any, Any]) -> Callable[[float, str], Awaitable[None]] | None:
+    meta = ctx.request_context.meta or {}
+    if meta.get("progress_token") is None:
+        return None
+
+    async def report(elapsed: float, message: str) -> None:
+        await ctx.report_progress(elapsed, None, message)
+
+    return report
+
+
+def _utf8_prefix(data: bytes, eof: bool) -> tuple[str, int]:
+    """Decode a page of text, leaving a multi-byte character cut by the page end for the
+    next page (so paging never garbles text)."""
+    if not eof:
+        for cut in range(0, 4):
+            try:
+                end = len(data) - cut
+                return data[:end].decode("utf-8"), end
+            except UnicodeDecodeError:
+                continue
+    return data.decode("utf-8", "replace"), len(data)

@@ -1,0 +1,105 @@
+"""Serve the MCP server over stdio or streamable HTTP, and clean up on every way out.
+
+stdio: the server ends at stdin EOF, SIGTERM or SIGINT; all sandboxes and workspaces are
+removed before exit. HTTP: the SDK's app mounted in Starlette beside ``/healthz``, served
+by uvicorn, whose own SIGTERM/SIGINT handling runs the lifespan's cleanup.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import signal
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Mount, Route
+
+from mcp_code_sandbox.server.app import build_server
+from mcp_code_sandbox.service import SandboxService
+from mcp_code_sandbox.settings import ConfigError, Settings
+
+__all__ = ["build_http_app", "check_http_exposure", "serve_http", "serve_stdio"]
+
+
+async def serve_stdio(service: SandboxService) -> None:
+    mcp = build_server(service)
+    await service.start()
+    try:
+        async with anyio.create_task_group() as tg:
+
+            async def stop_on_signal() -> None:
+                with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                    async for _ in signals:
+                        tg.cancel_scope.cancel()
+                        return
+
+            tg.start_soon(stop_on_signal)
+            await mcp.run_stdio_async()  # returns at stdin EOF
+            tg.cancel_scope.cancel()
+    finally:
+        with anyio.CancelScope(shield=True):
+            await service.aclose()
+
+
+def check_http_exposure(settings: Settings) -> None:
+    """Refuse to serve beyond loopback with nobody authenticated (DESIGN §9)."""
+    if _is_loopback(settings.http_host):
+        return
+    if settings.api_tokens or settings.api_tokens_file:
+        return
+    raise ConfigError([
+        f"refusing to listen on {settings.http_host}: that is reachable from other machines "
+        "and no API token is configured. Set SANDBOX_API_TOKENS (or SANDBOX_API_TOKENS_FILE), "
+        "or bind to 127.0.0.1 and put an authenticating proxy in front"
+    ])
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def build_http_app(service: SandboxService) -> Starlette:
+    settings = service.settings
+    mcp = build_server(service)
+    body_limit = settings.max_upload_bytes * 4 // 3 + settings.max_code_bytes + 1024 * 1024
+    mcp_app = mcp.streamable_http_app(
+        host=settings.http_host, max_request_body_size=body_limit
+    )
+
+    async def healthz(request: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok", "sessions": service.sessions.count()})
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await service.start()
+        try:
+            async with mcp.session_manager.run():
+                yield
+        finally:
+            with anyio.CancelScope(shield=True):
+                await service.aclose()
+
+    return Starlette(
+        routes=[Route("/healthz", healthz), Mount("/", app=mcp_app)], lifespan=lifespan
+    )
+
+
+async def serve_http(service: SandboxService, **uvicorn_options: Any) -> None:
+    settings = service.settings
+    check_http_exposure(settings)
+    config = uvicorn.Config(
+        build_http_app(service), host=settings.http_host, port=settings.http_port,
+        log_config=None, access_log=False, lifespan="on", **uvicorn_options,
+    )
+    await uvicorn.Server(config).serve()
