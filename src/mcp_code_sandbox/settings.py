@@ -51,7 +51,11 @@ NameList = Annotated[list[str], NoDecode, BeforeValidator(_split_names)]
 
 
 def _default_state_dir() -> Path:
-    # Read here, once, as the default of STATE_DIR: the XDG convention for state files.
+    # Read here, once, as the default of STATE_DIR. As root, a system path: the sandboxes
+    # then run as an unprivileged uid that must reach its workspace, and /root is 0700.
+    # Otherwise the XDG convention for a user's state files.
+    if os.geteuid() == 0:
+        return Path("/var/lib/mcp-code-sandbox")
     base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(base) / "mcp-code-sandbox"
 
