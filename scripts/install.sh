@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Install what mcp-code-sandbox needs on a Debian/Ubuntu machine, skipping what is there:
+# system packages (bubblewrap, libseccomp), a virtualenv in .venv with the package, and the
+# sandbox runtime environment (`mcp-code-sandbox setup`). Idempotent; every line of output
+# goes to stderr, so this can run in front of a stdio MCP server.
+# Usage: scripts/install.sh [--dev]
+set -euo pipefail
+exec 3>&1 1>&2   # keep stdout clean: stdio mode reserves it for the MCP protocol
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+dev=0
+[[ "${1:-}" == "--dev" ]] && dev=1
+
+sudo=""
+if [[ "$(id -u)" -ne 0 ]]; then sudo="sudo"; fi
+
+missing=()
+command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
+ldconfig -p 2>/dev/null | grep -q 'libseccomp\.so\.2' || missing+=(libseccomp2)
+command -v python3 >/dev/null 2>&1 || missing+=(python3)
+if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then missing+=(python3-venv); fi
+if ((${#missing[@]})); then
+  echo "installing system packages: ${missing[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
+fi
+
+venv="$root/.venv"
+if [[ ! -x "$venv/bin/python" ]]; then
+  echo "creating $venv"
+  python3 -m venv "$venv"
+fi
+stamp="$venv/.installed-$(sha256sum "$root/pyproject.toml" | cut -c1-16)-$dev"
+if [[ ! -e "$stamp" ]]; then
+  echo "installing mcp-code-sandbox into $venv"
+  "$venv/bin/python" -m pip install -q --upgrade pip
+  if ((dev)); then
+    "$venv/bin/python" -m pip install -q -e "$root[dev]"
+  else
+    "$venv/bin/python" -m pip install -q -e "$root"
+  fi
+  rm -f "$venv"/.installed-*
+  touch "$stamp"
+fi
+
+"$venv/bin/mcp-code-sandbox" setup

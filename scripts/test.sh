@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Install what is missing, then run the whole check: ruff, mypy --strict on src/, and the
+# unit, integration (real bubblewrap) and end-to-end (real MCP client) tests.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+scripts/install.sh --dev
+.venv/bin/ruff check src tests bench
+.venv/bin/ruff format --check src tests bench
+.venv/bin/mypy
+.venv/bin/pytest -ra "$@"

@@ -1,0 +1,48 @@
+import re
+from pathlib import Path
+
+import pytest
+
+import mcp_code_sandbox.errors as errors_module
+from mcp_code_sandbox.errors import ERROR_CODES, InvalidSessionId, SandboxError
+from mcp_code_sandbox.ids import mint_session_id, session_key, validate_session_id
+
+DESIGN = Path(__file__).resolve().parents[3] / "shared" / "DESIGN.md"
+
+
+def test_error_codes_are_exactly_the_designs() -> None:
+    text = DESIGN.read_text()
+    section = text.split("## 7. Error codes", 1)[1].split("## 8.", 1)[0]
+    listed = re.findall(r"`([a-z_]+)`", section.split("Codes:", 1)[1])
+    assert list(ERROR_CODES) == listed
+
+
+def test_every_exported_name_exists() -> None:
+    for name in errors_module.__all__:
+        assert hasattr(errors_module, name)
+
+
+def test_error_text_is_code_colon_message() -> None:
+    err = InvalidSessionId("bad")
+    assert str(err) == "invalid_session_id: bad"
+    assert isinstance(err, SandboxError)
+
+
+def test_minted_ids_are_unique_and_valid() -> None:
+    ids = {mint_session_id() for _ in range(1000)}
+    assert len(ids) == 1000
+    for sid in ids:
+        assert sid.startswith("sess_")
+        assert len(sid) >= 5 + 22  # 16 bytes of randomness, url-safe
+        assert validate_session_id(sid) == sid
+
+
+@pytest.mark.parametrize("bad", ["", "a" * 65, "../x", "a/b", "a b", "x\0", "é"])
+def test_client_ids_are_checked(bad: str) -> None:
+    with pytest.raises(InvalidSessionId):
+        validate_session_id(bad)
+
+
+def test_keys_separate_owners() -> None:
+    assert session_key("alice", "conv-1") != session_key("bob", "conv-1")
+    assert re.fullmatch(r"s[0-9a-f]{31}", session_key("alice", "conv-1"))

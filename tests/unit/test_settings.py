@@ -1,0 +1,88 @@
+"""Settings: env and flags, sizes, and one clear line per invalid value."""
+
+import subprocess
+import sys
+
+import pytest
+
+from mcp_code_sandbox.settings import ConfigError, load_settings, parse_size
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("512m", 512 * 1024**2), ("1g", 1024**3), ("1GiB", 1024**3), ("100k", 102400),
+     ("4096", 4096), ("1.5m", int(1.5 * 1024**2))],
+)
+def test_sizes(text: str, expected: int) -> None:
+    assert parse_size(text) == expected
+
+
+def test_defaults_match_the_design() -> None:
+    s = load_settings(environ={})
+    assert s.backend == "auto"
+    assert s.memory_limit == 512 * 1024**2
+    assert s.cpu_limit == 1.0
+    assert s.pids_limit == 256
+    assert s.exec_timeout_s == 60
+    assert s.max_exec_timeout_s == 600
+    assert s.session_ttl_m == 30
+    assert s.session_max_lifetime_h == 24
+    assert s.max_sessions == 10
+    assert s.max_upload_bytes == 50 * 1024**2
+    assert s.max_output_bytes == 100 * 1024
+    assert s.max_code_bytes == 100 * 1024
+    assert s.workspace_quota_bytes == 1024**3
+    assert s.allow_network is False
+    assert s.allow_call_env is False
+    assert (s.http_host, s.http_port) == ("127.0.0.1", 8080)
+    assert s.log_format == "console"
+
+
+def test_env_and_overrides() -> None:
+    env = {"SANDBOX_MEMORY_LIMIT": "1g", "SANDBOX_PASS_THROUGH_ENV": "A, B",
+           "SANDBOX_MAX_SESSIONS": "3", "SANDBOX_LOG_LEVEL": "debug"}
+    s = load_settings({"max_sessions": 5}, environ=env)
+    assert s.memory_limit == 1024**3
+    assert s.pass_through_env == ["A", "B"]
+    assert s.max_sessions == 5  # the flag wins
+    assert s.log_level == "DEBUG"
+
+
+def test_each_invalid_value_gets_its_own_line() -> None:
+    env = {"SANDBOX_MEMORY_LIMIT": "lots", "SANDBOX_BACKEND": "k8s", "SANDBOX_CPU_LIMIT": "-1"}
+    with pytest.raises(ConfigError) as info:
+        load_settings(environ=env)
+    lines = info.value.lines
+    assert len(lines) == 3
+    assert any("SANDBOX_MEMORY_LIMIT" in line and "512m" in line for line in lines)
+    assert any("SANDBOX_BACKEND" in line and "'k8s'" in line for line in lines)
+    assert any("SANDBOX_CPU_LIMIT" in line for line in lines)
+
+
+def test_timeout_larger_than_max_is_refused() -> None:
+    with pytest.raises(ConfigError, match="max_exec_timeout_s"):
+        load_settings(environ={"SANDBOX_EXEC_TIMEOUT_S": "900"})
+
+
+def test_bad_pass_through_name() -> None:
+    with pytest.raises(ConfigError, match="PASS_THROUGH_ENV"):
+        load_settings(environ={"SANDBOX_PASS_THROUGH_ENV": "OK,NOT-OK"})
+
+
+def test_tokens_never_echoed() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(environ={"SANDBOX_API_TOKENS": "x", "SANDBOX_HTTP_PORT": "99999"})
+    assert "x'" not in str(info.value)
+
+
+def test_cli_stops_with_one_line_per_problem(tmp_path: object) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "mcp_code_sandbox", "serve", "--memory-limit", "huge",
+         "--pids-limit", "2"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 2, proc.stderr
+    assert all(line.startswith("invalid configuration: SANDBOX_") for line in lines)
