@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    AliasChoices,
     BeforeValidator,
     Field,
     ValidationError,
@@ -104,6 +103,17 @@ class Settings(BaseSettings):
     log_format: Literal["console", "json"] = "console"
     log_file: Path | None = None
     state_dir: Path = Field(default_factory=_default_state_dir)
+    #: Where ``setup`` builds the sandbox runtime env (a venv, later node); by default
+    #: ``<state_dir>/runtime`` (filled in by ``_derive_paths``).
+    runtime_dir: Path = Path()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derive_paths(cls, data: Any) -> Any:
+        if isinstance(data, dict) and not data.get("runtime_dir"):
+            state = data.get("state_dir") or _default_state_dir()
+            data = {**data, "runtime_dir": Path(state) / "runtime"}
+        return data
 
     @field_validator("log_level", mode="before")
     @classmethod
@@ -126,11 +136,6 @@ class Settings(BaseSettings):
                 f"({self.exec_timeout_s} > {self.max_exec_timeout_s})"
             )
         return self
-
-    @property
-    def runtime_dir(self) -> Path:
-        """Where ``setup`` builds the bwrap runtime environment (a venv, later node)."""
-        return self.state_dir / "runtime"
 
     @property
     def workspaces_dir(self) -> Path:

@@ -59,7 +59,8 @@ SANDBOX_UID = 1000
 SANDBOX_GID = 1000
 
 #: How a limit is enforced in one sandbox, as reported by ``doctor`` and ``list_runtimes``.
-Enforcement = Literal["cgroup", "rlimit", "checked", "none"]
+#: ``kernel``: by how the sandbox is built (a tmpfs ``size=``, an empty network namespace).
+Enforcement = Literal["cgroup", "rlimit", "kernel", "checked", "none"]
 
 
 @dataclass(frozen=True)
