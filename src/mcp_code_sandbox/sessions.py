@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
@@ -33,7 +32,7 @@ from mcp_code_sandbox.backends.base import Backend, Limits, Sandbox, SandboxSpec
 from mcp_code_sandbox.errors import MaxSessions, SessionBusy, SessionNotFound
 from mcp_code_sandbox.ids import mint_session_id, session_key, validate_session_id
 from mcp_code_sandbox.settings import Settings
-from mcp_code_sandbox.workspace import Workspace
+from mcp_code_sandbox.workspace import Workspace, remove_tree
 
 __all__ = ["Session", "SessionManager"]
 
@@ -100,7 +99,7 @@ class SessionManager:
         self._sessions.clear()
         await asyncio.gather(*(self._destroy(s) for s in sessions), return_exceptions=True)
         await self.backend.aclose()
-        shutil.rmtree(self.instance_dir, ignore_errors=True)
+        await asyncio.to_thread(remove_tree, self.instance_dir)
         (self.settings.run_dir / f"{self._instance}.pid").unlink(missing_ok=True)
 
     async def _remove_leftovers(self) -> None:
@@ -113,7 +112,7 @@ class SessionManager:
                 continue
             log.info("removing workspaces of a server that is gone", instance=instance)
             target = self.settings.workspaces_dir / instance
-            await asyncio.to_thread(_remove_tree, target)
+            await asyncio.to_thread(remove_tree, target)
             pidfile.unlink(missing_ok=True)
 
     # -- acquiring sessions -----------------------------------------------------------
@@ -312,13 +311,3 @@ def _alive(pidfile: Path) -> bool:
         return True
     return True
 
-
-def _remove_tree(path: Path) -> None:
-    """Remove a dead server's workspaces, even dirs a sandbox made unwritable."""
-    if not path.exists():
-        return
-    for root, dirs, _files in os.walk(path):
-        for name in dirs:
-            with contextlib.suppress(OSError):
-                os.chmod(os.path.join(root, name), 0o700, follow_symlinks=False)
-    shutil.rmtree(path, ignore_errors=True)

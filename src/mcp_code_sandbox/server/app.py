@@ -21,7 +21,6 @@ from mcp_code_sandbox.errors import SandboxError
 from mcp_code_sandbox.server.tools import ToolSet, owner_of
 from mcp_code_sandbox.service import SandboxService
 from mcp_code_sandbox.settings import Settings
-from mcp_code_sandbox.workspace import is_text_mime
 
 __all__ = ["build_server", "descriptions"]
 
@@ -146,7 +145,7 @@ def _add_file_resource(mcp: MCPServer[Any], service: SandboxService) -> None:
             )
         except SandboxError as exc:
             raise ResourceError(str(exc)) from None
-        if is_text_mime(read.mime_type, read.data):
+        if read.is_text:
             return read.data.decode("utf-8", "replace")
         return read.data
 

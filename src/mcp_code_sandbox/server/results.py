@@ -91,7 +91,7 @@ def run_result(report: RunReport, settings: Settings) -> CallToolResult:
         error=RunError(**report.error) if report.error else None,
         files=[
             FileOut(path=c.path, size_bytes=c.size_bytes, mime_type=c.mime_type,
-                    change=c.change)  # type: ignore[arg-type]
+                    change=c.change)
             for c in report.files
         ],
         displays=[

@@ -19,7 +19,7 @@ from pydantic import Field
 
 from mcp_code_sandbox.errors import InternalError, InvalidArgument, InvalidContent, SandboxError
 from mcp_code_sandbox.images import fit_image
-from mcp_code_sandbox.runs import RunRequest
+from mcp_code_sandbox.runs import IMAGE_MIME_TYPES, RunRequest
 from mcp_code_sandbox.runtimes import RUNTIMES
 from mcp_code_sandbox.server import models
 from mcp_code_sandbox.server.results import (
@@ -30,7 +30,6 @@ from mcp_code_sandbox.server.results import (
     structured_result,
 )
 from mcp_code_sandbox.service import SandboxService
-from mcp_code_sandbox.workspace import is_text_mime
 
 __all__ = ["ToolSet", "owner_of"]
 
@@ -148,33 +147,31 @@ class ToolSet:
             owner_of(ctx), session_id, path, offset=offset, max_bytes=max_bytes
         )
         uri = file_uri(session_id, read.path)
+        whole = offset == 0 and read.eof
         block: ContentBlock
-        if read.mime_type.startswith("image/") and offset == 0 and read.eof:
+        if read.mime_type in IMAGE_MIME_TYPES and whole:
             fitted = fit_image(read.data, read.mime_type, self.settings.max_image_bytes)
             if fitted is None:
                 return self._too_large(read.path, read.size_bytes)
             block = ImageContent(
                 type="image", data=base64.b64encode(fitted[0]).decode(), mime_type=fitted[1]
             )
-            kind = "image"
-        elif is_text_mime(read.mime_type, read.data):
-            data, returned = _utf8_prefix(read.data, read.eof)
-            block = TextContent(type="text", text=data)
-            kind = "text"
-            read_len = returned
-        else:
-            if not read.eof or offset:
-                return self._too_large(read.path, read.size_bytes)
+            encoding, returned = "image", len(read.data)
+        elif read.is_text:
+            text, returned = _utf8_prefix(read.data, read.eof)
+            block = TextContent(type="text", text=text)
+            encoding = "text"
+        elif whole:
             block = embedded_blob(uri, read.data, read.mime_type)
-            kind = "resource"
-        if kind != "text":
-            read_len = len(read.data)
-        end = offset + read_len
+            encoding, returned = "resource", len(read.data)
+        else:
+            return self._too_large(read.path, read.size_bytes)
+        end = offset + returned
         eof = end >= read.size_bytes
         meta = models.ReadFileResult(
             session_id=session_id, path=read.path, mime_type=read.mime_type,
-            size_bytes=read.size_bytes, offset=offset, returned_bytes=read_len, eof=eof,
-            next_offset=None if eof else end, encoding=kind,  # type: ignore[arg-type]
+            size_bytes=read.size_bytes, offset=offset, returned_bytes=returned, eof=eof,
+            next_offset=None if eof else end, encoding=encoding,  # type: ignore[arg-type]
         )
         return structured_result(meta, [block])
 
