@@ -1,0 +1,411 @@
+"""The bubblewrap backend: one bwrap process per sandbox, no daemon.
+
+How a sandbox starts (the launcher is one ``/bin/bash`` process that ``exec``s into bwrap,
+so the pid the server holds is bwrap's and bwrap's parent is the server, which
+``--die-with-parent`` relies on):
+
+1. ``bash`` moves the agent channel to fd 3 and writes its own pid into the sandbox's
+   ``cgroup.procs`` files *before* bwrap exists, so bwrap and everything below it are born
+   inside the cgroup: no window where a process runs unlimited, no extra handshake (the
+   ``--info-fd``/``--block-fd`` dance would place bwrap only after it forked).
+2. As root: the launcher runs under ``unshare --mount --propagation private`` and
+   bind-mounts the workspace, the venv, the agent package and the base interpreter onto a
+   private tmpfs at ``/tmp``, then drops to ``HOST_SANDBOX_UID`` with ``setpriv``. The
+   unprivileged bwrap could not reach them at their real paths (``/root`` is 0700), and
+   ``--bind-fd`` fails once the uid changed. The mounts die with that namespace.
+3. bwrap builds the sandbox (:func:`build_bwrap_argv`) and starts the agent, which says
+   ``ready`` on fd 3 (a socketpair; bwrap's stdout is /dev/null because in stdio mode the
+   server's stdout is the MCP protocol; its stderr is logged, bounded).
+
+Environment values go to bwrap ``--setenv``, never into the launcher's own environment:
+the host-side processes run as root and must not see ``LD_PRELOAD`` & co. from a client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+import shutil
+import signal
+import socket
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mcp_code_sandbox.agent.protocol import ProtocolError
+from mcp_code_sandbox.backends import cgroups
+from mcp_code_sandbox.backends.base import (
+    AGENT_LIB_DIR,
+    AGENT_MODULE,
+    SANDBOX_GID,
+    SANDBOX_UID,
+    SANDBOX_VENV,
+    WORKSPACE_DIR,
+    Backend,
+    Channel,
+    Enforcement,
+    Leftover,
+    Sandbox,
+    SandboxSpec,
+    agent_argv,
+    sandbox_env,
+)
+from mcp_code_sandbox.backends.seccomp import build_seccomp_bpf
+from mcp_code_sandbox.errors import BackendUnavailable, SandboxFailed
+from mcp_code_sandbox.runtime_env import runtime_status
+from mcp_code_sandbox.settings import Settings
+
+__all__ = [
+    "HOST_SANDBOX_UID", "BwrapBackend", "BwrapSandbox", "HostLayout", "Mounts",
+    "build_bwrap_argv", "build_launcher_argv",
+]
+
+log = logging.getLogger(__name__)
+
+#: Host uid/gid of sandbox processes when the server is root: not in /etc/passwd, owns
+#: nothing on the host but the workspaces.
+HOST_SANDBOX_UID = 100_000
+READY_TIMEOUT_S = 30.0
+_STDERR_TAIL = 20
+_STDERR_LOG_LINES = 200
+#: Where the root launcher stages the bind sources, on a tmpfs private to its mount
+#: namespace: any directory the unprivileged uid can traverse would do.
+_STAGE = "/tmp"  # noqa: S108
+_TOP_LEVEL = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
+#: What programs need of /etc; passwd and group are synthesized.
+_ETC = (
+    "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "ssl", "ca-certificates",
+    "ca-certificates.conf", "fonts", "localtime", "timezone", "mime.types", "nsswitch.conf",
+    "hosts", "host.conf", "alternatives", "os-release", "debian_version", "matplotlibrc",
+    "locale.alias", "gai.conf", "protocols", "services", "magic", "magic.mime", "terminfo",
+    "inputrc", "bash.bashrc", "profile", "shells",
+)
+_PASSWD = (
+    "root:x:0:0:root:/root:/usr/sbin/nologin\n"
+    f"sandbox:x:{SANDBOX_UID}:{SANDBOX_GID}:sandbox:/tmp:/bin/bash\n"
+    "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+)
+_GROUP = f"root:x:0:\nsandbox:x:{SANDBOX_GID}:\nnogroup:x:65534:\n"
+# bash, not sh: dash cannot open or close an fd above 9. Arguments:
+# $1 channel fd; n, n cgroup.procs files; n, n (source path, name) to stage; then argv.
+# Sources are opened before the tmpfs covers $STAGE (a workspace may live below /tmp)
+# and bound from those fds; --no-canonicalize keeps mount from turning them into paths.
+# They are opened in this mount namespace: a bind from another one fails with EINVAL.
+_LAUNCH = r"""
+set -e
+fd=$1; shift; exec 3<&"$fd"; eval "exec $fd<&-"
+n=$1; shift
+while [ "$n" -gt 0 ]; do echo $$ > "$1"; shift; n=$((n - 1)); done
+n=$1; shift
+fds=()
+for ((i = 0; i < n; i++)); do exec {src}<"${@:2*i+1:1}"; fds+=("$src"); done
+if [ "$n" -gt 0 ]; then /usr/bin/mount -t tmpfs -o mode=0755,size=1m mcs-stage "$STAGE"; fi
+for ((i = 0; i < n; i++)); do
+  /usr/bin/mkdir "$STAGE/$2"
+  /usr/bin/mount --no-canonicalize --bind "/proc/self/fd/${fds[i]}" "$STAGE/$2"
+  eval "exec ${fds[i]}<&-"; shift 2
+done
+exec "$@"
+"""
+
+
+@dataclass(frozen=True)
+class HostLayout:
+    """The host's top-level system directories and /etc entries, probed once."""
+
+    links: tuple[tuple[str, str], ...]
+    dirs: tuple[str, ...]
+    etc: tuple[str, ...]
+
+    @classmethod
+    def probe(cls, root: Path = Path("/")) -> HostLayout:
+        links: list[tuple[str, str]] = []
+        dirs: list[str] = []
+        for name in _TOP_LEVEL:
+            path = root / name
+            if path.is_symlink():
+                links.append((f"/{name}", os.readlink(path)))
+            elif path.is_dir():
+                dirs.append(f"/{name}")
+        etc = tuple(f"/etc/{n}" for n in _ETC if (root / "etc" / n).exists())
+        return cls(tuple(links), tuple(dirs), etc)
+
+
+@dataclass(frozen=True)
+class Mounts:
+    """Sources as bwrap sees them (staged when root) and the fds bwrap reads."""
+
+    workspace: str
+    venv: str
+    agent: str
+    #: (source, destination) of a base interpreter prefix outside /usr, else ``None``.
+    base_prefix: tuple[str, str] | None
+    seccomp_fd: int
+    passwd_fd: int
+    group_fd: int
+
+
+def build_bwrap_argv(
+    bwrap: str, spec: SandboxSpec, mounts: Mounts, layout: HostLayout, *, rlimit_memory: bool
+) -> list[str]:
+    """The bwrap command line of one sandbox. Pure: unit-tested without bwrap."""
+    argv = [
+        bwrap, "--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID),
+        "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+        *([] if spec.network else ["--unshare-net"]),
+        "--disable-userns", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+        "--hostname", "sandbox", "--seccomp", str(mounts.seccomp_fd),
+        "--ro-bind", "/usr", "/usr",
+    ]
+    for link, target in layout.links:
+        argv += ["--symlink", target, link]
+    for path in layout.dirs:
+        argv += ["--ro-bind", path, path]
+    for path in layout.etc:
+        argv += ["--ro-bind", path, path]
+    argv += [
+        "--perms", "0644", "--ro-bind-data", str(mounts.passwd_fd), "/etc/passwd",
+        "--perms", "0644", "--ro-bind-data", str(mounts.group_fd), "/etc/group",
+        "--proc", "/proc", "--dev", "/dev",
+        "--size", str(spec.limits.tmp_bytes), "--tmpfs", "/tmp",  # noqa: S108
+        "--ro-bind", mounts.venv, SANDBOX_VENV,
+        "--ro-bind", mounts.agent, f"{AGENT_LIB_DIR}/{AGENT_MODULE}",
+    ]
+    if mounts.base_prefix is not None:
+        argv += ["--ro-bind", *mounts.base_prefix]
+    # The workspace last: nothing may be mounted over or under it afterwards.
+    argv += ["--bind", mounts.workspace, WORKSPACE_DIR, "--chdir", AGENT_LIB_DIR]
+    # The root itself is bwrap's tmpfs: make it (/etc, /opt, /mnt...) read-only too.
+    argv += ["--remount-ro", "/", "--clearenv"]
+    for name, value in sandbox_env(spec.env).items():
+        argv += ["--setenv", name, value]
+    return [*argv, "--", *agent_argv(spec.limits, rlimit_memory)]
+
+
+def build_launcher_argv(
+    channel_fd: int, procs_files: list[str], stage: list[tuple[str, str]] | None,
+    drop_uid: int | None,
+) -> list[str]:
+    """The prefix that places the sandbox in its cgroups and (as root) drops the uid."""
+    prefix = ["/usr/bin/unshare", "--mount", "--propagation", "private"] if stage else []
+    binds = [part for source, name in stage or [] for part in (source, name)]
+    argv = [
+        *prefix, "/bin/bash", "-c", _LAUNCH, "mcs-launch", str(channel_fd),
+        str(len(procs_files)), *procs_files, str(len(stage or [])), *binds,
+    ]
+    if drop_uid is not None:
+        argv += ["/usr/bin/setpriv", f"--reuid={drop_uid}", f"--regid={drop_uid}",
+                 "--clear-groups", "--"]
+    return argv
+
+
+def _high_fd(fd: int) -> int:
+    """Move ``fd`` above 9 (the launcher's fd 3 and the shell's own use), inheritable."""
+    new = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10)
+    os.close(fd)
+    os.set_inheritable(new, True)
+    return new
+
+
+def _data_fd(data: bytes) -> int:
+    # A pipe holds 64 KiB before a write blocks; the filter and the passwd files are far
+    # below that, so the write end can be closed before bwrap starts reading.
+    read, write = os.pipe()
+    try:
+        os.write(write, data)
+    finally:
+        os.close(write)
+    return _high_fd(read)
+
+
+class BwrapSandbox(Sandbox):
+    def __init__(
+        self, spec: SandboxSpec, channel: Channel, proc: asyncio.subprocess.Process,
+        cgroup: cgroups.CgroupHandle | None, stderr: deque[str], stderr_task: asyncio.Task[None],
+    ) -> None:
+        super().__init__(spec, channel, backend_id=str(proc.pid))
+        self.proc = proc
+        self.cgroup = cgroup
+        self.stderr_tail = stderr
+        self._stderr_task = stderr_task
+        #: The agent's ``ready`` message (languages, ipython, pid).
+        self.ready: dict[str, Any] = {}
+
+    def is_alive(self) -> bool:
+        return self.proc.returncode is None
+
+
+async def _log_stderr(stream: asyncio.StreamReader, key: str, tail: deque[str]) -> None:
+    logged = 0
+    while line := await stream.readline():
+        text = line.decode("utf-8", "replace").rstrip()[:500]
+        tail.append(text)
+        logged += 1
+        if logged <= _STDERR_LOG_LINES:
+            log.warning("sandbox %s: %s", key, text)
+        elif logged == _STDERR_LOG_LINES + 1:
+            log.warning("sandbox %s: further stderr is not logged", key)
+
+
+class BwrapBackend(Backend):
+    name = "bwrap"
+
+    def __init__(
+        self, settings: Settings, cgroup_root: Path = Path("/sys/fs/cgroup"),
+        agent_dir: Path | None = None,
+    ) -> None:
+        """``cgroup_root`` and ``agent_dir`` (the ``mcs_agent`` package) are for tests."""
+        self.settings = settings
+        self._agent_dir = agent_dir
+        self._cgroup_root = cgroup_root
+        self._cgroups: cgroups.CgroupSupport | None = None
+        self._layout: HostLayout | None = None
+        self._root = os.geteuid() == 0
+        self.workspace_owner = (HOST_SANDBOX_UID, HOST_SANDBOX_UID) if self._root else None
+
+    @property
+    def cgroups(self) -> cgroups.CgroupSupport:
+        if self._cgroups is None:
+            self._cgroups = cgroups.detect(self._cgroup_root)
+        return self._cgroups
+
+    def enforcement(self) -> dict[str, Enforcement]:
+        enforced = self.cgroups.enforceable
+        return {
+            "memory": "cgroup" if "memory" in enforced else "rlimit",
+            "cpu": "cgroup" if "cpu" in enforced else "none",
+            "pids": "cgroup" if "pids" in enforced else "rlimit",
+            "tmp": "kernel",
+            "file_size": "rlimit",
+            "network": "kernel",
+        }
+
+    def _bwrap(self) -> str:
+        path = shutil.which("bwrap")
+        if path is None:
+            raise BackendUnavailable(
+                "bwrap not found: install bubblewrap (apt-get install bubblewrap)")
+        return path
+
+    def _mounts(self, spec: SandboxSpec) -> tuple[Mounts, list[tuple[str, str]] | None]:
+        status = runtime_status(self.settings)
+        if not status.ok:
+            raise BackendUnavailable(status.detail)
+        from mcp_code_sandbox import agent
+
+        agent_dir = self._agent_dir or Path(agent.__file__).parent
+        sources = {"ws": str(spec.workspace), "venv": str(status.venv_dir), "agent": str(agent_dir)}
+        if status.base_prefix is not None:
+            sources["base"] = str(status.base_prefix)
+        stage = [(src, name) for name, src in sources.items()] if self._root else None
+        seen = {name: f"{_STAGE}/{name}" if self._root else src for name, src in sources.items()}
+        base = (seen["base"], sources["base"]) if "base" in seen else None
+        mounts = Mounts(
+            seen["ws"], seen["venv"], seen["agent"], base,
+            seccomp_fd=_data_fd(build_seccomp_bpf()),
+            passwd_fd=_data_fd(_PASSWD.encode()), group_fd=_data_fd(_GROUP.encode()),
+        )
+        return mounts, stage
+
+    async def create(self, spec: SandboxSpec) -> Sandbox:
+        bwrap = self._bwrap()
+        if self._layout is None:
+            self._layout = HostLayout.probe()
+        mounts, stage = self._mounts(spec)
+        data_fds = [mounts.seccomp_fd, mounts.passwd_fd, mounts.group_fd]
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        child_fd = _high_fd(child.detach())
+        cgroup: cgroups.CgroupHandle | None = None
+        try:
+            cgroup = await asyncio.to_thread(self.cgroups.create, spec.key, spec.limits)
+            rlimit_memory = "memory" not in self.cgroups.enforceable
+            argv = build_launcher_argv(
+                child_fd, [str(f) for f in cgroup.procs_files] if cgroup else [], stage,
+                HOST_SANDBOX_UID if self._root else None,
+            ) + build_bwrap_argv(bwrap, spec, mounts, self._layout, rlimit_memory=rlimit_memory)
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.PIPE, pass_fds=[child_fd, *data_fds],
+                env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "STAGE": _STAGE},
+                start_new_session=True,
+            )
+        except OSError as exc:
+            parent.close()
+            if cgroup is not None:
+                await asyncio.to_thread(cgroup.remove)
+            raise SandboxFailed(f"cannot start the sandbox: {exc}") from None
+        finally:
+            for fd in (child_fd, *data_fds):
+                os.close(fd)
+        reader, writer = await asyncio.open_connection(sock=parent)
+        tail: deque[str] = deque(maxlen=_STDERR_TAIL)
+        assert proc.stderr is not None
+        task = asyncio.create_task(_log_stderr(proc.stderr, spec.key, tail))
+        sandbox = BwrapSandbox(spec, Channel(reader, writer), proc, cgroup, tail, task)
+        try:
+            sandbox.ready = await self._wait_ready(sandbox)
+        except BaseException:
+            await self.stop(sandbox)
+            raise
+        return sandbox
+
+    async def _wait_ready(self, sandbox: BwrapSandbox) -> dict[str, Any]:
+        try:
+            message = await asyncio.wait_for(sandbox.channel.receive(), READY_TIMEOUT_S)
+        except TimeoutError:
+            raise SandboxFailed(
+                f"the sandbox agent did not start within {READY_TIMEOUT_S:.0f} s"
+                + _tail(sandbox)) from None
+        except (ProtocolError, OSError) as exc:
+            message = None
+            log.warning("sandbox %s: broken ready frame: %s", sandbox.spec.key, exc)
+        if message is not None and message.get("ev") == "ready":
+            return message
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(sandbox.proc.wait()), 2)
+            await asyncio.wait_for(asyncio.shield(sandbox._stderr_task), 1)
+        raise SandboxFailed("the sandbox exited before its agent was ready" + _tail(sandbox))
+
+    async def stop(self, sandbox: Sandbox) -> None:
+        assert isinstance(sandbox, BwrapSandbox)
+        proc = sandbox.proc
+        if proc.returncode is None:
+            with contextlib.suppress(OSError, ProtocolError, RuntimeError):
+                await asyncio.wait_for(sandbox.channel.send({"op": "shutdown"}), 0.5)
+            for sig, wait in ((None, 1.0), (signal.SIGTERM, 2.0), (signal.SIGKILL, 5.0)):
+                if sig is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        proc.send_signal(sig)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(proc.wait(), wait)
+                    break
+        sandbox.channel.close()
+        if sandbox.cgroup is not None and not await asyncio.to_thread(sandbox.cgroup.remove):
+            log.warning("sandbox %s: cgroup %s not removed", sandbox.spec.key, sandbox.cgroup.dirs)
+        sandbox._stderr_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sandbox._stderr_task
+
+    async def list_leftovers(self) -> list[Leftover]:
+        # bwrap sandboxes die with their server (--die-with-parent): what a dead server
+        # leaves behind is its cgroup directories, with any process that escaped.
+        handles = await asyncio.to_thread(self.cgroups.list_leftovers)
+        return [
+            Leftover(backend_id=h.dirs[0].name, key=h.dirs[0].name.split("-", 2)[-1],
+                     owner=None, session_id=None, running=bool(h.pids()))
+            for h in handles
+        ]
+
+    async def remove_leftover(self, leftover: Leftover) -> None:
+        for handle in await asyncio.to_thread(self.cgroups.list_leftovers):
+            if handle.dirs[0].name == leftover.backend_id:
+                await asyncio.to_thread(handle.remove)
+
+
+def _tail(sandbox: BwrapSandbox) -> str:
+    lines = list(sandbox.stderr_tail)
+    return (":\n" + "\n".join(lines)) if lines else " (no output on stderr)"

@@ -1,0 +1,148 @@
+"""``doctor`` checks of the bwrap backend: what works on this host and what is enforced.
+
+:func:`check_bwrap` is output-free: each check is a :class:`Check`. :func:`run_doctor`
+prints them for the CLI (the doctor's result is its output, so stdout). A check that cannot
+run (no bwrap at all) still yields a row saying so, with the command that fixes it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from typing import NamedTuple, TextIO
+
+from mcp_code_sandbox.backends import cgroups
+from mcp_code_sandbox.backends.bwrap import HOST_SANDBOX_UID
+from mcp_code_sandbox.backends.seccomp import build_seccomp_bpf
+from mcp_code_sandbox.errors import BackendUnavailable
+from mcp_code_sandbox.runtime_env import runtime_status
+from mcp_code_sandbox.settings import Settings
+
+__all__ = ["Check", "check_bwrap", "run_doctor"]
+
+_NAMESPACES = ("user", "pid", "net", "ipc", "uts", "cgroup-try")
+_USERNS_FIX = (
+    "enable unprivileged user namespaces: sysctl kernel.unprivileged_userns_clone=1 "
+    "(Debian < 11), user.max_user_namespaces > 0, or on Ubuntu >= 23.10 "
+    "kernel.apparmor_restrict_unprivileged_userns=0 / an AppArmor profile for bwrap"
+)
+
+
+class Check(NamedTuple):
+    name: str
+    ok: bool
+    detail: str
+    #: What to run or change when not ``ok``; ``None`` when there is nothing to do.
+    fix: str | None = None
+
+
+def _bwrap_run(bwrap: str, *args: str) -> subprocess.CompletedProcess[str]:
+    argv = [bwrap, *args, "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin",
+            "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
+            "--proc", "/proc", "--dev", "/dev", "/usr/bin/true"]
+    if os.geteuid() == 0:
+        argv = ["/usr/bin/setpriv", f"--reuid={HOST_SANDBOX_UID}",
+                f"--regid={HOST_SANDBOX_UID}", "--clear-groups", "--", *argv]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=20,
+                          stdin=subprocess.DEVNULL, check=False)
+
+
+def _try(bwrap: str, name: str, args: list[str], fix: str) -> Check:
+    try:
+        done = _bwrap_run(bwrap, *args)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return Check(name, False, str(exc), fix)
+    if done.returncode == 0:
+        return Check(name, True, "works")
+    return Check(name, False, done.stderr.strip()[-300:] or f"exit {done.returncode}", fix)
+
+
+def _bwrap_checks(bwrap: str) -> list[Check]:
+    try:
+        version = subprocess.run([bwrap, "--version"], capture_output=True, text=True,
+                                 timeout=10, check=False).stdout.strip()
+    except (OSError, subprocess.SubprocessError) as exc:
+        version = f"unknown ({exc})"
+    checks = [Check("bwrap", True, f"{bwrap}: {version}")]
+    userns = _try(bwrap, "user namespaces", ["--unshare-user"], _USERNS_FIX)
+    checks.append(userns)
+    if not userns.ok:
+        return checks
+    for ns in _NAMESPACES[1:]:
+        checks.append(_try(bwrap, f"namespace {ns}", ["--unshare-user", f"--unshare-{ns}"],
+                           "a kernel with this namespace type"))
+    checks.append(_try(bwrap, "--disable-userns", ["--unshare-user", "--disable-userns"],
+                       "bubblewrap >= 0.8 (apt-get install bubblewrap from a newer release)"))
+    checks.append(Check("network", True, "none inside sandboxes (--unshare-net)"))
+    return checks
+
+
+def _seccomp_check() -> Check:
+    try:
+        program = build_seccomp_bpf()
+    except BackendUnavailable as exc:
+        return Check("seccomp filter", False, exc.message, "apt-get install libseccomp2")
+    return Check("seccomp filter", True, f"{len(program) // 8} BPF instructions")
+
+
+def _cgroup_checks() -> list[Check]:
+    support = cgroups.detect()
+    version = f"cgroup v{support.version}" if support.version else "no cgroups"
+    rlimit = {"memory": "RLIMIT_DATA", "pids": "RLIMIT_NPROC", "cpu": "none"}
+    out = []
+    for controller in cgroups.CONTROLLERS:
+        if controller in support.enforceable:
+            out.append(Check(f"{controller} limit", True, f"{version} {controller} controller"))
+        else:
+            why = support.reasons.get(controller) or support.reasons.get("all", "")
+            out.append(Check(
+                f"{controller} limit", False, f"rlimits only: {rlimit[controller]} ({why})",
+                "run the server as root, or in a cgroup with delegated controllers "
+                "(systemd: Delegate=yes)",
+            ))
+    return out
+
+
+def _runtime_check(settings: Settings) -> Check:
+    status = runtime_status(settings)
+    if not status.ok:
+        return Check("runtime environment", False, status.detail, "mcp-code-sandbox setup")
+    extra = f"; binds base prefix {status.base_prefix}" if status.base_prefix else ""
+    return Check("runtime environment", True, status.detail + extra)
+
+
+def _uid_check() -> Check:
+    if os.geteuid() == 0:
+        return Check("sandbox uid", True,
+                     f"server is root: sandboxes run as host uid {HOST_SANDBOX_UID} (setpriv)")
+    return Check("sandbox uid", True, f"sandboxes run as the server's uid {os.geteuid()}")
+
+
+def check_bwrap(settings: Settings) -> list[Check]:
+    """Every check of the bwrap backend, in the order a person would fix them."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        checks = [Check("bwrap", False, "bwrap not found on PATH",
+                        "apt-get install bubblewrap")]
+    else:
+        checks = _bwrap_checks(bwrap)
+    return [*checks, _seccomp_check(), *_cgroup_checks(), _runtime_check(settings), _uid_check()]
+
+
+#: Checks without which no sandbox starts; the others degrade to rlimits.
+_ESSENTIAL = ("bwrap", "user namespaces", "--disable-userns", "seccomp filter",
+              "runtime environment")
+
+
+def run_doctor(settings: Settings, out: TextIO = sys.stdout) -> int:
+    """Print every check; exit status 1 when a sandbox cannot start, else 0."""
+    checks = check_bwrap(settings)
+    for check in checks:
+        mark = "ok  " if check.ok else "FAIL"
+        print(f"{mark} {check.name}: {check.detail}", file=out)
+        if not check.ok and check.fix:
+            print(f"     fix: {check.fix}", file=out)
+    broken = [c for c in checks if not c.ok and c.name in _ESSENTIAL]
+    return 1 if broken else 0

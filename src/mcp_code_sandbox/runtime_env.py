@@ -1,0 +1,307 @@
+"""The sandbox runtime environment that ``mcp-code-sandbox setup`` builds for bwrap.
+
+A venv at ``<runtime_dir>/venv`` holding the Python packages of DESIGN.md §3, mounted
+read-only at ``SANDBOX_VENV`` inside every sandbox. Its base interpreter is preferably the
+system ``/usr/bin/python3``: ``/usr`` is visible in the sandbox anyway. Any other base
+(pyenv, a custom build) has its prefix bound read-only at its own path, which
+:attr:`RuntimeStatus.base_prefix` reports.
+
+The venv is made with ``python -m venv --without-pip`` (Debian's ``python3-venv`` only
+ships ``ensurepip``, which ``--without-pip`` never calls) and filled by the *server's* pip
+(``pip --python <venv python> install``), so no pip lives in the sandbox either. It is built
+next to its final place and renamed in at the end: a failed build never leaves a
+half-filled venv in use. A manifest records what was built; when it matches, ``setup``
+returns at once.
+
+Semantics: progress lines go to the ``progress`` callable (the CLI writes them to stderr);
+nothing here writes to stdout, which is the MCP protocol in stdio mode.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mcp_code_sandbox.backends.base import SANDBOX_PYTHON
+from mcp_code_sandbox.errors import BackendUnavailable
+from mcp_code_sandbox.settings import Settings
+
+__all__ = [
+    "MANIFEST_FORMAT",
+    "PACKAGES",
+    "BaseInterpreter",
+    "RuntimeStatus",
+    "build_runtime",
+    "choose_base_interpreter",
+    "manifest_mismatch",
+    "runtime_status",
+]
+
+#: DESIGN.md §3: the union of what the seed systems shipped. Unpinned on purpose: the
+#: newest wheels for the base interpreter; the manifest records what was installed.
+PACKAGES: tuple[str, ...] = (
+    "pandas", "numpy", "matplotlib", "seaborn", "scipy",
+    "openpyxl", "reportlab", "pyarrow", "requests", "ipython",
+)
+#: Bump when the layout of the runtime changes, to make ``setup`` rebuild.
+MANIFEST_FORMAT = 1
+SYSTEM_PYTHON = Path("/usr/bin/python3")
+MIN_PYTHON = (3, 11)
+
+Progress = Callable[[str], None]
+
+
+def _stderr_progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class BaseInterpreter:
+    """The interpreter the venv is made from."""
+
+    executable: Path
+    #: ``sys.base_prefix`` of that interpreter: its stdlib lives below it.
+    prefix: Path
+    version: str
+
+
+@dataclass(frozen=True)
+class RuntimeStatus:
+    venv_dir: Path
+    #: The venv directory exists (it may still be broken or stale: see ``ok``).
+    exists: bool
+    ok: bool
+    #: Why not ``ok``, or a one-line summary when it is.
+    detail: str
+    python_version: str | None = None
+    #: Prefix of the base interpreter to bind read-only at its own path in the sandbox;
+    #: ``None`` when it is under ``/usr`` (visible anyway) or unknown.
+    base_prefix: Path | None = None
+    #: Installed versions from the manifest; empty when there is no manifest.
+    packages: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def venv(self) -> Path:
+        """Alias of ``venv_dir`` (the CLI's name for it)."""
+        return self.venv_dir
+
+
+def _venv_dir(settings: Settings) -> Path:
+    return settings.runtime_dir / "venv"
+
+
+def _manifest_path(settings: Settings) -> Path:
+    return settings.runtime_dir / "manifest.json"
+
+
+def _read_manifest(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _needs_bind(prefix: Path) -> bool:
+    return not (prefix == Path("/usr") or Path("/usr") in prefix.parents)
+
+
+def manifest_mismatch(manifest: dict[str, Any] | None, base: BaseInterpreter | None) -> str | None:
+    """Why ``manifest`` does not describe a usable runtime built from ``base``; ``None`` if it does.
+
+    ``base`` ``None`` skips the comparison with a freshly chosen interpreter (status only).
+    """
+    if manifest is None:
+        return "not built yet"
+    if manifest.get("format") != MANIFEST_FORMAT:
+        return "built by another version of mcp-code-sandbox"
+    if list(manifest.get("packages", [])) != list(PACKAGES):
+        return "the package list changed"
+    executable = Path(str(manifest.get("base_executable", "")))
+    if not executable.exists():
+        return f"its base interpreter {executable} is gone"
+    if base is not None and (
+        str(base.executable) != str(executable) or base.version != manifest.get("base_version")
+    ):
+        return f"the base interpreter is now {base.executable} {base.version}"
+    return None
+
+
+def runtime_status(settings: Settings) -> RuntimeStatus:
+    """What is there, from the manifest and the venv on disk; no subprocess, so it is fast."""
+    venv = _venv_dir(settings)
+    manifest = _read_manifest(_manifest_path(settings))
+    exists = venv.is_dir()
+    reason = manifest_mismatch(manifest, None)
+    if reason is None and not (venv / "bin" / "python").exists():
+        reason = "the venv's python is missing or its link is broken"
+    if manifest is None or reason is not None:
+        detail = f"runtime environment at {venv}: {reason}; run `mcp-code-sandbox setup`"
+        return RuntimeStatus(venv, exists, False, detail)
+    prefix = Path(str(manifest["base_prefix"]))
+    packages = {str(k): str(v) for k, v in dict(manifest.get("installed", {})).items()}
+    return RuntimeStatus(
+        venv_dir=venv,
+        exists=exists,
+        ok=True,
+        detail=f"Python {manifest['venv_python_version']} with {len(packages)} packages at {venv}",
+        python_version=str(manifest["venv_python_version"]),
+        base_prefix=prefix if _needs_bind(prefix) else None,
+        packages=packages,
+    )
+
+
+_PROBE = (
+    "import sys, json; print(json.dumps([sys.base_prefix, sys.version_info[:3],"
+    " __import__('importlib.util').util.find_spec('venv') is not None]))"
+)
+
+
+def _probe(executable: Path) -> BaseInterpreter | None:
+    """Ask ``executable`` for its prefix and version; ``None`` when it is unusable."""
+    try:
+        out = subprocess.run(
+            [str(executable), "-I", "-c", _PROBE],
+            capture_output=True, text=True, timeout=30, check=True,
+        ).stdout
+        prefix, version, has_venv = json.loads(out)
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+    if tuple(version) < MIN_PYTHON or not has_venv:
+        return None
+    return BaseInterpreter(executable, Path(prefix), ".".join(map(str, version)))
+
+
+def _current_base_executable() -> Path:
+    # The venv the server runs in is not a base: take its base prefix's python3.X.
+    name = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    return Path(sys.base_prefix) / "bin" / name
+
+
+def choose_base_interpreter(
+    candidates: Sequence[Path] | None = None,
+    probe: Callable[[Path], BaseInterpreter | None] = _probe,
+) -> BaseInterpreter:
+    """The first usable candidate: the system python3 (under ``/usr``), else the server's base."""
+    tried = list(candidates) if candidates is not None else [
+        SYSTEM_PYTHON, _current_base_executable()
+    ]
+    for executable in tried:
+        if executable.exists() and (base := probe(executable)) is not None:
+            return base
+    raise BackendUnavailable(
+        "no usable Python >= {}.{} for the sandbox runtime (tried {}); install python3 "
+        "(apt-get install python3)".format(*MIN_PYTHON, ", ".join(map(str, tried)))
+    )
+
+
+def _run(argv: list[str], progress: Progress, what: str) -> None:
+    """Run ``argv`` streaming its output lines to ``progress``; raise naming ``what``."""
+    tail: list[str] = []
+    try:
+        with subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, errors="replace",
+        ) as proc:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                progress("  " + line.rstrip())
+                tail = [*tail[-19:], line.rstrip()]
+            code = proc.wait()
+    except OSError as exc:
+        raise BackendUnavailable(f"{what} failed: {exc}") from None
+    if code != 0:
+        raise BackendUnavailable(f"{what} failed (exit {code}):\n" + "\n".join(tail))
+
+
+def _make_venv(base: BaseInterpreter, target: Path, progress: Progress) -> None:
+    progress(f"creating venv with {base.executable} (Python {base.version})")
+    try:
+        _run([str(base.executable), "-m", "venv", "--without-pip", str(target)], progress,
+             "python3 -m venv")
+    except BackendUnavailable as exc:
+        raise BackendUnavailable(
+            f"{exc.message}\nOn Debian/Ubuntu the venv module may need the python3-venv "
+            "package: apt-get install python3-venv"
+        ) from None
+
+
+def _pip_install(target: Path, progress: Progress) -> None:
+    progress(f"installing {', '.join(PACKAGES)} with the server's pip")
+    argv = [
+        sys.executable, "-m", "pip", "--python", str(target / "bin" / "python"),
+        "install", "--no-input", "--progress-bar", "off", "--no-warn-script-location",
+        *PACKAGES,
+    ]
+    _run(argv, progress, "pip install")
+
+
+def _fix_shebangs(target: Path, final: Path) -> None:
+    # Console scripts (ipython, f2py...) name the venv's host path; inside the sandbox
+    # the venv lives at SANDBOX_VENV, so point them there.
+    prefixes = (f"#!{target}/bin/python".encode(), f"#!{final}/bin/python".encode())
+    for script in (target / "bin").iterdir():
+        if script.is_symlink() or not script.is_file():
+            continue
+        data = script.read_bytes()
+        first, sep, rest = data.partition(b"\n")
+        if any(first.startswith(p) for p in prefixes):
+            script.write_bytes(f"#!{SANDBOX_PYTHON}".encode() + sep + rest)
+
+
+def _installed_versions(target: Path) -> tuple[str, dict[str, str]]:
+    code = (
+        "import json, sys, importlib.metadata as m; print(json.dumps(['%d.%d.%d' % "
+        f"sys.version_info[:3], {{p: m.version(p) for p in {list(PACKAGES)!r}}}]))"
+    )
+    try:
+        out = subprocess.run(
+            [str(target / "bin" / "python"), "-I", "-c", code],
+            capture_output=True, text=True, timeout=60, check=True,
+        ).stdout
+        version, installed = json.loads(out)
+    except (OSError, subprocess.SubprocessError, ValueError) as exc:
+        raise BackendUnavailable(f"the new runtime environment does not work: {exc}") from None
+    return str(version), {str(k): str(v) for k, v in installed.items()}
+
+
+def build_runtime(
+    settings: Settings, *, force: bool = False, progress: Progress = _stderr_progress
+) -> RuntimeStatus:
+    """Build (or keep) the runtime environment; idempotent and fast when it is current."""
+    base = choose_base_interpreter()
+    manifest_file = _manifest_path(settings)
+    status = runtime_status(settings)
+    if not force and status.ok and manifest_mismatch(_read_manifest(manifest_file), base) is None:
+        progress(f"runtime environment is up to date: {status.detail}")
+        return status
+    final = _venv_dir(settings)
+    building = settings.runtime_dir / "venv.building"
+    try:
+        settings.runtime_dir.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(building, ignore_errors=True)
+        _make_venv(base, building, progress)
+        _pip_install(building, progress)
+        _fix_shebangs(building, final)
+        version, installed = _installed_versions(building)
+        progress(f"installed into {final}")
+        manifest_file.unlink(missing_ok=True)
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(building, final)
+        manifest = {
+            "format": MANIFEST_FORMAT, "packages": list(PACKAGES),
+            "base_executable": str(base.executable), "base_prefix": str(base.prefix),
+            "base_version": base.version, "venv_python_version": version,
+            "installed": installed,
+        }
+        manifest_file.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise BackendUnavailable(f"cannot build the runtime environment: {exc}") from None
+    return runtime_status(settings)

@@ -1,0 +1,106 @@
+"""runtime_env: manifest logic and the choice of base interpreter (no network, no pip)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mcp_code_sandbox import runtime_env as rt
+from mcp_code_sandbox.errors import BackendUnavailable
+from mcp_code_sandbox.settings import Settings, load_settings
+
+BASE = rt.BaseInterpreter(Path(sys.executable), Path(sys.base_prefix), "3.11.2")
+
+
+def settings(tmp_path: Path) -> Settings:
+    return load_settings({"state_dir": str(tmp_path)}, environ={})
+
+
+def manifest(**kw: object) -> dict[str, object]:
+    data: dict[str, object] = {
+        "format": rt.MANIFEST_FORMAT, "packages": list(rt.PACKAGES),
+        "base_executable": str(BASE.executable), "base_prefix": "/usr",
+        "base_version": BASE.version, "venv_python_version": "3.11.2",
+        "installed": {"numpy": "2.0"},
+    }
+    data.update(kw)
+    return data
+
+
+def install(tmp_path: Path, data: dict[str, object]) -> Settings:
+    s = settings(tmp_path)
+    (s.runtime_dir / "venv" / "bin").mkdir(parents=True)
+    (s.runtime_dir / "venv" / "bin" / "python").symlink_to(sys.executable)
+    (s.runtime_dir / "manifest.json").write_text(json.dumps(data))
+    return s
+
+
+def test_mismatch_reasons() -> None:
+    assert rt.manifest_mismatch(None, None) == "not built yet"
+    assert rt.manifest_mismatch(manifest(), BASE) is None
+    assert "package list" in str(rt.manifest_mismatch(manifest(packages=["numpy"]), BASE))
+    assert "another version" in str(rt.manifest_mismatch(manifest(format=0), BASE))
+    other = rt.BaseInterpreter(Path(sys.executable), Path("/usr"), "3.12.0")
+    assert "base interpreter is now" in str(rt.manifest_mismatch(manifest(), other))
+    gone = manifest(base_executable="/nonexistent/python3")
+    assert "gone" in str(rt.manifest_mismatch(gone, None))
+
+
+def test_status_missing(tmp_path: Path) -> None:
+    status = rt.runtime_status(settings(tmp_path))
+    assert not status.ok and not status.exists
+    assert "mcp-code-sandbox setup" in status.detail
+
+
+def test_status_ok_and_fast(tmp_path: Path) -> None:
+    s = install(tmp_path, manifest())
+    start = time.monotonic()
+    status = rt.runtime_status(s)
+    assert time.monotonic() - start < 0.5
+    assert status.ok and status.packages == {"numpy": "2.0"} and status.base_prefix is None
+    assert status.venv == s.runtime_dir / "venv"
+
+
+def test_status_reports_a_base_prefix_outside_usr(tmp_path: Path) -> None:
+    status = rt.runtime_status(install(tmp_path, manifest(base_prefix="/opt/py311")))
+    assert status.base_prefix == Path("/opt/py311")
+
+
+def test_build_returns_at_once_when_current(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = install(tmp_path, manifest())
+    monkeypatch.setattr(rt, "choose_base_interpreter", lambda: BASE)
+
+    def no_build(*args: object) -> None:
+        raise AssertionError("must not rebuild")
+
+    monkeypatch.setattr(rt, "_make_venv", no_build)
+    lines: list[str] = []
+    assert rt.build_runtime(s, progress=lines.append).ok
+    assert "up to date" in lines[0]
+
+
+def test_choose_prefers_first_usable(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.touch()
+    b.touch()
+    seen: list[Path] = []
+
+    def probe(p: Path) -> rt.BaseInterpreter | None:
+        seen.append(p)
+        return None if p == a else rt.BaseInterpreter(p, tmp_path, "3.11.9")
+
+    assert rt.choose_base_interpreter([tmp_path / "missing", a, b], probe).executable == b
+    assert seen == [a, b]
+    with pytest.raises(BackendUnavailable, match="apt-get install python3"):
+        rt.choose_base_interpreter([a], probe)
+
+
+def test_real_probe_of_this_interpreter() -> None:
+    base = rt._probe(Path(sys.executable))
+    assert base is not None and base.version.startswith("3.")
