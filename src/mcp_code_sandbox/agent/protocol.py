@@ -28,8 +28,36 @@ Messages agent → host (key ``ev``)::
      "error": {"name": str, "value": str, "traceback": str} | None,
      "execution_count": int | None, "state_lost": bool}
 
+    {"ev": "error", "message": str, "id": int | None}
+                                              a host message the agent could not use
+
 Exactly one ``done`` ends every ``exec``, after all of its ``stream`` and ``display``
-messages. ``state_lost`` is true only when the interpreter was restarted during this run.
+messages. ``state_lost`` is true only when the interpreter was restarted during this run
+(or, for a Python run, when it died by itself since the previous Python run).
+
+Semantics (agent side):
+
+- ``exec``: ``language`` defaults to "python", ``timeout_s`` to 60, ``env`` to none. Runs
+  are one at a time; an ``exec`` sent during a run is queued and starts after it.
+  ``interrupt`` of a queued run ends it at once with ``done`` (that status, nothing run);
+  of an unknown or finished run is ignored.
+- ``done`` of Python: ``exit_code`` is null; ``status`` is "error" for an exception
+  (``error.traceback`` holds the cell's frames only), "timeout"/"cancelled" once
+  interrupted whatever the code then did. ``error.name`` "KernelDied" means the
+  interpreter died by itself (``state_lost`` true); "KernelRestarted" that it ignored
+  the interrupt for the grace period and was killed. ``execution_count`` counts like
+  Jupyter's and restarts at 1 with the interpreter; null when the run had no answer.
+- ``done`` of another language (a program per call): ``exit_code`` is its exit status,
+  128 + N when killed by signal N; ``status`` "ok" for 0, else "error" (``error`` null;
+  stderr and the code tell); ``result`` and ``execution_count`` null.
+- ``stream`` text is UTF-8 decoded with replacement, in chunks of at most 64 KiB, split
+  anywhere. Output written while no run is in the interpreter (background threads or
+  processes of an earlier cell) is dropped.
+- ``error``: a frame that is not a JSON object, an unknown ``op``, or a malformed
+  ``exec`` (then ``id`` is the run's, if it had one, and that run will not have a
+  ``done``). The agent carries on; after an oversized frame it cannot, and exits.
+  An agent that cannot start (bad ``--config``, no kernel) sends one ``error`` with
+  ``id`` null instead of ``ready`` and exits 1.
 """
 
 from __future__ import annotations

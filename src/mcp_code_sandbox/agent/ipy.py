@@ -1,0 +1,114 @@
+"""The IPython shell: rich display, ``_`` results, ``%magics`` and ``!shell``.
+
+The only module that imports IPython, and only inside :func:`make_ipython_shell`, which
+raises ``ImportError`` when IPython is not installed. Nothing IPython would print to the
+terminal reaches stdout: ``Out[n]:`` results and ``display()`` outputs are captured by a
+DisplayHook and a DisplayPublisher, tracebacks by ``_showtraceback``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from .cells import Emit, Outcome, error_info, pick_mimes
+from .interrupts import InterruptGate
+
+__all__ = ["make_ipython_shell"]
+
+
+def make_ipython_shell(emit: Emit, gate: InterruptGate) -> Any:
+    # Through importlib: IPython is optional and the host's type checker has no stubs.
+    DisplayHook: Any = importlib.import_module("IPython.core.displayhook").DisplayHook
+    DisplayPublisher: Any = importlib.import_module("IPython.core.displaypub").DisplayPublisher
+    shell_module = importlib.import_module("IPython.core.interactiveshell")
+    InteractiveShell: Any = shell_module.InteractiveShell
+    Config: Any = importlib.import_module("traitlets.config").Config
+
+    class CapturingDisplayHook(DisplayHook):  # type: ignore[misc]
+        """Keeps the last expression's formats instead of printing ``Out[n]:``."""
+
+        captured: dict[str, Any] | None = None
+
+        def start_displayhook(self) -> None:
+            pass
+
+        def write_output_prompt(self) -> None:
+            pass
+
+        def write_format_data(self, format_dict: Any, md_dict: Any = None) -> None:
+            self.captured = dict(format_dict)
+
+        def finish_displayhook(self) -> None:
+            self._is_active = False
+
+    class CapturingPublisher(DisplayPublisher):  # type: ignore[misc]
+        def publish(self, data: Any, metadata: Any = None, *args: Any, **kwargs: Any) -> None:
+            picked = pick_mimes(dict(data))
+            if picked:
+                emit("display", picked)
+
+        def clear_output(self, wait: bool = False) -> None:
+            pass
+
+    class Shell(InteractiveShell):  # type: ignore[misc]
+        last_traceback: tuple[BaseException, str] | None = None
+
+        def _showtraceback(self, etype: Any, evalue: Any, stb: list[str]) -> None:
+            self.last_traceback = (evalue, "\n".join(stb))
+
+    config = Config()
+    config.HistoryManager.enabled = False  # no sqlite file, no saving thread
+    config.InteractiveShell.colors = "nocolor"
+    config.InteractiveShell.autoindent = False
+    config.InteractiveShell.automagic = True
+    shell = Shell.instance(
+        config=config,
+        displayhook_class=CapturingDisplayHook,
+        display_pub_class=CapturingPublisher,
+    )
+    # `!cmd` through a plain subprocess writing to fd 1 (our pipe): no pty needed.
+    shell.system = shell.system_raw
+    shell.user_ns["display"] = importlib.import_module("IPython.display").display
+    return IPythonShell(shell, gate)
+
+
+class IPythonShell:
+    ipython = True
+
+    def __init__(self, shell: Any, gate: InterruptGate) -> None:
+        self._shell = shell
+        self._gate = gate
+
+    def run(self, code: str) -> Outcome:
+        shell = self._shell
+        count = int(shell.execution_count)
+        shell.last_traceback = None
+        shell.displayhook.captured = None
+        try:
+            with self._gate.armed():
+                result = shell.run_cell(code, store_history=True)
+        except KeyboardInterrupt as exc:  # landed in IPython's own code, around the cell
+            return Outcome("error", None, error_info(exc, ""), count)
+        error = None
+        failure = result.error_before_exec or result.error_in_exec
+        if failure is not None:
+            captured = shell.last_traceback
+            text = captured[1] if captured and captured[0] is failure else ""
+            error = error_info(failure, text)
+        return Outcome(
+            status="ok" if error is None else "error",
+            result=self._result_text(),
+            error=error,
+            execution_count=count,
+        )
+
+    def _result_text(self) -> str | None:
+        data = self._shell.displayhook.captured
+        if not data:
+            return None
+        picked = pick_mimes(data)
+        if picked and len(picked) > 1:  # an image or markdown too: show it, like Out[n]
+            self._shell.display_pub.publish(data)
+        text = data.get("text/plain")
+        return text if isinstance(text, str) else None

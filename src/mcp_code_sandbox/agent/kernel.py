@@ -1,0 +1,166 @@
+"""The kernel: one persistent Python interpreter, started and restarted by the supervisor.
+
+Run as ``python -s -B -m <package>.kernel --control-fd N --workdir DIR --config JSON
+[--plain]`` with fd 1 and fd 2 being pipes the supervisor reads, so everything user code
+writes (``print``, ``os.system``, C extensions) becomes ``stream`` messages and nothing
+can reach the host channel. It speaks the same framing with the supervisor over the
+control socket::
+
+    kernel → supervisor   {"ev": "ready", "ipython": bool, "version": str}
+    supervisor → kernel   {"op": "exec", "id": int, "code": str, "env": {str: str}}
+    kernel → supervisor   {"ev": "display", "id": int, "source": str, "data": {...}}
+                          (answered by {"op": "ack"} once forwarded)
+                          {"ev": "done", "id": int, "status": "ok" | "error",
+                           "result": str | None, "error": {...} | None,
+                           "execution_count": int}
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import os
+import platform
+import sys
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from .cells import Outcome, Shell
+from .config import AgentConfig, apply_limits
+from .figures import FigureCapture
+from .interrupts import InterruptGate
+from .ipy import make_ipython_shell
+from .plain import PlainShell
+from .protocol import read_frame, write_frame
+
+__all__ = ["main"]
+
+
+class Kernel:
+    def __init__(self, control: int, workdir: str, plain: bool) -> None:
+        self._control = control
+        self._gate = InterruptGate()
+        self._run_id: int | None = None
+        self.shell = self._make_shell(plain)
+        self._figures = FigureCapture(workdir, self._emit, _warn)
+
+    def _make_shell(self, plain: bool) -> Shell:
+        if not plain:
+            try:
+                shell: Shell = make_ipython_shell(self._emit, self._gate)
+                return shell
+            except ImportError:
+                pass
+            except Exception as exc:  # a broken IPython: still give the user Python
+                _warn(f"IPython failed to start, using the plain shell: {exc!r}")
+        return PlainShell(self._emit, self._gate)
+
+    def _emit(self, source: str, data: dict[str, str]) -> None:
+        if self._run_id is None or threading.current_thread() is not threading.main_thread():
+            return  # a display outside the cell's own thread has no place in the output
+        message = {"ev": "display", "id": self._run_id, "source": source, "data": data}
+        _flush_stdio()  # output printed before the display stays before it...
+        with self._gate.critical():
+            write_frame(self._control, message)
+            # ...and output printed after it stays after it: wait until the supervisor
+            # has sent what the pipes held and the display itself.
+            read_frame(self._control)
+
+    def serve(self) -> None:
+        self._gate.install()
+        self._figures.install()
+        ready = {"ev": "ready", "ipython": self.shell.ipython, "version": platform.python_version()}
+        write_frame(self._control, ready)
+        while (message := read_frame(self._control)) is not None:
+            if message.get("op") == "exec":
+                self._exec(message)
+
+    def _exec(self, message: dict[str, Any]) -> None:
+        self._run_id = message["id"]
+        with _cell_env(message.get("env") or {}):
+            outcome = self.shell.run(str(message["code"]))
+            try:
+                self._figures.flush()
+            except BaseException as exc:  # a late KeyboardInterrupt lands here too
+                _warn(f"figure capture failed: {exc!r}")
+        _flush_stdio()
+        write_frame(self._control, _done(self._run_id, outcome))
+        self._run_id = None
+
+
+def _done(run_id: int | None, outcome: Outcome) -> dict[str, Any]:
+    return {
+        "ev": "done",
+        "id": run_id,
+        "status": outcome.status,
+        "result": outcome.result,
+        "error": outcome.error,
+        "execution_count": outcome.execution_count,
+    }
+
+
+@contextmanager
+def _cell_env(env: Mapping[str, str]) -> Iterator[None]:
+    """The call's env applies to this cell only; what it was before comes back after."""
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _warn(text: str) -> None:
+    print(f"[sandbox] {text}", file=sys.stderr)
+
+
+def _flush_stdio() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # closed or replaced by user code
+            stream.flush()
+    if _LIBC is not None:  # C code's buffered stdio (printf without fflush) too
+        _LIBC.fflush(None)
+
+
+def _load_libc() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL(None)
+    except OSError:
+        return None
+
+
+_LIBC = _load_libc()
+
+
+def _setup_process(workdir: str, control: int, config: AgentConfig) -> None:
+    # User code and its children must never inherit the control socket.
+    os.set_inheritable(control, False)
+    apply_limits(config)
+    os.chdir(workdir)
+    # Like Jupyter: the working directory is importable, the agent's own dir is not.
+    sys.path[0] = workdir
+    os.environ["MPLBACKEND"] = "Agg"
+    for stream in (sys.stdout, sys.stderr):
+        stream.reconfigure(write_through=True)  # type: ignore[union-attr]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="kernel")
+    parser.add_argument("--control-fd", type=int, required=True)
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--config", default="{}")
+    parser.add_argument("--plain", action="store_true")
+    args = parser.parse_args(argv)
+    _setup_process(args.workdir, args.control_fd, AgentConfig.from_json(args.config))
+    Kernel(args.control_fd, args.workdir, args.plain).serve()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""The supervisor's handle on the kernel process: start it, wait for ``ready``, talk to it.
+
+The kernel is ``python -s -B -m <package>.kernel`` started from the directory holding the
+agent package (so ``-m`` finds it under either name, ``mcs_agent`` in the sandbox or
+``mcp_code_sandbox.agent`` on the host); it changes to the workspace itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import selectors
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .children import Child, spawn
+from .config import AgentConfig
+from .protocol import FrameDecoder, ProtocolError, write_frame
+
+__all__ = ["KERNEL_START_S", "KernelProcess", "KernelStartError", "start_kernel"]
+
+#: Importing IPython on a slow, CPU-limited sandbox can take seconds; ten times that.
+KERNEL_START_S = 60.0
+_STDERR_KEEP = 4000
+
+
+class KernelStartError(Exception):
+    """The kernel exited or stayed silent before saying ``ready``; carries its stderr."""
+
+
+class KernelProcess:
+    def __init__(self, child: Child, control: socket.socket) -> None:
+        self.child = child
+        self.control = control
+        self.decoder = FrameDecoder()
+        self.ipython = False
+        self.version = ""
+
+    def send(self, message: dict[str, Any]) -> None:
+        write_frame(self.control, message)
+
+    def receive(self) -> list[dict[str, Any]] | None:
+        """Whole messages waiting on the control socket; ``None`` when it closed."""
+        try:
+            data = self.control.recv(1 << 20)
+        except (ConnectionResetError, BlockingIOError):
+            data = b""
+        if not data:
+            return None
+        return self.decoder.feed(data)
+
+    def close(self) -> None:
+        self.child.close()
+        with contextlib.suppress(OSError):
+            self.control.close()
+
+
+def _lib_dir() -> str:
+    package = __package__ or "mcs_agent"
+    return str(Path(os.path.abspath(__file__)).parents[package.count(".") + 1])
+
+
+def start_kernel(workdir: str, config: AgentConfig, plain: bool) -> KernelProcess:
+    ours, theirs = socket.socketpair()
+    argv = [
+        sys.executable, "-s", "-B", "-m", f"{__package__}.kernel",
+        "--control-fd", str(theirs.fileno()),
+        "--workdir", workdir, "--config", config.to_json(),
+    ]  # fmt: skip
+    if plain:
+        argv.append("--plain")
+    try:
+        child = spawn(argv, cwd=_lib_dir(), env=os.environ, pass_fds=[theirs.fileno()])
+    finally:
+        theirs.close()
+    kernel = KernelProcess(child, ours)
+    try:
+        _await_ready(kernel)
+    except BaseException:
+        child.kill_and_reap()
+        kernel.close()
+        raise
+    return kernel
+
+
+def _await_ready(kernel: KernelProcess) -> None:
+    stderr: list[str] = []
+    deadline = time.monotonic() + KERNEL_START_S
+    with selectors.DefaultSelector() as sel:
+        sel.register(kernel.control, selectors.EVENT_READ)
+        for pipe in kernel.child.pipes:
+            sel.register(pipe.fd, selectors.EVENT_READ, pipe)
+        while (left := deadline - time.monotonic()) > 0:
+            for key, _ in sel.select(left):
+                if key.data is not None:  # startup chatter: kept for an error message
+                    text = key.data.read()
+                    if text is None:
+                        sel.unregister(key.fd)
+                    elif key.data.name == "stderr":
+                        stderr.append(text)
+                    continue
+                try:
+                    messages = kernel.receive()
+                except ProtocolError as exc:
+                    raise KernelStartError(f"bad frame from the kernel: {exc}") from None
+                if messages is None:
+                    raise KernelStartError(_startup_failure(kernel, stderr))
+                for message in messages:
+                    if message.get("ev") == "ready":
+                        kernel.ipython = bool(message.get("ipython"))
+                        kernel.version = str(message.get("version", ""))
+                        return
+    raise KernelStartError(f"no ready within {KERNEL_START_S:.0f} s")
+
+
+def _startup_failure(kernel: KernelProcess, stderr: list[str]) -> str:
+    with contextlib.suppress(Exception):
+        kernel.child.proc.wait(timeout=2)
+    code = kernel.child.returncode()
+    return f"kernel exited (code {code}) before ready: {''.join(stderr)[-_STDERR_KEEP:]}"

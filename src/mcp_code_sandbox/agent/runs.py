@@ -1,0 +1,107 @@
+"""One run (an ``exec``) as the supervisor tracks it, and the host messages it ends with.
+
+Semantics of ``Run``: ``child`` is ``None`` for Python (the run is in the kernel) and the
+program's process otherwise. ``reason`` is ``None`` until the run is interrupted (by its
+deadline: "timeout"; by the host: "cancelled" or "timeout"), and from then on it is the
+run's final status whatever the code does. ``kill_at`` is when an interrupted run that has
+not finished gets killed.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+from dataclasses import dataclass
+from typing import Any
+
+from .children import Child, describe_exit
+
+__all__ = [
+    "GRACE_S",
+    "Run",
+    "done",
+    "exec_error",
+    "kernel_died_error",
+    "killed_error",
+    "program_exit_code",
+]
+
+#: Time a run gets between SIGINT and SIGKILL.
+GRACE_S = 2.0
+
+
+@dataclass
+class Run:
+    id: int
+    language: str
+    deadline: float
+    child: Child | None = None
+    reason: str | None = None
+    kill_at: float | None = None
+
+
+def done(
+    run_id: int,
+    status: str,
+    *,
+    exit_code: int | None = None,
+    result: str | None = None,
+    error: dict[str, str] | None = None,
+    execution_count: int | None = None,
+    state_lost: bool = False,
+) -> dict[str, Any]:
+    return {
+        "ev": "done",
+        "id": run_id,
+        "status": status,
+        "exit_code": exit_code,
+        "result": result,
+        "error": error,
+        "execution_count": execution_count,
+        "state_lost": state_lost,
+    }
+
+
+def program_exit_code(returncode: int) -> int:
+    """Shell convention: a program killed by signal N exits with 128 + N."""
+    return returncode if returncode >= 0 else 128 - returncode
+
+
+def kernel_died_error(returncode: int, memory_bytes: int | None) -> dict[str, str]:
+    value = f"the Python process {describe_exit(returncode)}"
+    if returncode == -signal.SIGKILL:
+        limit = f"{memory_bytes / 2**20:.0f} MiB" if memory_bytes else "the sandbox's memory limit"
+        value += f"; this usually means it ran out of memory ({limit})"
+    value += ". Variables and imports are lost; files in the workspace are kept."
+    return {"name": "KernelDied", "value": value, "traceback": ""}
+
+
+def killed_error(reason: str) -> dict[str, str]:
+    value = (
+        f"the code did not stop within {GRACE_S:g} s of an interrupt ({reason}), so the "
+        "Python process was restarted. Variables and imports are lost; files are kept."
+    )
+    return {"name": "KernelRestarted", "value": value, "traceback": ""}
+
+
+def exec_error(message: dict[str, Any], languages: set[str]) -> str | None:
+    """Why an ``exec`` message is malformed, or ``None`` when it is fine."""
+    run_id = message.get("id")
+    if not isinstance(run_id, int) or isinstance(run_id, bool):
+        return "exec: 'id' must be an integer"
+    if not isinstance(message.get("code"), str):
+        return "exec: 'code' must be a string"
+    if message.get("language", "python") not in languages:
+        return f"exec: unsupported language {message.get('language')!r}"
+    timeout = message.get("timeout_s", 60)
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+        return "exec: 'timeout_s' must be a number"
+    if not math.isfinite(timeout) or timeout <= 0:
+        return "exec: 'timeout_s' must be positive"
+    env = message.get("env") or {}
+    if not isinstance(env, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and k and "=" not in k and "\0" not in k + v
+        for k, v in env.items()
+    ):
+        return "exec: 'env' must map names to strings"
+    return None

@@ -1,0 +1,409 @@
+"""The supervisor: the agent's main process, between the host channel and the runs.
+
+One thread, one ``selectors`` loop over the host channel, the kernel's control socket,
+the stdout/stderr pipes of the kernel and of a running program, and the pidfds that say
+a child exited. It enforces deadlines (SIGINT, then after ``GRACE_S`` SIGKILL and a fresh
+kernel), notices a kernel that died by itself, and restarts it.
+
+Output attribution: bytes on the kernel's pipes belong to the current run when that run
+is Python; a program's pipes belong to its run. Output written when no run is in the
+kernel (a background thread or process started by an earlier cell) is dropped. Before a
+run's ``done`` its pipes are drained, so everything written before it ended comes first.
+
+Runs are one at a time; an ``exec`` arriving during a run is queued in order.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import functools
+import os
+import platform
+import selectors
+import signal
+import time
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+from .children import Child, OutputPipe, kill_strays, reap_orphans, spawn
+from .config import AgentConfig, apply_limits
+from .kernelproc import KernelProcess, start_kernel
+from .languages import available
+from .protocol import HEADER, MAX_FRAME_BYTES, ProtocolError, decode_body, write_frame
+from .runs import (
+    GRACE_S,
+    Run,
+    done,
+    exec_error,
+    kernel_died_error,
+    killed_error,
+    program_exit_code,
+)
+
+__all__ = ["AgentExit", "Supervisor"]
+
+#: Loop tick while some child has no pidfd and its exit must be polled.
+POLL_S = 0.05
+#: As pid 1, how often exited orphans are collected (and the loop's longest sleep).
+REAP_S = 1.0
+
+
+class AgentExit(Exception):
+    """Leave the loop: kill everything, exit with ``code``."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+class Supervisor:
+    def __init__(self, channel: int, workdir: str, config: AgentConfig, plain: bool) -> None:
+        self._channel = channel
+        self._workdir = workdir
+        self._config = config
+        self._plain = plain
+        self._sel = selectors.DefaultSelector()
+        self._inbox = bytearray()
+        self._queue: collections.deque[dict[str, Any]] = collections.deque()
+        self._run: Run | None = None
+        self._programs = available()
+        #: The kernel died between runs: the next Python run reports ``state_lost``.
+        self._state_lost_pending = False
+        self._next_reap = 0.0
+        self._kernel = self._start_kernel()
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def serve(self) -> int:
+        signal.signal(signal.SIGTERM, _on_sigterm)
+        languages = {"python": self._kernel.version or platform.python_version()}
+        languages.update({name: version for name, (_, version) in self._programs.items()})
+        self._send({"ev": "ready", "languages": languages,
+                    "ipython": self._kernel.ipython, "pid": os.getpid()})  # fmt: skip
+        self._sel.register(self._channel, selectors.EVENT_READ, self._on_channel)
+        try:
+            while True:
+                self._step()
+        except AgentExit as exit_:
+            return exit_.code
+        finally:
+            self._shutdown()
+
+    def _step(self) -> None:
+        for key, _ in self._sel.select(self._tick()):
+            callback: Callable[[], None] = key.data
+            # An earlier callback may have closed this fd, and a new kernel reused it.
+            if self._sel.get_map().get(key.fd) is key:
+                callback()
+        self._poll_children()
+        self._reap()
+        self._check_deadline()
+        if self._run is None and self._queue:
+            self._start(self._queue.popleft())
+
+    def _tick(self) -> float | None:
+        ticks: list[float] = []
+        run = self._run
+        if run is not None:
+            due = run.kill_at if run.reason is not None else run.deadline
+            ticks.append(max(0.0, (due or 0.0) - time.monotonic()))
+            if run.child is not None and run.child.pidfd is None:
+                ticks.append(POLL_S)
+        if self._kernel.child.pidfd is None:
+            ticks.append(POLL_S)
+        if os.getpid() == 1:
+            ticks.append(REAP_S)
+        return min(ticks) if ticks else None
+
+    def _shutdown(self) -> None:
+        if self._run is not None and self._run.child is not None:
+            self._run.child.kill_and_reap()
+            self._run.child.close()
+        self._kernel.child.kill_and_reap()
+        self._kernel.close()
+        if self._config.kill_strays:
+            kill_strays()
+
+    # -- the host channel ------------------------------------------------------------
+
+    def _send(self, message: dict[str, Any]) -> None:
+        try:
+            write_frame(self._channel, message)
+        except OSError:
+            raise AgentExit(1) from None  # the host is gone: nobody to report to
+
+    def _error(self, message: str, run_id: Any = None) -> None:
+        self._send({"ev": "error", "message": message, "id": run_id})
+
+    def _on_channel(self) -> None:
+        try:
+            data = os.read(self._channel, 1 << 20)
+        except ConnectionResetError:
+            data = b""
+        if not data:
+            raise AgentExit(0)
+        self._inbox += data
+        while len(self._inbox) >= HEADER.size:
+            (length,) = HEADER.unpack_from(self._inbox)
+            if length > MAX_FRAME_BYTES:  # cannot find the next frame: give up cleanly
+                self._error(f"frame of {length} bytes exceeds {MAX_FRAME_BYTES}")
+                raise AgentExit(1)
+            if len(self._inbox) < HEADER.size + length:
+                return
+            body = bytes(self._inbox[HEADER.size : HEADER.size + length])
+            del self._inbox[: HEADER.size + length]
+            try:
+                message = decode_body(body)
+            except ProtocolError as exc:
+                self._error(str(exc))
+                continue
+            self._on_message(message)
+
+    def _on_message(self, message: dict[str, Any]) -> None:
+        op = message.get("op")
+        if op == "exec":
+            problem = exec_error(message, {"python", *self._programs})
+            if problem is None:
+                self._queue.append(message)
+            else:
+                self._error(problem, message.get("id"))
+        elif op == "interrupt":
+            reason = "timeout" if message.get("reason") == "timeout" else "cancelled"
+            self._interrupt_id(message.get("id"), reason)
+        elif op == "shutdown":
+            raise AgentExit(0)
+        else:
+            self._error(f"unknown op {op!r}")
+
+    def _interrupt_id(self, run_id: Any, reason: str) -> None:
+        if self._run is not None and self._run.id == run_id:
+            if self._run.reason is None:
+                self._interrupt(self._run, reason)
+            return
+        for queued in list(self._queue):  # never started: it ends right here
+            if queued["id"] == run_id:
+                self._queue.remove(queued)
+                self._send(done(run_id, reason))
+        # Any other id: that run is over already, the host just has not seen its done.
+
+    # -- starting and ending runs ----------------------------------------------------
+
+    def _start(self, message: dict[str, Any]) -> None:
+        timeout = float(message.get("timeout_s", 60))
+        language = str(message.get("language", "python"))
+        run = Run(message["id"], language, time.monotonic() + timeout)
+        env: dict[str, str] = message.get("env") or {}
+        if language == "python":
+            self._run = run
+            try:
+                self._kernel.send({"op": "exec", "id": run.id, "code": message["code"],
+                                   "env": env})  # fmt: skip
+            except OSError:
+                self._kernel_died()
+            return
+        exe, _ = self._programs[language]
+        argv = _program_argv(language, exe, message["code"])
+        try:
+            child = spawn(argv, cwd=self._workdir, env={**os.environ, **env},
+                          preexec_fn=lambda: apply_limits(self._config))  # fmt: skip
+        except OSError as exc:
+            error = {"name": type(exc).__name__, "value": str(exc), "traceback": ""}
+            self._send(done(run.id, "error", error=error))
+            return
+        run.child = child
+        self._run = run
+        self._watch(child, self._on_program_exit)
+
+    def _finish(self, message: dict[str, Any]) -> None:
+        """End the current run: drain its output, send ``done``, forget the run."""
+        run = self._run
+        assert run is not None
+        pipes = run.child.pipes if run.child is not None else self._kernel.child.pipes
+        self._drain(pipes)
+        if run.reason is not None:
+            message["status"] = run.reason
+        self._run = None
+        self._send(message)
+
+    def _drain(self, pipes: tuple[OutputPipe, ...], final: bool = True) -> None:
+        for pipe in pipes:
+            pipe.drain(functools.partial(self._stream, pipe.name), final)
+
+    def _stream(self, name: str, text: str) -> None:
+        if self._run is not None:
+            self._send({"ev": "stream", "id": self._run.id, "name": name, "text": text})
+
+    def _on_program_exit(self) -> None:
+        run = self._run
+        if run is None or run.child is None or run.child.returncode() is None:
+            return
+        child = run.child
+        returncode = child.proc.returncode
+        if run.reason is not None:  # what it left running in its group goes with it
+            child.signal_group(signal.SIGKILL)
+        self._unwatch(child)
+        status = "ok" if returncode == 0 else "error"
+        self._finish(done(run.id, status, exit_code=program_exit_code(returncode)))
+        child.close()
+
+    # -- interrupts and deadlines ----------------------------------------------------
+
+    def _check_deadline(self) -> None:
+        run = self._run
+        if run is None:
+            return
+        now = time.monotonic()
+        if run.reason is None and now >= run.deadline:
+            self._interrupt(run, "timeout")
+        elif run.kill_at is not None and now >= run.kill_at:
+            self._kill(run)
+
+    def _interrupt(self, run: Run, reason: str) -> None:
+        run.reason = reason
+        run.kill_at = time.monotonic() + GRACE_S
+        child = run.child if run.child is not None else self._kernel.child
+        child.signal_group(signal.SIGINT)
+
+    def _kill(self, run: Run) -> None:
+        if run.child is not None:
+            run.child.kill_and_reap()
+            if self._config.kill_strays:  # the kernel's session is another run's state
+                kill_strays(spare_sessions=[self._kernel.child.pid])
+            self._on_program_exit()
+            return
+        self._replace_kernel()
+        self._state_lost_pending = False
+        self._finish(
+            done(
+                run.id,
+                run.reason or "timeout",
+                error=killed_error(run.reason or "timeout"),
+                state_lost=True,
+            )
+        )
+
+    # -- the kernel ------------------------------------------------------------------
+
+    def _start_kernel(self) -> KernelProcess:
+        kernel = start_kernel(self._workdir, self._config, self._plain)
+        self._watch(kernel.child, self._on_kernel_exit)
+        self._sel.register(kernel.control, selectors.EVENT_READ, self._on_control)
+        return kernel
+
+    def _replace_kernel(self) -> int:
+        """Kill the kernel and everything it started; start a fresh one. Returns the
+        old kernel's exit status, with its output left to drain in ``_finish``."""
+        old = self._kernel
+        returncode = old.child.kill_and_reap()
+        if self._config.kill_strays:
+            kill_strays()
+        self._unwatch(old.child)
+        self._sel.unregister(old.control)
+        self._kernel = self._start_kernel()
+        if self._run is not None and self._run.child is None:
+            self._drain(old.child.pipes)  # the current run's output, before it is closed
+        old.close()
+        return returncode
+
+    def _on_control(self) -> None:
+        try:
+            messages = self._kernel.receive()
+        except ProtocolError:
+            messages = None  # a kernel that garbles its frames is as good as dead
+        if messages is None:
+            self._kernel_died()
+            return
+        for message in messages:
+            self._on_kernel_message(message)
+
+    def _on_kernel_message(self, message: dict[str, Any]) -> None:
+        run = self._run
+        current = run is not None and run.child is None and message.get("id") == run.id
+        if message.get("ev") == "display":
+            self._forward_display(message, current)
+        elif run is not None and current and message.get("ev") == "done":
+            state_lost, self._state_lost_pending = self._state_lost_pending, False
+            self._finish(done(run.id, str(message.get("status")),
+                              result=message.get("result"), error=message.get("error"),
+                              execution_count=message.get("execution_count"),
+                              state_lost=state_lost))  # fmt: skip
+
+    def _forward_display(self, message: dict[str, Any], current: bool) -> None:
+        if current:
+            # The kernel flushed what it printed before the display and now waits for the
+            # ack, so the pipes hold exactly the output that comes first.
+            self._drain(self._kernel.child.pipes, final=False)
+            self._send({key: message.get(key) for key in ("ev", "id", "source", "data")})
+        with contextlib.suppress(OSError):  # a dead kernel is noticed by its pidfd
+            self._kernel.send({"op": "ack"})
+
+    def _on_kernel_exit(self) -> None:
+        if self._kernel.child.returncode() is not None:
+            self._kernel_died()
+
+    def _kernel_died(self) -> None:
+        with contextlib.suppress(Exception):  # give a dying kernel a moment to be reaped
+            self._kernel.child.proc.wait(timeout=0.5)
+        returncode = self._replace_kernel()
+        run = self._run
+        if run is None or run.child is not None:
+            self._state_lost_pending = True
+            return
+        self._state_lost_pending = False
+        error = kernel_died_error(returncode, self._config.memory_bytes)
+        self._finish(done(run.id, "error", error=error, state_lost=True))
+
+    # -- child bookkeeping -----------------------------------------------------------
+
+    def _watch(self, child: Child, on_exit: Callable[[], None]) -> None:
+        for pipe in child.pipes:
+            self._sel.register(pipe.fd, selectors.EVENT_READ, self._reader(child, pipe))
+        if child.pidfd is not None:
+            self._sel.register(child.pidfd, selectors.EVENT_READ, on_exit)
+
+    def _unwatch(self, child: Child) -> None:
+        for fd in (*(p.fd for p in child.pipes if not p.closed), child.pidfd):
+            if fd is not None and fd in self._sel.get_map():
+                self._sel.unregister(fd)
+
+    def _reader(self, child: Child, pipe: OutputPipe) -> Callable[[], None]:
+        def on_readable() -> None:
+            text = pipe.read()
+            if text is None:  # EOF: the child (and all it started) closed this pipe
+                self._sel.unregister(pipe.fd)
+                pipe.close()
+                return
+            run = self._run
+            if text and run is not None and (run.child or self._kernel.child) is child:
+                self._stream(pipe.name, text)
+
+        return on_readable
+
+    def _reap(self) -> None:
+        if os.getpid() != 1 or time.monotonic() < self._next_reap:
+            return
+        self._next_reap = time.monotonic() + REAP_S
+        keep = [self._kernel.child.pid]
+        if self._run is not None and self._run.child is not None:
+            keep.append(self._run.child.pid)
+        reap_orphans(keep)
+
+    def _poll_children(self) -> None:
+        """For children without a pidfd: notice their exit on the tick."""
+        if self._kernel.child.pidfd is None:
+            self._on_kernel_exit()
+        run = self._run
+        if run is not None and run.child is not None and run.child.pidfd is None:
+            self._on_program_exit()
+
+
+def _program_argv(language: str, exe: str, code: str) -> list[str]:
+    from .languages import PROGRAMS
+
+    return PROGRAMS[language].argv(exe, code)
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise AgentExit(0)

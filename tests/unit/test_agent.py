@@ -1,0 +1,480 @@
+"""The agent as a real process over a real socketpair, the way a backend starts it.
+
+Two interpreters: the host's (``--plain``, no IPython) and the sandbox runtime's, which has
+IPython, matplotlib, numpy and pandas (``SANDBOX_TEST_RUNTIME_PYTHON``, else the venv that
+``mcp-code-sandbox setup`` builds). Tests needing the latter are marked ``bwrap`` and fail
+when it is missing. ``kill_strays`` is always false here: these agents share the host's
+pid namespace.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mcp_code_sandbox.agent.protocol import HEADER, read_frame, write_frame
+from mcp_code_sandbox.agent.runs import GRACE_S
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+CONFIG = {"kill_strays": False, "pids": 100_000, "file_bytes": 2**31, "memory_bytes": None}
+
+
+def runtime_python() -> str:
+    explicit = os.environ.get("SANDBOX_TEST_RUNTIME_PYTHON")
+    if explicit:
+        return explicit
+    from mcp_code_sandbox.settings import Settings
+
+    path = Settings().runtime_dir / "venv" / "bin" / "python"
+    if not path.exists():
+        pytest.fail(
+            f"no runtime Python with IPython at {path}: run `mcp-code-sandbox setup` or set "
+            "SANDBOX_TEST_RUNTIME_PYTHON to a python with ipython, matplotlib and pandas"
+        )
+    return str(path)
+
+
+@dataclass
+class Result:
+    done: dict[str, Any]
+    stdout: str = ""
+    stderr: str = ""
+    displays: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        return str(self.done["status"])
+
+
+class Agent:
+    def __init__(
+        self,
+        python: str,
+        workdir: Path,
+        plain: bool,
+        config: dict[str, Any] | None = None,
+        prefix: tuple[str, ...] = (),
+    ) -> None:
+        self.workdir = workdir
+        self.sock, theirs = socket.socketpair()
+        argv = [*prefix, python, "-m", "mcp_code_sandbox.agent",
+                "--channel-fd", str(theirs.fileno()), "--workdir", str(workdir),
+                "--config", json.dumps(config or CONFIG)]  # fmt: skip
+        if plain:
+            argv.append("--plain")
+        env = {**os.environ, "PYTHONPATH": str(SRC), "MPLBACKEND": "Agg", "HOME": str(workdir)}
+        env["MPLCONFIGDIR"] = str(workdir / ".mpl")
+        self.proc = subprocess.Popen(
+            argv, pass_fds=[theirs.fileno()], env=env,
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        theirs.close()
+        self.ready = self.receive(timeout=60)
+        self._next_id = 0
+
+    def send(self, message: dict[str, Any]) -> None:
+        write_frame(self.sock, message)
+
+    def receive(self, timeout: float = 30) -> dict[str, Any]:
+        readable, _, _ = select.select([self.sock], [], [], timeout)
+        assert readable, f"no message from the agent within {timeout} s"
+        message = read_frame(self.sock.fileno())
+        assert message is not None, "agent closed the channel"
+        return message
+
+    def submit(self, code: str, **fields: Any) -> int:
+        self._next_id += 1
+        message = {"op": "exec", "id": self._next_id, "language": "python", "code": code,
+                   "timeout_s": 20, "env": {}}  # fmt: skip
+        message.update(fields)
+        self.send(message)
+        return self._next_id
+
+    def collect(self, run_id: int, timeout: float = 30) -> Result:
+        result = Result(done={})
+        while True:
+            message = self.receive(timeout)
+            assert message.get("id") == run_id, message
+            result.events.append(message)
+            if message["ev"] == "stream":
+                name = message["name"]
+                setattr(result, name, getattr(result, name) + message["text"])
+            elif message["ev"] == "display":
+                result.displays.append(message)
+            elif message["ev"] == "done":
+                result.done = message
+                return result
+            else:
+                raise AssertionError(message)
+
+    def run(self, code: str, **fields: Any) -> Result:
+        return self.collect(self.submit(code, **fields))
+
+    def close(self) -> int:
+        self.sock.close()
+        try:
+            return self.proc.wait(timeout=10)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+            assert self.proc.stdout is not None
+            self.proc.stdout.close()
+
+
+def start_agent(kind: str, workdir: Path) -> Agent:
+    if kind == "plain":
+        return Agent(sys.executable, workdir, plain=True)
+    return Agent(runtime_python(), workdir, plain=False)
+
+
+KINDS = [pytest.param("plain"), pytest.param("ipython", marks=pytest.mark.bwrap)]
+
+
+@pytest.fixture(params=KINDS)
+def agent(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Agent]:
+    a = start_agent(request.param, tmp_path)
+    yield a
+    assert a.close() == 0
+
+
+@pytest.fixture(params=[pytest.param("ipython", marks=pytest.mark.bwrap)])
+def ipy(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Agent]:
+    a = start_agent(request.param, tmp_path)
+    yield a
+    assert a.close() == 0
+
+
+def test_ready_message(agent: Agent) -> None:
+    ready = agent.ready
+    assert ready["ev"] == "ready"
+    assert ready["languages"]["python"].count(".") == 2
+    assert "bash" in ready["languages"]
+    assert ready["ipython"] is (agent.proc.args[-1] != "--plain")  # type: ignore[index]
+    assert ready["pid"] == agent.proc.pid
+
+
+def test_state_persists_and_last_expression_is_the_result(agent: Agent) -> None:
+    first = agent.run("x = 41")
+    second = agent.run("x + 1")
+    assert first.done["result"] is None
+    assert second.status == "ok" and second.done["result"] == "42"
+    assert second.stdout == ""  # no Out[2]: on stdout
+    assert second.done["exit_code"] is None and second.done["state_lost"] is False
+    assert second.done["execution_count"] == first.done["execution_count"] + 1
+    assert agent.run("print(__name__); _").stdout == "__main__\n"
+
+
+def test_every_writer_to_fd1_is_a_stream_and_the_channel_survives(agent: Agent) -> None:
+    code = (
+        "import ctypes, os\n"
+        "libc = ctypes.CDLL(None)\n"
+        "print('py')\n"
+        "os.system('echo sh')\n"
+        "libc.write(1, b'raw\\n', 4)\n"
+        "libc.printf(b'printf\\n')\n"  # left in C's stdio buffer: the agent flushes it
+        "None"
+    )
+    result = agent.run(code)
+    assert result.status == "ok", result.done
+    assert result.stdout == "py\nsh\nraw\nprintf\n"
+    assert agent.run("1 + 1").done["result"] == "2"
+
+
+def test_stderr(agent: Agent) -> None:
+    result = agent.run("import sys, os; print('e', file=sys.stderr); os.system('echo s >&2')")
+    assert result.stderr == "e\ns\n" and result.stdout == ""
+
+
+def test_error_has_a_trimmed_traceback(agent: Agent) -> None:
+    result = agent.run("def f():\n    return 1 / 0\nf()")
+    assert result.status == "error"
+    error = result.done["error"]
+    assert error["name"] == "ZeroDivisionError" and error["value"] == "division by zero"
+    assert "return 1 / 0" in error["traceback"]
+    assert "mcp_code_sandbox" not in error["traceback"]
+    assert "\x1b[" not in error["traceback"]
+    syntax = agent.run("1 +").done
+    assert syntax["status"] == "error" and syntax["error"]["name"] == "SyntaxError"
+    assert agent.run("2").done["result"] == "2"
+
+
+def test_cwd_is_the_workdir_and_importable(agent: Agent) -> None:
+    (agent.workdir / "mymod.py").write_text("VALUE = 7\n")
+    result = agent.run("import os, mymod; (os.getcwd(), mymod.VALUE)")
+    assert result.done["result"] == repr((str(agent.workdir), 7))
+
+
+def test_a_50_mb_flood_flows_with_bounded_memory(agent: Agent) -> None:
+    run_id = agent.submit("import os; os.system('yes | head -c 50000000')", timeout_s=60)
+    received = 0
+    while (message := agent.receive())["ev"] == "stream":
+        if message["name"] == "stdout":  # stderr has yes's "Broken pipe"
+            received += len(message["text"])
+    assert message["ev"] == "done" and message["status"] == "ok" and message["id"] == run_id
+    assert received == 50_000_000
+    status = Path(f"/proc/{agent.proc.pid}/status").read_text()
+    peak_kib = int(status.split("VmHWM:")[1].split()[0])
+    assert peak_kib < 100 * 1024, f"supervisor peaked at {peak_kib} KiB"
+    assert agent.run("'still here'").done["result"] == "'still here'"
+
+
+def test_timeout_interrupts_and_keeps_state(agent: Agent) -> None:
+    agent.run("x = 1")
+    started = time.monotonic()
+    result = agent.run("import time\nprint('before', flush=True)\ntime.sleep(30)", timeout_s=0.5)
+    assert time.monotonic() - started < GRACE_S
+    assert result.status == "timeout" and result.done["state_lost"] is False
+    assert result.done["error"]["name"] == "KeyboardInterrupt"
+    assert result.stdout == "before\n"
+    assert "mcp_code_sandbox" not in result.done["error"]["traceback"]
+    assert agent.run("x").done["result"] == "1"
+
+
+def test_timeout_of_code_ignoring_sigint_kills_and_restarts(agent: Agent) -> None:
+    agent.run("x = 1")
+    code = "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True: pass"
+    result = agent.run(code, timeout_s=0.3)
+    assert result.status == "timeout" and result.done["state_lost"] is True
+    after = agent.run("x")
+    assert after.done["error"]["name"] == "NameError"
+    assert after.done["state_lost"] is False
+    assert agent.run("1").done["result"] == "1"
+
+
+def test_interrupt_op_cancels(agent: Agent) -> None:
+    run_id = agent.submit("import time\nprint('go', flush=True)\ntime.sleep(30)")
+    seen = ""
+    while seen != "go\n":  # print may arrive as "go" and "\n"
+        seen += agent.receive()["text"]
+    agent.send({"op": "interrupt", "id": run_id, "reason": "cancelled"})
+    result = agent.collect(run_id)
+    assert result.status == "cancelled" and result.done["state_lost"] is False
+
+
+def test_interrupt_of_an_unknown_run_is_ignored(agent: Agent) -> None:
+    agent.send({"op": "interrupt", "id": 999, "reason": "cancelled"})
+    assert agent.run("3").done["result"] == "3"
+
+
+@pytest.mark.parametrize(
+    ("code", "expected"),
+    [("import os; os._exit(3)", "code 3"), ("import os; os.kill(os.getpid(), 9)", "SIGKILL")],
+)
+def test_kernel_death_is_reported_and_recovered(agent: Agent, code: str, expected: str) -> None:
+    agent.run("x = 1")
+    result = agent.run(code)
+    assert result.status == "error" and result.done["state_lost"] is True
+    assert result.done["error"]["name"] == "KernelDied"
+    assert expected in result.done["error"]["value"]
+    if expected == "SIGKILL":
+        assert "memory" in result.done["error"]["value"]
+    assert agent.run("'x' in dir()").done["result"] == "False"
+
+
+def test_env_applies_to_one_cell(agent: Agent) -> None:
+    code = "import os; print(os.environ['MCS_T']); os.system('echo $MCS_T')"
+    assert agent.run(code, env={"MCS_T": "v1"}).stdout == "v1\nv1\n"
+    assert agent.run("import os; 'MCS_T' in os.environ").done["result"] == "False"
+
+
+def test_queued_execs_run_in_order(agent: Agent) -> None:
+    first = agent.submit("import time; time.sleep(0.2); 1")
+    second = agent.submit("2")
+    assert agent.collect(first).done["result"] == "1"
+    assert agent.collect(second).done["result"] == "2"
+
+
+def test_display_of_markdown_and_png(agent: Agent) -> None:
+    code = (
+        "class Md:\n"
+        "    def _repr_markdown_(self): return '# hi'\n"
+        "class Png:\n"
+        "    def _repr_png_(self): return b'\\x89PNG fake'\n"
+        "display(Md()); display(Png())"
+    )
+    result = agent.run(code)
+    assert result.status == "ok", result.done
+    md, png = (d["data"] for d in result.displays)
+    assert md["text/markdown"] == "# hi" and "text/plain" in md
+    assert png["image/png"] == "iVBORyBmYWtl" and "text/plain" in png
+    assert all(d["source"] == "display" for d in result.displays)
+
+
+def test_bash_program(agent: Agent) -> None:
+    result = agent.run(
+        "echo out; echo err >&2; pwd; echo $MCS_T; exit 3", language="bash", env={"MCS_T": "e"}
+    )
+    assert result.status == "error" and result.done["exit_code"] == 3
+    assert result.stdout == f"out\n{agent.workdir}\ne\n" and result.stderr == "err\n"
+    assert result.done["execution_count"] is None
+    ok = agent.run("true", language="bash")
+    assert ok.status == "ok" and ok.done["exit_code"] == 0
+
+
+def test_bash_timeout(agent: Agent) -> None:
+    started = time.monotonic()
+    result = agent.run("echo start; sleep 30", language="bash", timeout_s=0.3)
+    assert time.monotonic() - started < GRACE_S
+    assert result.status == "timeout" and result.stdout == "start\n"
+    assert result.done["exit_code"] == 128 + signal.SIGINT
+
+
+def test_malformed_frames_get_error_events(agent: Agent) -> None:
+    body = b"not json"
+    agent.sock.sendall(HEADER.pack(len(body)) + body)
+    assert agent.receive()["ev"] == "error"
+    agent.send({"op": "dance"})
+    assert "dance" in agent.receive()["message"]
+    agent.send({"op": "exec", "id": 5, "code": 1, "timeout_s": 1})
+    bad = agent.receive()
+    assert bad["ev"] == "error" and bad["id"] == 5
+    agent.send({"op": "exec", "id": 6, "code": "1", "language": "cobol", "timeout_s": 1})
+    assert "cobol" in agent.receive()["message"]
+    assert agent.run("4").done["result"] == "4"
+
+
+def test_eof_on_the_channel_ends_the_agent_and_kernel(agent: Agent) -> None:
+    kernel_pid = int(agent.run("import os; os.getpid()").done["result"])
+    assert agent.close() == 0
+    assert not Path(f"/proc/{kernel_pid}").exists() or _is_zombie(kernel_pid)
+    assert agent.proc.stdout is not None
+
+
+def test_user_processes_inherit_no_agent_fd(agent: Agent) -> None:
+    result = agent.run("import os; os.system('ls /proc/self/fd')")
+    assert result.stdout.split() == ["0", "1", "2", "3"]  # 3: ls's own directory handle
+
+
+def test_rlimits_from_the_config(tmp_path: Path) -> None:
+    config = {**CONFIG, "memory_bytes": 300 * 2**20, "file_bytes": 2**20}
+    agent = Agent(sys.executable, tmp_path, plain=True, config=config)
+    try:
+        big = agent.run("b = bytearray(600 * 2**20)").done
+        assert big["error"]["name"] == "MemoryError" and big["state_lost"] is False
+        write = agent.run("open('f', 'wb').write(bytes(2**21))").done
+        assert write["error"]["name"] == "OSError" and "too large" in write["error"]["value"]
+        assert (
+            agent.run("import resource; resource.getrlimit(resource.RLIMIT_CORE)").done["result"]
+            == "(0, 0)"
+        )
+        bash = agent.run("ulimit -f; ulimit -c", language="bash")
+        assert bash.stdout.split() == ["1024", "0"]  # bash counts KiB
+    finally:
+        assert agent.close() == 0
+
+
+@pytest.mark.bwrap
+def test_kill_strays_in_its_own_pid_namespace(tmp_path: Path) -> None:
+    # The agent is pid 1 of a new pid namespace, as in a container without an init.
+    prefix = ("unshare", "--pid", "--fork", "--mount-proc", "--kill-child")
+    config = {**CONFIG, "kill_strays": True}
+    agent = Agent(sys.executable, tmp_path, plain=True, config=config, prefix=prefix)
+    try:
+        assert agent.run("import os; os.getpid()").done["result"] != "1"
+        spawn = "import subprocess; p = subprocess.Popen(['setsid', 'sleep', '300']); p.pid"
+        escaped = agent.run(spawn).done["result"]
+        stuck = "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True: pass"
+        assert agent.run(stuck, timeout_s=0.2).done["state_lost"] is True
+        time.sleep(1.5)  # the reaper's tick
+        gone = agent.run(f"import os; os.path.exists('/proc/{escaped}')").done
+        assert gone["result"] == "False"
+        agent.run("x = 1")
+        bash = agent.run("setsid sleep 300 & echo $!; sleep 30", language="bash", timeout_s=0.3)
+        assert bash.status == "timeout"
+        assert agent.run("x").done["result"] == "1"  # the kernel was spared
+    finally:
+        assert agent.close() == 0
+
+
+def test_shutdown_and_sigterm_exit_cleanly(tmp_path: Path) -> None:
+    one = start_agent("plain", tmp_path)
+    one.send({"op": "shutdown"})
+    assert one.proc.wait(timeout=10) == 0
+    one.close()
+    two = start_agent("plain", tmp_path)
+    two.proc.send_signal(signal.SIGTERM)
+    assert two.proc.wait(timeout=10) == 0
+    two.close()
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+# -- IPython and matplotlib (the runtime interpreter only) ------------------------------
+
+
+def test_ipython_magics_shell_and_rich_display(ipy: Agent) -> None:
+    result = ipy.run("%cd .\n!echo bang\nfrom IPython.display import Markdown\nMarkdown('*m*')")
+    assert result.status == "ok", result.done
+    assert "bang\n" in result.stdout and "Out[" not in result.stdout
+    assert result.done["result"] == "<IPython.core.display.Markdown object>"
+    assert result.displays[0]["data"]["text/markdown"] == "*m*"
+    assert ipy.run("_").done["result"] == "<IPython.core.display.Markdown object>"
+    assert ipy.run("1;").done["result"] is None  # a trailing semicolon hides it, like Jupyter
+
+
+def test_ipython_usage_error_is_an_error(ipy: Agent) -> None:
+    result = ipy.run("%no_such_magic")
+    assert result.status == "error" and result.done["error"]["name"] == "UsageError"
+
+
+def test_two_figures_are_captured_and_closed(ipy: Agent) -> None:
+    code = "import matplotlib.pyplot as plt\nplt.plot([1, 2])\nplt.figure(); plt.plot([3, 4]); None"
+    result = ipy.run(code)
+    assert result.status == "ok", result.done
+    figures = [d for d in result.displays if d["source"] == "figure"]
+    assert len(figures) == 2
+    assert all(d["data"]["image/png"].startswith("iVBOR") for d in figures)
+    assert ipy.run("plt.get_fignums()").done["result"] == "[]"
+
+
+def test_show_captures_in_order_without_warning(ipy: Agent) -> None:
+    code = (
+        "import matplotlib.pyplot as plt\n"
+        "plt.plot([1]); plt.show()\n"
+        "print('between', flush=True)\n"
+        "plt.plot([2]); plt.show()"
+    )
+    result = ipy.run(code)
+    assert result.status == "ok", result.done
+    kinds = [e["ev"] for e in result.events]
+    kinds = [k for i, k in enumerate(kinds) if i == 0 or k != kinds[i - 1]]  # "between", "\n"
+    assert kinds == ["display", "stream", "display", "done"]
+    assert result.stderr == ""
+
+
+def test_savefig_into_workdir_is_not_captured_twice(ipy: Agent) -> None:
+    code = (
+        "import matplotlib.pyplot as plt\n"
+        "plt.plot([1]); plt.savefig('a.png')\n"
+        "plt.figure(); plt.plot([2]); plt.savefig('/tmp/mcs-test-elsewhere.png'); None"
+    )
+    result = ipy.run(code)
+    assert result.status == "ok", result.done
+    assert (ipy.workdir / "a.png").exists()
+    assert len(result.displays) == 1  # only the figure saved outside the workspace
+    assert ipy.run("plt.get_fignums()").done["result"] == "[]"
+
+
+def test_pandas_result_is_text(ipy: Agent) -> None:
+    result = ipy.run("import pandas as pd\npd.DataFrame({'a': [1, 2]})")
+    assert result.done["result"] == "   a\n0  1\n1  2"
+    assert result.displays == []
