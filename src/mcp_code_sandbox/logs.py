@@ -43,8 +43,11 @@ def configure_logging(settings: Settings) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(settings.log_level)
-    for noisy in ("uvicorn.access",):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    # Never below INFO for these, even at DEBUG: their debug lines carry whole protocol
+    # messages, i.e. the code, outputs and file contents that logs must not hold.
+    for chatty in ("sse_starlette", "mcp", "httpx", "httpcore"):
+        logging.getLogger(chatty).setLevel(max(logging.INFO, root.level))
+    logging.getLogger("uvicorn.access").setLevel(logging.WARNING)
     structlog.configure(
         processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
         logger_factory=structlog.stdlib.LoggerFactory(),

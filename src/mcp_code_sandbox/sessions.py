@@ -73,6 +73,7 @@ class SessionManager:
         self._tombstones: OrderedDict[tuple[str, str], str] = OrderedDict()
         self._instance = f"{os.getpid()}-{os.urandom(4).hex()}"
         self._reaper: asyncio.Task[None] | None = None
+        self._closed = False
 
     # -- lifecycle of the manager -------------------------------------------------------
 
@@ -90,7 +91,12 @@ class SessionManager:
         self._reaper = asyncio.create_task(self._reap_forever(), name="session-reaper")
 
     async def aclose(self) -> None:
-        """Stop every sandbox and delete every workspace; bounded by the backend's stops."""
+        """Stop every sandbox and delete every workspace; bounded by the backend's stops.
+
+        Idempotent: a signal handler and the normal way out may both call it."""
+        if self._closed:
+            return
+        self._closed = True
         if self._reaper is not None:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import logging
+import os
 import signal
 from collections.abc import AsyncIterator
 from typing import Any
@@ -32,19 +34,26 @@ async def serve_stdio(service: SandboxService) -> None:
     await service.start()
     try:
         async with anyio.create_task_group() as tg:
-
-            async def stop_on_signal() -> None:
-                with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                    async for _ in signals:
-                        tg.cancel_scope.cancel()
-                        return
-
-            tg.start_soon(stop_on_signal)
+            tg.start_soon(_exit_on_signal, service)
             await mcp.run_stdio_async()  # returns at stdin EOF
             tg.cancel_scope.cancel()
     finally:
         with anyio.CancelScope(shield=True):
             await service.aclose()
+
+
+async def _exit_on_signal(service: SandboxService) -> None:
+    """SIGTERM/SIGINT: remove every sandbox, then exit at once.
+
+    The SDK reads stdin in a worker thread that no cancellation can interrupt, so an
+    orderly unwind would wait for the client to send another line; exiting directly after
+    our own cleanup is the bounded way out."""
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for _ in signals:
+            with anyio.CancelScope(shield=True):
+                await service.aclose()
+            logging.shutdown()
+            os._exit(0)
 
 
 def check_http_exposure(settings: Settings) -> None:

@@ -1,0 +1,178 @@
+"""Session lifecycle with real sandboxes: state, names, owners, queueing, expiry, cleanup."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mcp_code_sandbox.backends import create_backend
+from mcp_code_sandbox.errors import MaxSessions, SessionNotFound
+from mcp_code_sandbox.runs import RunRequest
+from mcp_code_sandbox.service import SandboxService
+from mcp_code_sandbox.settings import Settings
+
+from ..procs import descendants, wait_gone
+
+pytestmark = pytest.mark.bwrap
+
+
+async def run(service: Any, code: str, sid: str | None = "s", owner: str = "local",
+              **kw: Any) -> Any:
+    return await service.run_code(owner, RunRequest(code, **kw), sid)
+
+
+async def test_variables_and_imports_survive_between_calls(service: Any) -> None:
+    first = await run(service, "import json\ncounter = 41")
+    assert first.session_created and first.execution_count == 1
+    second = await run(service, "counter += 1\njson.dumps({'n': counter})")
+    assert not second.session_created
+    assert second.result == "'{\"n\": 42}'"
+    assert second.execution_count == 2
+    assert second.state_lost is False
+
+
+async def test_minted_ids(service: Any) -> None:
+    r = await run(service, "1", None)
+    assert r.session_created and r.session_id.startswith("sess_")
+    again = await run(service, "2", r.session_id)
+    assert again.session_id == r.session_id and not again.session_created
+
+
+async def test_owners_never_see_each_other(service: Any) -> None:
+    await run(service, "open('mine.txt','w').write('alice')", "conv-1", owner="alice")
+    with pytest.raises(SessionNotFound):
+        await service.list_files("bob", "conv-1", ".", recursive=True)
+    with pytest.raises(SessionNotFound):
+        await service.read_file("bob", "conv-1", "mine.txt", offset=0, max_bytes=None)
+    with pytest.raises(SessionNotFound):
+        await service.close_session("bob", "conv-1")
+    bobs = await run(service, "import os; print(os.listdir('.'))", "conv-1", owner="bob")
+    assert bobs.session_created  # bob's own session of that name, empty
+    assert bobs.stdout == "[]\n"
+
+
+async def test_calls_to_one_session_queue_in_arrival_order(service: Any) -> None:
+    await run(service, "order = []")
+    # Tasks start in creation order, so this is the order the calls arrive in.
+    calls = [
+        asyncio.create_task(run(service, f"import time; time.sleep(0.3); order.append({i})"))
+        for i in range(4)
+    ]
+    await asyncio.gather(*calls)
+    final = await run(service, "order")
+    assert final.result == "[0, 1, 2, 3]"
+
+
+async def test_closed_session_name_can_be_reused_with_a_notice(service: Any) -> None:
+    await run(service, "x = 1\nopen('f.txt','w').write('old')", "named")
+    await service.close_session("local", "named")
+    with pytest.raises(SessionNotFound, match="closed"):
+        await service.list_files("local", "named", ".", recursive=True)
+    again = await run(service, "import os; print(os.listdir('.')); 'x' in globals()", "named")
+    assert again.session_created
+    assert again.notice and "closed" in again.notice and "gone" in again.notice
+    assert again.stdout == "[]\n" and again.result == "False"
+
+
+async def _service(settings: Settings) -> SandboxService:
+    svc = SandboxService(settings, create_backend(settings))
+    await svc.start()
+    return svc
+
+
+async def test_idle_sessions_expire(make_settings: Callable[..., Settings]) -> None:
+    svc = await _service(make_settings(session_ttl_m=0.02))  # 1.2 s
+    try:
+        await run(svc, "1", "idle")
+        await asyncio.sleep(1.5)
+        await svc.sessions.reap()
+        with pytest.raises(SessionNotFound, match="expired after 0.02 min idle"):
+            await svc.list_files("local", "idle", ".", recursive=True)
+        again = await run(svc, "1", "idle")
+        assert again.session_created
+        assert "expired after 0.02 min idle; files and variables from before are gone" in (
+            again.notice or "")
+    finally:
+        await svc.aclose()
+
+
+async def test_sessions_end_at_their_max_lifetime(make_settings: Callable[..., Settings]) -> None:
+    svc = await _service(make_settings(session_max_lifetime_h=0.0005))  # 1.8 s
+    try:
+        await run(svc, "1", "old")
+        for _ in range(4):  # keep it busy: activity does not extend the lifetime
+            await asyncio.sleep(0.5)
+            await run(svc, "1", "old")
+        await svc.sessions.reap()
+        with pytest.raises(SessionNotFound, match="maximum lifetime"):
+            await svc.list_files("local", "old", ".", recursive=True)
+    finally:
+        await svc.aclose()
+
+
+async def test_max_sessions(make_settings: Callable[..., Settings]) -> None:
+    svc = await _service(make_settings(max_sessions=2))
+    try:
+        await run(svc, "1", "a")
+        await run(svc, "1", "b")
+        with pytest.raises(MaxSessions):
+            await run(svc, "1", "c")
+        await svc.close_session("local", "a")
+        assert (await run(svc, "1", "c")).status == "ok"
+    finally:
+        await svc.aclose()
+
+
+async def test_shutdown_removes_every_sandbox_and_workspace(
+    make_settings: Callable[..., Settings],
+) -> None:
+    settings = make_settings()
+    before = descendants(os.getpid())
+    svc = await _service(settings)
+    for sid in ("a", "b", "c"):
+        await run(svc, "import subprocess; subprocess.Popen(['sleep', '300'])", sid)
+    workspaces = settings.workspaces_dir
+    assert any(workspaces.rglob("*"))
+    sandboxes = descendants(os.getpid()) - before
+    assert len(sandboxes) >= 9
+    await svc.aclose()
+    assert await asyncio.to_thread(wait_gone, sandboxes) == set()
+    assert not any(workspaces.rglob("*"))
+
+
+async def test_leftovers_of_a_dead_server_are_removed_at_start(
+    make_settings: Callable[..., Settings],
+) -> None:
+    settings = make_settings()
+    dead_ws = settings.workspaces_dir / "999999999-dead" / "sabc"
+    dead_ws.mkdir(parents=True)
+    (dead_ws / "file.txt").write_text("left behind")
+    settings.run_dir.mkdir(parents=True, exist_ok=True)
+    (settings.run_dir / "999999999-dead.pid").write_text("999999999")
+    live_ws = settings.workspaces_dir / "1-alive" / "sdef"  # pid 1 is alive: not ours to touch
+    live_ws.mkdir(parents=True)
+    (settings.run_dir / "1-alive.pid").write_text("1")
+    svc = await _service(settings)
+    try:
+        assert not dead_ws.exists()
+        assert not (settings.run_dir / "999999999-dead.pid").exists()
+        assert live_ws.exists()
+    finally:
+        await svc.aclose()
+
+
+async def test_cancelled_run_leaves_the_session_usable(service: Any) -> None:
+    await run(service, "kept = 'yes'")
+    task = asyncio.create_task(run(service, "import time\nfor i in range(100): time.sleep(0.1)"))
+    await asyncio.sleep(1.5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    after = await run(service, "kept")
+    assert after.status == "ok" and after.result == "'yes'"
+    assert after.state_lost is False
