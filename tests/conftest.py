@@ -34,7 +34,8 @@ def require_runtime() -> Path:
     if not (runtime / "venv" / "bin" / "python").exists():
         pytest.fail(
             f"the sandbox runtime environment is missing at {runtime}: run "
-            "`.venv/bin/mcp-code-sandbox setup` (scripts/test.sh does)", pytrace=False,
+            "`.venv/bin/mcp-code-sandbox setup` (scripts/test.sh does)",
+            pytrace=False,
         )
     if shutil.which("bwrap") is None:
         pytest.fail("bubblewrap is not installed: apt-get install bubblewrap", pytrace=False)
@@ -57,7 +58,9 @@ def make_settings(state_dir: Path) -> Callable[..., Settings]:
 
     def make(**overrides: Any) -> Settings:
         values: dict[str, Any] = {
-            "state_dir": str(state_dir), "runtime_dir": str(runtime), "backend": "bwrap",
+            "state_dir": str(state_dir),
+            "runtime_dir": str(runtime),
+            "backend": "bwrap",
         }
         values.update(overrides)
         return load_settings(values, environ={})

@@ -77,8 +77,14 @@ class AgentClient:
         self._next_id += 1
         run_id = self._next_id
         await self._send(
-            {"op": "exec", "id": run_id, "language": language, "code": code,
-             "timeout_s": timeout_s, "env": env}
+            {
+                "op": "exec",
+                "id": run_id,
+                "language": language,
+                "code": code,
+                "timeout_s": timeout_s,
+                "env": env,
+            }
         )
         displays: list[Display] = []
         try:
@@ -170,7 +176,8 @@ def _outcome(message: dict[str, Any], displays: list[Display]) -> Outcome:
         result=_str_or_none(message.get("result")),
         error=(
             {k: str(error.get(k, "")) for k in ("name", "value", "traceback")}
-            if isinstance(error, dict) else None
+            if isinstance(error, dict)
+            else None
         ),
         execution_count=_int_or_none(message.get("execution_count")),
         state_lost=bool(message.get("state_lost", False)),
@@ -184,4 +191,3 @@ def _int_or_none(value: object) -> int | None:
 
 def _str_or_none(value: object) -> str | None:
     return value if isinstance(value, str) else None
-

@@ -28,8 +28,7 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
     for name, field in Settings.model_fields.items():
         flag = "--" + name.replace("_", "-")
         if typing.get_origin(field.annotation) is None and field.annotation is bool:
-            group.add_argument(flag, dest=name, default=None,
-                               action=argparse.BooleanOptionalAction)
+            group.add_argument(flag, dest=name, default=None, action=argparse.BooleanOptionalAction)
         else:
             group.add_argument(flag, dest=name, default=None, metavar=name.upper())
 
@@ -43,10 +42,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve MCP over stdio (default) or HTTP")
     serve.add_argument("--transport", choices=("stdio", "http"), default="stdio")
-    serve.add_argument("--host", dest="http_host_flag", default=None,
-                       help="HTTP address to bind (default 127.0.0.1)")
-    serve.add_argument("--port", dest="http_port_flag", default=None, type=int,
-                       help="HTTP port (default 8080)")
+    serve.add_argument(
+        "--host",
+        dest="http_host_flag",
+        default=None,
+        help="HTTP address to bind (default 127.0.0.1)",
+    )
+    serve.add_argument(
+        "--port", dest="http_port_flag", default=None, type=int, help="HTTP port (default 8080)"
+    )
     setup = sub.add_parser("setup", help="build the sandbox runtime environment (bwrap)")
     setup.add_argument("--force", action="store_true", help="rebuild even if up to date")
     sub.add_parser("doctor", help="check each backend and say what is enforced")
@@ -124,8 +128,10 @@ def _setup(settings: Settings, *, force: bool) -> int:
         print(line, file=sys.stderr, flush=True)
 
     status = build_runtime(settings, force=force, progress=progress)
-    print(f"runtime environment ready: {status.venv} (Python {status.python_version})",
-          file=sys.stderr)
+    print(
+        f"runtime environment ready: {status.venv} (Python {status.python_version})",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -155,11 +161,14 @@ async def _exec_once(settings: Settings, code: str, language: str) -> int:
     if report.result is not None:
         print(f"Out[{report.execution_count}]: {report.result}")
     if report.error:
-        print(report.error.get("traceback") or
-              f"{report.error['name']}: {report.error['value']}", file=sys.stderr)
+        print(
+            report.error.get("traceback") or f"{report.error['name']}: {report.error['value']}",
+            file=sys.stderr,
+        )
     for display in report.displays:
-        print(f"[{display.source}: {display.mime_type}, {len(display.data)} bytes]",
-              file=sys.stderr)
+        print(
+            f"[{display.source}: {display.mime_type}, {len(display.data)} bytes]", file=sys.stderr
+        )
     if report.status != "ok":
         print(f"status: {report.status}", file=sys.stderr)
     return 0 if report.status == "ok" else 1

@@ -39,14 +39,39 @@ class Check(NamedTuple):
 
 
 def _bwrap_run(bwrap: str, *args: str) -> subprocess.CompletedProcess[str]:
-    argv = [bwrap, *args, "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin",
-            "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
-            "--proc", "/proc", "--dev", "/dev", "/usr/bin/true"]
+    argv = [
+        bwrap,
+        *args,
+        "--ro-bind",
+        "/usr",
+        "/usr",
+        "--symlink",
+        "usr/bin",
+        "/bin",
+        "--symlink",
+        "usr/lib",
+        "/lib",
+        "--symlink",
+        "usr/lib64",
+        "/lib64",
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "/usr/bin/true",
+    ]
     if os.geteuid() == 0:
-        argv = ["/usr/bin/setpriv", f"--reuid={HOST_SANDBOX_UID}",
-                f"--regid={HOST_SANDBOX_UID}", "--clear-groups", "--", *argv]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=20,
-                          stdin=subprocess.DEVNULL, check=False)
+        argv = [
+            "/usr/bin/setpriv",
+            f"--reuid={HOST_SANDBOX_UID}",
+            f"--regid={HOST_SANDBOX_UID}",
+            "--clear-groups",
+            "--",
+            *argv,
+        ]
+    return subprocess.run(
+        argv, capture_output=True, text=True, timeout=20, stdin=subprocess.DEVNULL, check=False
+    )
 
 
 def _try(bwrap: str, name: str, args: list[str], fix: str) -> Check:
@@ -61,8 +86,9 @@ def _try(bwrap: str, name: str, args: list[str], fix: str) -> Check:
 
 def _bwrap_checks(bwrap: str) -> list[Check]:
     try:
-        version = subprocess.run([bwrap, "--version"], capture_output=True, text=True,
-                                 timeout=10, check=False).stdout.strip()
+        version = subprocess.run(
+            [bwrap, "--version"], capture_output=True, text=True, timeout=10, check=False
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError) as exc:
         version = f"unknown ({exc})"
     checks = [Check("bwrap", True, f"{bwrap}: {version}")]
@@ -71,10 +97,22 @@ def _bwrap_checks(bwrap: str) -> list[Check]:
     if not userns.ok:
         return checks
     for ns in _NAMESPACES[1:]:
-        checks.append(_try(bwrap, f"namespace {ns}", ["--unshare-user", f"--unshare-{ns}"],
-                           "a kernel with this namespace type"))
-    checks.append(_try(bwrap, "--disable-userns", ["--unshare-user", "--disable-userns"],
-                       "bubblewrap >= 0.8 (apt-get install bubblewrap from a newer release)"))
+        checks.append(
+            _try(
+                bwrap,
+                f"namespace {ns}",
+                ["--unshare-user", f"--unshare-{ns}"],
+                "a kernel with this namespace type",
+            )
+        )
+    checks.append(
+        _try(
+            bwrap,
+            "--disable-userns",
+            ["--unshare-user", "--disable-userns"],
+            "bubblewrap >= 0.8 (apt-get install bubblewrap from a newer release)",
+        )
+    )
     checks.append(Check("network", True, "none inside sandboxes (--unshare-net)"))
     return checks
 
@@ -97,11 +135,15 @@ def _cgroup_checks() -> list[Check]:
             out.append(Check(f"{controller} limit", True, f"{version} {controller} controller"))
         else:
             why = support.reasons.get(controller) or support.reasons.get("all", "")
-            out.append(Check(
-                f"{controller} limit", False, f"rlimits only: {rlimit[controller]} ({why})",
-                "run the server as root, or in a cgroup with delegated controllers "
-                "(systemd: Delegate=yes)",
-            ))
+            out.append(
+                Check(
+                    f"{controller} limit",
+                    False,
+                    f"rlimits only: {rlimit[controller]} ({why})",
+                    "run the server as root, or in a cgroup with delegated controllers "
+                    "(systemd: Delegate=yes)",
+                )
+            )
     return out
 
 
@@ -115,8 +157,11 @@ def _runtime_check(settings: Settings) -> Check:
 
 def _uid_check() -> Check:
     if os.geteuid() == 0:
-        return Check("sandbox uid", True,
-                     f"server is root: sandboxes run as host uid {HOST_SANDBOX_UID} (setpriv)")
+        return Check(
+            "sandbox uid",
+            True,
+            f"server is root: sandboxes run as host uid {HOST_SANDBOX_UID} (setpriv)",
+        )
     return Check("sandbox uid", True, f"sandboxes run as the server's uid {os.geteuid()}")
 
 
@@ -124,16 +169,20 @@ def check_bwrap(settings: Settings) -> list[Check]:
     """Every check of the bwrap backend, in the order a person would fix them."""
     bwrap = shutil.which("bwrap")
     if bwrap is None:
-        checks = [Check("bwrap", False, "bwrap not found on PATH",
-                        "apt-get install bubblewrap")]
+        checks = [Check("bwrap", False, "bwrap not found on PATH", "apt-get install bubblewrap")]
     else:
         checks = _bwrap_checks(bwrap)
     return [*checks, _seccomp_check(), *_cgroup_checks(), _runtime_check(settings), _uid_check()]
 
 
 #: Checks without which no sandbox starts; the others degrade to rlimits.
-_ESSENTIAL = ("bwrap", "user namespaces", "--disable-userns", "seccomp filter",
-              "runtime environment")
+_ESSENTIAL = (
+    "bwrap",
+    "user namespaces",
+    "--disable-userns",
+    "seccomp filter",
+    "runtime environment",
+)
 
 
 def run_doctor(settings: Settings, out: TextIO = sys.stdout) -> int:

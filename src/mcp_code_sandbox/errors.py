@@ -110,7 +110,7 @@ class NotFound(SandboxError):
     code = "not_found"
 
 
-class FileExists_(SandboxError):  # noqa: N801 - the builtin FileExistsError is an OSError
+class FileExists_(SandboxError):
     code = "file_exists"
 
 
@@ -166,10 +166,26 @@ class InternalError(SandboxError):
 ERROR_CODES: tuple[str, ...] = tuple(
     cls.code
     for cls in (
-        InvalidArgument, InvalidSessionId, SessionNotFound, SessionBusy, MaxSessions,
-        InvalidFilename, InvalidPath, NotFound, FileExists_, InvalidContent, CodeTooLarge,
-        UploadTooLarge, ArtifactTooLarge, QuotaExceeded, UnsupportedLanguage,
-        NetworkNotAllowed, EnvNotAllowed, BackendUnavailable, SandboxFailed, Unauthorized,
+        InvalidArgument,
+        InvalidSessionId,
+        SessionNotFound,
+        SessionBusy,
+        MaxSessions,
+        InvalidFilename,
+        InvalidPath,
+        NotFound,
+        FileExists_,
+        InvalidContent,
+        CodeTooLarge,
+        UploadTooLarge,
+        ArtifactTooLarge,
+        QuotaExceeded,
+        UnsupportedLanguage,
+        NetworkNotAllowed,
+        EnvNotAllowed,
+        BackendUnavailable,
+        SandboxFailed,
+        Unauthorized,
         InternalError,
     )
 )

@@ -133,4 +133,3 @@ class OutputCapture:
     @property
     def total_bytes(self) -> int:
         return sum(s.total for s in self._streams.values())
-

@@ -42,11 +42,26 @@ IMAGE_MIME_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/web
 #: Image files larger than this are linked, not embedded (decoding them costs too much).
 MAX_IMAGE_FILE_BYTES = 20 * 1024 * 1024
 #: Names that would change how the sandbox itself behaves, never settable per call.
-FORBIDDEN_ENV = frozenset({
-    "LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "PATH", "PYTHONPATH", "PYTHONHOME",
-    "PYTHONSTARTUP", "PYTHONINSPECT", "NODE_OPTIONS", "NODE_PATH", "BASH_ENV", "ENV",
-    "HOME", "VIRTUAL_ENV", "MPLBACKEND", "MPLCONFIGDIR",
-})
+FORBIDDEN_ENV = frozenset(
+    {
+        "LD_PRELOAD",
+        "LD_LIBRARY_PATH",
+        "LD_AUDIT",
+        "PATH",
+        "PYTHONPATH",
+        "PYTHONHOME",
+        "PYTHONSTARTUP",
+        "PYTHONINSPECT",
+        "NODE_OPTIONS",
+        "NODE_PATH",
+        "BASH_ENV",
+        "ENV",
+        "HOME",
+        "VIRTUAL_ENV",
+        "MPLBACKEND",
+        "MPLCONFIGDIR",
+    }
+)
 PROGRESS_EVERY_S = 2.0
 
 ProgressSink = Callable[[float, str], Awaitable[None]]
@@ -142,14 +157,15 @@ async def run(
     agent, notice = await manager.ensure_sandbox(session)
     before = await asyncio.to_thread(session.workspace.snapshot)
     with tempfile.TemporaryDirectory(prefix="mcs-out-") as spool_dir:
-        capture = OutputCapture(
-            settings.max_output_bytes, lambda: _open_spool(spool_dir)
-        )
+        capture = OutputCapture(settings.max_output_bytes, lambda: _open_spool(spool_dir))
         progress = asyncio.create_task(_report_progress(capture, started, on_progress))
         try:
             outcome = await agent.execute(
-                language=request.language, code=request.code, timeout_s=timeout_s,
-                env=dict(request.env or {}), on_stream=capture.add,
+                language=request.language,
+                code=request.code,
+                timeout_s=timeout_s,
+                env=dict(request.env or {}),
+                on_stream=capture.add,
             )
         except SandboxFailed as exc:
             await manager.restart_sandbox(session)
@@ -167,7 +183,7 @@ async def run(
 
 
 def _open_spool(spool_dir: str) -> BinaryIO:
-    return open(f"{spool_dir}/full.txt", "wb")  # noqa: SIM115 - closed by OutputCapture
+    return open(f"{spool_dir}/full.txt", "wb")
 
 
 async def _report_progress(
@@ -182,9 +198,7 @@ async def _report_progress(
             await on_progress(elapsed, capture.tail() or f"running for {elapsed:.0f} s")
 
 
-async def _save_full_output(
-    session: Session, capture: OutputCapture, run_name: str
-) -> str | None:
+async def _save_full_output(session: Session, capture: OutputCapture, run_name: str) -> str | None:
     if capture.spool is None:
         return None
     rel = f".outputs/{run_name}.txt"
@@ -204,15 +218,24 @@ def _read_bytes(path: str | bytes | int) -> bytes:
 
 def _lost(reason: str) -> Outcome:
     return Outcome(
-        status="error", exit_code=None, result=None,
+        status="error",
+        exit_code=None,
+        result=None,
         error={"name": "SandboxDied", "value": reason, "traceback": ""},
-        execution_count=None, state_lost=True,
+        execution_count=None,
+        state_lost=True,
     )
 
 
 def _report(
-    session: Session, request: RunRequest, outcome: Outcome, capture: OutputCapture,
-    full_path: str | None, changes: list[Change], started: float, notice: str | None,
+    session: Session,
+    request: RunRequest,
+    outcome: Outcome,
+    capture: OutputCapture,
+    full_path: str | None,
+    changes: list[Change],
+    started: float,
+    notice: str | None,
 ) -> RunReport:
     where = f"/mnt/data/{full_path}" if full_path else None
     stdout = capture.render("stdout", where)
@@ -221,14 +244,24 @@ def _report(
         lost = "the interpreter was restarted: files in /mnt/data are kept, variables are gone"
         notice = f"{notice}; {lost}" if notice else lost
     return RunReport(
-        session_id=session.id, session_created=False, notice=notice,
-        language=request.language, status=outcome.status, exit_code=outcome.exit_code,
-        stdout=stdout.text, stderr=stderr.text, stdout_truncated=stdout.truncated,
-        stderr_truncated=stderr.truncated, full_output_path=full_path,
-        result=outcome.result, error=outcome.error, files=changes,
+        session_id=session.id,
+        session_created=False,
+        notice=notice,
+        language=request.language,
+        status=outcome.status,
+        exit_code=outcome.exit_code,
+        stdout=stdout.text,
+        stderr=stderr.text,
+        stdout_truncated=stdout.truncated,
+        stderr_truncated=stderr.truncated,
+        full_output_path=full_path,
+        result=outcome.result,
+        error=outcome.error,
+        files=changes,
         execution_count=outcome.execution_count,
         duration_ms=int((time.monotonic() - started) * 1000),
-        state_lost=outcome.state_lost, displays=outcome.displays,
+        state_lost=outcome.state_lost,
+        displays=outcome.displays,
     )
 
 
@@ -252,9 +285,15 @@ def _audit(
 ) -> None:
     # Never the code, the output, file contents or env values: sizes and outcomes only.
     audit.info(
-        "run", owner=session.owner, session=session.id, language=request.language,
-        status=report.status, duration_ms=report.duration_ms,
-        code_bytes=len(request.code.encode("utf-8")), output_bytes=capture.total_bytes,
-        files_changed=len(report.files), state_lost=report.state_lost,
+        "run",
+        owner=session.owner,
+        session=session.id,
+        language=request.language,
+        status=report.status,
+        duration_ms=report.duration_ms,
+        code_bytes=len(request.code.encode("utf-8")),
+        output_bytes=capture.total_bytes,
+        files_changed=len(report.files),
+        state_lost=report.state_lost,
         env_names=sorted(request.env or {}),
     )

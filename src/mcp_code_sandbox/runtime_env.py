@@ -47,8 +47,16 @@ __all__ = [
 #: DESIGN.md §3: the union of what the seed systems shipped. Unpinned on purpose: the
 #: newest wheels for the base interpreter; the manifest records what was installed.
 PACKAGES: tuple[str, ...] = (
-    "pandas", "numpy", "matplotlib", "seaborn", "scipy",
-    "openpyxl", "reportlab", "pyarrow", "requests", "ipython",
+    "pandas",
+    "numpy",
+    "matplotlib",
+    "seaborn",
+    "scipy",
+    "openpyxl",
+    "reportlab",
+    "pyarrow",
+    "requests",
+    "ipython",
 )
 #: Bump when the layout of the runtime changes, to make ``setup`` rebuild.
 MANIFEST_FORMAT = 1
@@ -169,7 +177,10 @@ def _probe(executable: Path) -> BaseInterpreter | None:
     try:
         out = subprocess.run(
             [str(executable), "-I", "-c", _PROBE],
-            capture_output=True, text=True, timeout=30, check=True,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
         ).stdout
         prefix, version, has_venv = json.loads(out)
     except (OSError, subprocess.SubprocessError, ValueError):
@@ -190,9 +201,9 @@ def choose_base_interpreter(
     probe: Callable[[Path], BaseInterpreter | None] = _probe,
 ) -> BaseInterpreter:
     """The first usable candidate: the system python3 (under ``/usr``), else the server's base."""
-    tried = list(candidates) if candidates is not None else [
-        SYSTEM_PYTHON, _current_base_executable()
-    ]
+    tried = (
+        list(candidates) if candidates is not None else [SYSTEM_PYTHON, _current_base_executable()]
+    )
     for executable in tried:
         if executable.exists() and (base := probe(executable)) is not None:
             return base
@@ -207,8 +218,12 @@ def _run(argv: list[str], progress: Progress, what: str) -> None:
     tail: list[str] = []
     try:
         with subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True, errors="replace",
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
         ) as proc:
             assert proc.stdout is not None
             for line in proc.stdout:
@@ -224,8 +239,11 @@ def _run(argv: list[str], progress: Progress, what: str) -> None:
 def _make_venv(base: BaseInterpreter, target: Path, progress: Progress) -> None:
     progress(f"creating venv with {base.executable} (Python {base.version})")
     try:
-        _run([str(base.executable), "-m", "venv", "--without-pip", str(target)], progress,
-             "python3 -m venv")
+        _run(
+            [str(base.executable), "-m", "venv", "--without-pip", str(target)],
+            progress,
+            "python3 -m venv",
+        )
     except BackendUnavailable as exc:
         raise BackendUnavailable(
             f"{exc.message}\nOn Debian/Ubuntu the venv module may need the python3-venv "
@@ -236,8 +254,16 @@ def _make_venv(base: BaseInterpreter, target: Path, progress: Progress) -> None:
 def _pip_install(target: Path, progress: Progress) -> None:
     progress(f"installing {', '.join(PACKAGES)} with the server's pip")
     argv = [
-        sys.executable, "-m", "pip", "--python", str(target / "bin" / "python"),
-        "install", "--no-input", "--progress-bar", "off", "--no-warn-script-location",
+        sys.executable,
+        "-m",
+        "pip",
+        "--python",
+        str(target / "bin" / "python"),
+        "install",
+        "--no-input",
+        "--progress-bar",
+        "off",
+        "--no-warn-script-location",
         *PACKAGES,
     ]
     _run(argv, progress, "pip install")
@@ -264,7 +290,10 @@ def _installed_versions(target: Path) -> tuple[str, dict[str, str]]:
     try:
         out = subprocess.run(
             [str(target / "bin" / "python"), "-I", "-c", code],
-            capture_output=True, text=True, timeout=60, check=True,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
         ).stdout
         version, installed = json.loads(out)
     except (OSError, subprocess.SubprocessError, ValueError) as exc:
@@ -296,9 +325,12 @@ def build_runtime(
         shutil.rmtree(final, ignore_errors=True)
         os.replace(building, final)
         manifest = {
-            "format": MANIFEST_FORMAT, "packages": list(PACKAGES),
-            "base_executable": str(base.executable), "base_prefix": str(base.prefix),
-            "base_version": base.version, "venv_python_version": version,
+            "format": MANIFEST_FORMAT,
+            "packages": list(PACKAGES),
+            "base_executable": str(base.executable),
+            "base_prefix": str(base.prefix),
+            "base_version": base.version,
+            "venv_python_version": version,
             "installed": installed,
         }
         manifest_file.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")

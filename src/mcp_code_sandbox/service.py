@@ -49,9 +49,7 @@ class SandboxService:
         on_progress: runs.ProgressSink | None = None,
     ) -> runs.RunReport:
         timeout = runs.check_request(self.settings, request)
-        async with self.sessions.acquire(
-            owner, session_id, create=True, wait_s=timeout
-        ) as held:
+        async with self.sessions.acquire(owner, session_id, create=True, wait_s=timeout) as held:
             report = await runs.run(self.sessions, held.session, request, timeout, on_progress)
         report.session_created = held.created
         if held.notice:
@@ -59,7 +57,12 @@ class SandboxService:
         return report
 
     async def upload_file(
-        self, owner: str, filename: str, data: bytes, *, session_id: str | None,
+        self,
+        owner: str,
+        filename: str,
+        data: bytes,
+        *,
+        session_id: str | None,
         overwrite: bool,
     ) -> Upload:
         if len(data) > self.settings.max_upload_bytes:
@@ -70,9 +73,7 @@ class SandboxService:
         async with self.sessions.acquire(
             owner, session_id, create=True, wait_s=self.settings.exec_timeout_s
         ) as held:
-            info: FileInfo = held.session.workspace.write_file(
-                filename, data, overwrite=overwrite
-            )
+            info: FileInfo = held.session.workspace.write_file(filename, data, overwrite=overwrite)
         return Upload(held.session.id, info.path, info.size_bytes, held.created, held.notice)
 
     async def read_file(
@@ -80,9 +81,7 @@ class SandboxService:
     ) -> ReadResult:
         limit = self.settings.max_read_bytes if max_bytes is None else max_bytes
         if not 0 < limit <= self.settings.max_read_bytes:
-            raise InvalidArgument(
-                f"max_bytes must be between 1 and {self.settings.max_read_bytes}"
-            )
+            raise InvalidArgument(f"max_bytes must be between 1 and {self.settings.max_read_bytes}")
         async with self.sessions.acquire(
             owner, session_id, create=False, wait_s=self.settings.exec_timeout_s
         ) as held:
@@ -106,22 +105,26 @@ class SandboxService:
         out = []
         for name, runtime in RUNTIMES.items():
             lang = info.get(name, {})
-            out.append({
-                "language": name,
-                "version": lang.get("version"),
-                "backend": self.backend.name,
-                "image": lang.get("image"),
-                "stateful": runtime.stateful,
-                "summary": runtime.summary,
-                "packages": lang.get("packages", {}),
-                "limits": {
-                    "memory_bytes": limits.memory_bytes, "cpu": limits.cpu,
-                    "pids": limits.pids, "tmp_bytes": limits.tmp_bytes,
-                    "workspace_quota_bytes": self.settings.workspace_quota_bytes,
-                    "default_timeout_s": self.settings.exec_timeout_s,
-                    "max_timeout_s": self.settings.max_exec_timeout_s,
-                    "max_output_bytes": self.settings.max_output_bytes,
-                    "enforcement": enforcement,
-                },
-            })
+            out.append(
+                {
+                    "language": name,
+                    "version": lang.get("version"),
+                    "backend": self.backend.name,
+                    "image": lang.get("image"),
+                    "stateful": runtime.stateful,
+                    "summary": runtime.summary,
+                    "packages": lang.get("packages", {}),
+                    "limits": {
+                        "memory_bytes": limits.memory_bytes,
+                        "cpu": limits.cpu,
+                        "pids": limits.pids,
+                        "tmp_bytes": limits.tmp_bytes,
+                        "workspace_quota_bytes": self.settings.workspace_quota_bytes,
+                        "default_timeout_s": self.settings.exec_timeout_s,
+                        "max_timeout_s": self.settings.max_exec_timeout_s,
+                        "max_output_bytes": self.settings.max_output_bytes,
+                        "enforcement": enforcement,
+                    },
+                }
+            )
         return out

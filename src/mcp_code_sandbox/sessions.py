@@ -195,8 +195,11 @@ class SessionManager:
     def limits(self) -> Limits:
         s = self.settings
         return Limits(
-            memory_bytes=s.memory_limit, cpu=s.cpu_limit, pids=s.pids_limit,
-            tmp_bytes=s.tmp_size, file_bytes=s.workspace_quota_bytes,
+            memory_bytes=s.memory_limit,
+            cpu=s.cpu_limit,
+            pids=s.pids_limit,
+            tmp_bytes=s.tmp_size,
+            file_bytes=s.workspace_quota_bytes,
         )
 
     async def ensure_sandbox(self, session: Session) -> tuple[AgentClient, str | None]:
@@ -216,8 +219,11 @@ class SessionManager:
             )
         if session.sandbox is None or session.agent is None:
             spec = SandboxSpec(
-                key=session.key, owner=session.owner, session_id=session.id,
-                workspace=session.workspace.root, limits=self.limits(),
+                key=session.key,
+                owner=session.owner,
+                session_id=session.id,
+                workspace=session.workspace.root,
+                limits=self.limits(),
                 env=self._pass_through_env(),
             )
             session.sandbox = await self.backend.create(spec)
@@ -229,9 +235,7 @@ class SessionManager:
 
     def _pass_through_env(self) -> dict[str, str]:
         return {
-            name: os.environ[name]  # noqa: SIM112 - names chosen by the operator
-            for name in self.settings.pass_through_env
-            if name in os.environ
+            name: os.environ[name] for name in self.settings.pass_through_env if name in os.environ
         }
 
     async def _stop_sandbox(self, session: Session) -> None:
@@ -283,13 +287,15 @@ class SessionManager:
                 continue
             if now - session.last_active > ttl:
                 await self._expire(
-                    session, f"session {session.id} expired after "
-                    f"{_minutes(self.settings.session_ttl_m)} idle"
+                    session,
+                    f"session {session.id} expired after "
+                    f"{_minutes(self.settings.session_ttl_m)} idle",
                 )
             elif now - session.created_at > lifetime:
                 await self._expire(
-                    session, f"session {session.id} reached its maximum lifetime of "
-                    f"{self.settings.session_max_lifetime_h:g} h"
+                    session,
+                    f"session {session.id} reached its maximum lifetime of "
+                    f"{self.settings.session_max_lifetime_h:g} h",
                 )
 
     def count(self) -> int:
@@ -316,4 +322,3 @@ def _alive(pidfile: Path) -> bool:
     except PermissionError:
         return True
     return True
-

@@ -184,5 +184,7 @@ def _describe(err: Mapping[str, Any]) -> str:
     where = f"SANDBOX_{name.upper()} (--{name.replace('_', '-')})" if name else "settings"
     msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
     value = err.get("input")
-    shown = f" (got {value!r})" if name and not isinstance(value, dict) and name != "api_tokens" else ""
+    shown = (
+        f" (got {value!r})" if name and not isinstance(value, dict) and name != "api_tokens" else ""
+    )
     return f"invalid configuration: {where}: {msg}{shown}"

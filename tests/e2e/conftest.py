@@ -39,7 +39,8 @@ def server_env(state_dir: Path, runtime_dir: Path, **extra: str) -> dict[str, st
 def stdio_params(make_settings: Callable[..., Settings]) -> StdioServerParameters:
     settings = make_settings()
     return StdioServerParameters(
-        command=sys.executable, args=["-m", "mcp_code_sandbox", "serve"],
+        command=sys.executable,
+        args=["-m", "mcp_code_sandbox", "serve"],
         env=server_env(settings.state_dir, settings.runtime_dir),
     )
 
@@ -58,9 +59,19 @@ def http_server(settings: Settings, **extra: str) -> Iterator[str]:
     log_path = settings.state_dir / "server.log"
     log = open(log_path, "wb")  # noqa: SIM115
     proc = subprocess.Popen(
-        [sys.executable, "-m", "mcp_code_sandbox", "serve", "--transport", "http",
-         "--port", str(port)],
-        env=env, stdout=subprocess.DEVNULL, stderr=log,
+        [
+            sys.executable,
+            "-m",
+            "mcp_code_sandbox",
+            "serve",
+            "--transport",
+            "http",
+            "--port",
+            str(port),
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=log,
     )
     base = f"http://127.0.0.1:{port}"
     try:

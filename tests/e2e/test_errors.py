@@ -46,7 +46,8 @@ async def test_invalid_argument_from_schema_and_from_us(inproc: Client) -> None:
     wrong_type = await inproc.call_tool("list_files", {"session_id": 5})
     assert_error(wrong_type, "invalid_argument")
     both = await inproc.call_tool(
-        "upload_file", {"filename": "x", "content_text": "a", "content_base64": "YQ=="})
+        "upload_file", {"filename": "x", "content_text": "a", "content_base64": "YQ=="}
+    )
     assert_error(both, "invalid_argument")
     too_long = await inproc.call_tool("run_code", {"code": "1", "timeout_s": 100000})
     assert_error(too_long, "invalid_argument")
@@ -54,24 +55,29 @@ async def test_invalid_argument_from_schema_and_from_us(inproc: Client) -> None:
 
 async def test_invalid_session_id(inproc: Client) -> None:
     for bad in ("../etc", "a/b", "x" * 65, "bad id"):
-        assert_error(await inproc.call_tool("run_code", {"code": "1", "session_id": bad}),
-                     "invalid_session_id")
+        assert_error(
+            await inproc.call_tool("run_code", {"code": "1", "session_id": bad}),
+            "invalid_session_id",
+        )
 
 
 async def test_session_not_found(inproc: Client) -> None:
     for tool in ("read_file", "list_files", "close_session"):
-        args = {"session_id": "never-made", "path": "x"} if tool == "read_file" else {
-            "session_id": "never-made"}
+        args = (
+            {"session_id": "never-made", "path": "x"}
+            if tool == "read_file"
+            else {"session_id": "never-made"}
+        )
         assert_error(await inproc.call_tool(tool, args), "session_not_found")
 
 
 async def test_session_busy(inproc: Client) -> None:
     sid = await new_session(inproc)
-    slow = asyncio.create_task(inproc.call_tool(
-        "run_code", {"session_id": sid, "code": "import time; time.sleep(4)"}))
+    slow = asyncio.create_task(
+        inproc.call_tool("run_code", {"session_id": sid, "code": "import time; time.sleep(4)"})
+    )
     await asyncio.sleep(1.0)
-    busy = await inproc.call_tool(
-        "run_code", {"session_id": sid, "code": "1", "timeout_s": 0.5})
+    busy = await inproc.call_tool("run_code", {"session_id": sid, "code": "1", "timeout_s": 0.5})
     assert_error(busy, "session_busy")
     assert not (await slow).is_error
 
@@ -84,42 +90,50 @@ async def test_max_sessions(make_settings: Callable[..., Settings]) -> None:
         async with Client(build_server(service), mode="legacy") as client:
             await new_session(client)
             second = await client.call_tool(
-                "upload_file", {"filename": "b.txt", "content_text": "b"})
+                "upload_file", {"filename": "b.txt", "content_text": "b"}
+            )
             assert_error(second, "max_sessions")
     finally:
         await service.aclose()
 
 
-@pytest.mark.parametrize("name", ["../escape.txt", "/etc/passwd", "a/../../x", "x\0y", "",
-                                  "dir\\file", "a" * 300])
+@pytest.mark.parametrize(
+    "name", ["../escape.txt", "/etc/passwd", "a/../../x", "x\0y", "", "dir\\file", "a" * 300]
+)
 async def test_invalid_filename(inproc: Client, name: str) -> None:
-    assert_error(await inproc.call_tool("upload_file", {"filename": name, "content_text": "x"}),
-                 "invalid_filename")
+    assert_error(
+        await inproc.call_tool("upload_file", {"filename": name, "content_text": "x"}),
+        "invalid_filename",
+    )
 
 
 async def test_invalid_path_and_not_found(inproc: Client) -> None:
     sid = await new_session(inproc)
     for bad in ("../../etc/passwd", "/etc/passwd", "x\0"):
-        assert_error(await inproc.call_tool("read_file", {"session_id": sid, "path": bad}),
-                     "invalid_path")
-    assert_error(await inproc.call_tool("read_file", {"session_id": sid, "path": "nope.txt"}),
-                 "not_found")
+        assert_error(
+            await inproc.call_tool("read_file", {"session_id": sid, "path": bad}), "invalid_path"
+        )
+    assert_error(
+        await inproc.call_tool("read_file", {"session_id": sid, "path": "nope.txt"}), "not_found"
+    )
 
 
 async def test_file_exists(inproc: Client) -> None:
     sid = await new_session(inproc)
     again = await inproc.call_tool(
-        "upload_file", {"session_id": sid, "filename": "a.txt", "content_text": "b"})
+        "upload_file", {"session_id": sid, "filename": "a.txt", "content_text": "b"}
+    )
     assert_error(again, "file_exists")
-    over = await inproc.call_tool("upload_file", {
-        "session_id": sid, "filename": "a.txt", "content_text": "b", "overwrite": True})
+    over = await inproc.call_tool(
+        "upload_file",
+        {"session_id": sid, "filename": "a.txt", "content_text": "b", "overwrite": True},
+    )
     assert not over.is_error
 
 
 @pytest.mark.parametrize("payload", ["not base64!!", "YWJ", "\u00e9\u00e9\u00e9\u00e9"])
 async def test_invalid_content(inproc: Client, payload: str) -> None:
-    result = await inproc.call_tool(
-        "upload_file", {"filename": "b.bin", "content_base64": payload})
+    result = await inproc.call_tool("upload_file", {"filename": "b.bin", "content_base64": payload})
     assert_error(result, "invalid_content")
 
 
@@ -135,11 +149,13 @@ async def test_upload_too_large(make_settings: Callable[..., Settings]) -> None:
     try:
         async with Client(build_server(service), mode="legacy") as client:
             text = await client.call_tool(
-                "upload_file", {"filename": "big.txt", "content_text": "x" * 1001})
+                "upload_file", {"filename": "big.txt", "content_text": "x" * 1001}
+            )
             assert_error(text, "upload_too_large")
             b64 = base64.b64encode(b"\0" * 5000).decode()
             blob = await client.call_tool(
-                "upload_file", {"filename": "big.bin", "content_base64": b64})
+                "upload_file", {"filename": "big.bin", "content_base64": b64}
+            )
             assert_error(blob, "upload_too_large")
     finally:
         await service.aclose()
@@ -147,12 +163,18 @@ async def test_upload_too_large(make_settings: Callable[..., Settings]) -> None:
 
 async def test_artifact_too_large(inproc: Client) -> None:
     sid = await new_session(inproc)
-    made = await inproc.call_tool("run_code", {
-        "session_id": sid,
-        "code": "import os\nopen('blob.bin','wb').write(os.urandom(2 * 1024 * 1024))"})
+    made = await inproc.call_tool(
+        "run_code",
+        {
+            "session_id": sid,
+            "code": "import os\nopen('blob.bin','wb').write(os.urandom(2 * 1024 * 1024))",
+        },
+    )
     assert not made.is_error
-    assert_error(await inproc.call_tool("read_file", {"session_id": sid, "path": "blob.bin"}),
-                 "artifact_too_large")
+    assert_error(
+        await inproc.call_tool("read_file", {"session_id": sid, "path": "blob.bin"}),
+        "artifact_too_large",
+    )
 
 
 async def test_quota_exceeded(make_settings: Callable[..., Settings]) -> None:
@@ -162,26 +184,32 @@ async def test_quota_exceeded(make_settings: Callable[..., Settings]) -> None:
     try:
         async with Client(build_server(service), mode="legacy") as client:
             sid = await new_session(client)
-            result = await client.call_tool("upload_file", {
-                "session_id": sid, "filename": "big.txt", "content_text": "x" * 20_000})
+            result = await client.call_tool(
+                "upload_file",
+                {"session_id": sid, "filename": "big.txt", "content_text": "x" * 20_000},
+            )
             assert_error(result, "quota_exceeded")
     finally:
         await service.aclose()
 
 
 async def test_unsupported_language(inproc: Client) -> None:
-    assert_error(await inproc.call_tool("run_code", {"code": "1", "language": "cobol"}),
-                 "unsupported_language")
+    assert_error(
+        await inproc.call_tool("run_code", {"code": "1", "language": "cobol"}),
+        "unsupported_language",
+    )
 
 
 async def test_network_not_allowed(inproc: Client) -> None:
-    assert_error(await inproc.call_tool("run_code", {"code": "1", "network": True}),
-                 "network_not_allowed")
+    assert_error(
+        await inproc.call_tool("run_code", {"code": "1", "network": True}), "network_not_allowed"
+    )
 
 
 async def test_env_not_allowed(inproc: Client) -> None:
-    assert_error(await inproc.call_tool("run_code", {"code": "1", "env": {"A": "b"}}),
-                 "env_not_allowed")
+    assert_error(
+        await inproc.call_tool("run_code", {"code": "1", "env": {"A": "b"}}), "env_not_allowed"
+    )
 
 
 async def test_backend_unavailable(make_settings: Callable[..., Settings]) -> None:
@@ -189,11 +217,13 @@ async def test_backend_unavailable(make_settings: Callable[..., Settings]) -> No
     settings = make_settings()
     env = server_env(settings.state_dir, settings.runtime_dir)
     env["PATH"] = "/nonexistent"
-    params = StdioServerParameters(command=sys.executable,
-                                   args=["-m", "mcp_code_sandbox", "serve"], env=env)
+    params = StdioServerParameters(
+        command=sys.executable, args=["-m", "mcp_code_sandbox", "serve"], env=env
+    )
     async with Client(params, mode="legacy") as client:
-        text = assert_error(await client.call_tool("run_code", {"code": "1"}),
-                            "backend_unavailable")
+        text = assert_error(
+            await client.call_tool("run_code", {"code": "1"}), "backend_unavailable"
+        )
         assert "bubblewrap" in text
 
 

@@ -24,7 +24,9 @@ def start(settings: Settings) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-m", "mcp_code_sandbox", "serve"],
         env=server_env(settings.state_dir, settings.runtime_dir),
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
     )
 
 
@@ -47,16 +49,33 @@ def receive(proc: subprocess.Popen[bytes], request_id: int) -> dict[str, Any]:
 
 
 def handshake(proc: subprocess.Popen[bytes]) -> None:
-    send(proc, {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-06-18", "capabilities": {},
-        "clientInfo": {"name": "raw-test", "version": "0"}}})
+    send(
+        proc,
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "raw-test", "version": "0"},
+            },
+        },
+    )
     assert receive(proc, 1)["result"]["serverInfo"]["name"] == "mcp-code-sandbox"
     send(proc, {"jsonrpc": "2.0", "method": "notifications/initialized"})
 
 
 def call(proc: subprocess.Popen[bytes], request_id: int, tool: str, **args: Any) -> Any:
-    send(proc, {"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
-                "params": {"name": tool, "arguments": args}})
+    send(
+        proc,
+        {
+            "jsonrpc": "2.0",
+            "id": request_id,
+            "method": "tools/call",
+            "params": {"name": tool, "arguments": args},
+        },
+    )
     return receive(proc, request_id)["result"]
 
 
@@ -67,17 +86,27 @@ def test_stdout_carries_only_protocol_even_when_code_floods_it(
     proc = start(settings)
     try:
         handshake(proc)
-        flood = call(proc, 2, "run_code", code=(
-            "import os, sys, ctypes\n"
-            "print('x' * 3_000_000)\n"
-            "os.system('yes | head -c 5000000')\n"
-            "ctypes.CDLL(None).write(1, b'raw fd write\\n', 13)\n"
-            "sys.__stdout__.write('dunder stdout\\n')\n"
-        ))
+        flood = call(
+            proc,
+            2,
+            "run_code",
+            code=(
+                "import os, sys, ctypes\n"
+                "print('x' * 3_000_000)\n"
+                "os.system('yes | head -c 5000000')\n"
+                "ctypes.CDLL(None).write(1, b'raw fd write\\n', 13)\n"
+                "sys.__stdout__.write('dunder stdout\\n')\n"
+            ),
+        )
         assert flood["isError"] is False
         assert flood["structuredContent"]["stdout_truncated"] is True
-        again = call(proc, 3, "run_code", code="print('still speaking protocol')",
-                     session_id=flood["structuredContent"]["session_id"])
+        again = call(
+            proc,
+            3,
+            "run_code",
+            code="print('still speaking protocol')",
+            session_id=flood["structuredContent"]["session_id"],
+        )
         assert again["structuredContent"]["stdout"] == "still speaking protocol\n"
     finally:
         stop(proc)
@@ -93,13 +122,15 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 @pytest.mark.parametrize("how", ["eof", "sigterm", "sigint"])
 def test_every_way_out_removes_the_sandboxes(
-    make_settings: Callable[..., Settings], how: str,
+    make_settings: Callable[..., Settings],
+    how: str,
 ) -> None:
     settings = make_settings()
     proc = start(settings)
     handshake(proc)
-    result = call(proc, 2, "run_code",
-                  code="import subprocess; subprocess.Popen(['sleep', '600']); 'started'")
+    result = call(
+        proc, 2, "run_code", code="import subprocess; subprocess.Popen(['sleep', '600']); 'started'"
+    )
     assert result["structuredContent"]["result"] == "'started'"
     sandbox = descendants(proc.pid)
     assert len(sandbox) >= 3  # bwrap, its init, the agent, the kernel, sleep

@@ -16,8 +16,10 @@ from .conftest import ERAS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.bwrap]
 
-SALES = "region,month,revenue\nnorth,jan,120\nsouth,jan,90\nnorth,feb,150\nsouth,feb,80\n" \
-        "east,jan,60\neast,feb,75\n"
+SALES = (
+    "region,month,revenue\nnorth,jan,120\nsouth,jan,90\nnorth,feb,150\nsouth,feb,80\n"
+    "east,jan,60\neast,feb,75\n"
+)
 
 CHARTS = """
 import matplotlib.pyplot as plt
@@ -42,16 +44,22 @@ def structured(result: Any) -> dict[str, Any]:
 
 
 async def workflow(client: Client) -> None:
-    up = structured(await client.call_tool(
-        "upload_file", {"filename": "sales.csv", "content_text": SALES}))
+    up = structured(
+        await client.call_tool("upload_file", {"filename": "sales.csv", "content_text": SALES})
+    )
     assert up["session_created"] is True
     sid = up["session_id"]
     assert up["path"] == "sales.csv" and up["size_bytes"] == len(SALES)
 
-    described = structured(await client.call_tool("run_code", {
-        "session_id": sid,
-        "code": "import pandas as pd\ndf = pd.read_csv('sales.csv')\ndf.describe()",
-    }))
+    described = structured(
+        await client.call_tool(
+            "run_code",
+            {
+                "session_id": sid,
+                "code": "import pandas as pd\ndf = pd.read_csv('sales.csv')\ndf.describe()",
+            },
+        )
+    )
     assert described["status"] == "ok", described
     assert described["session_created"] is False
     assert "count" in described["result"] and "revenue" in described["result"]
@@ -69,8 +77,13 @@ async def workflow(client: Client) -> None:
     assert [link.name for link in links] == ["chart.png"]
     assert links[0].uri == f"sandbox://{sid}/chart.png"
     assert data["files"] == [
-        {"path": "chart.png", "size_bytes": data["files"][0]["size_bytes"],
-         "mime_type": "image/png", "change": "created", "download_url": None}
+        {
+            "path": "chart.png",
+            "size_bytes": data["files"][0]["size_bytes"],
+            "mime_type": "image/png",
+            "change": "created",
+            "download_url": None,
+        }
     ]
 
     listing = structured(await client.call_tool("list_files", {"session_id": sid}))

@@ -44,8 +44,7 @@ async def start(backend: BwrapBackend, key: str, limits: Limits = LIMITS) -> Bwr
     workspace.mkdir(parents=True)
     if backend.workspace_owner:
         os.chown(workspace, *backend.workspace_owner)
-    spec = SandboxSpec(key=key, owner="local", session_id=key, workspace=workspace,
-                       limits=limits)
+    spec = SandboxSpec(key=key, owner="local", session_id=key, workspace=workspace, limits=limits)
     box = await backend.create(spec)
     assert isinstance(box, BwrapSandbox)
     return box
@@ -54,11 +53,20 @@ async def start(backend: BwrapBackend, key: str, limits: Limits = LIMITS) -> Bwr
 _ids = iter(range(1, 1 << 30))
 
 
-async def run(box: BwrapSandbox, code: str, language: str = "python",
-              timeout_s: float = 20) -> tuple[str, str, dict[str, Any]]:
+async def run(
+    box: BwrapSandbox, code: str, language: str = "python", timeout_s: float = 20
+) -> tuple[str, str, dict[str, Any]]:
     run_id = next(_ids)
-    await box.channel.send({"op": "exec", "id": run_id, "language": language, "code": code,
-                            "timeout_s": timeout_s, "env": {}})
+    await box.channel.send(
+        {
+            "op": "exec",
+            "id": run_id,
+            "language": language,
+            "code": code,
+            "timeout_s": timeout_s,
+            "env": {},
+        }
+    )
     out: dict[str, list[str]] = {"stdout": [], "stderr": []}
     async with asyncio.timeout(timeout_s + 30):
         while (msg := await box.channel.receive()) is not None:
@@ -95,14 +103,29 @@ async def test_host_paths_are_invisible(sandbox: BwrapSandbox, backend: BwrapBac
     out, _, _ = await run(sandbox, code)
     assert out.strip() == "[" + ", ".join(["false"] * len(paths)) + "]"
     out, _, _ = await run(sandbox, "print(sorted(os.listdir('/')))")
-    assert set(eval(out)) <= {"bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "mnt",
-                              "opt", "proc", "sbin", "tmp", "usr"}
+    assert set(eval(out)) <= {
+        "bin",
+        "dev",
+        "etc",
+        "lib",
+        "lib32",
+        "lib64",
+        "libx32",
+        "mnt",
+        "opt",
+        "proc",
+        "sbin",
+        "tmp",
+        "usr",
+    }
 
 
 async def test_read_only_outside_workspace(sandbox: BwrapSandbox) -> None:
-    script = ("for p in / /usr /etc /opt/sandbox /opt/sandbox/venv /mnt; do "
-              "touch $p/probe 2>/dev/null && echo WROTE $p; done; "
-              "touch /mnt/data/ok /tmp/ok && echo WORKSPACE_OK")
+    script = (
+        "for p in / /usr /etc /opt/sandbox /opt/sandbox/venv /mnt; do "
+        "touch $p/probe 2>/dev/null && echo WROTE $p; done; "
+        "touch /mnt/data/ok /tmp/ok && echo WORKSPACE_OK"
+    )
     out, _, _ = await run(sandbox, script, "bash")
     assert "WROTE" not in out and "WORKSPACE_OK" in out
 
@@ -133,7 +156,8 @@ async def test_seccomp_denials(sandbox: BwrapSandbox) -> None:
 
 async def test_host_processes_invisible(sandbox: BwrapSandbox) -> None:
     out, _, _ = await run(
-        sandbox, "import os\nprint(len([p for p in os.listdir('/proc') if p.isdigit()]))")
+        sandbox, "import os\nprint(len([p for p in os.listdir('/proc') if p.isdigit()]))"
+    )
     assert int(out) < 15
 
 
@@ -146,9 +170,13 @@ async def test_no_stray_fds(sandbox: BwrapSandbox) -> None:
 
 async def test_cgroup_files_show_limits(sandbox: BwrapSandbox, backend: BwrapBackend) -> None:
     assert sandbox.cgroup is not None, backend.cgroups.reasons
-    files = {p.name: p.read_text().strip() for d in sandbox.cgroup.dirs for p in d.iterdir()
-             if p.name in ("memory.limit_in_bytes", "memory.max", "pids.max", "cpu.max",
-                           "cpu.cfs_quota_us")}
+    files = {
+        p.name: p.read_text().strip()
+        for d in sandbox.cgroup.dirs
+        for p in d.iterdir()
+        if p.name
+        in ("memory.limit_in_bytes", "memory.max", "pids.max", "cpu.max", "cpu.cfs_quota_us")
+    }
     assert files.get("pids.max") == "64"
     assert str(256 << 20) in (files.get("memory.limit_in_bytes"), files.get("memory.max"))
     assert sandbox.proc.pid in sandbox.cgroup.pids()
@@ -169,8 +197,7 @@ async def test_memory_limit(backend: BwrapBackend) -> None:
 async def test_fork_bomb_is_bounded(backend: BwrapBackend) -> None:
     box = await start(backend, "bomb")
     try:
-        _, _, done = await run(box, "bomb() { bomb | bomb & }; bomb; sleep 3", "bash",
-                               timeout_s=8)
+        _, _, done = await run(box, "bomb() { bomb | bomb & }; bomb; sleep 3", "bash", timeout_s=8)
         assert done["status"] in ("ok", "error", "timeout")
         assert box.cgroup is not None and len(box.cgroup.pids()) <= 64
     finally:
@@ -197,6 +224,6 @@ async def test_enforcement_and_leftovers(backend: BwrapBackend) -> None:
     enforcement = backend.enforcement()
     assert enforcement["network"] == "kernel" and enforcement["tmp"] == "kernel"
     assert set(enforcement) == {"memory", "cpu", "pids", "tmp", "file_size", "network"}
-    assert all(lo.backend_id.split("-")[0] != str(os.getpid())
-               for lo in await backend.list_leftovers())
-
+    assert all(
+        lo.backend_id.split("-")[0] != str(os.getpid()) for lo in await backend.list_leftovers()
+    )

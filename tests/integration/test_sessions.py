@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,8 +20,9 @@ from ..procs import descendants, wait_gone
 pytestmark = pytest.mark.bwrap
 
 
-async def run(service: Any, code: str, sid: str | None = "s", owner: str = "local",
-              **kw: Any) -> Any:
+async def run(
+    service: Any, code: str, sid: str | None = "s", owner: str = "local", **kw: Any
+) -> Any:
     return await service.run_code(owner, RunRequest(code, **kw), sid)
 
 
@@ -91,12 +91,13 @@ async def test_idle_sessions_expire(make_settings: Callable[..., Settings]) -> N
         await run(svc, "1", "idle")
         await asyncio.sleep(1.5)
         await svc.sessions.reap()
-        with pytest.raises(SessionNotFound, match="expired after 0.02 min idle"):
+        with pytest.raises(SessionNotFound, match=r"expired after 0\.02 min idle"):
             await svc.list_files("local", "idle", ".", recursive=True)
         again = await run(svc, "1", "idle")
         assert again.session_created
         assert "expired after 0.02 min idle; files and variables from before are gone" in (
-            again.notice or "")
+            again.notice or ""
+        )
     finally:
         await svc.aclose()
 

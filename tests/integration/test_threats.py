@@ -31,7 +31,9 @@ async def still_fine(service: Any, sid: str = "victim") -> None:
 
 
 async def test_no_network(service: Any) -> None:
-    r = await run(service, """
+    r = await run(
+        service,
+        """
 import socket, os
 print(sorted(os.listdir('/sys/class/net')) if os.path.exists('/sys/class/net') else 'nosys')
 try:
@@ -44,14 +46,17 @@ try:
     print('RESOLVED')
 except OSError:
     print('no dns')
-""")
+""",
+    )
     assert "CONNECTED" not in r.stdout and "RESOLVED" not in r.stdout
     assert "blocked" in r.stdout and "no dns" in r.stdout
 
 
 async def test_host_paths_are_invisible(service: Any) -> None:
     repo = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
-    r = await run(service, f"""
+    r = await run(
+        service,
+        f"""
 import os
 for p in ['/root', '/home', {repo!r}, {str(service.settings.state_dir)!r}, '/var/lib',
           '/run', '/etc/shadow', '/proc/1/root/etc/shadow']:
@@ -59,13 +64,16 @@ for p in ['/root', '/home', {repo!r}, {str(service.settings.state_dir)!r}, '/var
         print(p, 'VISIBLE', os.listdir(p)[:3] if os.path.isdir(p) else open(p).read(10))
     except OSError as e:
         print(p, 'hidden', type(e).__name__)
-""")
+""",
+    )
     assert r.status == "ok", r
     assert "VISIBLE" not in r.stdout, r.stdout
 
 
 async def test_writes_outside_the_workspace_fail(service: Any) -> None:
-    r = await run(service, """
+    r = await run(
+        service,
+        """
 import os
 for p in ['/usr/evil', '/etc/evil', '/opt/sandbox/evil', '/evil', '/mnt/evil',
           '/opt/sandbox/venv/evil']:
@@ -77,17 +85,23 @@ for p in ['/usr/evil', '/etc/evil', '/opt/sandbox/evil', '/evil', '/mnt/evil',
 open('/mnt/data/ok.txt', 'w').write('fine')
 open('/tmp/scratch', 'w').write('fine')
 print('done')
-""")
+""",
+    )
     assert "WROTE" not in r.stdout and "done" in r.stdout
     assert [f.path for f in r.files] == ["ok.txt"]
 
 
 async def test_unprivileged_user_without_capabilities(service: Any) -> None:
-    r = await run(service, """
+    r = await run(
+        service,
+        """
 import os
-status = dict(l.split(':\\t', 1) for l in open('/proc/self/status').read().splitlines() if ':\\t' in l)
-print(os.getuid(), os.getgid(), status['CapEff'].strip(), status['CapBnd'].strip(), status['NoNewPrivs'].strip())
-""")
+lines = open('/proc/self/status').read().splitlines()
+status = dict(l.split(':\\t', 1) for l in lines if ':\\t' in l)
+print(os.getuid(), os.getgid(),
+      *(status[k].strip() for k in ('CapEff', 'CapBnd', 'NoNewPrivs')))
+""",
+    )
     uid, gid, eff, bnd, nnp = r.stdout.split()
     assert (uid, gid) == ("1000", "1000")
     assert int(eff, 16) == 0 and int(bnd, 16) == 0
@@ -95,7 +109,9 @@ print(os.getuid(), os.getgid(), status['CapEff'].strip(), status['CapBnd'].strip
 
 
 async def test_host_processes_are_invisible(service: Any) -> None:
-    r = await run(service, """
+    r = await run(
+        service,
+        """
 import os
 pids = [p for p in os.listdir('/proc') if p.isdigit()]
 print(len(pids))
@@ -103,20 +119,24 @@ try:
     os.kill(1, 9)
 except OSError as e:
     print('kill refused', e.errno)
-""")
+""",
+    )
     assert int(r.stdout.split()[0]) < 10, r.stdout  # bwrap's init, the agent, the kernel
     await still_fine(service)
 
 
 async def test_planted_symlinks_are_never_followed(service: Any) -> None:
-    r = await run(service, """
+    r = await run(
+        service,
+        """
 import os
 os.symlink('/etc/passwd', 'passwd')
 os.symlink('/etc', 'etcdir')
 os.symlink('/', 'rootdir')
 os.makedirs('real', exist_ok=True)
 print('planted')
-""")
+""",
+    )
     assert "planted" in r.stdout
     for path in ("passwd", "etcdir/passwd", "rootdir/etc/hostname"):
         with pytest.raises(InvalidPath):
@@ -130,7 +150,9 @@ print('planted')
 
 
 async def test_planted_hard_links_are_refused(service: Any) -> None:
-    r = await run(service, """
+    r = await run(
+        service,
+        """
 import os
 open('original.txt', 'w').write('secret?')
 os.link('original.txt', 'alias.txt')
@@ -139,7 +161,8 @@ try:
     print('LINKED HOST FILE')
 except OSError as e:
     print('cross link refused', e.errno)
-""")
+""",
+    )
     assert "LINKED HOST FILE" not in r.stdout
     with pytest.raises(InvalidPath, match="link"):
         await service.read_file("local", "victim", "alias.txt", offset=0, max_bytes=None)
@@ -152,8 +175,7 @@ async def test_python_output_flood_is_truncated(service: Any) -> None:
     assert r.stdout.rstrip().endswith("1999999")
     assert len(r.stdout) < 2 * service.settings.max_output_bytes
     assert r.full_output_path and r.full_output_path.startswith(".outputs/")
-    full = await service.read_file("local", "victim", r.full_output_path, offset=0,
-                                   max_bytes=1024)
+    full = await service.read_file("local", "victim", r.full_output_path, offset=0, max_bytes=1024)
     assert full.size_bytes > 10_000_000
     assert all(f.path != r.full_output_path for f in r.files)
     await still_fine(service)
@@ -169,15 +191,18 @@ async def test_fd_level_output_flood_is_truncated(service: Any) -> None:
 
 
 async def test_memory_bomb_is_contained(service: Any) -> None:
-    r = await run(service, "x = bytearray(2 * 1024**3); x[::4096] = b'x' * len(x[::4096])",
-                  timeout_s=60)
+    r = await run(
+        service, "x = bytearray(2 * 1024**3); x[::4096] = b'x' * len(x[::4096])", timeout_s=60
+    )
     assert r.status == "error", r
     assert r.error["name"] in ("MemoryError", "KernelDied"), r.error
     await still_fine(service)
 
 
 async def test_fork_bomb_is_contained(service: Any) -> None:
-    r = await run(service, """
+    r = await run(
+        service,
+        """
 import os, time
 n = 0
 try:
@@ -188,7 +213,9 @@ try:
         n += 1
 except OSError as e:
     print('stopped after', n, e.errno)
-""", timeout_s=20)
+""",
+        timeout_s=20,
+    )
     assert r.status in ("ok", "timeout", "error"), r
     if r.status == "ok":
         n = int(r.stdout.split()[2])
@@ -214,11 +241,15 @@ async def test_sleep_past_the_timeout(service: Any) -> None:
 
 async def test_code_that_ignores_interrupts_is_killed_and_restarted(service: Any) -> None:
     await run(service, "kept = 1\nopen('keep.txt','w').write('file survives')")
-    r = await run(service, """
+    r = await run(
+        service,
+        """
 import signal, time
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 while True: time.sleep(0.1)
-""", timeout_s=2)
+""",
+        timeout_s=2,
+    )
     assert r.status == "timeout"
     assert r.state_lost is True
     assert r.notice and "variables" in r.notice

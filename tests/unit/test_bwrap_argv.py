@@ -17,17 +17,23 @@ from mcp_code_sandbox.backends.bwrap import (
 
 LIMITS = Limits(memory_bytes=512 << 20, cpu=1.0, pids=128, tmp_bytes=64 << 20, file_bytes=1 << 30)
 LAYOUT = HostLayout(
-    links=(("/bin", "usr/bin"), ("/lib", "usr/lib")), dirs=("/lib64",),
+    links=(("/bin", "usr/bin"), ("/lib", "usr/lib")),
+    dirs=("/lib64",),
     etc=("/etc/ssl", "/etc/ld.so.cache"),
 )
-MOUNTS = Mounts("/srv/ws/k1", "/srv/runtime/venv", "/src/agent", None,
-                seccomp_fd=11, passwd_fd=12, group_fd=13)
+MOUNTS = Mounts(
+    "/srv/ws/k1", "/srv/runtime/venv", "/src/agent", None, seccomp_fd=11, passwd_fd=12, group_fd=13
+)
 
 
 def spec(**kw: object) -> SandboxSpec:
     values: dict[str, object] = {
-        "key": "k1", "owner": "local", "session_id": "s1", "workspace": Path("/srv/ws/k1"),
-        "limits": LIMITS, "env": {"FOO": "bar"},
+        "key": "k1",
+        "owner": "local",
+        "session_id": "s1",
+        "workspace": Path("/srv/ws/k1"),
+        "limits": LIMITS,
+        "env": {"FOO": "bar"},
     }
     values.update(kw)
     return SandboxSpec(**values)  # type: ignore[arg-type]
@@ -43,9 +49,18 @@ def pairs(args: list[str], flag: str) -> list[tuple[str, str]]:
 
 def test_isolation_flags() -> None:
     args = argv()
-    for flag in ("--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc",
-                 "--unshare-uts", "--unshare-cgroup-try", "--disable-userns",
-                 "--die-with-parent", "--new-session", "--clearenv"):
+    for flag in (
+        "--unshare-user",
+        "--unshare-pid",
+        "--unshare-net",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--disable-userns",
+        "--die-with-parent",
+        "--new-session",
+        "--clearenv",
+    ):
         assert flag in args
     assert args[args.index("--cap-drop") + 1] == "ALL"
     assert args[args.index("--seccomp") + 1] == "11"
@@ -83,14 +98,14 @@ def test_base_prefix_bound_at_its_own_path() -> None:
 def test_tmp_is_sized() -> None:
     args = argv()
     i = args.index("--size")
-    assert args[i + 1] == str(64 << 20) and args[i + 2:i + 4] == ["--tmpfs", "/tmp"]
+    assert args[i + 1] == str(64 << 20) and args[i + 2 : i + 4] == ["--tmpfs", "/tmp"]
 
 
 def test_env_and_agent() -> None:
     args = argv()
     assert ("FOO", "bar") in pairs(args, "--setenv")
     assert ("HOME", "/tmp") in pairs(args, "--setenv")
-    tail = args[args.index("--") + 1:]
+    tail = args[args.index("--") + 1 :]
     assert tail[0] == "/opt/sandbox/venv/bin/python" and "mcs_agent" in tail
     rl = build_bwrap_argv("bwrap", spec(), MOUNTS, LAYOUT, rlimit_memory=True)
     assert '"memory_bytes":536870912' in rl[-1]
@@ -100,10 +115,21 @@ def test_env_and_agent() -> None:
 def test_launcher_as_root_stages_and_drops_uid() -> None:
     args = build_launcher_argv(11, ["/cg/a/cgroup.procs"], [("/srv/ws", "ws")], HOST_SANDBOX_UID)
     assert args[:4] == ["/usr/bin/unshare", "--mount", "--propagation", "private"]
-    assert args[args.index("mcs-launch") + 1:][:6] == ["11", "1", "/cg/a/cgroup.procs", "1",
-                                                      "/srv/ws", "ws"]
-    assert args[-5:] == ["/usr/bin/setpriv", f"--reuid={HOST_SANDBOX_UID}",
-                         f"--regid={HOST_SANDBOX_UID}", "--clear-groups", "--"]
+    assert args[args.index("mcs-launch") + 1 :][:6] == [
+        "11",
+        "1",
+        "/cg/a/cgroup.procs",
+        "1",
+        "/srv/ws",
+        "ws",
+    ]
+    assert args[-5:] == [
+        "/usr/bin/setpriv",
+        f"--reuid={HOST_SANDBOX_UID}",
+        f"--regid={HOST_SANDBOX_UID}",
+        "--clear-groups",
+        "--",
+    ]
 
 
 @pytest.mark.parametrize("procs", [[], ["/cg/a", "/cg/b"]])

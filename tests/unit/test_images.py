@@ -8,8 +8,11 @@ from mcp_code_sandbox.images import fit_image
 def _png(w: int, h: int, noisy: bool = True) -> bytes:
     import os
 
-    img = Image.frombytes("RGB", (w, h), os.urandom(w * h * 3)) if noisy else Image.new(
-        "RGB", (w, h), "white")
+    img = (
+        Image.frombytes("RGB", (w, h), os.urandom(w * h * 3))
+        if noisy
+        else Image.new("RGB", (w, h), "white")
+    )
     out = io.BytesIO()
     img.save(out, format="PNG")
     return out.getvalue()

@@ -18,7 +18,7 @@ def test_small_output_is_kept_whole() -> None:
 
 def test_large_output_keeps_head_and_tail_and_spools_everything(tmp_path: Path) -> None:
     spool_path = tmp_path / "full.txt"
-    cap = OutputCapture(100, lambda: open(spool_path, "wb"))
+    cap = OutputCapture(100, lambda: open(spool_path, "wb"))  # noqa: SIM115 - closed by close_spool
     for i in range(1000):
         cap.add("stdout", f"line {i}\n")
     cap.close_spool()

@@ -22,9 +22,12 @@ def settings(tmp_path: Path) -> Settings:
 
 def manifest(**kw: object) -> dict[str, object]:
     data: dict[str, object] = {
-        "format": rt.MANIFEST_FORMAT, "packages": list(rt.PACKAGES),
-        "base_executable": str(BASE.executable), "base_prefix": "/usr",
-        "base_version": BASE.version, "venv_python_version": "3.11.2",
+        "format": rt.MANIFEST_FORMAT,
+        "packages": list(rt.PACKAGES),
+        "base_executable": str(BASE.executable),
+        "base_prefix": "/usr",
+        "base_version": BASE.version,
+        "venv_python_version": "3.11.2",
         "installed": {"numpy": "2.0"},
     }
     data.update(kw)

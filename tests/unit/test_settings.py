@@ -10,8 +10,14 @@ from mcp_code_sandbox.settings import ConfigError, load_settings, parse_size
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("512m", 512 * 1024**2), ("1g", 1024**3), ("1GiB", 1024**3), ("100k", 102400),
-     ("4096", 4096), ("1.5m", int(1.5 * 1024**2))],
+    [
+        ("512m", 512 * 1024**2),
+        ("1g", 1024**3),
+        ("1GiB", 1024**3),
+        ("100k", 102400),
+        ("4096", 4096),
+        ("1.5m", int(1.5 * 1024**2)),
+    ],
 )
 def test_sizes(text: str, expected: int) -> None:
     assert parse_size(text) == expected
@@ -39,8 +45,12 @@ def test_defaults_match_the_design() -> None:
 
 
 def test_env_and_overrides() -> None:
-    env = {"SANDBOX_MEMORY_LIMIT": "1g", "SANDBOX_PASS_THROUGH_ENV": "A, B",
-           "SANDBOX_MAX_SESSIONS": "3", "SANDBOX_LOG_LEVEL": "debug"}
+    env = {
+        "SANDBOX_MEMORY_LIMIT": "1g",
+        "SANDBOX_PASS_THROUGH_ENV": "A, B",
+        "SANDBOX_MAX_SESSIONS": "3",
+        "SANDBOX_LOG_LEVEL": "debug",
+    }
     s = load_settings({"max_sessions": 5}, environ=env)
     assert s.memory_limit == 1024**3
     assert s.pass_through_env == ["A", "B"]
@@ -77,9 +87,19 @@ def test_tokens_never_echoed() -> None:
 
 def test_cli_stops_with_one_line_per_problem(tmp_path: object) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "mcp_code_sandbox", "serve", "--memory-limit", "huge",
-         "--pids-limit", "2"],
-        capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "mcp_code_sandbox",
+            "serve",
+            "--memory-limit",
+            "huge",
+            "--pids-limit",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 2
     assert proc.stdout == ""

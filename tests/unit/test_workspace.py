@@ -51,11 +51,26 @@ def _tree(root: Path) -> set[str]:
 
 # --- parse_path ----------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize(
     "rel",
     [
-        "", "../x", "a/../../x", "a/..", "..", "/etc/passwd", "/mnt/datax/y", "a\x00b",
-        "a\nb", "a\x1bb", "a\x7fb", "a\x85b", "a\\b", "..\\x", "x" * 256, "a/" * 2049,
+        "",
+        "../x",
+        "a/../../x",
+        "a/..",
+        "..",
+        "/etc/passwd",
+        "/mnt/datax/y",
+        "a\x00b",
+        "a\nb",
+        "a\x1bb",
+        "a\x7fb",
+        "a\x85b",
+        "a\\b",
+        "..\\x",
+        "x" * 256,
+        "a/" * 2049,
         "\udcff",
     ],
 )
@@ -97,6 +112,7 @@ def test_upload_name_with_trailing_slash_is_refused() -> None:
 
 
 # --- write ---------------------------------------------------------------------------------
+
 
 def test_write_then_read_round_trip(ws: Workspace) -> None:
     info = ws.write_file("/mnt/data/sub/dir/data.csv", b"a,b\n1,2\n", overwrite=False)
@@ -176,6 +192,7 @@ def test_invalid_quota_is_refused(tmp_path: Path) -> None:
 
 
 # --- read ----------------------------------------------------------------------------------
+
 
 def test_read_symlink_to_passwd_is_refused(ws: Workspace) -> None:
     (ws.root / "passwd").symlink_to("/etc/passwd")
@@ -288,6 +305,7 @@ def test_open_file_streams_and_checks(ws: Workspace) -> None:
 
 # --- listing -------------------------------------------------------------------------------
 
+
 def test_listing_shows_symlinks_and_does_not_descend(ws: Workspace) -> None:
     ws.write_file("b/c.py", b"print(1)", overwrite=False)
     ws.write_file("a.txt", b"hi", overwrite=False)
@@ -364,6 +382,7 @@ def test_listing_survives_hostile_names_and_mtimes(ws: Workspace) -> None:
 
 # --- snapshot / diff -----------------------------------------------------------------------
 
+
 def test_snapshot_diff_created_and_modified(ws: Workspace) -> None:
     ws.write_file("keep.txt", b"same", overwrite=False)
     ws.write_file("edit.csv", b"1,2", overwrite=False)
@@ -427,6 +446,7 @@ def test_failed_writes_leave_no_temp_files(tmp_path: Path) -> None:
 
 # --- life cycle ----------------------------------------------------------------------------
 
+
 def _hostile_tree(root: Path) -> None:
     (root / "locked" / "inner").mkdir(parents=True)
     (root / "locked" / "inner" / "f").write_bytes(b"x")
@@ -484,27 +504,39 @@ def test_destroy_as_unprivileged_owner(tmp_path: Path) -> None:
 
 def _run_as_other_uid(base: Path) -> None:
     # The child gets its own copy of the package: the server's tree may not be readable.
-    shutil.copytree(SRC / "mcp_code_sandbox", base / "src" / "mcp_code_sandbox",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        SRC / "mcp_code_sandbox",
+        base / "src" / "mcp_code_sandbox",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
     root = base / "ws"
-    script = "\n".join([
-        "import os, sys",
-        f"sys.path.insert(0, {str(base / 'src')!r})",
-        "from pathlib import Path",
-        "from mcp_code_sandbox.workspace import remove_tree",
-        inspect.getsource(_hostile_tree),
-        f"root = Path({str(root)!r}); root.mkdir(); _hostile_tree(root)",
-        "remove_tree(root)",
-        "print('gone' if not root.exists() else 'left')",
-    ])
+    script = "\n".join(
+        [
+            "import os, sys",
+            f"sys.path.insert(0, {str(base / 'src')!r})",
+            "from pathlib import Path",
+            "from mcp_code_sandbox.workspace import remove_tree",
+            inspect.getsource(_hostile_tree),
+            f"root = Path({str(root)!r}); root.mkdir(); _hostile_tree(root)",
+            "remove_tree(root)",
+            "print('gone' if not root.exists() else 'left')",
+        ]
+    )
     for dirpath, _dirs, _files in os.walk(base):
         os.chown(dirpath, 12345, 12345)
     os.chmod(base, 0o755)
     python = _python_for(12345)
     if python is None:
         pytest.skip("no Python >= 3.11 that uid 12345 can run (the venv's is under /root)")
-    done = subprocess.run([python, "-S", "-c", script], user=12345, group=12345,
-                          capture_output=True, text=True, timeout=60, cwd="/")
+    done = subprocess.run(
+        [python, "-S", "-c", script],
+        user=12345,
+        group=12345,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd="/",
+    )
     assert done.stdout.strip() == "gone", done.stderr
 
 
@@ -512,8 +544,17 @@ def _python_for(uid: int) -> str | None:
     check = "import sys; sys.exit(sys.version_info < (3, 11))"
     for candidate in (sys.executable, "/usr/bin/python3", "/usr/local/bin/python3"):
         try:
-            ok = subprocess.run([candidate, "-S", "-c", check], user=uid, group=uid,
-                                capture_output=True, timeout=30, cwd="/").returncode == 0
+            ok = (
+                subprocess.run(
+                    [candidate, "-S", "-c", check],
+                    user=uid,
+                    group=uid,
+                    capture_output=True,
+                    timeout=30,
+                    cwd="/",
+                ).returncode
+                == 0
+            )
         except OSError:
             continue
         if ok:
@@ -542,6 +583,7 @@ def test_create_keeps_existing_files(ws: Workspace) -> None:
 
 
 # --- mime ----------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize(
     ("name", "head", "mime"),

@@ -209,13 +209,13 @@ def sandbox_env(extra: Mapping[str, str]) -> dict[str, str]:
     """The environment of the agent and every process it starts, for every backend."""
     env = {
         "PATH": f"{SANDBOX_VENV}/bin:/usr/local/bin:/usr/bin:/bin",
-        "HOME": "/tmp",
+        "HOME": "/tmp",  # noqa: S108 - the sandbox's own private tmpfs
         "USER": "sandbox",
         "LANG": "C.UTF-8",
         "LC_ALL": "C.UTF-8",
         "TERM": "dumb",
         "MPLBACKEND": "Agg",
-        "MPLCONFIGDIR": "/tmp/.matplotlib",
+        "MPLCONFIGDIR": "/tmp/.matplotlib",  # noqa: S108 - inside the sandbox
         "PYTHONDONTWRITEBYTECODE": "1",
         "PYTHONUNBUFFERED": "1",
         "VIRTUAL_ENV": SANDBOX_VENV,
@@ -241,6 +241,13 @@ def agent_argv(limits: Limits, rlimit_memory: bool) -> list[str]:
         "memory_bytes": limits.memory_bytes if rlimit_memory else None,
     }
     return [
-        SANDBOX_PYTHON, "-s", "-B", "-m", AGENT_MODULE,
-        "--channel-fd", "3", "--config", json.dumps(config, separators=(",", ":")),
+        SANDBOX_PYTHON,
+        "-s",
+        "-B",
+        "-m",
+        AGENT_MODULE,
+        "--channel-fd",
+        "3",
+        "--config",
+        json.dumps(config, separators=(",", ":")),
     ]

@@ -60,8 +60,13 @@ from mcp_code_sandbox.runtime_env import runtime_status
 from mcp_code_sandbox.settings import Settings
 
 __all__ = [
-    "HOST_SANDBOX_UID", "BwrapBackend", "BwrapSandbox", "HostLayout", "Mounts",
-    "build_bwrap_argv", "build_launcher_argv",
+    "HOST_SANDBOX_UID",
+    "BwrapBackend",
+    "BwrapSandbox",
+    "HostLayout",
+    "Mounts",
+    "build_bwrap_argv",
+    "build_launcher_argv",
 ]
 
 log = logging.getLogger(__name__)
@@ -78,11 +83,34 @@ _STAGE = "/tmp"  # noqa: S108
 _TOP_LEVEL = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 #: What programs need of /etc; passwd and group are synthesized.
 _ETC = (
-    "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "ssl", "ca-certificates",
-    "ca-certificates.conf", "fonts", "localtime", "timezone", "mime.types", "nsswitch.conf",
-    "hosts", "host.conf", "alternatives", "os-release", "debian_version", "matplotlibrc",
-    "locale.alias", "gai.conf", "protocols", "services", "magic", "magic.mime", "terminfo",
-    "inputrc", "bash.bashrc", "profile", "shells",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "ssl",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "fonts",
+    "localtime",
+    "timezone",
+    "mime.types",
+    "nsswitch.conf",
+    "hosts",
+    "host.conf",
+    "alternatives",
+    "os-release",
+    "debian_version",
+    "matplotlibrc",
+    "locale.alias",
+    "gai.conf",
+    "protocols",
+    "services",
+    "magic",
+    "magic.mime",
+    "terminfo",
+    "inputrc",
+    "bash.bashrc",
+    "profile",
+    "shells",
 )
 _PASSWD = (
     "root:x:0:0:root:/root:/usr/sbin/nologin\n"
@@ -154,12 +182,29 @@ def build_bwrap_argv(
 ) -> list[str]:
     """The bwrap command line of one sandbox. Pure: unit-tested without bwrap."""
     argv = [
-        bwrap, "--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID),
-        "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+        bwrap,
+        "--unshare-user",
+        "--uid",
+        str(SANDBOX_UID),
+        "--gid",
+        str(SANDBOX_GID),
+        "--unshare-pid",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
         *([] if spec.network else ["--unshare-net"]),
-        "--disable-userns", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-        "--hostname", "sandbox", "--seccomp", str(mounts.seccomp_fd),
-        "--ro-bind", "/usr", "/usr",
+        "--disable-userns",
+        "--die-with-parent",
+        "--new-session",
+        "--cap-drop",
+        "ALL",
+        "--hostname",
+        "sandbox",
+        "--seccomp",
+        str(mounts.seccomp_fd),
+        "--ro-bind",
+        "/usr",
+        "/usr",
     ]
     for link, target in layout.links:
         argv += ["--symlink", target, link]
@@ -168,12 +213,30 @@ def build_bwrap_argv(
     for path in layout.etc:
         argv += ["--ro-bind", path, path]
     argv += [
-        "--perms", "0644", "--ro-bind-data", str(mounts.passwd_fd), "/etc/passwd",
-        "--perms", "0644", "--ro-bind-data", str(mounts.group_fd), "/etc/group",
-        "--proc", "/proc", "--dev", "/dev",
-        "--size", str(spec.limits.tmp_bytes), "--tmpfs", "/tmp",  # noqa: S108
-        "--ro-bind", mounts.venv, SANDBOX_VENV,
-        "--ro-bind", mounts.agent, f"{AGENT_LIB_DIR}/{AGENT_MODULE}",
+        "--perms",
+        "0644",
+        "--ro-bind-data",
+        str(mounts.passwd_fd),
+        "/etc/passwd",
+        "--perms",
+        "0644",
+        "--ro-bind-data",
+        str(mounts.group_fd),
+        "/etc/group",
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--size",
+        str(spec.limits.tmp_bytes),
+        "--tmpfs",
+        "/tmp",  # noqa: S108
+        "--ro-bind",
+        mounts.venv,
+        SANDBOX_VENV,
+        "--ro-bind",
+        mounts.agent,
+        f"{AGENT_LIB_DIR}/{AGENT_MODULE}",
     ]
     if mounts.base_prefix is not None:
         argv += ["--ro-bind", *mounts.base_prefix]
@@ -187,19 +250,34 @@ def build_bwrap_argv(
 
 
 def build_launcher_argv(
-    channel_fd: int, procs_files: list[str], stage: list[tuple[str, str]] | None,
+    channel_fd: int,
+    procs_files: list[str],
+    stage: list[tuple[str, str]] | None,
     drop_uid: int | None,
 ) -> list[str]:
     """The prefix that places the sandbox in its cgroups and (as root) drops the uid."""
     prefix = ["/usr/bin/unshare", "--mount", "--propagation", "private"] if stage else []
     binds = [part for source, name in stage or [] for part in (source, name)]
     argv = [
-        *prefix, "/bin/bash", "-c", _LAUNCH, "mcs-launch", str(channel_fd),
-        str(len(procs_files)), *procs_files, str(len(stage or [])), *binds,
+        *prefix,
+        "/bin/bash",
+        "-c",
+        _LAUNCH,
+        "mcs-launch",
+        str(channel_fd),
+        str(len(procs_files)),
+        *procs_files,
+        str(len(stage or [])),
+        *binds,
     ]
     if drop_uid is not None:
-        argv += ["/usr/bin/setpriv", f"--reuid={drop_uid}", f"--regid={drop_uid}",
-                 "--clear-groups", "--"]
+        argv += [
+            "/usr/bin/setpriv",
+            f"--reuid={drop_uid}",
+            f"--regid={drop_uid}",
+            "--clear-groups",
+            "--",
+        ]
     return argv
 
 
@@ -224,8 +302,13 @@ def _data_fd(data: bytes) -> int:
 
 class BwrapSandbox(Sandbox):
     def __init__(
-        self, spec: SandboxSpec, channel: Channel, proc: asyncio.subprocess.Process,
-        cgroup: cgroups.CgroupHandle | None, stderr: deque[str], stderr_task: asyncio.Task[None],
+        self,
+        spec: SandboxSpec,
+        channel: Channel,
+        proc: asyncio.subprocess.Process,
+        cgroup: cgroups.CgroupHandle | None,
+        stderr: deque[str],
+        stderr_task: asyncio.Task[None],
     ) -> None:
         super().__init__(spec, channel, backend_id=str(proc.pid))
         self.proc = proc
@@ -255,7 +338,9 @@ class BwrapBackend(Backend):
     name = "bwrap"
 
     def __init__(
-        self, settings: Settings, cgroup_root: Path = Path("/sys/fs/cgroup"),
+        self,
+        settings: Settings,
+        cgroup_root: Path = Path("/sys/fs/cgroup"),
         agent_dir: Path | None = None,
     ) -> None:
         """``cgroup_root`` and ``agent_dir`` (the ``mcs_agent`` package) are for tests."""
@@ -288,7 +373,8 @@ class BwrapBackend(Backend):
         path = shutil.which("bwrap")
         if path is None:
             raise BackendUnavailable(
-                "bwrap not found: install bubblewrap (apt-get install bubblewrap)")
+                "bwrap not found: install bubblewrap (apt-get install bubblewrap)"
+            )
         return path
 
     def _mounts(self, spec: SandboxSpec) -> tuple[Mounts, list[tuple[str, str]] | None]:
@@ -305,9 +391,13 @@ class BwrapBackend(Backend):
         seen = {name: f"{_STAGE}/{name}" if self._root else src for name, src in sources.items()}
         base = (seen["base"], sources["base"]) if "base" in seen else None
         mounts = Mounts(
-            seen["ws"], seen["venv"], seen["agent"], base,
+            seen["ws"],
+            seen["venv"],
+            seen["agent"],
+            base,
             seccomp_fd=_data_fd(build_seccomp_bpf()),
-            passwd_fd=_data_fd(_PASSWD.encode()), group_fd=_data_fd(_GROUP.encode()),
+            passwd_fd=_data_fd(_PASSWD.encode()),
+            group_fd=_data_fd(_GROUP.encode()),
         )
         return mounts, stage
 
@@ -324,12 +414,17 @@ class BwrapBackend(Backend):
             cgroup = await asyncio.to_thread(self.cgroups.create, spec.key, spec.limits)
             rlimit_memory = "memory" not in self.cgroups.enforceable
             argv = build_launcher_argv(
-                child_fd, [str(f) for f in cgroup.procs_files] if cgroup else [], stage,
+                child_fd,
+                [str(f) for f in cgroup.procs_files] if cgroup else [],
+                stage,
                 HOST_SANDBOX_UID if self._root else None,
             ) + build_bwrap_argv(bwrap, spec, mounts, self._layout, rlimit_memory=rlimit_memory)
             proc = await asyncio.create_subprocess_exec(
-                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-                stderr=asyncio.subprocess.PIPE, pass_fds=[child_fd, *data_fds],
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.PIPE,
+                pass_fds=[child_fd, *data_fds],
                 env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "STAGE": _STAGE},
                 start_new_session=True,
             )
@@ -358,8 +453,8 @@ class BwrapBackend(Backend):
             message = await asyncio.wait_for(sandbox.channel.receive(), READY_TIMEOUT_S)
         except TimeoutError:
             raise SandboxFailed(
-                f"the sandbox agent did not start within {READY_TIMEOUT_S:.0f} s"
-                + _tail(sandbox)) from None
+                f"the sandbox agent did not start within {READY_TIMEOUT_S:.0f} s" + _tail(sandbox)
+            ) from None
         except (ProtocolError, OSError) as exc:
             message = None
             log.warning("sandbox %s: broken ready frame: %s", sandbox.spec.key, exc)
@@ -395,8 +490,13 @@ class BwrapBackend(Backend):
         # leaves behind is its cgroup directories, with any process that escaped.
         handles = await asyncio.to_thread(self.cgroups.list_leftovers)
         return [
-            Leftover(backend_id=h.dirs[0].name, key=h.dirs[0].name.split("-", 2)[-1],
-                     owner=None, session_id=None, running=bool(h.pids()))
+            Leftover(
+                backend_id=h.dirs[0].name,
+                key=h.dirs[0].name.split("-", 2)[-1],
+                owner=None,
+                session_id=None,
+                running=bool(h.pids()),
+            )
             for h in handles
         ]
 

@@ -35,7 +35,9 @@ CONTROLLERS = ("memory", "cpu", "pids")
 BASE_NAME = "mcp-code-sandbox"
 _CPU_PERIOD_US = 100_000
 _V1_LIMIT_FILE = {
-    "memory": "memory.limit_in_bytes", "cpu": "cpu.cfs_quota_us", "pids": "pids.max",
+    "memory": "memory.limit_in_bytes",
+    "cpu": "cpu.cfs_quota_us",
+    "pids": "pids.max",
 }
 
 
@@ -218,11 +220,15 @@ def _enable(parent: Path, wanted: list[str]) -> None:
 
 def _detect_v2(root: Path, own_path: str) -> CgroupSupport:
     own = _under(root, own_path)
-    available = set((own / "cgroup.controllers").read_text().split()) if (
-        own / "cgroup.controllers").exists() else set()
+    available = (
+        set((own / "cgroup.controllers").read_text().split())
+        if (own / "cgroup.controllers").exists()
+        else set()
+    )
     wanted = [c for c in CONTROLLERS if c in available]
-    reasons = {c: f"controller {c} is not delegated to {own}" for c in CONTROLLERS
-               if c not in available}
+    reasons = {
+        c: f"controller {c} is not delegated to {own}" for c in CONTROLLERS if c not in available
+    }
     if not wanted:
         return CgroupSupport(2, frozenset(), reasons)
     base = own / BASE_NAME
@@ -237,8 +243,10 @@ def _detect_v2(root: Path, own_path: str) -> CgroupSupport:
         base.mkdir(exist_ok=True)
         _enable(base, wanted)
     except OSError as exc:
-        why = (f"cannot delegate {own} to sandboxes ({exc.strerror}); run the server in a "
-               "cgroup of its own, e.g. a systemd unit with Delegate=yes")
+        why = (
+            f"cannot delegate {own} to sandboxes ({exc.strerror}); run the server in a "
+            "cgroup of its own, e.g. a systemd unit with Delegate=yes"
+        )
         return CgroupSupport(2, frozenset(), {c: why for c in CONTROLLERS})
     return CgroupSupport(2, frozenset(wanted), reasons, dict.fromkeys(wanted, base))
 

@@ -29,22 +29,64 @@ __all__ = ["DENIED_SYSCALLS", "build_seccomp_bpf"]
 #: (aarch64 has no ``iopl``, ``modify_ldt``, ``uselib``...).
 DENIED_SYSCALLS: tuple[str, ...] = (
     # tracing and reading other processes' memory
-    "ptrace", "process_vm_readv", "process_vm_writev", "kcmp",
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "kcmp",
     # namespaces, mounts, root changes
-    "unshare", "setns", "mount", "umount", "umount2", "pivot_root", "chroot",
-    "move_mount", "open_tree", "fsopen", "fsmount", "fsconfig", "fspick", "mount_setattr",
+    "unshare",
+    "setns",
+    "mount",
+    "umount",
+    "umount2",
+    "pivot_root",
+    "chroot",
+    "move_mount",
+    "open_tree",
+    "fsopen",
+    "fsmount",
+    "fsconfig",
+    "fspick",
+    "mount_setattr",
     # the kernel itself
-    "kexec_load", "kexec_file_load", "reboot", "swapon", "swapoff",
-    "init_module", "finit_module", "delete_module", "create_module",
-    "bpf", "perf_event_open", "userfaultfd", "lookup_dcookie", "syslog", "acct",
-    "quotactl", "quotactl_fd", "nfsservctl", "uselib", "modify_ldt", "iopl", "ioperm",
-    "vhangup", "io_uring_setup", "io_uring_enter", "io_uring_register",
+    "kexec_load",
+    "kexec_file_load",
+    "reboot",
+    "swapon",
+    "swapoff",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "create_module",
+    "bpf",
+    "perf_event_open",
+    "userfaultfd",
+    "lookup_dcookie",
+    "syslog",
+    "acct",
+    "quotactl",
+    "quotactl_fd",
+    "nfsservctl",
+    "uselib",
+    "modify_ldt",
+    "iopl",
+    "ioperm",
+    "vhangup",
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
     # keyrings (shared with the host: not namespaced)
-    "keyctl", "add_key", "request_key",
+    "keyctl",
+    "add_key",
+    "request_key",
     # file handles bypass path permissions
-    "open_by_handle_at", "name_to_handle_at",
+    "open_by_handle_at",
+    "name_to_handle_at",
     # the clock is the host's
-    "settimeofday", "clock_settime", "clock_adjtime", "adjtimex",
+    "settimeofday",
+    "clock_settime",
+    "clock_adjtime",
+    "adjtimex",
 )
 
 _CLONE_NS_FLAGS = (
@@ -99,9 +141,7 @@ def _add_clone_rules(sc: ModuleType, flt: Any) -> None:
 def _add_ioctl_rules(sc: ModuleType, flt: Any) -> None:
     for request in (_TIOCSTI, _TIOCLINUX):
         # Masked to 32 bits: the kernel ignores the upper half of ``request``.
-        flt.add_rule(
-            sc.ERRNO(errno.EPERM), "ioctl", sc.Arg(1, sc.MASKED_EQ, 0xFFFFFFFF, request)
-        )
+        flt.add_rule(sc.ERRNO(errno.EPERM), "ioctl", sc.Arg(1, sc.MASKED_EQ, 0xFFFFFFFF, request))
 
 
 def _add_socket_rules(sc: ModuleType, flt: Any) -> None:

@@ -93,41 +93,72 @@ def build_server(
 ) -> MCPServer[Any]:
     settings = service.settings
     mcp: MCPServer[Any] = MCPServer(
-        "mcp-code-sandbox", version=__version__, instructions=INSTRUCTIONS,
-        log_level=settings.log_level, lifespan=lifespan,
+        "mcp-code-sandbox",
+        version=__version__,
+        instructions=INSTRUCTIONS,
+        log_level=settings.log_level,
+        lifespan=lifespan,
     )
     tools = ToolSet(service)
     text = descriptions(settings)
     readonly = ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False)
     mcp.add_tool(
-        tools.run_code, name="run_code", title="Run code", description=text["run_code"],
+        tools.run_code,
+        name="run_code",
+        title="Run code",
+        description=text["run_code"],
         annotations=ToolAnnotations(
-            read_only_hint=False, destructive_hint=False, idempotent_hint=False,
+            read_only_hint=False,
+            destructive_hint=False,
+            idempotent_hint=False,
             open_world_hint=settings.allow_network,
         ),
     )
     mcp.add_tool(
-        tools.upload_file, name="upload_file", title="Upload a file",
+        tools.upload_file,
+        name="upload_file",
+        title="Upload a file",
         description=text["upload_file"],
         annotations=ToolAnnotations(
-            read_only_hint=False, destructive_hint=True, idempotent_hint=True,
+            read_only_hint=False,
+            destructive_hint=True,
+            idempotent_hint=True,
             open_world_hint=False,
         ),
     )
-    mcp.add_tool(tools.read_file, name="read_file", title="Read a file",
-                 description=text["read_file"], annotations=readonly)
-    mcp.add_tool(tools.list_files, name="list_files", title="List files",
-                 description=text["list_files"], annotations=readonly)
     mcp.add_tool(
-        tools.close_session, name="close_session", title="Close a session",
+        tools.read_file,
+        name="read_file",
+        title="Read a file",
+        description=text["read_file"],
+        annotations=readonly,
+    )
+    mcp.add_tool(
+        tools.list_files,
+        name="list_files",
+        title="List files",
+        description=text["list_files"],
+        annotations=readonly,
+    )
+    mcp.add_tool(
+        tools.close_session,
+        name="close_session",
+        title="Close a session",
         description=text["close_session"],
         annotations=ToolAnnotations(
-            read_only_hint=False, destructive_hint=True, idempotent_hint=False,
+            read_only_hint=False,
+            destructive_hint=True,
+            idempotent_hint=False,
             open_world_hint=False,
         ),
     )
-    mcp.add_tool(tools.list_runtimes, name="list_runtimes", title="List runtimes",
-                 description=text["list_runtimes"], annotations=readonly)
+    mcp.add_tool(
+        tools.list_runtimes,
+        name="list_runtimes",
+        title="List runtimes",
+        description=text["list_runtimes"],
+        annotations=readonly,
+    )
     _add_file_resource(mcp, service)
     mcp.middleware.append(_argument_errors)
     return mcp
@@ -135,7 +166,8 @@ def build_server(
 
 def _add_file_resource(mcp: MCPServer[Any], service: SandboxService) -> None:
     @mcp.resource(
-        "sandbox://{session_id}/{+path}", name="workspace_file",
+        "sandbox://{session_id}/{+path}",
+        name="workspace_file",
         description="A file in a session's /mnt/data",
     )
     async def workspace_file(session_id: str, path: str) -> str | bytes:

@@ -55,8 +55,11 @@ def run_result(report: RunReport, settings: Settings) -> CallToolResult:
     """RunResult JSON + one image block per figure/image (within budget) + file links."""
     images: list[ContentBlock] = []
     skipped = 0
-    candidates = [(d.data, d.mime_type) for d in report.displays if d.mime_type.startswith(
-        ("image/png", "image/jpeg"))]
+    candidates = [
+        (d.data, d.mime_type)
+        for d in report.displays
+        if d.mime_type.startswith(("image/png", "image/jpeg"))
+    ]
     candidates += [(f.data, f.mime_type) for f in report.image_files]
     for data, mime in candidates:
         if len(images) >= settings.max_images:
@@ -66,40 +69,57 @@ def run_result(report: RunReport, settings: Settings) -> CallToolResult:
         if fitted is None:
             skipped += 1
             continue
-        images.append(ImageContent(
-            type="image", data=base64.b64encode(fitted[0]).decode(), mime_type=fitted[1]
-        ))
+        images.append(
+            ImageContent(
+                type="image", data=base64.b64encode(fitted[0]).decode(), mime_type=fitted[1]
+            )
+        )
     notice = report.notice
     if skipped:
-        more = (f"{skipped} more image(s) not shown (limit {settings.max_images} per result "
-                f"and {settings.max_image_bytes} bytes each); they are in /mnt/data or can "
-                "be saved there with savefig")
+        more = (
+            f"{skipped} more image(s) not shown (limit {settings.max_images} per result "
+            f"and {settings.max_image_bytes} bytes each); they are in /mnt/data or can "
+            "be saved there with savefig"
+        )
         notice = f"{notice}. {more}" if notice else more
     links: list[ContentBlock] = [
         ResourceLink(
-            type="resource_link", uri=file_uri(report.session_id, c.path),
-            name=c.path, mime_type=c.mime_type, size=c.size_bytes,
+            type="resource_link",
+            uri=file_uri(report.session_id, c.path),
+            name=c.path,
+            mime_type=c.mime_type,
+            size=c.size_bytes,
         )
         for c in report.files
     ]
     model = RunResult(
-        session_id=report.session_id, session_created=report.session_created,
-        notice=notice, language=report.language, status=report.status,  # type: ignore[arg-type]
-        exit_code=report.exit_code, stdout=report.stdout, stderr=report.stderr,
-        stdout_truncated=report.stdout_truncated, stderr_truncated=report.stderr_truncated,
-        full_output_path=report.full_output_path, result=report.result,
+        session_id=report.session_id,
+        session_created=report.session_created,
+        notice=notice,
+        language=report.language,
+        status=report.status,  # type: ignore[arg-type]
+        exit_code=report.exit_code,
+        stdout=report.stdout,
+        stderr=report.stderr,
+        stdout_truncated=report.stdout_truncated,
+        stderr_truncated=report.stderr_truncated,
+        full_output_path=report.full_output_path,
+        result=report.result,
         error=RunError(**report.error) if report.error else None,
         files=[
-            FileOut(path=c.path, size_bytes=c.size_bytes, mime_type=c.mime_type,
-                    change=c.change)
+            FileOut(path=c.path, size_bytes=c.size_bytes, mime_type=c.mime_type, change=c.change)
             for c in report.files
         ],
         displays=[
-            DisplayOut(mime_type=d.mime_type,
-                       text=d.data[: settings.max_output_bytes].decode("utf-8", "replace"))
-            for d in report.displays if d.mime_type in _TEXT_DISPLAYS
+            DisplayOut(
+                mime_type=d.mime_type,
+                text=d.data[: settings.max_output_bytes].decode("utf-8", "replace"),
+            )
+            for d in report.displays
+            if d.mime_type in _TEXT_DISPLAYS
         ],
-        execution_count=report.execution_count, duration_ms=report.duration_ms,
+        execution_count=report.execution_count,
+        duration_ms=report.duration_ms,
         state_lost=report.state_lost,
     )
     return structured_result(model, images + links)

@@ -39,8 +39,10 @@ LANGUAGES = sorted(RUNTIMES)
 
 SessionArg = Annotated[
     str | None,
-    Field(description="Session to use. Omit to start a new one (its id is in the result); "
-          "pass your own id (letters, digits, . _ -) to create or reuse a named session."),
+    Field(
+        description="Session to use. Omit to start a new one (its id is in the result); "
+        "pass your own id (letters, digits, . _ -) to create or reuse a named session."
+    ),
 ]
 RequiredSession = Annotated[str, Field(description="The session_id a previous result returned")]
 
@@ -62,10 +64,12 @@ def tool_errors(
             return error_result(exc)
         except Exception:
             log.exception("tool failed unexpectedly", tool=fn.__name__)
-            return error_result(InternalError(
-                "the server failed unexpectedly; the error is in its log. Try again, or "
-                "start a new session if it persists"
-            ))
+            return error_result(
+                InternalError(
+                    "the server failed unexpectedly; the error is in its log. Try again, or "
+                    "start a new session if it persists"
+                )
+            )
 
     return wrapper
 
@@ -88,7 +92,9 @@ class ToolSet:
         session_id: SessionArg = None,
         timeout_s: Annotated[float | None, Field(description="Wall-time limit in seconds")] = None,
         network: Annotated[bool, Field(description="Ask for outbound network access")] = False,
-        env: Annotated[dict[str, str] | None, Field(description="Extra environment for this call")] = None,
+        env: Annotated[
+            dict[str, str] | None, Field(description="Extra environment for this call")
+        ] = None,
     ) -> Annotated[CallToolResult, models.RunResult]:
         request = RunRequest(code, language, timeout_s, network, env)
         report = await self.service.run_code(
@@ -99,7 +105,9 @@ class ToolSet:
     @tool_errors
     async def upload_file(
         self,
-        filename: Annotated[str, Field(description="Path relative to /mnt/data, e.g. data/sales.csv")],
+        filename: Annotated[
+            str, Field(description="Path relative to /mnt/data, e.g. data/sales.csv")
+        ],
         ctx: Context[Any, Any],
         content_base64: Annotated[str | None, Field(description="File content, base64")] = None,
         content_text: Annotated[str | None, Field(description="File content as UTF-8 text")] = None,
@@ -110,10 +118,15 @@ class ToolSet:
         up = await self.service.upload_file(
             owner_of(ctx), filename, data, session_id=session_id, overwrite=overwrite
         )
-        return structured_result(models.UploadResult(
-            session_id=up.session_id, path=up.path, size_bytes=up.size_bytes,
-            session_created=up.session_created, notice=up.notice,
-        ))
+        return structured_result(
+            models.UploadResult(
+                session_id=up.session_id,
+                path=up.path,
+                size_bytes=up.size_bytes,
+                session_created=up.session_created,
+                notice=up.notice,
+            )
+        )
 
     def _decode_content(self, b64: str | None, text: str | None) -> bytes:
         if (b64 is None) == (text is None):
@@ -169,20 +182,28 @@ class ToolSet:
         end = offset + returned
         eof = end >= read.size_bytes
         meta = models.ReadFileResult(
-            session_id=session_id, path=read.path, mime_type=read.mime_type,
-            size_bytes=read.size_bytes, offset=offset, returned_bytes=returned, eof=eof,
-            next_offset=None if eof else end, encoding=encoding,  # type: ignore[arg-type]
+            session_id=session_id,
+            path=read.path,
+            mime_type=read.mime_type,
+            size_bytes=read.size_bytes,
+            offset=offset,
+            returned_bytes=returned,
+            eof=eof,
+            next_offset=None if eof else end,
+            encoding=encoding,  # type: ignore[arg-type]
         )
         return structured_result(meta, [block])
 
     def _too_large(self, path: str, size: int) -> CallToolResult:
         from mcp_code_sandbox.errors import ArtifactTooLarge
 
-        return error_result(ArtifactTooLarge(
-            f"{path} is {size} bytes of binary data, more than one result can carry "
-            f"({self.settings.max_read_bytes} bytes); process it with run_code, or "
-            "download it over HTTP"
-        ))
+        return error_result(
+            ArtifactTooLarge(
+                f"{path} is {size} bytes of binary data, more than one result can carry "
+                f"({self.settings.max_read_bytes} bytes); process it with run_code, or "
+                "download it over HTTP"
+            )
+        )
 
     @tool_errors
     async def list_files(
@@ -195,11 +216,14 @@ class ToolSet:
         listing = await self.service.list_files(
             owner_of(ctx), session_id, path, recursive=recursive
         )
-        return structured_result(models.ListFilesResult(
-            session_id=session_id, path=path,
-            entries=[models.FileEntryOut(**vars(e)) for e in listing.entries],
-            truncated=listing.truncated,
-        ))
+        return structured_result(
+            models.ListFilesResult(
+                session_id=session_id,
+                path=path,
+                entries=[models.FileEntryOut(**vars(e)) for e in listing.entries],
+                truncated=listing.truncated,
+            )
+        )
 
     @tool_errors
     async def close_session(

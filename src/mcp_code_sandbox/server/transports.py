@@ -62,11 +62,13 @@ def check_http_exposure(settings: Settings) -> None:
         return
     if settings.api_tokens or settings.api_tokens_file:
         return
-    raise ConfigError([
-        f"refusing to listen on {settings.http_host}: that is reachable from other machines "
-        "and no API token is configured. Set SANDBOX_API_TOKENS (or SANDBOX_API_TOKENS_FILE), "
-        "or bind to 127.0.0.1 and put an authenticating proxy in front"
-    ])
+    raise ConfigError(
+        [
+            f"refusing to listen on {settings.http_host}: that is reachable from other machines "
+            "and no API token is configured. Set SANDBOX_API_TOKENS (or SANDBOX_API_TOKENS_FILE), "
+            "or bind to 127.0.0.1 and put an authenticating proxy in front"
+        ]
+    )
 
 
 def _is_loopback(host: str) -> bool:
@@ -82,9 +84,7 @@ def build_http_app(service: SandboxService) -> Starlette:
     settings = service.settings
     mcp = build_server(service)
     body_limit = settings.max_upload_bytes * 4 // 3 + settings.max_code_bytes + 1024 * 1024
-    mcp_app = mcp.streamable_http_app(
-        host=settings.http_host, max_request_body_size=body_limit
-    )
+    mcp_app = mcp.streamable_http_app(host=settings.http_host, max_request_body_size=body_limit)
 
     async def healthz(request: Request) -> JSONResponse:
         return JSONResponse({"status": "ok", "sessions": service.sessions.count()})
@@ -108,7 +108,12 @@ async def serve_http(service: SandboxService, **uvicorn_options: Any) -> None:
     settings = service.settings
     check_http_exposure(settings)
     config = uvicorn.Config(
-        build_http_app(service), host=settings.http_host, port=settings.http_port,
-        log_config=None, access_log=False, lifespan="on", **uvicorn_options,
+        build_http_app(service),
+        host=settings.http_host,
+        port=settings.http_port,
+        log_config=None,
+        access_log=False,
+        lifespan="on",
+        **uvicorn_options,
     )
     await uvicorn.Server(config).serve()

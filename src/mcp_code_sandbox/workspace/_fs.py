@@ -86,8 +86,8 @@ def iso_utc(mtime_ns: int) -> str:
     try:
         moment = datetime.fromtimestamp(mtime_ns / 1e9, tz=UTC)
     except (OverflowError, OSError, ValueError):
-        moment = datetime.max.replace(tzinfo=UTC) if mtime_ns > 0 else datetime.min.replace(
-            tzinfo=UTC
+        moment = (
+            datetime.max.replace(tzinfo=UTC) if mtime_ns > 0 else datetime.min.replace(tzinfo=UTC)
         )
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -218,8 +218,7 @@ def _remove_entry(dir_fd: int, name: str, top_fd: int, depth: int) -> None:
             os.unlink(name, dir_fd=dir_fd)
         elif depth >= _REMOVE_DEPTH:
             # Too deep to hold one more fd per level: hoist the subtree to the top.
-            os.rename(name, f".mcs-rm-{secrets.token_hex(8)}", src_dir_fd=dir_fd,
-                      dst_dir_fd=top_fd)
+            os.rename(name, f".mcs-rm-{secrets.token_hex(8)}", src_dir_fd=dir_fd, dst_dir_fd=top_fd)
         else:
             with closing_fd(_open_for_removal(dir_fd, name)) as fd:
                 _empty(fd, top_fd, depth + 1)
@@ -245,7 +244,6 @@ def _chmod_dir_nofollow(dir_fd: int, name: str, mode: int) -> None:
     # An O_PATH fd needs no permission on the directory itself, and chmod through its
     # /proc magic link changes exactly that inode: no window for a swapped-in symlink,
     # which fchmodat(AT_SYMLINK_NOFOLLOW) cannot promise on Linux.
-    fd = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                 dir_fd=dir_fd)
+    fd = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
     with closing_fd(fd):
         os.chmod(f"/proc/self/fd/{fd}", mode)

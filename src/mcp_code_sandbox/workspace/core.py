@@ -182,8 +182,9 @@ class Workspace:
         budget = Budget(limit)
         files: dict[str, Stamp] = {}
         with _fs_errors("."), closing_fd(self._open_root()) as root:
-            for path, st in walk(root, "", recursive=True, budget=budget,
-                                 skip=frozenset({OUTPUTS_DIR})):
+            for path, st in walk(
+                root, "", recursive=True, budget=budget, skip=frozenset({OUTPUTS_DIR})
+            ):
                 if stat.S_ISREG(st.st_mode):
                     files[path] = Stamp(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
         return Snapshot(files, budget.truncated)
@@ -255,9 +256,10 @@ class Workspace:
     def _open_regular(self, parts: tuple[str, ...], shown: str) -> tuple[int, os.stat_result]:
         if not parts:
             raise InvalidPath("'.' is the workspace directory; use list_files to see its files")
-        with closing_fd(self._open_root()) as root, closing_fd(
-            self._open_dir(root, parts[:-1], create=False)
-        ) as dir_fd:
+        with (
+            closing_fd(self._open_root()) as root,
+            closing_fd(self._open_dir(root, parts[:-1], create=False)) as dir_fd,
+        ):
             try:
                 fd = os.open(parts[-1], FILE_FLAGS, dir_fd=dir_fd)
             except FileNotFoundError:
@@ -290,8 +292,7 @@ class Workspace:
             what = describe(dir_fd, parts[-1])
         if not overwrite:
             raise FileExists_(
-                f"'{shown}' already exists; pass overwrite=true to replace it, or pick "
-                "another name"
+                f"'{shown}' already exists; pass overwrite=true to replace it, or pick another name"
             )
         if not stat.S_ISREG(st.st_mode):
             raise InvalidPath(
@@ -342,8 +343,7 @@ def _publish(dir_fd: int, tmp: str, name: str, shown: str, *, overwrite: bool) -
             os.link(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
     except FileExistsError:
         raise FileExists_(
-            f"'{shown}' already exists; pass overwrite=true to replace it, or pick "
-            "another name"
+            f"'{shown}' already exists; pass overwrite=true to replace it, or pick another name"
         ) from None
     except (IsADirectoryError, NotADirectoryError) as exc:
         raise InvalidPath(
@@ -353,16 +353,19 @@ def _publish(dir_fd: int, tmp: str, name: str, shown: str, *, overwrite: bool) -
     except OSError as exc:
         if exc.errno != errno.ENOTEMPTY:
             raise
-        raise InvalidPath(f"'{shown}' is a directory; only regular files can be overwritten"
-                          ) from exc
+        raise InvalidPath(
+            f"'{shown}' is a directory; only regular files can be overwritten"
+        ) from exc
 
 
 def _check_servable(st: os.stat_result, shown: str) -> None:
     if stat.S_ISDIR(st.st_mode):
         raise InvalidPath(f"'{shown}' is a directory; use list_files to see what is in it")
     if not stat.S_ISREG(st.st_mode):
-        raise InvalidPath(f"'{shown}' is not a regular file (a FIFO, socket or device); "
-                          "only regular files can be read")
+        raise InvalidPath(
+            f"'{shown}' is not a regular file (a FIFO, socket or device); "
+            "only regular files can be read"
+        )
     if st.st_nlink != 1:
         raise InvalidPath(
             f"'{shown}' has {st.st_nlink} hard links; the server does not serve hard-linked "
@@ -371,19 +374,21 @@ def _check_servable(st: os.stat_result, shown: str) -> None:
         )
 
 
-def _open_error(
-    exc: OSError, dir_fd: int, name: str, shown: str, *, wanted: str
-) -> SandboxError:
+def _open_error(exc: OSError, dir_fd: int, name: str, shown: str, *, wanted: str) -> SandboxError:
     """The client-facing error for a failed O_NOFOLLOW open of ``name``."""
     if exc.errno in (errno.ENOTDIR, errno.ELOOP, errno.ENXIO, errno.EOPNOTSUPP):
         what = describe(dir_fd, name)
         if what == "a symbolic link":
-            return InvalidPath(f"'{shown}' is a symbolic link; {_NO_FOLLOW_HINT}. Read the "
-                               "file it points to by its own path, or copy it")
+            return InvalidPath(
+                f"'{shown}' is a symbolic link; {_NO_FOLLOW_HINT}. Read the "
+                "file it points to by its own path, or copy it"
+            )
         return InvalidPath(f"'{shown}' is {what}, not {wanted}")
     if exc.errno in (errno.EACCES, errno.EPERM):
-        return InvalidPath(f"'{shown}' is not readable by the server; make it readable "
-                           "in the sandbox (chmod u+r, or u+rx for a directory)")
+        return InvalidPath(
+            f"'{shown}' is not readable by the server; make it readable "
+            "in the sandbox (chmod u+r, or u+rx for a directory)"
+        )
     return InternalError(f"cannot open '{shown}': {errno.errorcode.get(exc.errno or 0, exc)}")
 
 

@@ -81,17 +81,19 @@ _MAGIC: tuple[tuple[bytes, int, str], ...] = (
     (b"PAR1", 0, "application/vnd.apache.parquet"),
 )
 
-_TEXT_APPLICATION = frozenset({
-    "application/json",
-    "application/x-ndjson",
-    "application/xml",
-    "application/javascript",
-    "application/x-sh",
-    "application/sql",
-    "application/toml",
-    "application/yaml",
-    "application/x-yaml",
-})
+_TEXT_APPLICATION = frozenset(
+    {
+        "application/json",
+        "application/x-ndjson",
+        "application/xml",
+        "application/javascript",
+        "application/x-sh",
+        "application/sql",
+        "application/toml",
+        "application/yaml",
+        "application/x-yaml",
+    }
+)
 
 
 def guess_mime(name: str, head: bytes | None = None) -> str:
@@ -113,11 +115,7 @@ def guess_mime(name: str, head: bytes | None = None) -> str:
 def is_text(mime: str) -> bool:
     """Whether files of type ``mime`` are text a client can read as UTF-8 (SVG included)."""
     base = mime.split(";", 1)[0].strip().lower()
-    return (
-        base.startswith("text/")
-        or base in _TEXT_APPLICATION
-        or base.endswith(("+json", "+xml"))
-    )
+    return base.startswith("text/") or base in _TEXT_APPLICATION or base.endswith(("+json", "+xml"))
 
 
 def is_text_mime(mime: str, data: bytes) -> bool:

@@ -119,7 +119,12 @@ def _entry_mime(path: str, mode: int) -> str:
     if stat.S_ISREG(mode):
         return guess_mime(path)
     # The freedesktop.org names for what is not a file, so clients need no special case.
-    kinds = ((stat.S_ISDIR, "inode/directory"), (stat.S_ISLNK, "inode/symlink"),
-             (stat.S_ISFIFO, "inode/fifo"), (stat.S_ISSOCK, "inode/socket"),
-             (stat.S_ISCHR, "inode/chardevice"), (stat.S_ISBLK, "inode/blockdevice"))
+    kinds = (
+        (stat.S_ISDIR, "inode/directory"),
+        (stat.S_ISLNK, "inode/symlink"),
+        (stat.S_ISFIFO, "inode/fifo"),
+        (stat.S_ISSOCK, "inode/socket"),
+        (stat.S_ISCHR, "inode/chardevice"),
+        (stat.S_ISBLK, "inode/blockdevice"),
+    )
     return next((mime for test, mime in kinds if test(mode)), OCTET_STREAM)
