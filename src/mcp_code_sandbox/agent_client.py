@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
+
 from mcp_code_sandbox.agent.protocol import ProtocolError
 from mcp_code_sandbox.backends.base import Channel
 from mcp_code_sandbox.errors import SandboxFailed
@@ -104,18 +106,16 @@ class AgentClient:
         self, run_id: int, on_stream: StreamSink, displays: list[Display]
     ) -> None:
         # Shielded: the caller is being cancelled, but the agent must finish this run
-        # before the session can take another one.
-        async def drain() -> None:
-            await self._send({"op": "interrupt", "id": run_id, "reason": "cancelled"})
-            async with asyncio.timeout(INTERRUPT_GRACE_S):
-                await self._collect(run_id, on_stream, displays)
-
-        task = asyncio.ensure_future(drain())
+        # before the session can take another one. anyio's shield, because the MCP SDK
+        # cancels tools with anyio cancel scopes, which re-deliver cancellation at every
+        # await inside them (asyncio.shield alone would be interrupted again at once).
         try:
-            await asyncio.shield(task)
-        except (asyncio.CancelledError, TimeoutError, SandboxFailed):
-            # Either we were cancelled again or the agent is stuck: the session manager
-            # sees a still-running request via ``busy`` and replaces the sandbox.
+            with anyio.CancelScope(shield=True):
+                await self._send({"op": "interrupt", "id": run_id, "reason": "cancelled"})
+                with anyio.fail_after(INTERRUPT_GRACE_S):
+                    await self._collect(run_id, on_stream, displays)
+        except (TimeoutError, SandboxFailed):
+            # The agent is stuck or gone: the session manager replaces the sandbox.
             self.broken = True
 
     async def _send(self, message: dict[str, Any]) -> None:

@@ -31,7 +31,7 @@ from mcp_code_sandbox.output import OutputCapture
 from mcp_code_sandbox.runtimes import RUNTIMES
 from mcp_code_sandbox.sessions import Session, SessionManager
 from mcp_code_sandbox.settings import Settings
-from mcp_code_sandbox.workspace import Change
+from mcp_code_sandbox.workspace import Change, Snapshot
 
 __all__ = ["IMAGE_MIME_TYPES", "ImageFile", "RunReport", "RunRequest", "check_request", "run"]
 
@@ -176,10 +176,27 @@ async def run(
         full_path = await _save_full_output(session, capture, run_name)
     after = await asyncio.to_thread(session.workspace.snapshot)
     changes = session.workspace.diff(before, after)
+    notice = _join(notice, _over_quota(after, settings.workspace_quota_bytes))
     report = _report(session, request, outcome, capture, full_path, changes, started, notice)
     report.image_files = await asyncio.to_thread(_read_images, session, changes, settings)
     _audit(session, request, report, capture)
     return report
+
+
+def _over_quota(after: Snapshot, quota: int) -> str | None:
+    # Code may write past the quota (only single files are capped, by RLIMIT_FSIZE); the
+    # server's own writes (uploads, saved output) then fail with quota_exceeded.
+    used = sum(stamp.size for stamp in after.files.values())
+    if used <= quota:
+        return None
+    return (
+        f"the workspace holds {used} bytes, more than its quota of {quota}: delete files "
+        "in /mnt/data (uploads fail until then)"
+    )
+
+
+def _join(first: str | None, second: str | None) -> str | None:
+    return "; ".join(part for part in (first, second) if part) or None
 
 
 def _open_spool(spool_dir: str) -> BinaryIO:
@@ -242,7 +259,7 @@ def _report(
     stderr = capture.render("stderr", where)
     if outcome.state_lost:
         lost = "the interpreter was restarted: files in /mnt/data are kept, variables are gone"
-        notice = f"{notice}; {lost}" if notice else lost
+        notice = _join(notice, lost)
     return RunReport(
         session_id=session.id,
         session_created=False,

@@ -177,3 +177,20 @@ async def test_cancelled_run_leaves_the_session_usable(service: Any) -> None:
     after = await run(service, "kept")
     assert after.status == "ok" and after.result == "'yes'"
     assert after.state_lost is False
+
+
+async def test_writing_past_the_quota_is_reported_and_blocks_uploads(
+    make_settings: Callable[..., Settings],
+) -> None:
+    svc = await _service(make_settings(workspace_quota_bytes=1_000_000))
+    try:
+        r = await run(svc, "for i in range(3): open(f'part{i}', 'wb').write(bytes(600_000))", "q")
+        assert "more than its quota of 1000000" in (r.notice or "")
+        from mcp_code_sandbox.errors import QuotaExceeded
+
+        with pytest.raises(QuotaExceeded):
+            await svc.upload_file("local", "more.txt", b"x", session_id="q", overwrite=False)
+        big = await run(svc, "open('one', 'wb').write(bytes(2_000_000))", "q")
+        assert big.status == "error"  # a single file larger than the quota: RLIMIT_FSIZE
+    finally:
+        await svc.aclose()

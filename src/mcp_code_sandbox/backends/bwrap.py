@@ -369,6 +369,16 @@ class BwrapBackend(Backend):
             "network": "kernel",
         }
 
+    def runtime_info(self) -> dict[str, dict[str, Any]]:
+        status = runtime_status(self.settings)
+        return {
+            "python": {
+                "version": status.python_version,
+                "packages": dict(status.packages),
+                "image": None,
+            }
+        }
+
     def _bwrap(self) -> str:
         path = shutil.which("bwrap")
         if path is None:

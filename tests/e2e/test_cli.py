@@ -1,0 +1,111 @@
+"""The command line as a person uses it: doctor, exec, setup, serve's guards, logging."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+import httpx
+import pytest
+
+from mcp_code_sandbox.settings import Settings
+
+from .conftest import free_port, http_server, server_env
+
+pytestmark = [pytest.mark.e2e, pytest.mark.bwrap]
+
+
+def cli(
+    settings: Settings, *args: str, timeout: float = 120, **env: str
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "mcp_code_sandbox", *args],
+        env=server_env(settings.state_dir, settings.runtime_dir, **env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_doctor_says_what_is_enforced(make_settings: Callable[..., Settings]) -> None:
+    proc = cli(make_settings(), "doctor")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout.lower()
+    for word in ("namespace", "seccomp", "memory", "pids", "cpu", "network", "runtime"):
+        assert word in out, word
+
+
+def test_doctor_fails_without_a_backend(make_settings: Callable[..., Settings]) -> None:
+    proc = cli(make_settings(), "doctor", PATH="/nonexistent")
+    assert proc.returncode != 0
+    assert "bubblewrap" in proc.stdout + proc.stderr
+
+
+def test_exec_runs_code_once(make_settings: Callable[..., Settings]) -> None:
+    settings = make_settings()
+    proc = cli(
+        settings,
+        "exec",
+        "import pandas as pd\nprint('rows', len(pd.DataFrame({'a': [1, 2]})))\n6*7",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "rows 2" in proc.stdout and "42" in proc.stdout
+    failing = cli(settings, "exec", "raise ValueError('nope')")
+    assert failing.returncode == 1
+    assert "ValueError" in failing.stderr
+    assert not any(settings.workspaces_dir.rglob("*"))  # nothing left behind
+
+
+def test_setup_is_fast_when_done(make_settings: Callable[..., Settings]) -> None:
+    start = time.monotonic()
+    proc = cli(make_settings(), "setup")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == ""  # progress goes to stderr
+    assert time.monotonic() - start < 30  # no rebuild (a rebuild installs for minutes)
+
+
+def test_http_refuses_an_open_bind_without_tokens(make_settings: Callable[..., Settings]) -> None:
+    proc = cli(
+        make_settings(),
+        "serve",
+        "--transport",
+        "http",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(free_port()),
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert "SANDBOX_API_TOKENS" in proc.stderr
+
+
+def test_healthz_and_host_checks(make_settings: Callable[..., Settings]) -> None:
+    with http_server(make_settings()) as base:
+        assert httpx.get(f"{base}/healthz").json()["status"] == "ok"
+        evil = httpx.post(f"{base}/mcp", headers={"Origin": "http://evil.example"}, json={})
+        assert evil.status_code == 403  # DNS-rebinding protection (Origin check)
+
+
+def test_audit_lines_never_hold_code_or_output(make_settings: Callable[..., Settings]) -> None:
+    settings = make_settings()
+    log_file = settings.state_dir / "audit.log"
+    secret = "TOPSECRET-4242"
+    proc = cli(
+        settings,
+        "exec",
+        f"x = '{secret}'\nprint(x)",
+        SANDBOX_LOG_FILE=str(log_file),
+        SANDBOX_LOG_FORMAT="json",
+        SANDBOX_LOG_LEVEL="DEBUG",
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = [json.loads(line) for line in log_file.read_text().splitlines()]
+    runs = [line for line in lines if line.get("event") == "run"]
+    assert len(runs) == 1
+    assert runs[0]["status"] == "ok" and runs[0]["language"] == "python"
+    assert {"owner", "session", "duration_ms", "code_bytes", "output_bytes"} <= set(runs[0])
+    assert secret not in log_file.read_text()
