@@ -117,10 +117,18 @@ class OutputCapture:
         if len(data) > room:
             self.spool_cut = True
 
-    def close_spool(self) -> None:
-        if self.spool is not None:
+    def finish(self) -> bytes | None:
+        """Close the spool and return the full output, or ``None`` when none was spooled.
+
+        The spool must have been opened readable (``w+b``)."""
+        if self.spool is None:
+            return None
+        try:
             if self.spool_cut:
                 self.spool.write(f"\n[output cut at {MAX_SPOOL_BYTES} bytes]\n".encode())
+            self.spool.seek(0)
+            return self.spool.read()
+        finally:
             self.spool.close()
 
     def tail(self, limit: int = 400) -> str:

@@ -156,24 +156,24 @@ async def run(
     run_name = f"run-{session.runs}"
     agent, notice = await manager.ensure_sandbox(session)
     before = await asyncio.to_thread(session.workspace.snapshot)
-    with tempfile.TemporaryDirectory(prefix="mcs-out-") as spool_dir:
-        capture = OutputCapture(settings.max_output_bytes, lambda: _open_spool(spool_dir))
-        progress = asyncio.create_task(_report_progress(capture, started, on_progress))
-        try:
-            outcome = await agent.execute(
-                language=request.language,
-                code=request.code,
-                timeout_s=timeout_s,
-                env=dict(request.env or {}),
-                on_stream=capture.add,
-            )
-        except SandboxFailed as exc:
-            await manager.restart_sandbox(session)
-            outcome = _lost(str(exc))
-        finally:
-            progress.cancel()
-            capture.close_spool()
-        full_path = await _save_full_output(session, capture, run_name)
+    # The spool (an unnamed temp file) is only made once the output passes the budget.
+    capture = OutputCapture(settings.max_output_bytes, _open_spool)
+    progress = asyncio.create_task(_report_progress(capture, started, on_progress))
+    try:
+        outcome = await agent.execute(
+            language=request.language,
+            code=request.code,
+            timeout_s=timeout_s,
+            env=dict(request.env or {}),
+            on_stream=capture.add,
+        )
+    except SandboxFailed as exc:
+        await manager.restart_sandbox(session)
+        outcome = _lost(str(exc))
+    finally:
+        progress.cancel()
+        full_output = await asyncio.to_thread(capture.finish)
+    full_path = await _save_full_output(session, full_output, run_name)
     after = await asyncio.to_thread(session.workspace.snapshot)
     changes = session.workspace.diff(before, after)
     notice = _join(notice, _over_quota(after, settings.workspace_quota_bytes))
@@ -199,8 +199,8 @@ def _join(first: str | None, second: str | None) -> str | None:
     return "; ".join(part for part in (first, second) if part) or None
 
 
-def _open_spool(spool_dir: str) -> BinaryIO:
-    return open(f"{spool_dir}/full.txt", "wb")
+def _open_spool() -> BinaryIO:
+    return tempfile.TemporaryFile(prefix="mcs-out-")  # closed by OutputCapture.finish()
 
 
 async def _report_progress(
@@ -215,22 +215,15 @@ async def _report_progress(
             await on_progress(elapsed, capture.tail() or f"running for {elapsed:.0f} s")
 
 
-async def _save_full_output(session: Session, capture: OutputCapture, run_name: str) -> str | None:
-    if capture.spool is None:
+async def _save_full_output(session: Session, data: bytes | None, run_name: str) -> str | None:
+    if data is None:
         return None
     rel = f".outputs/{run_name}.txt"
-    path = capture.spool.name
     try:
-        data = await asyncio.to_thread(_read_bytes, path)
         await asyncio.to_thread(session.workspace.write_file, rel, data, overwrite=True)
     except QuotaExceeded:
         return None
     return rel
-
-
-def _read_bytes(path: str | bytes | int) -> bytes:
-    with open(path, "rb") as fh:
-        return fh.read()
 
 
 def _lost(reason: str) -> Outcome:

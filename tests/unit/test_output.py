@@ -18,10 +18,10 @@ def test_small_output_is_kept_whole() -> None:
 
 def test_large_output_keeps_head_and_tail_and_spools_everything(tmp_path: Path) -> None:
     spool_path = tmp_path / "full.txt"
-    cap = OutputCapture(100, lambda: open(spool_path, "wb"))  # noqa: SIM115 - closed by close_spool
+    cap = OutputCapture(100, lambda: open(spool_path, "w+b"))  # noqa: SIM115 - closed by finish
     for i in range(1000):
         cap.add("stdout", f"line {i}\n")
-    cap.close_spool()
+    full_bytes = cap.finish()
     out = cap.render("stdout", "/mnt/data/.outputs/run-1.txt")
     assert out.truncated
     assert out.text.startswith("line 0\n")
@@ -30,6 +30,7 @@ def test_large_output_keeps_head_and_tail_and_spools_everything(tmp_path: Path) 
     assert len(out.text.encode()) < 100 + 200
     full = spool_path.read_text()
     assert full == "".join(f"line {i}\n" for i in range(1000))
+    assert full_bytes == full.encode()
 
 
 def test_memory_stays_bounded_without_a_spool() -> None:
@@ -42,15 +43,14 @@ def test_memory_stays_bounded_without_a_spool() -> None:
 
 
 def test_spool_is_capped() -> None:
-    sink = io.BytesIO()
-    sink.close = lambda: None  # type: ignore[method-assign]
-    cap = OutputCapture(10, lambda: sink)
+    cap = OutputCapture(10, io.BytesIO)
     chunk = "y" * (1024 * 1024)
     for _ in range(MAX_SPOOL_BYTES // len(chunk) + 3):
         cap.add("stdout", chunk)
-    cap.close_spool()
-    assert cap.spool_cut
-    assert MAX_SPOOL_BYTES <= len(sink.getvalue()) < MAX_SPOOL_BYTES + 200
+    full = cap.finish()
+    assert cap.spool_cut and full is not None
+    assert MAX_SPOOL_BYTES <= len(full) < MAX_SPOOL_BYTES + 200
+    assert full.endswith(b"bytes]\n")
 
 
 def test_cut_inside_a_multibyte_character_does_not_raise() -> None:
