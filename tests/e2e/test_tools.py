@@ -121,10 +121,12 @@ async def test_rich_displays(inproc: Client) -> None:
 
 
 async def test_errors_are_results_with_trimmed_tracebacks(inproc: Client) -> None:
-    result = await inproc.call_tool("run_code", {"code": "def f():\n    1/0\nf()"})
+    code = "open('partial.csv', 'w').write('a,b')\ndef f():\n    1/0\nf()"
+    result = await inproc.call_tool("run_code", {"code": code})
     assert not result.is_error
     data: dict[str, Any] = result.structured_content  # type: ignore[assignment]
     assert data["status"] == "error"
+    assert [f["path"] for f in data["files"]] == ["partial.csv"]  # failed runs diff too
     assert data["error"]["name"] == "ZeroDivisionError"
     assert "1/0" in data["error"]["traceback"]
     assert "mcs_agent" not in data["error"]["traceback"]

@@ -13,6 +13,7 @@ import selectors
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +64,11 @@ def _lib_dir() -> str:
     return str(Path(os.path.abspath(__file__)).parents[package.count(".") + 1])
 
 
-def start_kernel(workdir: str, config: AgentConfig, plain: bool) -> KernelProcess:
+def start_kernel(
+    workdir: str, config: AgentConfig, plain: bool, meanwhile: Callable[[], None] | None = None
+) -> KernelProcess:
+    """Start a kernel and wait for its ``ready``; ``meanwhile`` runs while it boots (its
+    IPython import is the slowest part of a sandbox's start)."""
     ours, theirs = socket.socketpair()
     argv = [
         sys.executable, "-s", "-B", "-m", f"{__package__}.kernel",
@@ -78,6 +83,8 @@ def start_kernel(workdir: str, config: AgentConfig, plain: bool) -> KernelProces
         theirs.close()
     kernel = KernelProcess(child, ours)
     try:
+        if meanwhile is not None:
+            meanwhile()
         _await_ready(kernel)
     except BaseException:
         child.kill_and_reap()

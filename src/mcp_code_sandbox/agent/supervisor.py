@@ -68,11 +68,11 @@ class Supervisor:
         self._inbox = bytearray()
         self._queue: collections.deque[dict[str, Any]] = collections.deque()
         self._run: Run | None = None
-        self._programs = available()
+        self._programs: dict[str, tuple[str, str]] = {}
         #: The kernel died between runs: the next Python run reports ``state_lost``.
         self._state_lost_pending = False
         self._next_reap = 0.0
-        self._kernel = self._start_kernel()
+        self._kernel = self._start_kernel(meanwhile=self._find_programs)
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -286,8 +286,11 @@ class Supervisor:
 
     # -- the kernel ------------------------------------------------------------------
 
-    def _start_kernel(self) -> KernelProcess:
-        kernel = start_kernel(self._workdir, self._config, self._plain)
+    def _find_programs(self) -> None:
+        self._programs = available()
+
+    def _start_kernel(self, meanwhile: Callable[[], None] | None = None) -> KernelProcess:
+        kernel = start_kernel(self._workdir, self._config, self._plain, meanwhile)
         self._watch(kernel.child, self._on_kernel_exit)
         self._sel.register(kernel.control, selectors.EVENT_READ, self._on_control)
         return kernel
