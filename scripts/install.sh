@@ -16,7 +16,7 @@ if [[ "$(id -u)" -ne 0 ]]; then sudo="sudo"; fi
 
 missing=()
 command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
-ldconfig -p 2>/dev/null | grep -q 'libseccomp\.so\.2' || missing+=(libseccomp2)
+ldconfig -p 2>/dev/null | grep 'libseccomp\.so\.2' >/dev/null || missing+=(libseccomp2)  # not -q: pipefail + SIGPIPE
 command -v python3 >/dev/null 2>&1 || missing+=(python3)
 if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then missing+=(python3-venv); fi
 if ((${#missing[@]})); then

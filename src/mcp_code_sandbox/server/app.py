@@ -7,9 +7,8 @@ always what this server does.
 
 from __future__ import annotations
 
-import contextlib
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from mcp.server import MCPServer
@@ -87,78 +86,40 @@ def descriptions(settings: Settings) -> dict[str, str]:
     }
 
 
-def build_server(
-    service: SandboxService,
-    lifespan: Callable[[MCPServer[Any]], contextlib.AbstractAsyncContextManager[Any]] | None = None,
-) -> MCPServer[Any]:
+def build_server(service: SandboxService) -> MCPServer[Any]:
+    """The MCP server for ``service``; the caller starts and closes the service."""
     settings = service.settings
     mcp: MCPServer[Any] = MCPServer(
         "mcp-code-sandbox",
         version=__version__,
         instructions=INSTRUCTIONS,
         log_level=settings.log_level,
-        lifespan=lifespan,
     )
     tools = ToolSet(service)
     text = descriptions(settings)
-    readonly = ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False)
-    mcp.add_tool(
-        tools.run_code,
-        name="run_code",
-        title="Run code",
-        description=text["run_code"],
-        annotations=ToolAnnotations(
-            read_only_hint=False,
-            destructive_hint=False,
-            idempotent_hint=False,
-            open_world_hint=settings.allow_network,
-        ),
-    )
-    mcp.add_tool(
-        tools.upload_file,
-        name="upload_file",
-        title="Upload a file",
-        description=text["upload_file"],
-        annotations=ToolAnnotations(
-            read_only_hint=False,
-            destructive_hint=True,
-            idempotent_hint=True,
-            open_world_hint=False,
-        ),
-    )
-    mcp.add_tool(
-        tools.read_file,
-        name="read_file",
-        title="Read a file",
-        description=text["read_file"],
-        annotations=readonly,
-    )
-    mcp.add_tool(
-        tools.list_files,
-        name="list_files",
-        title="List files",
-        description=text["list_files"],
-        annotations=readonly,
-    )
-    mcp.add_tool(
-        tools.close_session,
-        name="close_session",
-        title="Close a session",
-        description=text["close_session"],
-        annotations=ToolAnnotations(
-            read_only_hint=False,
-            destructive_hint=True,
-            idempotent_hint=False,
-            open_world_hint=False,
-        ),
-    )
-    mcp.add_tool(
-        tools.list_runtimes,
-        name="list_runtimes",
-        title="List runtimes",
-        description=text["list_runtimes"],
-        annotations=readonly,
-    )
+
+    def hints(*, read_only: bool, destructive: bool, idempotent: bool) -> ToolAnnotations:
+        return ToolAnnotations(
+            read_only_hint=read_only, destructive_hint=destructive,
+            idempotent_hint=idempotent, open_world_hint=False,
+        )  # fmt: skip
+
+    readonly = hints(read_only=True, destructive=False, idempotent=True)
+    run_hints = hints(read_only=False, destructive=False, idempotent=False)
+    # The network is the only "open world" a run can reach, and only where it is allowed.
+    run_hints.open_world_hint = settings.allow_network
+    table: list[tuple[Callable[..., Any], str, str, ToolAnnotations]] = [
+        (tools.run_code, "run_code", "Run code", run_hints),
+        (tools.upload_file, "upload_file", "Upload a file",
+         hints(read_only=False, destructive=True, idempotent=True)),
+        (tools.read_file, "read_file", "Read a file", readonly),
+        (tools.list_files, "list_files", "List files", readonly),
+        (tools.close_session, "close_session", "Close a session",
+         hints(read_only=False, destructive=True, idempotent=False)),
+        (tools.list_runtimes, "list_runtimes", "List runtimes", readonly),
+    ]  # fmt: skip
+    for fn, name, title, tool_hints in table:
+        mcp.add_tool(fn, name=name, title=title, description=text[name], annotations=tool_hints)
     _add_file_resource(mcp, service)
     mcp.middleware.append(_argument_errors)
     return mcp
@@ -200,12 +161,3 @@ async def _argument_errors(ctx: Any, call_next: Callable[[Any], Awaitable[Any]])
     result["content"] = [{"type": "text", "text": f"{code}: {text}"}]
     result["_meta"] = {**(result.get("_meta") or {}), "error_code": code}
     return result
-
-
-@contextlib.asynccontextmanager
-async def service_lifespan(service: SandboxService) -> AsyncIterator[SandboxService]:
-    await service.start()
-    try:
-        yield service
-    finally:
-        await service.aclose()
