@@ -53,6 +53,14 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def http_server(settings: Settings, **extra: str) -> Iterator[str]:
+    with http_server_process(settings, **extra) as (base, _proc):
+        yield base
+
+
+@contextlib.contextmanager
+def http_server_process(
+    settings: Settings, **extra: str
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     port = free_port()
     env = server_env(settings.state_dir, settings.runtime_dir, **extra)
     # The log goes to a file: an unread pipe fills up at DEBUG and blocks the server.
@@ -85,7 +93,7 @@ def http_server(settings: Settings, **extra: str) -> Iterator[str]:
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"server did not start: {log_path.read_text()[-3000:]}")
             time.sleep(0.1)
-        yield base
+        yield base, proc
     finally:
         proc.terminate()
         try:

@@ -109,3 +109,25 @@ def test_audit_lines_never_hold_code_or_output(make_settings: Callable[..., Sett
     assert runs[0]["status"] == "ok" and runs[0]["language"] == "python"
     assert {"owner", "session", "duration_ms", "code_bytes", "output_bytes"} <= set(runs[0])
     assert secret not in log_file.read_text()
+
+
+async def test_http_server_cleans_up_on_sigterm(make_settings: Callable[..., Settings]) -> None:
+    from mcp import Client
+
+    from ..procs import descendants, wait_gone
+    from .conftest import http_server_process
+
+    settings = make_settings()
+    with http_server_process(settings) as (base, proc):
+        async with Client(f"{base}/mcp", mode="2026-07-28") as client:
+            result = await client.call_tool(
+                "run_code", {"code": "import subprocess; subprocess.Popen(['sleep', '600'])"}
+            )
+            assert not result.is_error
+        sandbox = descendants(proc.pid)
+        assert len(sandbox) >= 3
+        proc.terminate()
+        # uvicorn shuts down gracefully (lifespan cleanup), then re-raises the signal.
+        assert proc.wait(timeout=30) in (0, -15)
+    assert wait_gone(sandbox) == set()
+    assert not any(settings.workspaces_dir.rglob("*"))
