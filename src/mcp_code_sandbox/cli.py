@@ -84,6 +84,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     from mcp_code_sandbox.logs import configure_logging
 
+    if args.command == "exec" and "log_level" not in settings.model_fields_set:
+        # A person trying code by hand wants its output, not the server's INFO lines.
+        settings = settings.model_copy(update={"log_level": "WARNING"})
     configure_logging(settings)
     try:
         if args.command == "serve":
@@ -166,6 +169,8 @@ async def _exec_once(settings: Settings, code: str, language: str) -> int:
             file=sys.stderr,
         )
     for display in report.displays:
+        if display.source == "figure" and not display.mime_type.startswith("image/"):
+            continue
         print(
             f"[{display.source}: {display.mime_type}, {len(display.data)} bytes]", file=sys.stderr
         )
