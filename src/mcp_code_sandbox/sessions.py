@@ -288,8 +288,7 @@ class SessionManager:
             if now - session.last_active > ttl:
                 await self._expire(
                     session,
-                    f"session {session.id} expired after "
-                    f"{_minutes(self.settings.session_ttl_m)} idle",
+                    f"session {session.id} expired after {self.settings.session_ttl_m:g} min idle",
                 )
             elif now - session.created_at > lifetime:
                 await self._expire(
@@ -304,10 +303,6 @@ class SessionManager:
 
 def _gone_suffix(tombstone: str | None) -> str:
     return f" ({tombstone})" if tombstone else ""
-
-
-def _minutes(value: float) -> str:
-    return f"{value:g} min"
 
 
 def _alive(pidfile: Path) -> bool:

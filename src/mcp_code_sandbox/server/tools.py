@@ -17,7 +17,14 @@ from mcp.server.mcpserver import Context
 from mcp_types import CallToolResult, ContentBlock, ImageContent, TextContent
 from pydantic import Field
 
-from mcp_code_sandbox.errors import InternalError, InvalidArgument, InvalidContent, SandboxError
+from mcp_code_sandbox.errors import (
+    ArtifactTooLarge,
+    InternalError,
+    InvalidArgument,
+    InvalidContent,
+    SandboxError,
+    UploadTooLarge,
+)
 from mcp_code_sandbox.images import fit_image
 from mcp_code_sandbox.runs import IMAGE_MIME_TYPES, RunRequest
 from mcp_code_sandbox.runtimes import RUNTIMES
@@ -136,8 +143,6 @@ class ToolSet:
         assert b64 is not None
         limit = self.settings.max_upload_bytes
         if len(b64) > (limit + 2) // 3 * 4 + 4:
-            from mcp_code_sandbox.errors import UploadTooLarge
-
             raise UploadTooLarge(f"the file is larger than the upload limit of {limit} bytes")
         try:
             return base64.b64decode("".join(b64.split()), validate=True)
@@ -195,8 +200,6 @@ class ToolSet:
         return structured_result(meta, [block])
 
     def _too_large(self, path: str, size: int) -> CallToolResult:
-        from mcp_code_sandbox.errors import ArtifactTooLarge
-
         return error_result(
             ArtifactTooLarge(
                 f"{path} is {size} bytes of binary data, more than one result can carry "
