@@ -1,7 +1,8 @@
 """The server's configuration: read once from ``SANDBOX_*`` variables and CLI flags.
 
 One frozen :class:`Settings` object is built at start (``load_settings``) and passed down;
-nothing else reads ``os.environ``. Invalid values stop the server with one line per problem
+nothing else reads ``os.environ``, but :func:`docker_environ` (the engine's address, which
+is Docker's own setting). Invalid values stop the server with one line per problem
 (:class:`ConfigError`), naming the variable and what it accepts.
 """
 
@@ -22,7 +23,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-__all__ = ["ConfigError", "Settings", "load_settings", "parse_size"]
+__all__ = ["ConfigError", "Settings", "docker_environ", "load_settings", "parse_size"]
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
@@ -188,3 +189,18 @@ def _describe(err: Mapping[str, Any]) -> str:
         f" (got {value!r})" if name and not isinstance(value, dict) and name != "api_tokens" else ""
     )
     return f"invalid configuration: {where}: {msg}{shown}"
+
+
+#: What docker-py's ``from_env`` reads: where the engine is and how to talk TLS to it.
+_DOCKER_VARS = ("DOCKER_HOST", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH")
+
+
+def docker_environ(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The ``DOCKER_*`` variables of ``environ`` (default: the process env).
+
+    Not ``SANDBOX_`` settings: they are the engine's own, shared with the ``docker`` CLI,
+    and passed as they are to ``docker.from_env(environment=...)``. Empty: the default
+    socket, ``/var/run/docker.sock``.
+    """
+    env = os.environ if environ is None else environ
+    return {name: env[name] for name in _DOCKER_VARS if env.get(name)}

@@ -1,25 +1,36 @@
-"""Entry point: ``python -m mcs_agent --channel-fd 3 --config JSON [--workdir DIR]``.
+"""Entry point: ``python -m mcs_agent (--channel-fd N | --connect PATH) --config JSON``.
 
 The backend starts the agent this way (see ``backends.base.agent_argv``); on the host the
 same package runs as ``python -m mcp_code_sandbox.agent``. fds 0-2 are whatever the
 backend gave (/dev/null): nothing is ever written there, everything goes over the channel.
+
+The channel is either an inherited, connected socket (``--channel-fd``: bwrap's
+socketpair) or a Unix socket the host listens on (``--connect``: the docker backend, whose
+containers inherit no fds). A path that is not there yet, or refuses, is retried for
+``CONNECT_WAIT_S``; after that the agent exits 1 with one line on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import socket
 import sys
+import time
 
 from .config import AgentConfig
 from .kernelproc import KernelStartError
 from .protocol import write_frame
 from .supervisor import AgentExit, Supervisor
 
+CONNECT_WAIT_S = 10.0
+
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="mcs_agent")
-    parser.add_argument("--channel-fd", type=int, required=True)
+    channel = parser.add_mutually_exclusive_group(required=True)
+    channel.add_argument("--channel-fd", type=int)
+    channel.add_argument("--connect", metavar="PATH", help="a Unix socket the host listens on")
     parser.add_argument("--config", default="{}", help="JSON: kill_strays, pids, ...")
     parser.add_argument("--workdir", default="/mnt/data", help="where code runs")
     parser.add_argument("--plain", action="store_true", help="never use IPython")
@@ -28,15 +39,41 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
+    if args.connect is None:
+        channel: int = args.channel_fd
+    else:
+        try:
+            channel = connect(args.connect, CONNECT_WAIT_S)
+        except OSError as exc:
+            print(f"agent: cannot connect to {args.connect}: {exc}", file=sys.stderr)
+            return 1
     try:
         config = AgentConfig.from_json(args.config)
-        supervisor = Supervisor(args.channel_fd, args.workdir, config, args.plain)
+        supervisor = Supervisor(channel, args.workdir, config, args.plain)
         return supervisor.serve()
     except AgentExit as exit_:  # e.g. SIGTERM before the loop started
         return exit_.code
     except (KernelStartError, ValueError, OSError) as exc:
-        _report(args.channel_fd, f"agent failed: {type(exc).__name__}: {exc}")
+        _report(channel, f"agent failed: {type(exc).__name__}: {exc}")
         return 1
+
+
+def connect(path: str, wait_s: float) -> int:
+    """Connect to the host's Unix socket at ``path``; the connected fd (blocking)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(path)
+            return sock.detach()
+        except (FileNotFoundError, ConnectionRefusedError):
+            sock.close()
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.05)
+        except OSError:
+            sock.close()
+            raise
 
 
 def _report(channel: int, message: str) -> None:

@@ -224,11 +224,21 @@ def sandbox_env(extra: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
-def agent_argv(limits: Limits, rlimit_memory: bool) -> list[str]:
+def agent_argv(
+    limits: Limits,
+    rlimit_memory: bool,
+    *,
+    channel: tuple[str, ...] = ("--channel-fd", "3"),
+    rlimit_pids: bool = True,
+) -> list[str]:
     """Command line of the agent inside the sandbox (run with cwd ``AGENT_LIB_DIR``).
 
     ``rlimit_memory`` asks the agent to cap the interpreter's data segment with
-    RLIMIT_DATA, for backends that could not set a cgroup memory limit.
+    RLIMIT_DATA, for backends that could not set a cgroup memory limit. ``channel`` says
+    how the agent reaches the host (an inherited fd, or ``--connect PATH``).
+    ``rlimit_pids`` false leaves RLIMIT_NPROC unset, for backends whose sandboxes share
+    one user namespace: that rlimit counts every process of uid 1000 in it, across
+    sandboxes, so there the cgroup's pids limit is the only per-sandbox one.
     """
     import json
 
@@ -236,7 +246,7 @@ def agent_argv(limits: Limits, rlimit_memory: bool) -> list[str]:
         # The agent is alone in its pid namespace: on a kill it may end every process but
         # itself and pid 1, so a child that escaped into its own session dies too.
         "kill_strays": True,
-        "pids": limits.pids,
+        "pids": limits.pids if rlimit_pids else None,
         "file_bytes": limits.file_bytes,
         "memory_bytes": limits.memory_bytes if rlimit_memory else None,
     }
@@ -246,8 +256,7 @@ def agent_argv(limits: Limits, rlimit_memory: bool) -> list[str]:
         "-B",
         "-m",
         AGENT_MODULE,
-        "--channel-fd",
-        "3",
+        *channel,
         "--config",
         json.dumps(config, separators=(",", ":")),
     ]

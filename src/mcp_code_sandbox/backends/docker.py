@@ -1,0 +1,350 @@
+"""The Docker backend: one long-running container per sandbox, via docker-py.
+
+The engine is whatever ``DOCKER_HOST`` names (Docker, Podman's compatible socket); the
+runtime is ``runc`` or ``runsc`` (gVisor). The container's main process is the agent
+(under ``tini``, ``init=True``, which reaps what user code orphans), so the interpreter
+lives exactly as long as the container. :func:`container_kwargs` builds the whole
+``containers.create`` call and is unit-tested without an engine.
+
+The channel is a Unix socket, not the container's stdin/stdout. Per sandbox the server
+makes a run dir (``<state_dir>/run/<key>-<random>/``) holding a socket it listens on,
+bind-mounts that dir read-only at ``/run/mcs`` and starts the agent with ``--connect``;
+the first connection is the agent's (no user code runs before it), then the listener
+closes. Why not ``attach_socket``: its stdout is multiplexed with 8-byte headers, passes
+through dockerd, and lands in the container log (every frame, every PNG, on the
+engine's disk); the agent's stdout is a pipe that user code can reopen through
+``/proc/<pid>/fd/1``, while a socket cannot be reopened that way. Why the server listens
+and the agent connects, not the other way round: under gVisor a socket made inside the
+sandbox is not visible on the host unless runsc runs with ``--host-uds=create``, while
+connecting out needs only ``--host-uds=open`` (runsc's runtime args must carry it). A
+restarted server can bind the same path again, so re-attaching to a running container
+needs only the agent to reconnect (see ``mcs_agent.__main__``, which retries).
+
+The socket is owned by uid 1000 and mode 0600: in the container only the sandbox uid
+may connect, and on the host only root and uid 1000, which owns the workspaces anyway.
+``workspace_owner`` is (1000, 1000): the container's uid 1000 is the host's. A rootless
+or userns-remapped engine maps it elsewhere; that is not supported yet (files written by
+the server would not be the sandbox's).
+
+docker-py's exceptions (and the ``requests`` ones it lets through when the engine goes
+away mid-call) are translated in :func:`.docker_spec.map_docker_error`, and nowhere else;
+the pure half (container kwargs, labels) lives in :mod:`.docker_spec` too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import shutil
+import socket
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import docker
+import docker.errors
+
+from mcp_code_sandbox.agent.protocol import ProtocolError
+from mcp_code_sandbox.backends.base import (
+    SANDBOX_GID,
+    SANDBOX_UID,
+    Backend,
+    Channel,
+    Enforcement,
+    Leftover,
+    Sandbox,
+    SandboxSpec,
+)
+from mcp_code_sandbox.backends.docker_spec import (
+    LABEL_INSTANCE,
+    LABEL_KEY,
+    LABEL_OWNER,
+    LABEL_RUN_DIR,
+    LABEL_SESSION,
+    SOCKET_NAME,
+    container_kwargs,
+    engine_ready,
+    foreign,
+    info_from_labels,
+    instance_alive,
+    map_docker_error,
+    probe_engine,
+)
+from mcp_code_sandbox.errors import SandboxError, SandboxFailed
+from mcp_code_sandbox.settings import Settings
+
+__all__ = ["DockerBackend", "DockerSandbox", "container_kwargs", "engine_ready", "map_docker_error"]
+
+log = logging.getLogger(__name__)
+
+READY_TIMEOUT_S = 30.0
+#: docker-py's HTTP timeout: an engine that hangs is as good as down.
+API_TIMEOUT_S = 30
+_LOG_TAIL = 20
+_T = TypeVar("_T")
+
+
+class DockerSandbox(Sandbox):
+    def __init__(self, spec: SandboxSpec, channel: Channel, container: Any, run_dir: Path) -> None:
+        super().__init__(spec, channel, backend_id=str(container.id))
+        self.container = container
+        self.run_dir = run_dir
+        #: The agent's ``ready`` message (languages, ipython, pid).
+        self.ready: dict[str, Any] = {}
+        self.reader: asyncio.StreamReader | None = None
+
+    def is_alive(self) -> bool:
+        # No engine call here (it is synchronous): the container dies with its agent, and
+        # the agent's socket then reaches EOF.
+        return self.reader is not None and not self.reader.at_eof()
+
+
+class DockerBackend(Backend):
+    name = "docker"
+    workspace_owner = (SANDBOX_UID, SANDBOX_GID)
+
+    def __init__(
+        self,
+        settings: Settings,
+        environment: Mapping[str, str] | None = None,
+        instance: str | None = None,
+    ) -> None:
+        """``environment``: the ``DOCKER_*`` variables (:func:`settings.docker_environ`).
+
+        ``instance`` names this server process in the containers' labels; containers of
+        any other instance are leftovers.
+        """
+        self.settings = settings
+        self.image = settings.image
+        self.instance = instance or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
+        self._environment = dict(environment or {})
+        self._client: Any = None
+        self._runtime_info: dict[str, dict[str, Any]] | None = None
+        #: Languages and versions from the latest agent's ``ready``.
+        self._languages: dict[str, str] = {}
+
+    # -- calling the engine ------------------------------------------------------------
+
+    async def _call(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+        """Run one blocking docker-py call in a thread, mapping its errors."""
+        try:
+            return await asyncio.to_thread(fn, *args, **kwargs)
+        except Exception as exc:
+            if foreign(exc):
+                raise self._map(exc) from None
+            raise
+
+    async def _call_unless_gone(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> None:
+        """Like :meth:`_call` for a cleanup step: a container that is gone is fine."""
+        try:
+            await self._call(fn, *args, **kwargs)
+        except SandboxError as exc:
+            if not isinstance(exc.__context__, docker.errors.NotFound):
+                log.warning("docker cleanup step failed: %s", exc.message)
+
+    def _map(self, exc: BaseException) -> SandboxError:
+        return map_docker_error(exc, image=self.image, runtime=self.settings.docker_runtime)
+
+    def _connect(self) -> Any:
+        if self._client is None:
+            probe_engine(self._environment)
+            self._client = docker.from_env(environment=self._environment, timeout=API_TIMEOUT_S)
+        return self._client
+
+    async def client(self) -> Any:
+        return await self._call(self._connect)
+
+    # -- the seam ------------------------------------------------------------------------
+
+    def enforcement(self) -> dict[str, Enforcement]:
+        return {
+            "memory": "cgroup",
+            "cpu": "cgroup",
+            "pids": "cgroup",
+            "tmp": "kernel",
+            "file_size": "rlimit",
+            "network": "kernel",
+        }
+
+    def runtime_info(self) -> dict[str, dict[str, Any]]:
+        if self._runtime_info is None:
+            try:
+                labels = self._connect().images.get(self.image).attrs["Config"]["Labels"] or {}
+            except Exception as exc:
+                if not foreign(exc):
+                    raise
+                return {}  # not cached: the engine or the image may come later
+            self._runtime_info = info_from_labels(labels, self.image)
+        info = {lang: dict(entry) for lang, entry in self._runtime_info.items()}
+        for lang, version in self._languages.items():
+            info.setdefault(lang, {"packages": {}, "image": self.image})["version"] = version
+        return info
+
+    async def create(self, spec: SandboxSpec) -> Sandbox:
+        client = await self.client()
+        await self._call(client.images.get, self.image)
+        run_dir, listener = await asyncio.to_thread(self._listen, spec.key)
+        kwargs = container_kwargs(
+            spec, self.settings, self.image, instance=self.instance, run_dir=run_dir
+        )
+        container: Any = None
+        try:
+            container = await self._call(client.containers.create, **kwargs)
+            await self._call(container.start)
+            channel, reader = await self._accept(listener, container)
+        except BaseException:
+            listener.close()
+            await self._discard(container, run_dir)
+            raise
+        listener.close()
+        sandbox = DockerSandbox(spec, channel, container, run_dir)
+        sandbox.reader = reader
+        try:
+            sandbox.ready = await self._wait_ready(sandbox)
+        except BaseException:
+            await self.stop(sandbox)
+            raise
+        self._languages.update(sandbox.ready.get("languages") or {})
+        return sandbox
+
+    def _listen(self, key: str) -> tuple[Path, socket.socket]:
+        base = self.settings.run_dir
+        base.mkdir(parents=True, exist_ok=True)
+        run_dir = base / f"{key}-{secrets.token_hex(4)}"
+        run_dir.mkdir(mode=0o755)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        # Through the directory's fd: a state dir may be deeper than sun_path's 108 bytes.
+        dir_fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            listener.bind(f"/proc/self/fd/{dir_fd}/{SOCKET_NAME}")
+            os.chown(SOCKET_NAME, SANDBOX_UID, SANDBOX_GID, dir_fd=dir_fd)
+            os.chmod(SOCKET_NAME, 0o600, dir_fd=dir_fd)
+        except OSError as exc:
+            listener.close()
+            shutil.rmtree(run_dir, ignore_errors=True)
+            raise SandboxFailed(f"cannot make the sandbox's channel in {run_dir}: {exc}") from None
+        finally:
+            os.close(dir_fd)
+        listener.listen(1)
+        listener.setblocking(False)
+        return run_dir, listener
+
+    async def _accept(
+        self, listener: socket.socket, container: Any
+    ) -> tuple[Channel, asyncio.StreamReader]:
+        """The agent's connection; fails early, with its log, if the container exits."""
+        loop = asyncio.get_running_loop()
+        accept = asyncio.ensure_future(loop.sock_accept(listener))
+        try:
+            async with asyncio.timeout(READY_TIMEOUT_S):
+                while not accept.done():
+                    await asyncio.wait({accept}, timeout=0.5)
+                    if not accept.done():
+                        await self._call(container.reload)
+                        if container.status not in ("created", "running"):
+                            raise SandboxFailed(
+                                "the sandbox container exited before its agent connected"
+                                + await self._log_tail(container)
+                                + self._runsc_hint()
+                            )
+        except TimeoutError:
+            raise SandboxFailed(
+                f"the sandbox agent did not connect within {READY_TIMEOUT_S:.0f} s"
+                + await self._log_tail(container)
+            ) from None
+        finally:
+            accept.cancel()
+        conn, _ = accept.result()
+        reader, writer = await asyncio.open_unix_connection(sock=conn)
+        return Channel(reader, writer), reader
+
+    def _runsc_hint(self) -> str:
+        if self.settings.docker_runtime != "runsc":
+            return ""
+        # gVisor refuses host Unix sockets unless told otherwise (see the module docstring).
+        return (
+            "\n(under gVisor the agent can reach the server's socket only when the engine "
+            "registers runsc with the runtime argument --host-uds=open)"
+        )
+
+    async def _wait_ready(self, sandbox: DockerSandbox) -> dict[str, Any]:
+        try:
+            message = await asyncio.wait_for(sandbox.channel.receive(), READY_TIMEOUT_S)
+        except TimeoutError:
+            message = None
+        except (ProtocolError, OSError) as exc:
+            message = None
+            log.warning("sandbox %s: broken ready frame: %s", sandbox.spec.key, exc)
+        if message is not None and message.get("ev") == "ready":
+            return message
+        detail = f" ({message.get('message')})" if message and message.get("ev") == "error" else ""
+        raise SandboxFailed(
+            f"the sandbox agent did not say ready{detail}" + await self._log_tail(sandbox.container)
+        )
+
+    async def _log_tail(self, container: Any) -> str:
+        try:
+            raw = await self._call(container.logs, tail=_LOG_TAIL)
+        except SandboxError:
+            return " (its log could not be read)"
+        text = bytes(raw).decode("utf-8", "replace").strip()
+        return (":\n" + text[-4000:]) if text else " (nothing in its log)"
+
+    async def stop(self, sandbox: Sandbox) -> None:
+        assert isinstance(sandbox, DockerSandbox)
+        if sandbox.is_alive():
+            with contextlib.suppress(OSError, ProtocolError, RuntimeError, TimeoutError):
+                await asyncio.wait_for(sandbox.channel.send({"op": "shutdown"}), 0.5)
+            with contextlib.suppress(SandboxError):
+                await self._call(sandbox.container.wait, timeout=1)
+        sandbox.channel.close()
+        await self._call_unless_gone(sandbox.container.stop, timeout=2)
+        await self._discard(sandbox.container, sandbox.run_dir)
+
+    async def _discard(self, container: Any, run_dir: Path | None) -> None:
+        """Remove a container and its run dir; never raises (it may be gone already)."""
+        if container is not None:
+            await self._call_unless_gone(container.remove, force=True)
+        if run_dir is not None:
+            await asyncio.to_thread(shutil.rmtree, run_dir, True)
+
+    async def list_leftovers(self) -> list[Leftover]:
+        client = await self.client()
+        found = await self._call(
+            client.containers.list, all=True, filters={"label": LABEL_INSTANCE}
+        )
+        leftovers = []
+        for container in found:
+            labels: dict[str, str] = container.labels or {}
+            if instance_alive(labels.get(LABEL_INSTANCE, ""), self.instance):
+                continue
+            leftovers.append(
+                Leftover(
+                    backend_id=str(container.id),
+                    key=labels.get(LABEL_KEY),
+                    owner=labels.get(LABEL_OWNER),
+                    session_id=labels.get(LABEL_SESSION),
+                    running=container.status == "running",
+                )
+            )
+        return leftovers
+
+    async def remove_leftover(self, leftover: Leftover) -> None:
+        client = await self.client()
+        try:
+            container = await self._call(client.containers.get, leftover.backend_id)
+        except SandboxError:
+            return  # gone already
+        name = (container.labels or {}).get(LABEL_RUN_DIR, "")
+        # Only a plain name under run_dir: a label is not a path to trust.
+        safe = bool(name) and "/" not in name and name not in (".", "..")
+        await self._discard(container, self.settings.run_dir / name if safe else None)
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(self._client.close)
+            self._client = None

@@ -1,0 +1,228 @@
+"""The docker backend's pure half: container kwargs, labels, and docker-py's errors mapped.
+
+Nothing here talks to an engine but :func:`engine_ready`, so :func:`container_kwargs` and
+:func:`map_docker_error` are unit-tested without one. See :mod:`.docker` for why the
+channel is a Unix socket in a bind-mounted run dir.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+import requests.exceptions
+from docker.types import LogConfig, Mount, Ulimit
+
+from mcp_code_sandbox.backends.base import (
+    AGENT_LIB_DIR,
+    SANDBOX_GID,
+    SANDBOX_UID,
+    WORKSPACE_DIR,
+    SandboxSpec,
+    agent_argv,
+    sandbox_env,
+)
+from mcp_code_sandbox.errors import BackendUnavailable, SandboxError, SandboxFailed
+from mcp_code_sandbox.settings import Settings
+
+__all__ = [
+    "CHANNEL_DIR",
+    "LABEL_INSTANCE",
+    "LABEL_KEY",
+    "LABEL_OWNER",
+    "LABEL_RUN_DIR",
+    "LABEL_SESSION",
+    "SOCKET_NAME",
+    "container_kwargs",
+    "engine_ready",
+    "foreign",
+    "info_from_labels",
+    "instance_alive",
+    "map_docker_error",
+    "probe_engine",
+]
+
+_PREFIX = "mcp-code-sandbox"
+LABEL_OWNER = f"{_PREFIX}.owner"
+LABEL_SESSION = f"{_PREFIX}.session"
+LABEL_KEY = f"{_PREFIX}.key"
+LABEL_INSTANCE = f"{_PREFIX}.instance"
+#: Name of the sandbox's run dir under ``settings.run_dir``, removed with the container.
+LABEL_RUN_DIR = f"{_PREFIX}.rundir"
+CHANNEL_DIR = "/run/mcs"
+SOCKET_NAME = "agent.sock"
+_NOFILE = 4096
+
+
+def container_kwargs(
+    spec: SandboxSpec, settings: Settings, image: str, *, instance: str, run_dir: Path
+) -> dict[str, Any]:
+    """Everything ``containers.create`` gets for one sandbox. Pure: no engine needed."""
+    limits = spec.limits
+    socket_path = f"{CHANNEL_DIR}/{SOCKET_NAME}"
+    command = agent_argv(
+        limits, rlimit_memory=False, channel=("--connect", socket_path), rlimit_pids=False
+    )
+    return {
+        "image": image,
+        # The entrypoint too: an image's own (a shell wrapper, a runner's) must not stand
+        # between the engine and the agent, and the agent's argv must not depend on it.
+        "entrypoint": command[:1],
+        "command": command[1:],
+        # Not WORKSPACE_DIR: Python puts the cwd first on sys.path, and a workspace file
+        # named mcs_agent.py would replace the agent. The agent's --workdir (default
+        # /mnt/data) is where code runs.
+        "working_dir": AGENT_LIB_DIR,
+        "user": f"{SANDBOX_UID}:{SANDBOX_GID}",
+        "environment": sandbox_env(spec.env),
+        "labels": {
+            LABEL_OWNER: spec.owner,
+            LABEL_SESSION: spec.session_id,
+            LABEL_KEY: spec.key,
+            LABEL_INSTANCE: instance,
+            LABEL_RUN_DIR: run_dir.name,
+        },
+        "hostname": "sandbox",
+        "runtime": settings.docker_runtime,
+        "init": True,
+        "detach": True,
+        # The channel is the socket: stdin stays /dev/null, as the agent expects.
+        "stdin_open": False,
+        "tty": False,
+        "auto_remove": False,  # a dead container's log tail explains a failed start
+        "network_mode": "bridge" if spec.network else "none",
+        "cap_drop": ["ALL"],
+        "security_opt": ["no-new-privileges"],
+        "read_only": True,
+        "tmpfs": {"/tmp": f"size={limits.tmp_bytes},mode=1777"},  # noqa: S108 - in the sandbox
+        "mem_limit": limits.memory_bytes,
+        "memswap_limit": limits.memory_bytes,  # the same: no swap on top
+        "nano_cpus": int(limits.cpu * 1e9),
+        "pids_limit": limits.pids,
+        "ulimits": [
+            Ulimit(name="nofile", soft=_NOFILE, hard=_NOFILE),
+            Ulimit(name="core", soft=0, hard=0),
+            Ulimit(name="fsize", soft=limits.file_bytes, hard=limits.file_bytes),
+        ],
+        "mounts": [
+            Mount(WORKSPACE_DIR, str(spec.workspace), type="bind", read_only=False),
+            Mount(CHANNEL_DIR, str(run_dir), type="bind", read_only=True),
+        ],
+        # User code can reopen the agent's stderr through /proc: cap what the engine keeps.
+        "log_config": LogConfig(type="json-file", config={"max-size": "1m", "max-file": "1"}),
+    }
+
+
+def map_docker_error(exc: BaseException, *, image: str, runtime: str) -> SandboxError:
+    """docker-py's (and requests') exceptions → our tree. The one place that does it."""
+    unreachable = BackendUnavailable(
+        f"the Docker engine does not answer ({_short(exc)}): start Docker, "
+        "or set SANDBOX_BACKEND=bwrap"
+    )
+    if isinstance(exc, docker.errors.ImageNotFound):
+        return BackendUnavailable(
+            f"the sandbox image {image} is missing: build it: mcp-code-sandbox image build"
+        )
+    if isinstance(exc, docker.errors.APIError):
+        text = str(exc.explanation or exc)
+        if "runtime" in text.lower() and runtime in text:
+            return BackendUnavailable(
+                f"the Docker engine has no runtime {runtime!r} ({_short(exc)}): register it "
+                "in /etc/docker/daemon.json, or set SANDBOX_DOCKER_RUNTIME=runc"
+            )
+        return SandboxFailed(f"the Docker engine refused: {_short(exc)}")
+    if isinstance(exc, requests.exceptions.ConnectionError | requests.exceptions.Timeout):
+        return unreachable
+    if isinstance(exc, OSError):  # from _probe_engine
+        return unreachable
+    if isinstance(exc, docker.errors.DockerException):
+        # What docker.from_env raises when no engine answers at DOCKER_HOST.
+        if "server API version" in str(exc) or "Connection" in str(exc):
+            return unreachable
+        return SandboxFailed(f"docker: {_short(exc)}")
+    return SandboxFailed(f"docker: {type(exc).__name__}: {_short(exc)}")
+
+
+def _short(exc: BaseException) -> str:
+    explanation = getattr(exc, "explanation", None)
+    text = str(explanation or exc).strip().replace("\n", " ")
+    return text[:300]
+
+
+def foreign(exc: BaseException) -> bool:
+    return isinstance(
+        exc, docker.errors.DockerException | requests.exceptions.RequestException | OSError
+    )
+
+
+def probe_engine(environment: Mapping[str, str]) -> None:
+    """Raise ``OSError`` when nothing listens on a Unix-socket ``DOCKER_HOST``.
+
+    docker-py leaks its socket when the connect fails (a ResourceWarning per attempt), so
+    the common case, no daemon, is answered before docker-py is asked.
+    """
+    host = environment.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    if host.startswith("unix://"):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            probe.settimeout(3)
+            probe.connect(host.removeprefix("unix://"))
+
+
+def engine_ready(environment: Mapping[str, str], image: str) -> bool:
+    """For ``auto``: does an engine answer at ``environment``'s DOCKER_HOST, with ``image``?"""
+    try:
+        probe_engine(environment)
+        client = docker.from_env(environment=dict(environment), timeout=3)
+        try:
+            client.images.get(image)
+        finally:
+            client.close()
+    except Exception as exc:
+        if not foreign(exc):
+            raise
+        return False
+    return True
+
+
+def instance_alive(instance: str, ours: str) -> bool:
+    """Is ``instance`` (``host-pid-random``) this server or another live one on this host?
+
+    Servers sharing an engine must not remove each other's sandboxes. A pid reused since
+    its server died keeps that server's containers until a later start: a leak, not a
+    lost session.
+    """
+    if instance == ours:
+        return True
+    parts = instance.rsplit("-", 2)
+    if len(parts) != 3 or parts[0] != socket.gethostname() or not parts[1].isdigit():
+        return False
+    try:
+        os.kill(int(parts[1]), 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # it exists, and is not ours to signal
+    return True
+
+
+def info_from_labels(labels: Mapping[str, str], image: str) -> dict[str, dict[str, Any]]:
+    """``sandbox.language`` names the image's language; ``sandbox.packages`` (a JSON
+    object of name → version) and ``sandbox.version``, when the image has them, fill in."""
+    language = labels.get("sandbox.language") or "python"
+    try:
+        packages = json.loads(labels.get("sandbox.packages") or "{}")
+    except ValueError:
+        packages = {}
+    return {
+        language: {
+            "version": labels.get("sandbox.version"),
+            "packages": packages if isinstance(packages, dict) else {},
+            "image": image,
+        }
+    }

@@ -1,0 +1,218 @@
+"""container_kwargs and map_docker_error: the container's shape and the error mapping,
+checked without an engine (docker-py's exception classes are built by hand)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import docker.errors
+import pytest
+import requests
+
+from mcp_code_sandbox.backends import docker_spec
+from mcp_code_sandbox.backends.base import Limits, SandboxSpec
+from mcp_code_sandbox.backends.docker import (
+    DockerBackend,
+    container_kwargs,
+    map_docker_error,
+)
+from mcp_code_sandbox.errors import BackendUnavailable, SandboxFailed
+from mcp_code_sandbox.settings import docker_environ, load_settings
+
+LIMITS = Limits(memory_bytes=512 << 20, cpu=1.5, pids=128, tmp_bytes=64 << 20, file_bytes=1 << 30)
+RUN_DIR = Path("/var/lib/mcs/run/k1-abcd")
+
+
+def spec(**kw: Any) -> SandboxSpec:
+    values: dict[str, Any] = {
+        "key": "k1",
+        "owner": "alice",
+        "session_id": "my-session",
+        "workspace": Path("/var/lib/mcs/workspaces/i/k1"),
+        "limits": LIMITS,
+        "env": {"FOO": "bar"},
+    }
+    values.update(kw)
+    return SandboxSpec(**values)
+
+
+def kwargs(runtime: str = "runc", **kw: Any) -> dict[str, Any]:
+    settings = load_settings({"docker_runtime": runtime}, environ={})
+    return container_kwargs(spec(**kw), settings, "img:1", instance="h-1-ab", run_dir=RUN_DIR)
+
+
+def test_isolation() -> None:
+    k = kwargs()
+    assert k["network_mode"] == "none"
+    assert k["cap_drop"] == ["ALL"]
+    assert k["security_opt"] == ["no-new-privileges"]
+    assert k["read_only"] is True
+    assert k["user"] == "1000:1000"
+    assert k["init"] is True
+    assert k["auto_remove"] is False
+    assert k["detach"] is True
+    assert k["stdin_open"] is False and k["tty"] is False
+    assert k["image"] == "img:1"
+    assert "privileged" not in k and "cap_add" not in k
+
+
+def test_network_only_when_the_spec_asks() -> None:
+    assert kwargs(network=True)["network_mode"] == "bridge"
+
+
+def test_limits() -> None:
+    k = kwargs()
+    assert k["mem_limit"] == 512 << 20
+    assert k["memswap_limit"] == k["mem_limit"]
+    assert k["nano_cpus"] == 1_500_000_000
+    assert k["pids_limit"] == 128
+    assert k["tmpfs"] == {"/tmp": f"size={64 << 20},mode=1777"}
+    ulimits = {u["Name"]: (u["Soft"], u["Hard"]) for u in k["ulimits"]}
+    assert ulimits["core"] == (0, 0)
+    assert ulimits["fsize"] == (1 << 30, 1 << 30)
+    assert ulimits["nofile"][0] == ulimits["nofile"][1] > 0
+
+
+def test_mounts_workspace_rw_and_channel_dir_ro() -> None:
+    mounts = {m["Target"]: m for m in kwargs()["mounts"]}
+    assert set(mounts) == {"/mnt/data", "/run/mcs"}
+    assert mounts["/mnt/data"]["Source"] == "/var/lib/mcs/workspaces/i/k1"
+    assert mounts["/mnt/data"]["ReadOnly"] is False
+    assert mounts["/run/mcs"]["Source"] == str(RUN_DIR)
+    assert mounts["/run/mcs"]["ReadOnly"] is True
+    assert all(m["Type"] == "bind" for m in mounts.values())
+
+
+def test_labels() -> None:
+    assert kwargs()["labels"] == {
+        "mcp-code-sandbox.owner": "alice",
+        "mcp-code-sandbox.session": "my-session",
+        "mcp-code-sandbox.key": "k1",
+        "mcp-code-sandbox.instance": "h-1-ab",
+        "mcp-code-sandbox.rundir": "k1-abcd",
+    }
+
+
+def test_runtime() -> None:
+    assert kwargs()["runtime"] == "runc"
+    assert kwargs("runsc")["runtime"] == "runsc"
+
+
+def test_command_connects_to_the_channel_socket_and_leaves_nproc_to_the_cgroup() -> None:
+    k = kwargs()
+    command = [*k["entrypoint"], *k["command"]]
+    assert command[:5] == ["/opt/sandbox/venv/bin/python", "-s", "-B", "-m", "mcs_agent"]
+    assert command[command.index("--connect") + 1] == "/run/mcs/agent.sock"
+    assert "--channel-fd" not in command
+    config = json.loads(command[command.index("--config") + 1])
+    # RLIMIT_NPROC would count uid 1000's processes in every container together.
+    assert config["pids"] is None
+    assert config["memory_bytes"] is None  # the cgroup limits memory
+    assert config["file_bytes"] == 1 << 30
+    assert config["kill_strays"] is True
+    # Not the workspace: the cwd is on sys.path, and user files must not shadow the agent.
+    assert k["working_dir"] == "/opt/sandbox/lib"
+
+
+def test_environment() -> None:
+    env = kwargs()["environment"]
+    assert env["FOO"] == "bar"
+    assert env["HOME"] == "/tmp"
+    assert env["PATH"].startswith("/opt/sandbox/venv/bin:")
+
+
+def test_docker_environ_takes_only_the_engine_variables() -> None:
+    environ = {"DOCKER_HOST": "unix:///run/podman.sock", "DOCKER_CERT_PATH": "", "HOME": "/r"}
+    assert docker_environ(environ) == {"DOCKER_HOST": "unix:///run/podman.sock"}
+
+
+# -- error mapping ------------------------------------------------------------------------
+
+
+def mapped(exc: BaseException, runtime: str = "runc") -> Any:
+    return map_docker_error(exc, image="img:1", runtime=runtime)
+
+
+class _Response:
+    def __init__(self, status: int) -> None:
+        self.status_code = status
+        self.reason = "x"
+        self.url = "http://docker/x"
+
+
+def test_engine_down_is_backend_unavailable() -> None:
+    for exc in (
+        docker.errors.DockerException(
+            "Error while fetching server API version: ('Connection aborted.', "
+            "FileNotFoundError(2, 'No such file or directory'))"
+        ),
+        requests.exceptions.ConnectionError("Connection refused"),
+        requests.exceptions.ReadTimeout("read timed out"),
+    ):
+        error = mapped(exc)
+        assert isinstance(error, BackendUnavailable), exc
+        assert "start Docker, or set SANDBOX_BACKEND=bwrap" in error.message
+
+
+def test_image_missing_says_how_to_build_it() -> None:
+    error = mapped(docker.errors.ImageNotFound("No such image: img:1"))
+    assert isinstance(error, BackendUnavailable)
+    assert "img:1" in error.message and "mcp-code-sandbox image build" in error.message
+
+
+def test_unknown_runtime_is_backend_unavailable() -> None:
+    exc = docker.errors.APIError(
+        "500 Server Error",
+        response=_Response(500),  # type: ignore[arg-type]
+        explanation="Unknown runtime specified runsc",
+    )
+    error = mapped(exc, runtime="runsc")
+    assert isinstance(error, BackendUnavailable)
+    assert "SANDBOX_DOCKER_RUNTIME=runc" in error.message
+
+
+def test_refused_create_is_sandbox_failed_with_the_engine_reason() -> None:
+    exc = docker.errors.APIError(
+        "400 Client Error",
+        response=_Response(400),  # type: ignore[arg-type]
+        explanation="invalid mount config for type bind: bind source path does not exist",
+    )
+    error = mapped(exc)
+    assert isinstance(error, SandboxFailed)
+    assert "bind source path does not exist" in error.message
+
+
+def test_errors_that_are_not_docker_are_sandbox_failed() -> None:
+    assert isinstance(mapped(docker.errors.DockerException("odd")), SandboxFailed)
+
+
+async def test_engine_down_at_create_is_backend_unavailable(tmp_path: Path) -> None:
+    # A socket path where nothing listens: docker-py fails to fetch the API version.
+    missing = tmp_path / "no-engine.sock"
+    settings = load_settings({"state_dir": str(tmp_path)}, environ={})
+    backend = DockerBackend(settings, {"DOCKER_HOST": f"unix://{missing}"})
+    with pytest.raises(BackendUnavailable, match="start Docker"):
+        await backend.create(spec(workspace=tmp_path))
+    assert backend.runtime_info() == {}
+    assert not docker_spec.engine_ready({"DOCKER_HOST": f"unix://{missing}"}, "img:1")
+
+
+def test_enforcement() -> None:
+    settings = load_settings({}, environ={})
+    enforced = DockerBackend(settings, {}).enforcement()
+    assert {enforced[k] for k in ("memory", "cpu", "pids")} == {"cgroup"}
+    assert enforced["network"] == "kernel"
+
+
+def test_instances_of_live_servers_on_this_host_are_not_leftovers() -> None:
+    alive = docker_spec.instance_alive
+    host = socket.gethostname()
+    assert alive("mine", "mine")
+    assert alive(f"{host}-{os.getpid()}-abcd", "mine")
+    assert not alive(f"{host}-999999999-abcd", "mine")
+    assert not alive(f"elsewhere-{os.getpid()}-abcd", "mine")
+    assert not alive("garbage", "mine")
