@@ -1,4 +1,4 @@
-"""``mcp-code-sandbox``: argv → settings → one of serve, setup, doctor, exec.
+"""``mcp-code-sandbox``: argv → settings → one of serve, setup, doctor, exec, image build.
 
 Every setting of :class:`~mcp_code_sandbox.settings.Settings` is also a flag
 (``--memory-limit 1g`` is ``SANDBOX_MEMORY_LIMIT=1g``); flags win over the environment.
@@ -58,7 +58,24 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("code", nargs="?", help="the code (or use --file)")
     run.add_argument("--file", type=Path, help="read the code from this file")
     run.add_argument("--language", default="python")
-    for p in (serve, setup, sub.choices["doctor"], run):
+    image = sub.add_parser("image", help="manage the sandbox image (docker backend)")
+    image_sub = image.add_subparsers(dest="image_command", required=True)
+    build = image_sub.add_parser("build", help="build the default sandbox image")
+    build.add_argument(
+        "--base",
+        default=None,
+        help="base image (default: python:3.11-slim, "
+        "or a Debian base bootstrapped locally when it cannot be pulled)",
+    )
+    build.add_argument(
+        "--ca-bundle",
+        type=Path,
+        default=None,
+        help="CA bundle used during "
+        "the build only (default: $PIP_CERT, $SSL_CERT_FILE, $REQUESTS_CA_BUNDLE)",
+    )
+    build.add_argument("--tag", default=None, help="image tag (default: SANDBOX_IMAGE)")
+    for p in (serve, setup, sub.choices["doctor"], run, build):
         _add_setting_flags(p)
     return parser
 
@@ -93,6 +110,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _serve(settings, args.transport)
         if args.command == "setup":
             return _setup(settings, force=args.force)
+        if args.command == "image":
+            return _image_build(settings, args)
         if args.command == "doctor":
             from mcp_code_sandbox.doctor import run_doctor
 
@@ -135,6 +154,19 @@ def _setup(settings: Settings, *, force: bool) -> int:
         f"runtime environment ready: {status.venv} (Python {status.python_version})",
         file=sys.stderr,
     )
+    return 0
+
+
+def _image_build(settings: Settings, args: argparse.Namespace) -> int:
+    import os
+
+    from mcp_code_sandbox.imagebuild import build_image, ca_bundle_from_env
+
+    def progress(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    ca_bundle = args.ca_bundle or ca_bundle_from_env(os.environ)
+    build_image(settings, base=args.base, ca_bundle=ca_bundle, tag=args.tag, progress=progress)
     return 0
 
 
