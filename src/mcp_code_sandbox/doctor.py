@@ -185,13 +185,34 @@ _ESSENTIAL = (
 )
 
 
+#: Docker checks without which its sandboxes cannot start.
+_DOCKER_ESSENTIAL = ("docker engine", "docker runtime", "docker image")
+
+
 def run_doctor(settings: Settings, out: TextIO = sys.stdout) -> int:
-    """Print every check; exit status 1 when a sandbox cannot start, else 0."""
-    checks = check_bwrap(settings)
+    """Print every check of each backend; exit status 1 when no backend can start a
+    sandbox (or the one chosen by SANDBOX_BACKEND cannot), else 0."""
+    from mcp_code_sandbox.doctor_docker import check_docker
+
+    usable: dict[str, bool] = {}
+    for backend, checks, essential in (
+        ("bwrap", check_bwrap(settings), _ESSENTIAL),
+        ("docker", check_docker(settings), _DOCKER_ESSENTIAL),
+    ):
+        print(f"{backend} backend:", file=out)
+        _print(checks, out)
+        usable[backend] = not [c for c in checks if not c.ok and c.name in essential]
+    chosen = settings.backend
+    if chosen == "auto":
+        chosen = "docker" if usable["docker"] else "bwrap"
+    state = "ready" if usable[chosen] else "NOT usable"
+    print(f"backend in use ({settings.backend}): {chosen}, {state}", file=out)
+    return 0 if usable[chosen] else 1
+
+
+def _print(checks: list[Check], out: TextIO) -> None:
     for check in checks:
         mark = "ok  " if check.ok else "FAIL"
-        print(f"{mark} {check.name}: {check.detail}", file=out)
+        print(f"  {mark} {check.name}: {check.detail}", file=out)
         if not check.ok and check.fix:
-            print(f"     fix: {check.fix}", file=out)
-    broken = [c for c in checks if not c.ok and c.name in _ESSENTIAL]
-    return 1 if broken else 0
+            print(f"       fix: {check.fix}", file=out)

@@ -39,9 +39,11 @@ def test_doctor_says_what_is_enforced(make_settings: Callable[..., Settings]) ->
 
 
 def test_doctor_fails_without_a_backend(make_settings: Callable[..., Settings]) -> None:
-    proc = cli(make_settings(), "doctor", PATH="/nonexistent")
+    proc = cli(make_settings(), "doctor", PATH="/nonexistent", DOCKER_HOST="unix:///nonexistent")
     assert proc.returncode != 0
     assert "bubblewrap" in proc.stdout + proc.stderr
+    assert "no engine answers at unix:///nonexistent" in proc.stdout
+    assert "backend in use (auto): bwrap, NOT usable" in proc.stdout
 
 
 def test_exec_runs_code_once(make_settings: Callable[..., Settings]) -> None:

@@ -1,0 +1,82 @@
+"""``doctor`` checks of the docker backend: the engine, its runtimes, the image.
+
+Output-free like :func:`mcp_code_sandbox.doctor.check_bwrap`: one :class:`Check` a fact.
+Limits need no checks of their own here: the engine enforces memory, CPU and pids with its
+cgroups for every container, whatever the host's cgroup version.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import docker
+
+from mcp_code_sandbox.backends.docker_spec import foreign, probe_engine
+from mcp_code_sandbox.doctor import Check
+from mcp_code_sandbox.settings import Settings, docker_environ
+
+__all__ = ["check_docker"]
+
+_ENGINE_FIX = (
+    "install and start an engine (scripts/docker-engine.sh on Debian/Ubuntu), set "
+    "DOCKER_HOST (Podman: unix:///run/podman/podman.sock), or use SANDBOX_BACKEND=bwrap"
+)
+
+
+def check_docker(settings: Settings) -> list[Check]:
+    environment = docker_environ()
+    where = environment.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    try:
+        probe_engine(environment)
+        client = docker.from_env(environment=environment, timeout=5)
+    except Exception as exc:
+        if not foreign(exc):
+            raise
+        return [Check("docker engine", False, f"no engine answers at {where}", _ENGINE_FIX)]
+    try:
+        return _engine_checks(client, settings, where)
+    except Exception as exc:
+        if not foreign(exc):
+            raise
+        return [Check("docker engine", False, f"{where}: {exc}", _ENGINE_FIX)]
+    finally:
+        client.close()
+
+
+def _engine_checks(client: Any, settings: Settings, where: str) -> list[Check]:
+    info = client.info()
+    version = client.version().get("Version", "?")
+    runtimes = sorted(info.get("Runtimes") or {})
+    checks = [
+        Check("docker engine", True, f"{where}: version {version}"),
+        Check("docker runtimes", True, ", ".join(runtimes) or "none reported"),
+    ]
+    wanted = settings.docker_runtime
+    if wanted in runtimes:
+        checks.append(Check("docker runtime", True, f"{wanted} (SANDBOX_DOCKER_RUNTIME)"))
+    else:
+        checks.append(Check(
+            "docker runtime", False, f"{wanted} is not registered with the engine",
+            "register gVisor's runsc in /etc/docker/daemon.json (scripts/docker-engine.sh "
+            "does) with runtimeArgs --network=none --host-uds=open",
+        ))  # fmt: skip
+    checks.append(_image_check(client, settings.image))
+    checks.append(Check(
+        "docker limits", True,
+        "memory, cpu and pids by the engine's cgroups; no network (network_mode none)",
+    ))  # fmt: skip
+    return checks
+
+
+def _image_check(client: Any, image: str) -> Check:
+    try:
+        labels = client.images.get(image).attrs["Config"].get("Labels") or {}
+    except Exception as exc:
+        if not foreign(exc):
+            raise
+        return Check("docker image", False, f"{image} is not built", "mcp-code-sandbox image build")
+    languages = labels.get("sandbox.language", "?")
+    if labels.get("sandbox.runner") != "true":
+        return Check("docker image", False, f"{image} lacks the label sandbox.runner=true",
+                     "rebuild it: mcp-code-sandbox image build")  # fmt: skip
+    return Check("docker image", True, f"{image} (languages: {languages})")
