@@ -43,7 +43,7 @@ def test_doctor_fails_without_a_backend(make_settings: Callable[..., Settings]) 
     assert proc.returncode != 0
     assert "bubblewrap" in proc.stdout + proc.stderr
     assert "no engine answers at unix:///nonexistent" in proc.stdout
-    assert "backend in use (auto): bwrap, NOT usable" in proc.stdout
+    assert "backend in use (bwrap): bwrap, NOT usable" in proc.stdout
 
 
 def test_exec_runs_code_once(make_settings: Callable[..., Settings]) -> None:
