@@ -155,6 +155,8 @@ async def run(
     session.runs += 1
     run_name = f"run-{session.runs}"
     agent, notice = await manager.ensure_sandbox(session)
+    # A notice here means the previous sandbox had died: its variables are gone.
+    replaced = notice is not None
     before = await asyncio.to_thread(session.workspace.snapshot)
     # The spool (an unnamed temp file) is only made once the output passes the budget.
     capture = OutputCapture(settings.max_output_bytes, _open_spool)
@@ -177,7 +179,11 @@ async def run(
     after = await asyncio.to_thread(session.workspace.snapshot)
     changes = session.workspace.diff(before, after)
     notice = _join(notice, _over_quota(after, settings.workspace_quota_bytes))
-    report = _report(session, request, outcome, capture, full_path, changes, started, notice)
+    lost_said = replaced and not outcome.state_lost  # the notice says what was lost
+    outcome.state_lost = outcome.state_lost or replaced
+    report = _report(
+        session, request, outcome, capture, full_path, changes, started, notice, lost_said
+    )
     report.image_files = await asyncio.to_thread(_read_images, session, changes, settings)
     _audit(session, request, report, capture)
     return report
@@ -246,11 +252,12 @@ def _report(
     changes: list[Change],
     started: float,
     notice: str | None,
+    lost_said: bool = False,
 ) -> RunReport:
     where = f"/mnt/data/{full_path}" if full_path else None
     stdout = capture.render("stdout", where)
     stderr = capture.render("stderr", where)
-    if outcome.state_lost:
+    if outcome.state_lost and not lost_said:
         lost = "the interpreter was restarted: files in /mnt/data are kept, variables are gone"
         notice = _join(notice, lost)
     return RunReport(

@@ -12,6 +12,18 @@ Semantics:
 - ``last_active`` moves at the start and end of every call; the reaper closes sessions
   idle past the TTL or older than the max lifetime, never in the middle of a call.
 - A closed or expired id is remembered (bounded) so that reusing it says what was lost.
+- Every session has a record on disk (:mod:`mcp_code_sandbox.registry`) and a workspace
+  at ``workspaces_dir/<slot>``, so a server killed with SIGKILL can be followed by one
+  that finds them. The record's ``last_active`` is rewritten at the start and end of a
+  call but at most every ``RECORD_EVERY_S`` per session: one small file write per call
+  would be cheap too, but a restart only needs the idle time to within seconds of a
+  30-minute TTL, and a burst of calls then costs no disk writes at all.
+- At start, under a lock that two servers starting at once share, what dead servers left
+  is re-attached where the backend can (docker: the container and its interpreter
+  outlive the server; same id, owner, files and variables) and removed otherwise (bwrap:
+  its sandboxes died with their server, so only their workspaces and records remain).
+- Shutdown (``aclose``) is not a crash: it stops every sandbox and deletes every
+  workspace and record.
 """
 
 from __future__ import annotations
@@ -23,22 +35,25 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import structlog
 
+from mcp_code_sandbox import registry
 from mcp_code_sandbox.agent_client import AgentClient
 from mcp_code_sandbox.backends.base import Backend, Limits, Sandbox, SandboxSpec
 from mcp_code_sandbox.errors import MaxSessions, SessionBusy, SessionNotFound
 from mcp_code_sandbox.ids import mint_session_id, session_key, validate_session_id
+from mcp_code_sandbox.recovery import recover
 from mcp_code_sandbox.settings import Settings
-from mcp_code_sandbox.workspace import Workspace, remove_tree
+from mcp_code_sandbox.workspace import Workspace
 
 __all__ = ["Session", "SessionManager"]
 
 log = structlog.get_logger("mcp_code_sandbox.sessions")
 
 _TOMBSTONES = 10_000
+#: Longest a session's on-disk ``last_active`` lags behind the truth (see above).
+RECORD_EVERY_S = 10.0
 
 
 @dataclass(eq=False)
@@ -46,9 +61,16 @@ class Session:
     id: str
     owner: str
     key: str
+    #: Its directory name under workspaces_dir, and its record's name (see ``registry``).
+    slot: str
     workspace: Workspace
+    #: ``created_at`` and ``last_active`` are monotonic; ``created_wall`` is wall-clock,
+    #: for the record (monotonic time means nothing to the next process).
     created_at: float
     last_active: float
+    created_wall: float
+    #: Monotonic time the record was last written.
+    saved_at: float = 0.0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     sandbox: Sandbox | None = None
     agent: AgentClient | None = None
@@ -77,17 +99,11 @@ class SessionManager:
 
     # -- lifecycle of the manager -------------------------------------------------------
 
-    @property
-    def instance_dir(self) -> Path:
-        """This server process's workspaces; other live servers sharing the state dir
-        keep theirs, so start-up cleanup removes only directories of dead processes."""
-        return self.settings.workspaces_dir / self._instance
-
     async def start(self) -> None:
         self.settings.run_dir.mkdir(parents=True, exist_ok=True)
-        self.instance_dir.mkdir(parents=True, exist_ok=True)
+        self.settings.workspaces_dir.mkdir(parents=True, exist_ok=True)
         (self.settings.run_dir / f"{self._instance}.pid").write_text(str(os.getpid()))
-        await self._remove_leftovers()
+        await recover(self)
         self._reaper = asyncio.create_task(self._reap_forever(), name="session-reaper")
 
     async def aclose(self) -> None:
@@ -105,21 +121,36 @@ class SessionManager:
         self._sessions.clear()
         await asyncio.gather(*(self._destroy(s) for s in sessions), return_exceptions=True)
         await self.backend.aclose()
-        await asyncio.to_thread(remove_tree, self.instance_dir)
         (self.settings.run_dir / f"{self._instance}.pid").unlink(missing_ok=True)
 
-    async def _remove_leftovers(self) -> None:
-        for leftover in await self.backend.list_leftovers():
-            log.info("removing leftover sandbox", backend_id=leftover.backend_id)
-            await self.backend.remove_leftover(leftover)
-        for pidfile in self.settings.run_dir.glob("*.pid"):
-            instance = pidfile.stem
-            if instance == self._instance or _alive(pidfile):
-                continue
-            log.info("removing workspaces of a server that is gone", instance=instance)
-            target = self.settings.workspaces_dir / instance
-            await asyncio.to_thread(remove_tree, target)
-            pidfile.unlink(missing_ok=True)
+    @property
+    def instance(self) -> str:
+        """This server process's name in records and pid files (``<pid>-<random>``)."""
+        return self._instance
+
+    def adopt(self, record: registry.SessionRecord, sandbox: Sandbox) -> None:
+        """Register a session a dead server left, with its re-attached ``sandbox``.
+
+        Called by :func:`.recovery.recover` at start; the record becomes this server's."""
+        mono, wall = time.monotonic(), time.time()
+        session = Session(
+            record.session_id,
+            record.owner,
+            record.key,
+            record.slot,
+            self._workspace(record.slot),
+            created_at=mono - (wall - record.created_at),
+            last_active=mono - (wall - record.last_active),
+            created_wall=record.created_at,
+            sandbox=sandbox,
+            agent=AgentClient(sandbox.channel),
+        )
+        self._sessions[(record.owner, record.session_id)] = session
+        self._save(session, force=True)  # now ours: a later start must leave it alone
+        log.info("session re-attached", owner=record.owner, session=record.session_id)
+
+    def spec_for(self, record: registry.SessionRecord) -> SandboxSpec:
+        return self._spec(record.key, record.owner, record.session_id, self._workspace(record.slot))
 
     # -- acquiring sessions -----------------------------------------------------------
 
@@ -144,11 +175,38 @@ class SessionManager:
         try:
             if session.closed:  # closed while this call waited in the queue
                 raise SessionNotFound(f"session {session.id} was closed while this call waited")
-            session.last_active = time.monotonic()
+            self._touch(session)
             yield Acquired(session, created, notice)
         finally:
-            session.last_active = time.monotonic()
+            if not session.closed:
+                self._touch(session)
             session.lock.release()
+
+    def _touch(self, session: Session) -> None:
+        session.last_active = time.monotonic()
+        self._save(session)
+
+    def _save(self, session: Session, *, force: bool = False) -> None:
+        """Write the session's record, at most every ``RECORD_EVERY_S`` unless ``force``."""
+        now = time.monotonic()
+        if not force and now - session.saved_at < RECORD_EVERY_S:
+            return
+        wall = time.time()
+        record = registry.SessionRecord(
+            owner=session.owner,
+            session_id=session.id,
+            key=session.key,
+            slot=session.slot,
+            instance=self._instance,
+            created_at=session.created_wall,
+            last_active=wall - (now - session.last_active),
+        )
+        try:
+            registry.write_record(self.settings.sessions_dir, record)
+        except OSError as exc:  # a full disk must not fail the call; the next write retries
+            log.warning("cannot write the session record", session=session.id, error=str(exc))
+            return
+        session.saved_at = now
 
     def _lookup(
         self, owner: str, session_id: str | None, *, create: bool
@@ -177,18 +235,29 @@ class SessionManager:
 
     def _register(self, owner: str, session_id: str) -> Session:
         key = session_key(owner, session_id)
-        owner_ids = self.backend.workspace_owner
-        workspace = Workspace(
-            self.instance_dir / key,
-            quota_bytes=self.settings.workspace_quota_bytes,
-            owner=owner_ids,
-        )
-        workspace.create()
+        slot = registry.new_slot(key)
         now = time.monotonic()
-        session = Session(session_id, owner, key, workspace, now, now)
+        workspace = self._workspace(slot)
+        session = Session(session_id, owner, key, slot, workspace, now, now, time.time())
+        self._save(session, force=True)  # before the workspace: see ``registry``
+        workspace.create()
         self._sessions[(owner, session_id)] = session
         log.info("session created", owner=owner, session=session_id)
         return session
+
+    def _workspace(self, slot: str) -> Workspace:
+        return Workspace(
+            self.settings.workspaces_dir / slot,
+            quota_bytes=self.settings.workspace_quota_bytes,
+            owner=self.backend.workspace_owner,
+        )
+
+    def tombstone(self, owner: str, session_id: str, reason: str) -> None:
+        self._tombstones[(owner, session_id)] = (
+            f"{reason}; files and variables from before are gone"
+        )
+        while len(self._tombstones) > _TOMBSTONES:
+            self._tombstones.popitem(last=False)
 
     # -- sandboxes ------------------------------------------------------------------------
 
@@ -218,17 +287,20 @@ class SessionManager:
                 "Files in /mnt/data are kept; variables and imports from before are gone"
             )
         if session.sandbox is None or session.agent is None:
-            spec = SandboxSpec(
-                key=session.key,
-                owner=session.owner,
-                session_id=session.id,
-                workspace=session.workspace.root,
-                limits=self.limits(),
-                env=self._pass_through_env(),
-            )
+            spec = self._spec(session.key, session.owner, session.id, session.workspace)
             session.sandbox = await self.backend.create(spec)
             session.agent = AgentClient(session.sandbox.channel)
         return session.agent, notice
+
+    def _spec(self, key: str, owner: str, session_id: str, workspace: Workspace) -> SandboxSpec:
+        return SandboxSpec(
+            key=key,
+            owner=owner,
+            session_id=session_id,
+            workspace=workspace.root,
+            limits=self.limits(),
+            env=self._pass_through_env(),
+        )
 
     async def restart_sandbox(self, session: Session) -> None:
         await self._stop_sandbox(session)
@@ -257,11 +329,7 @@ class SessionManager:
             return
         del self._sessions[(session.owner, session.id)]
         session.closed = True
-        self._tombstones[(session.owner, session.id)] = (
-            f"{reason}; files and variables from before are gone"
-        )
-        while len(self._tombstones) > _TOMBSTONES:
-            self._tombstones.popitem(last=False)
+        self.tombstone(session.owner, session.id, reason)
         await self._destroy(session)
         log.info("session ended", owner=session.owner, session=session.id, reason=reason)
 
@@ -269,6 +337,7 @@ class SessionManager:
         session.closed = True
         await self._stop_sandbox(session)
         await asyncio.to_thread(session.workspace.destroy)
+        registry.remove_record(self.settings.sessions_dir, session.slot)
 
     async def _reap_forever(self) -> None:
         ttl = self.settings.session_ttl_m * 60
@@ -303,17 +372,3 @@ class SessionManager:
 
 def _gone_suffix(tombstone: str | None) -> str:
     return f" ({tombstone})" if tombstone else ""
-
-
-def _alive(pidfile: Path) -> bool:
-    try:
-        pid = int(pidfile.read_text().strip())
-    except (OSError, ValueError):
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

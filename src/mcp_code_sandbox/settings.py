@@ -143,6 +143,11 @@ class Settings(BaseSettings):
         return self.state_dir / "workspaces"
 
     @property
+    def sessions_dir(self) -> Path:
+        """One small JSON record per session (no secrets, no code): see ``registry``."""
+        return self.state_dir / "sessions"
+
+    @property
     def run_dir(self) -> Path:
         """Per-process records (pid files) used to find what a dead server left behind."""
         return self.state_dir / "run"

@@ -7,18 +7,19 @@ backend gave (/dev/null): nothing is ever written there, everything goes over th
 The channel is either an inherited, connected socket (``--channel-fd``: bwrap's
 socketpair) or a Unix socket the host listens on (``--connect``: the docker backend, whose
 containers inherit no fds). A path that is not there yet, or refuses, is retried for
-``CONNECT_WAIT_S``; after that the agent exits 1 with one line on stderr.
+``CONNECT_WAIT_S``; after that the agent exits 1 with one line on stderr. With
+``--connect`` the agent also survives the host going away: it reconnects to the same path
+for ``--reconnect-s`` seconds (see :mod:`.hostlink`).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import socket
 import sys
-import time
 
 from .config import AgentConfig
+from .hostlink import RECONNECT_GIVE_UP_S, HostLink, connect
 from .kernelproc import KernelStartError
 from .protocol import write_frame
 from .supervisor import AgentExit, Supervisor
@@ -34,6 +35,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--config", default="{}", help="JSON: kill_strays, pids, ...")
     parser.add_argument("--workdir", default="/mnt/data", help="where code runs")
     parser.add_argument("--plain", action="store_true", help="never use IPython")
+    parser.add_argument(
+        "--reconnect-s",
+        type=float,
+        default=RECONNECT_GIVE_UP_S,
+        help="with --connect: how long to wait for a host that went away before exiting",
+    )
     return parser.parse_args(argv)
 
 
@@ -49,31 +56,14 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     try:
         config = AgentConfig.from_json(args.config)
-        supervisor = Supervisor(channel, args.workdir, config, args.plain)
+        link = HostLink(channel, args.connect, args.reconnect_s)
+        supervisor = Supervisor(link, args.workdir, config, args.plain)
         return supervisor.serve()
     except AgentExit as exit_:  # e.g. SIGTERM before the loop started
         return exit_.code
     except (KernelStartError, ValueError, OSError) as exc:
         _report(channel, f"agent failed: {type(exc).__name__}: {exc}")
         return 1
-
-
-def connect(path: str, wait_s: float) -> int:
-    """Connect to the host's Unix socket at ``path``; the connected fd (blocking)."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.connect(path)
-            return sock.detach()
-        except (FileNotFoundError, ConnectionRefusedError):
-            sock.close()
-            if time.monotonic() >= deadline:
-                raise
-            time.sleep(0.05)
-        except OSError:
-            sock.close()
-            raise
 
 
 def _report(channel: int, message: str) -> None:

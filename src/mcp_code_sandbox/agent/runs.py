@@ -4,7 +4,8 @@ Semantics of ``Run``: ``child`` is ``None`` for Python (the run is in the kernel
 program's process otherwise. ``reason`` is ``None`` until the run is interrupted (by its
 deadline: "timeout"; by the host: "cancelled" or "timeout"), and from then on it is the
 run's final status whatever the code does. ``kill_at`` is when an interrupted run that has
-not finished gets killed.
+not finished gets killed. ``orphaned``: the host that asked for it went away; it runs to
+its end or deadline, and nothing of it is sent to the next host.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class Run:
     child: Child | None = None
     reason: str | None = None
     kill_at: float | None = None
+    orphaned: bool = False
 
 
 def done(

@@ -11,6 +11,11 @@ kernel (a background thread or process started by an earlier cell) is dropped. B
 run's ``done`` its pipes are drained, so everything written before it ended comes first.
 
 Runs are one at a time; an ``exec`` arriving during a run is queued in order.
+
+When the host goes away on a channel that can reconnect (:mod:`.hostlink`), the runs
+queued by that host are dropped (nobody waits for them), the current run goes on to its
+end or its deadline unreported (``orphaned``), and on reconnecting the agent says
+``ready`` again with ``reattached: true``.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from typing import Any
 
 from .children import Child, OutputPipe, kill_strays, reap_orphans, spawn
 from .config import AgentConfig, apply_limits
+from .hostlink import HostLink
 from .kernelproc import KernelProcess, start_kernel
 from .languages import available
 from .protocol import HEADER, MAX_FRAME_BYTES, ProtocolError, decode_body, write_frame
@@ -64,8 +70,8 @@ class AgentExit(Exception):
 
 
 class Supervisor:
-    def __init__(self, channel: int, workdir: str, config: AgentConfig, plain: bool) -> None:
-        self._channel = channel
+    def __init__(self, link: HostLink, workdir: str, config: AgentConfig, plain: bool) -> None:
+        self._link = link
         self._workdir = workdir
         self._config = config
         self._plain = plain
@@ -77,17 +83,15 @@ class Supervisor:
         #: The kernel died between runs: the next Python run reports ``state_lost``.
         self._state_lost_pending = False
         self._next_reap = 0.0
+        #: The latest ``execution_count`` the kernel reported; 0 for a fresh kernel.
+        self._execution_count = 0
         self._kernel = self._start_kernel(meanwhile=self._find_programs)
 
     # -- lifecycle -------------------------------------------------------------------
 
     def serve(self) -> int:
         signal.signal(signal.SIGTERM, _on_sigterm)
-        languages = {"python": self._kernel.version or _python_version()}
-        languages.update({name: version for name, (_, version) in self._programs.items()})
-        self._send({"ev": "ready", "languages": languages,
-                    "ipython": self._kernel.ipython, "pid": os.getpid()})  # fmt: skip
-        self._sel.register(self._channel, selectors.EVENT_READ, self._on_channel)
+        self._greet(reattached=False)
         try:
             while True:
                 self._step()
@@ -95,6 +99,17 @@ class Supervisor:
             return exit_.code
         finally:
             self._shutdown()
+
+    def _greet(self, *, reattached: bool) -> None:
+        assert self._link.fd is not None
+        self._sel.register(self._link.fd, selectors.EVENT_READ, self._on_channel)
+        languages = {"python": self._kernel.version or _python_version()}
+        languages.update({name: version for name, (_, version) in self._programs.items()})
+        ready: dict[str, Any] = {"ev": "ready", "languages": languages,
+                                 "ipython": self._kernel.ipython, "pid": os.getpid()}  # fmt: skip
+        if reattached:
+            ready.update(reattached=True, execution_count=self._execution_count)
+        self._send(ready)
 
     def _step(self) -> None:
         for key, _ in self._sel.select(self._tick()):
@@ -105,6 +120,7 @@ class Supervisor:
         self._poll_children()
         self._reap()
         self._check_deadline()
+        self._reconnect()
         if self._run is None and self._queue:
             self._start(self._queue.popleft())
 
@@ -120,6 +136,8 @@ class Supervisor:
             ticks.append(POLL_S)
         if os.getpid() == 1:
             ticks.append(REAP_S)
+        if self._link.fd is None:
+            ticks.append(max(0.0, self._link.retry_at - time.monotonic()))
         return min(ticks) if ticks else None
 
     def _shutdown(self) -> None:
@@ -134,27 +152,55 @@ class Supervisor:
     # -- the host channel ------------------------------------------------------------
 
     def _send(self, message: dict[str, Any]) -> None:
+        if self._link.fd is None:
+            return  # the host is away: there is nobody to tell
         try:
-            write_frame(self._channel, message)
+            write_frame(self._link.fd, message)
         except OSError:
-            raise AgentExit(1) from None  # the host is gone: nobody to report to
+            self._host_lost(1)
+
+    def _host_lost(self, code: int) -> None:
+        """The channel broke or reached EOF: exit with ``code``, or wait for the host."""
+        if not self._link.can_reconnect or self._link.fd is None:
+            raise AgentExit(code)
+        self._sel.unregister(self._link.fd)
+        os.close(self._link.fd)
+        self._link.lost()
+        self._inbox.clear()
+        # The host that asked for these is gone; its successor has never heard of them.
+        self._queue.clear()
+        if self._run is not None:
+            self._run.orphaned = True
+
+    def _reconnect(self) -> None:
+        if self._link.fd is not None or time.monotonic() < self._link.retry_at:
+            return
+        try:
+            connected = self._link.try_reconnect()
+        except TimeoutError:
+            raise AgentExit(1) from None
+        if connected:
+            self._greet(reattached=True)
 
     def _error(self, message: str, run_id: Any = None) -> None:
         self._send({"ev": "error", "message": message, "id": run_id})
 
     def _on_channel(self) -> None:
         try:
-            data = os.read(self._channel, 1 << 20)
+            data = os.read(self._link.fd, 1 << 20) if self._link.fd is not None else b""
         except ConnectionResetError:
             data = b""
         if not data:
-            raise AgentExit(0)
+            self._host_lost(0)
+            return
         self._inbox += data
         while len(self._inbox) >= HEADER.size:
             (length,) = HEADER.unpack_from(self._inbox)
             if length > MAX_FRAME_BYTES:  # cannot find the next frame: give up cleanly
                 self._error(f"frame of {length} bytes exceeds {MAX_FRAME_BYTES}")
                 raise AgentExit(1)
+            if self._link.fd is None:  # a callback above lost the host: drop the rest
+                return
             if len(self._inbox) < HEADER.size + length:
                 return
             body = bytes(self._inbox[HEADER.size : HEADER.size + length])
@@ -183,7 +229,8 @@ class Supervisor:
             self._error(f"unknown op {op!r}")
 
     def _interrupt_id(self, run_id: Any, reason: str) -> None:
-        if self._run is not None and self._run.id == run_id:
+        # An orphaned run's id may be reused by the next host: it is not that host's run.
+        if self._run is not None and self._run.id == run_id and not self._run.orphaned:
             if self._run.reason is None:
                 self._interrupt(self._run, reason)
             return
@@ -230,14 +277,15 @@ class Supervisor:
         if run.reason is not None:
             message["status"] = run.reason
         self._run = None
-        self._send(message)
+        if not run.orphaned:
+            self._send(message)
 
     def _drain(self, pipes: tuple[OutputPipe, ...], final: bool = True) -> None:
         for pipe in pipes:
             pipe.drain(functools.partial(self._stream, pipe.name), final)
 
     def _stream(self, name: str, text: str) -> None:
-        if self._run is not None:
+        if self._run is not None and not self._run.orphaned:
             self._send({"ev": "stream", "id": self._run.id, "name": name, "text": text})
 
     def _on_program_exit(self) -> None:
@@ -310,6 +358,7 @@ class Supervisor:
         self._unwatch(old.child)
         self._sel.unregister(old.control)
         self._kernel = self._start_kernel()
+        self._execution_count = 0
         if self._run is not None and self._run.child is None:
             self._drain(old.child.pipes)  # the current run's output, before it is closed
         old.close()
@@ -332,6 +381,9 @@ class Supervisor:
         if message.get("ev") == "display":
             self._forward_display(message, current)
         elif run is not None and current and message.get("ev") == "done":
+            count = message.get("execution_count")
+            if isinstance(count, int):
+                self._execution_count = count
             state_lost, self._state_lost_pending = self._state_lost_pending, False
             self._finish(done(run.id, str(message.get("status")),
                               result=message.get("result"), error=message.get("error"),
@@ -339,7 +391,7 @@ class Supervisor:
                               state_lost=state_lost))  # fmt: skip
 
     def _forward_display(self, message: dict[str, Any], current: bool) -> None:
-        if current:
+        if current and self._run is not None and not self._run.orphaned:
             # The kernel flushed what it printed before the display and now waits for the
             # ack, so the pipes hold exactly the output that comes first.
             self._drain(self._kernel.child.pipes, final=False)

@@ -94,13 +94,21 @@ class SandboxSpec:
 
 @dataclass(frozen=True)
 class Leftover:
-    """A sandbox (or its remains) that a previous server process left behind."""
+    """A sandbox (or its remains) that a previous server process left behind.
+
+    Semantics: ``key``, ``owner``, ``session_id`` are what the backend recorded at create
+    (labels), ``None`` when it recorded nothing; they are claims to check against the
+    session manager's own records, not facts. ``workspace`` is the host directory the
+    sandbox has at ``WORKSPACE_DIR``, ``None`` when the backend cannot tell. ``running``:
+    the sandbox still runs (so its agent may still hold the session's variables).
+    """
 
     backend_id: str
     key: str | None
     owner: str | None
     session_id: str | None
     running: bool
+    workspace: Path | None = None
 
 
 class Channel:
@@ -187,6 +195,21 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     async def remove_leftover(self, leftover: Leftover) -> None:
         """Remove one leftover for good. Called at start for those not re-attached."""
+
+    async def reattach(self, leftover: Leftover, spec: SandboxSpec) -> Sandbox | None:
+        """Take over a running leftover as the sandbox of ``spec``'s session, or ``None``.
+
+        Called by the session manager at start, once per leftover that matches a session
+        record (owner, id, key, workspace) still within its lifetime; the manager removes
+        the leftover when this returns ``None``. A backend that can re-attach waits,
+        bounded, for the sandbox's agent to come back and say ``ready`` (with
+        ``reattached``), so the session keeps its variables. Never raises for a leftover
+        that turns out to be gone or broken: that is ``None`` too.
+
+        The default cannot: sandboxes that die with their server (bwrap's
+        ``--die-with-parent``) leave nothing to re-attach to.
+        """
+        return None
 
     @abc.abstractmethod
     def enforcement(self) -> dict[str, Enforcement]:

@@ -18,7 +18,8 @@ and the agent connects, not the other way round: under gVisor a socket made insi
 sandbox is not visible on the host unless runsc runs with ``--host-uds=create``, while
 connecting out needs only ``--host-uds=open`` (runsc's runtime args must carry it). A
 restarted server can bind the same path again, so re-attaching to a running container
-needs only the agent to reconnect (see ``mcs_agent.__main__``, which retries).
+needs only the agent to reconnect (see ``mcs_agent.hostlink``, which retries for 10 min):
+:meth:`DockerBackend.reattach` does that for the session manager at start.
 
 The socket is owned by uid 1000 and mode 0600: in the container only the sandbox uid
 may connect, and on the host only root and uid 1000, which owns the workspaces anyway.
@@ -40,6 +41,7 @@ import os
 import secrets
 import shutil
 import socket
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -51,6 +53,7 @@ from mcp_code_sandbox.agent.protocol import ProtocolError
 from mcp_code_sandbox.backends.base import (
     SANDBOX_GID,
     SANDBOX_UID,
+    WORKSPACE_DIR,
     Backend,
     Channel,
     Enforcement,
@@ -58,13 +61,18 @@ from mcp_code_sandbox.backends.base import (
     Sandbox,
     SandboxSpec,
 )
+from mcp_code_sandbox.backends.docker_channel import (
+    bind_listener,
+    make_run_dir,
+    run_dir_from_label,
+)
 from mcp_code_sandbox.backends.docker_spec import (
+    CHANNEL_DIR,
     LABEL_INSTANCE,
     LABEL_KEY,
     LABEL_OWNER,
     LABEL_RUN_DIR,
     LABEL_SESSION,
-    SOCKET_NAME,
     container_kwargs,
     engine_ready,
     foreign,
@@ -81,6 +89,9 @@ __all__ = ["DockerBackend", "DockerSandbox", "container_kwargs", "engine_ready",
 log = logging.getLogger(__name__)
 
 READY_TIMEOUT_S = 30.0
+#: How long a restarted server waits for a surviving agent to reconnect: several of the
+#: agent's longest pauses between attempts (``hostlink.BACKOFF_MAX_S``, 1 s).
+REATTACH_WAIT_S = 10.0
 #: docker-py's HTTP timeout: an engine that hangs is as good as down.
 API_TIMEOUT_S = 30
 _LOG_TAIL = 20
@@ -95,11 +106,30 @@ class DockerSandbox(Sandbox):
         #: The agent's ``ready`` message (languages, ipython, pid).
         self.ready: dict[str, Any] = {}
         self.reader: asyncio.StreamReader | None = None
+        #: A duplicate of the channel's socket, only ever peeked at by :meth:`is_alive`.
+        self.peer: socket.socket | None = None
 
     def is_alive(self) -> bool:
         # No engine call here (it is synchronous): the container dies with its agent, and
-        # the agent's socket then reaches EOF.
-        return self.reader is not None and not self.reader.at_eof()
+        # the agent's socket then reaches EOF. Asked of the kernel, not only of the
+        # reader: the event loop may not have read that EOF yet when a call comes in
+        # right after a `docker kill`, and the call would then fail instead of getting
+        # a new container.
+        if self.reader is None or self.reader.at_eof():
+            return False
+        if self.peer is None:
+            return True
+        try:
+            return self.peer.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
+        except BlockingIOError:
+            return True  # open, nothing to read
+        except OSError:
+            return False
+
+    def close(self) -> None:
+        self.channel.close()
+        if self.peer is not None:
+            self.peer.close()
 
 
 class DockerBackend(Backend):
@@ -194,14 +224,14 @@ class DockerBackend(Backend):
         try:
             container = await self._call(client.containers.create, **kwargs)
             await self._call(container.start)
-            channel, reader = await self._accept(listener, container)
+            channel, reader, peer = await self._accept(listener, container)
         except BaseException:
             listener.close()
             await self._discard(container, run_dir)
             raise
         listener.close()
         sandbox = DockerSandbox(spec, channel, container, run_dir)
-        sandbox.reader = reader
+        sandbox.reader, sandbox.peer = reader, peer
         try:
             sandbox.ready = await self._wait_ready(sandbox)
         except BaseException:
@@ -211,35 +241,18 @@ class DockerBackend(Backend):
         return sandbox
 
     def _listen(self, key: str) -> tuple[Path, socket.socket]:
-        base = self.settings.run_dir
-        base.mkdir(parents=True, exist_ok=True)
-        run_dir = base / f"{key}-{secrets.token_hex(4)}"
-        run_dir.mkdir(mode=0o755)
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        # Through the directory's fd: a state dir may be deeper than sun_path's 108 bytes.
-        dir_fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            listener.bind(f"/proc/self/fd/{dir_fd}/{SOCKET_NAME}")
-            os.chown(SOCKET_NAME, SANDBOX_UID, SANDBOX_GID, dir_fd=dir_fd)
-            os.chmod(SOCKET_NAME, 0o600, dir_fd=dir_fd)
-        except OSError as exc:
-            listener.close()
-            shutil.rmtree(run_dir, ignore_errors=True)
-            raise SandboxFailed(f"cannot make the sandbox's channel in {run_dir}: {exc}") from None
-        finally:
-            os.close(dir_fd)
-        listener.listen(1)
-        listener.setblocking(False)
-        return run_dir, listener
+        run_dir = make_run_dir(self.settings.run_dir, key)
+        return run_dir, bind_listener(run_dir)
 
     async def _accept(
-        self, listener: socket.socket, container: Any
-    ) -> tuple[Channel, asyncio.StreamReader]:
-        """The agent's connection; fails early, with its log, if the container exits."""
+        self, listener: socket.socket, container: Any, wait_s: float = READY_TIMEOUT_S
+    ) -> tuple[Channel, asyncio.StreamReader, socket.socket]:
+        """The agent's connection (and a duplicate of its socket, for ``is_alive``);
+        fails early, with its log, if the container exits."""
         loop = asyncio.get_running_loop()
         accept = asyncio.ensure_future(loop.sock_accept(listener))
         try:
-            async with asyncio.timeout(READY_TIMEOUT_S):
+            async with asyncio.timeout(wait_s):
                 while not accept.done():
                     await asyncio.wait({accept}, timeout=0.5)
                     if not accept.done():
@@ -252,14 +265,15 @@ class DockerBackend(Backend):
                             )
         except TimeoutError:
             raise SandboxFailed(
-                f"the sandbox agent did not connect within {READY_TIMEOUT_S:.0f} s"
+                f"the sandbox agent did not connect within {wait_s:.0f} s"
                 + await self._log_tail(container)
             ) from None
         finally:
             accept.cancel()
         conn, _ = accept.result()
+        peer = conn.dup()
         reader, writer = await asyncio.open_unix_connection(sock=conn)
-        return Channel(reader, writer), reader
+        return Channel(reader, writer), reader, peer
 
     def _runsc_hint(self) -> str:
         if self.settings.docker_runtime != "runsc":
@@ -270,9 +284,11 @@ class DockerBackend(Backend):
             "registers runsc with the runtime argument --host-uds=open)"
         )
 
-    async def _wait_ready(self, sandbox: DockerSandbox) -> dict[str, Any]:
+    async def _wait_ready(
+        self, sandbox: DockerSandbox, wait_s: float = READY_TIMEOUT_S
+    ) -> dict[str, Any]:
         try:
-            message = await asyncio.wait_for(sandbox.channel.receive(), READY_TIMEOUT_S)
+            message = await asyncio.wait_for(sandbox.channel.receive(), wait_s)
         except TimeoutError:
             message = None
         except (ProtocolError, OSError) as exc:
@@ -300,7 +316,7 @@ class DockerBackend(Backend):
                 await asyncio.wait_for(sandbox.channel.send({"op": "shutdown"}), 0.5)
             with contextlib.suppress(SandboxError):
                 await self._call(sandbox.container.wait, timeout=1)
-        sandbox.channel.close()
+        sandbox.close()
         await self._call_unless_gone(sandbox.container.stop, timeout=2)
         await self._discard(sandbox.container, sandbox.run_dir)
 
@@ -313,13 +329,22 @@ class DockerBackend(Backend):
 
     async def list_leftovers(self) -> list[Leftover]:
         client = await self.client()
+        # Sparse: the list endpoint's data only. Not sparse, docker-py inspects each
+        # container after listing, and one removed in between (by another server, or a
+        # test) would fail the whole start with "No such container".
         found = await self._call(
-            client.containers.list, all=True, filters={"label": LABEL_INSTANCE}
+            client.containers.list, all=True, sparse=True, filters={"label": LABEL_INSTANCE}
         )
         leftovers = []
         for container in found:
-            labels: dict[str, str] = container.labels or {}
+            labels: dict[str, str] = container.attrs.get("Labels") or {}
             if instance_alive(labels.get(LABEL_INSTANCE, ""), self.instance):
+                continue
+            if container.status in ("created", "running") and not self._same_state_dir(
+                container.attrs
+            ):
+                # Another state dir's: its own server re-attaches it or removes it. Its
+                # agent exits after 10 min without a host, and then any server may.
                 continue
             leftovers.append(
                 Leftover(
@@ -328,9 +353,62 @@ class DockerBackend(Backend):
                     owner=labels.get(LABEL_OWNER),
                     session_id=labels.get(LABEL_SESSION),
                     running=container.status == "running",
+                    workspace=_mount_source(container.attrs, WORKSPACE_DIR),
                 )
             )
         return leftovers
+
+    def _same_state_dir(self, attrs: Mapping[str, Any]) -> bool:
+        """Is the container's run dir in this server's state dir? (Unknown: yes.)"""
+        channel_dir = _mount_source(attrs, CHANNEL_DIR)
+        base = self.settings.run_dir
+        return channel_dir is None or channel_dir.parent in (base, base.resolve())
+
+    async def reattach(self, leftover: Leftover, spec: SandboxSpec) -> Sandbox | None:
+        """Listen again on the leftover's socket path and take its agent's reconnection.
+
+        The old socket file (of the dead server) is replaced; the agent, retrying since
+        its channel reached EOF, connects within a second and says ``ready`` with
+        ``reattached``. ``None`` when the container is gone or stopped, its run dir is
+        not there, or its agent does not come back within ``REATTACH_WAIT_S``.
+        """
+        client = await self.client()
+        try:
+            container = await self._call(client.containers.get, leftover.backend_id)
+        except SandboxError:
+            return None
+        run_dir = run_dir_from_label(
+            self.settings.run_dir, (container.labels or {}).get(LABEL_RUN_DIR)
+        )
+        if container.status != "running" or run_dir is None:
+            return None
+        try:
+            listener = await asyncio.to_thread(bind_listener, run_dir, replace=True)
+        except SandboxError as exc:
+            log.warning("cannot re-attach to %s: %s", leftover.backend_id, exc.message)
+            return None
+        deadline = time.monotonic() + REATTACH_WAIT_S
+        try:
+            channel, reader, peer = await self._accept(listener, container, REATTACH_WAIT_S)
+        except SandboxError as exc:
+            log.warning("cannot re-attach to %s: %s", leftover.backend_id, exc.message)
+            return None
+        finally:
+            listener.close()
+        sandbox = DockerSandbox(spec, channel, container, run_dir)
+        sandbox.reader, sandbox.peer = reader, peer
+        try:
+            ready = await self._wait_ready(sandbox, max(1.0, deadline - time.monotonic()))
+        except SandboxError as exc:
+            log.warning("cannot re-attach to %s: %s", leftover.backend_id, exc.message)
+            sandbox.close()
+            return None
+        if not ready.get("reattached"):  # a fresh agent would have lost the variables
+            sandbox.close()
+            return None
+        sandbox.ready = ready
+        self._languages.update(ready.get("languages") or {})
+        return sandbox
 
     async def remove_leftover(self, leftover: Leftover) -> None:
         client = await self.client()
@@ -338,13 +416,19 @@ class DockerBackend(Backend):
             container = await self._call(client.containers.get, leftover.backend_id)
         except SandboxError:
             return  # gone already
-        name = (container.labels or {}).get(LABEL_RUN_DIR, "")
-        # Only a plain name under run_dir: a label is not a path to trust.
-        safe = bool(name) and "/" not in name and name not in (".", "..")
-        await self._discard(container, self.settings.run_dir / name if safe else None)
+        name = (container.labels or {}).get(LABEL_RUN_DIR)
+        await self._discard(container, run_dir_from_label(self.settings.run_dir, name))
 
     async def aclose(self) -> None:
         if self._client is not None:
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(self._client.close)
             self._client = None
+
+
+def _mount_source(attrs: Mapping[str, Any], destination: str) -> Path | None:
+    """The host directory bound at ``destination``, from a container's (list) attrs."""
+    for mount in attrs.get("Mounts") or []:
+        if mount.get("Destination") == destination and mount.get("Source"):
+            return Path(mount["Source"])
+    return None

@@ -1,0 +1,97 @@
+"""The agent's end of the host channel, and how it comes back when the host went away.
+
+Two kinds of channel, with different answers to "the host is gone":
+
+- ``--channel-fd`` (bwrap): an inherited socketpair. The sandbox dies with the server
+  (``--die-with-parent``), so EOF means the end: the supervisor kills everything and exits.
+- ``--connect PATH`` (docker): a Unix socket the server listens on. The container outlives
+  a server that crashed, and a restarted server listens on the same path again, so at EOF
+  the agent closes its end and reconnects with backoff while runs go on. What it would
+  send meanwhile is dropped (a run's ``done`` may be lost). After ``give_up_s`` with no
+  host the agent exits, so an orphaned container does not live for ever (the server also
+  removes orphans at its next start).
+
+Semantics: ``fd`` is ``None`` exactly while the host is away; ``retry_at`` is then when
+the next attempt is due. Standard library only, like the rest of the agent.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+
+__all__ = ["BACKOFF_MAX_S", "RECONNECT_GIVE_UP_S", "HostLink", "connect"]
+
+#: Longest pause between two reconnect attempts. A restarted server waits a few times
+#: this for the agent (see ``backends.docker.REATTACH_WAIT_S``).
+BACKOFF_MAX_S = 1.0
+_BACKOFF_MIN_S = 0.05
+#: Default time an agent with no host waits before it gives up and exits.
+RECONNECT_GIVE_UP_S = 600.0
+
+
+def connect(path: str, wait_s: float) -> int:
+    """Connect to the host's Unix socket at ``path``; the connected fd (blocking).
+
+    A path not there yet, or refusing (a stale socket file of a dead server), is retried
+    until ``wait_s`` has passed; other errors are raised at once."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return _connect_once(path)
+        except (FileNotFoundError, ConnectionRefusedError):
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(_BACKOFF_MIN_S)
+
+
+def _connect_once(path: str) -> int:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        # Bounded: a connect to a listener whose backlog is full blocks.
+        sock.settimeout(2.0)
+        sock.connect(path)
+        sock.setblocking(True)
+        return sock.detach()
+    finally:
+        sock.close()  # a no-op after detach()
+
+
+class HostLink:
+    """The channel fd, and (``path`` set) the state of reconnecting to the host."""
+
+    def __init__(self, fd: int, path: str | None, give_up_s: float = RECONNECT_GIVE_UP_S):
+        self.fd: int | None = fd
+        self.path = path
+        self.give_up_s = give_up_s
+        self.retry_at = 0.0
+        self._backoff = _BACKOFF_MIN_S
+        self._give_up_at = 0.0
+
+    @property
+    def can_reconnect(self) -> bool:
+        return self.path is not None
+
+    def lost(self) -> None:
+        """The host went away: start waiting for it (the caller closed ``fd``)."""
+        now = time.monotonic()
+        self.fd = None
+        self._backoff = _BACKOFF_MIN_S
+        self.retry_at = now
+        self._give_up_at = now + self.give_up_s
+
+    def try_reconnect(self) -> bool:
+        """One attempt; True when connected (``fd`` set). Raises ``TimeoutError`` once
+        the host has been away for ``give_up_s``."""
+        assert self.path is not None
+        now = time.monotonic()
+        try:
+            self.fd = _connect_once(self.path)
+            return True
+        except OSError:
+            pass
+        if now >= self._give_up_at:
+            raise TimeoutError(f"no host at {self.path} for {self.give_up_s:g} s")
+        self.retry_at = now + self._backoff
+        self._backoff = min(self._backoff * 2, BACKOFF_MAX_S)
+        return False

@@ -1,0 +1,216 @@
+"""Session records on disk, and the pure decision of what a starting server does with them.
+
+The registry must survive a SIGKILL of the server, so it is not only in memory: one small
+JSON file per session at ``<state_dir>/sessions/<slot>.json`` (owner, session id, key,
+slot, the server instance holding it, wall-clock creation and last activity; no secrets,
+no code), plus the sandboxes' own labels (:class:`~.backends.base.Leftover`).
+
+Layout. A session's workspace is ``<state_dir>/workspaces/<slot>``, where ``slot`` is its
+key plus 8 random hex digits: fixed for the session's whole life (a restarted server finds
+it there, and a surviving container has it bind-mounted), but different for two sessions
+of the same owner and id held by two live servers that share a state dir (two stdio
+servers of one user, say). The record's ``instance`` names the server process holding the
+session; that process's pid file under ``run_dir`` says whether it still lives, and a live
+server's records, workspaces and sandboxes are never touched by another.
+
+Writes are atomic (a temporary file renamed into place), so a reader never sees half a
+record. Order: the record is written before the workspace is made and removed after it is
+deleted, so a workspace directory without a record is always garbage.
+
+Semantics of :func:`plan_recovery`: a leftover sandbox is re-attached when a record of a
+dead server claims its workspace, owner, id and key, it runs, and the session is within
+its idle TTL and max lifetime (by the recorded wall-clock times); at most ``max_sessions``,
+the most recently active first. Every other leftover of a dead server is removed, and so
+is every dead server's record (with its workspace) that is not re-attached.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from mcp_code_sandbox.backends.base import Leftover
+
+__all__ = [
+    "SLOT_PATTERN",
+    "Plan",
+    "SessionRecord",
+    "list_slots",
+    "load_records",
+    "new_slot",
+    "plan_recovery",
+    "remove_record",
+    "write_record",
+]
+
+SLOT_PATTERN = re.compile(r"(s[0-9a-f]{31})-[0-9a-f]{8}")
+_SUFFIX = ".json"
+#: A temporary record older than this is from a server killed mid-write.
+_STALE_TMP_S = 60.0
+
+
+def new_slot(key: str) -> str:
+    return f"{key}-{secrets.token_hex(4)}"
+
+
+@dataclass(frozen=True)
+class SessionRecord:
+    owner: str
+    session_id: str
+    key: str
+    slot: str
+    #: The server process holding the session (its pid file is ``run_dir/<instance>.pid``).
+    instance: str
+    #: Wall-clock seconds (``time.time()``): they must mean the same in the next process.
+    created_at: float
+    last_active: float
+
+
+def write_record(directory: Path, record: SessionRecord) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / f".{record.slot}.{secrets.token_hex(4)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        json.dump(asdict(record), out, separators=(",", ":"))
+    os.replace(tmp, directory / f"{record.slot}{_SUFFIX}")
+
+
+def remove_record(directory: Path, slot: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        (directory / f"{slot}{_SUFFIX}").unlink()
+
+
+def load_records(directory: Path) -> list[SessionRecord]:
+    """Every valid record; corrupt ones and stale temporary files are deleted."""
+    records: list[SessionRecord] = []
+    if not directory.is_dir():
+        return records
+    now = time.time()
+    for path in directory.iterdir():
+        if path.name.endswith(".tmp"):
+            with contextlib.suppress(OSError):
+                if now - path.lstat().st_mtime > _STALE_TMP_S:
+                    path.unlink()
+            continue
+        if not path.name.endswith(_SUFFIX):
+            continue
+        record = _parse(path)
+        if record is None:
+            path.unlink(missing_ok=True)
+        else:
+            records.append(record)
+    return records
+
+
+def _parse(path: Path) -> SessionRecord | None:
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        record = SessionRecord(
+            owner=str(raw["owner"]),
+            session_id=str(raw["session_id"]),
+            key=str(raw["key"]),
+            slot=str(raw["slot"]),
+            instance=str(raw["instance"]),
+            created_at=float(raw["created_at"]),
+            last_active=float(raw["last_active"]),
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    # The slot becomes a path: it must be one we could have made, and match its file.
+    match = SLOT_PATTERN.fullmatch(record.slot)
+    if match is None or match.group(1) != record.key or path.name != record.slot + _SUFFIX:
+        return None
+    return record
+
+
+def list_slots(workspaces_dir: Path) -> set[str]:
+    """Workspace directories named like slots (other names are not this layout's)."""
+    if not workspaces_dir.is_dir():
+        return set()
+    return {p.name for p in workspaces_dir.iterdir() if SLOT_PATTERN.fullmatch(p.name)}
+
+
+@dataclass
+class Plan:
+    """What a starting server does with what dead servers left (see the module doc)."""
+
+    reattach: list[tuple[SessionRecord, Leftover]] = field(default_factory=list)
+    remove_leftovers: list[Leftover] = field(default_factory=list)
+    #: Records to delete with their workspaces, each with why (for the tombstone).
+    drop: list[tuple[SessionRecord, str]] = field(default_factory=list)
+    #: Workspace directories that no record claims.
+    stray_slots: list[str] = field(default_factory=list)
+
+
+def plan_recovery(
+    records: Iterable[SessionRecord],
+    leftovers: Iterable[Leftover],
+    slots_on_disk: Iterable[str],
+    *,
+    workspaces_dir: Path,
+    alive: Callable[[str], bool],
+    now: float,
+    ttl_s: float,
+    lifetime_s: float,
+    max_sessions: int,
+) -> Plan:
+    """Decide, without side effects. ``slots_on_disk`` must be listed before the records
+    are loaded (a live server writes its record before it makes the workspace)."""
+    plan = Plan()
+    records = list(records)
+    live = {r.slot for r in records if alive(r.instance)}
+    dead = {r.slot: r for r in records if r.slot not in live}
+    candidates: dict[str, tuple[SessionRecord, Leftover]] = {}
+    for leftover in leftovers:
+        slot = _slot_of(leftover.workspace, workspaces_dir)
+        if slot in live:
+            continue  # a live server re-attached it earlier: its labels still say otherwise
+        record = dead.get(slot) if slot is not None else None
+        if (
+            record is not None
+            and slot not in candidates
+            and leftover.running
+            and (leftover.owner, leftover.session_id, leftover.key)
+            == (record.owner, record.session_id, record.key)
+            and _expiry(record, now, ttl_s, lifetime_s) is None
+        ):
+            candidates[record.slot] = (record, leftover)
+        else:
+            plan.remove_leftovers.append(leftover)
+    ranked = sorted(candidates.values(), key=lambda pair: pair[0].last_active, reverse=True)
+    plan.reattach = ranked[:max_sessions]
+    plan.remove_leftovers.extend(leftover for _, leftover in ranked[max_sessions:])
+    chosen = {record.slot for record, _ in plan.reattach}
+    for record in dead.values():
+        if record.slot not in chosen:
+            why = _expiry(record, now, ttl_s, lifetime_s) or (
+                f"session {record.session_id} was lost when the server restarted"
+            )
+            plan.drop.append((record, why))
+    known = {r.slot for r in records}
+    plan.stray_slots = sorted(set(slots_on_disk) - known)
+    return plan
+
+
+def _slot_of(workspace: Path | None, workspaces_dir: Path) -> str | None:
+    # The engine may report the bind mount's source with the links resolved.
+    if workspace is None or workspace.parent not in (workspaces_dir, workspaces_dir.resolve()):
+        return None
+    return workspace.name if SLOT_PATTERN.fullmatch(workspace.name) else None
+
+
+def _expiry(record: SessionRecord, now: float, ttl_s: float, lifetime_s: float) -> str | None:
+    if now - record.last_active > ttl_s:
+        return f"session {record.session_id} expired after {ttl_s / 60:g} min idle"
+    if now - record.created_at > lifetime_s:
+        return (
+            f"session {record.session_id} reached its maximum lifetime of {lifetime_s / 3600:g} h"
+        )
+    return None

@@ -1,0 +1,194 @@
+"""Crash recovery with the docker backend: a server killed with SIGKILL and started again
+re-attaches the sessions whose containers still run (same id, owner, files, variables);
+what cannot or must not be re-attached is removed; a container killed from outside is
+replaced on the next call with the files kept and ``state_lost``.
+
+Skipped, with the reason shown, without an engine or the image; failing instead when
+``SANDBOX_REQUIRE_DOCKER=1`` (the ``settings`` fixture of ``test_docker_backend``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import AsyncIterator
+from typing import Any
+
+import docker
+import pytest
+from mcp import Client
+
+from mcp_code_sandbox.backends.base import SandboxSpec
+from mcp_code_sandbox.backends.docker import DockerBackend, DockerSandbox
+from mcp_code_sandbox.backends.docker_spec import LABEL_KEY
+from mcp_code_sandbox.runs import RunRequest
+from mcp_code_sandbox.service import SandboxService
+from mcp_code_sandbox.settings import Settings, docker_environ
+from tests.e2e.conftest import http_server_process
+from tests.integration.test_docker_backend import LIMITS, gone
+from tests.integration.test_docker_backend import settings as settings
+
+pytestmark = pytest.mark.docker
+
+
+@pytest.fixture
+def engine() -> Any:
+    client = docker.from_env(environment=docker_environ())
+    yield client
+    client.close()
+
+
+def structured(result: Any) -> dict[str, Any]:
+    assert not result.is_error, result
+    data = result.structured_content
+    assert isinstance(data, dict)
+    return data
+
+
+def records(settings: Settings) -> list[dict[str, Any]]:
+    return [json.loads(p.read_text()) for p in settings.sessions_dir.glob("*.json")]
+
+
+def ours(engine: Any, settings: Settings) -> list[Any]:
+    """Containers whose workspace is in this test's state dir."""
+    # Sparse: other tests may remove their containers between a list and an inspect.
+    found = engine.containers.list(all=True, sparse=True, filters={"label": LABEL_KEY})
+    return [
+        c
+        for c in found
+        if any(
+            str(m.get("Source", "")).startswith(str(settings.state_dir)) for m in c.attrs["Mounts"]
+        )
+    ]
+
+
+async def test_sigkilled_server_reattaches_on_restart(settings: Settings, engine: Any) -> None:
+    with http_server_process(settings) as (base, proc):
+        async with Client(f"{base}/mcp", mode="legacy") as client:  # type: ignore[arg-type]
+            first = structured(
+                await client.call_tool(
+                    "run_code",
+                    {"session_id": "survivor", "code": "x = 41\nopen('kept.txt','w').write('hi')"},
+                )
+            )
+            assert first["session_created"] is True and first["status"] == "ok"
+        [before] = records(settings)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    [container] = ours(engine, settings)
+    assert container.status == "running"  # the container outlived its server
+    with http_server_process(settings) as (base, proc):
+        async with Client(f"{base}/mcp", mode="legacy") as client:  # type: ignore[arg-type]
+            again = structured(
+                await client.call_tool(
+                    "run_code",
+                    {"session_id": "survivor", "code": "print(open('kept.txt').read())\nx + 1"},
+                )
+            )
+        [after] = records(settings)
+        assert again["session_created"] is False
+        assert again["state_lost"] is False, again
+        assert again["result"] == "42" and again["stdout"].strip() == "hi"
+        assert again["execution_count"] == 2
+        assert (after["owner"], after["session_id"], after["slot"]) == (
+            before["owner"],
+            before["session_id"],
+            before["slot"],
+        )
+        assert after["instance"] != before["instance"]
+        assert [c.id for c in ours(engine, settings)] == [container.id]  # the same one
+    # A clean shutdown is not a crash: nothing of the session remains.
+    assert ours(engine, settings) == [] and records(settings) == []
+    assert not any(settings.workspaces_dir.iterdir())
+
+
+class _DeadServer:
+    """A service whose server then "dies": its channels close, its containers run on, and
+    its pid file and labels name processes that are gone."""
+
+    def __init__(self, settings: Settings) -> None:
+        backend = DockerBackend(settings, docker_environ(), instance="gone-host-1-ab")
+        self.service = SandboxService(settings, backend)
+
+    async def __aenter__(self) -> SandboxService:
+        await self.service.start()
+        return self.service
+
+    async def __aexit__(self, *exc: object) -> None:
+        manager = self.service.sessions
+        for session in manager._sessions.values():
+            assert isinstance(session.sandbox, DockerSandbox)
+            session.sandbox.close()  # what the kernel does to a killed server's sockets
+        pidfile = manager.settings.run_dir / f"{manager.instance}.pid"
+        pidfile.write_text("999999999")
+        await manager.backend.aclose()
+        if manager._reaper is not None:
+            manager._reaper.cancel()
+
+
+@pytest.fixture
+async def restarted(settings: Settings) -> AsyncIterator[list[SandboxService]]:
+    started: list[SandboxService] = []
+    yield started
+    for service in started:
+        await service.aclose()
+
+
+async def _start(settings: Settings, started: list[SandboxService]) -> SandboxService:
+    service = SandboxService(settings, DockerBackend(settings, docker_environ()))
+    await service.start()
+    started.append(service)
+    return service
+
+
+async def test_session_past_its_ttl_is_removed_at_start(
+    settings: Settings, engine: Any, restarted: list[SandboxService]
+) -> None:
+    async with _DeadServer(settings) as old:
+        await old.run_code("local", RunRequest("x = 1"), "stale")
+    [container] = ours(engine, settings)
+    [path] = settings.sessions_dir.glob("*.json")
+    record = json.loads(path.read_text())
+    record["last_active"] -= 31 * 60
+    path.write_text(json.dumps(record))
+    new = await _start(settings, restarted)
+    assert gone(engine, container.id)
+    assert records(settings) == [] and not any(settings.workspaces_dir.iterdir())
+    report = await new.run_code("local", RunRequest("'x' in globals()"), "stale")
+    assert report.session_created is True and report.result == "False"
+    assert report.notice is not None and "expired after 30 min idle" in report.notice
+
+
+async def test_container_without_a_record_is_removed_at_start(
+    settings: Settings, engine: Any, restarted: list[SandboxService]
+) -> None:
+    dead = DockerBackend(settings, docker_environ(), instance="gone-host-1-ab")
+    workspace = settings.workspaces_dir / "not-a-slot"
+    workspace.mkdir(parents=True)
+    os.chown(workspace, *dead.workspace_owner)  # type: ignore[misc]
+    spec = SandboxSpec(key="k", owner="", session_id="", workspace=workspace, limits=LIMITS)
+    box = await dead.create(spec)
+    assert isinstance(box, DockerSandbox)
+    box.close()
+    await dead.aclose()
+    await _start(settings, restarted)
+    assert gone(engine, box.backend_id)
+
+
+async def test_externally_killed_container_is_replaced_with_files_kept(
+    settings: Settings, engine: Any, restarted: list[SandboxService]
+) -> None:
+    service = await _start(settings, restarted)
+    await service.run_code("local", RunRequest("x = 1\nopen('f.txt','w').write('kept')"), "k")
+    [container] = ours(engine, settings)
+    container.kill()
+    container.wait(timeout=20)
+    report = await service.run_code(
+        "local", RunRequest("print(open('f.txt').read())\n'x' in globals()"), "k"
+    )
+    assert report.session_created is False
+    assert report.state_lost is True and report.status == "ok", report
+    assert report.stdout.strip() == "kept" and report.result == "False"
+    assert report.notice is not None and "had stopped" in report.notice
+    assert gone(engine, container.id)
