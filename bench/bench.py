@@ -1,12 +1,17 @@
 """Benchmark of mcp-code-sandbox through the official MCP client (DESIGN §12).
 
-Run by hand, as root or as the user that serves (needs bwrap and the runtime env)::
+Run by hand, as root or as the user that serves (bwrap and the runtime env for ``bwrap``;
+a Docker engine with runc and runsc and the image for ``docker``/``runsc``)::
 
-    .venv/bin/python bench/bench.py [--runs 20] [--json out.json] [--server-log server.log]
+    .venv/bin/python bench/bench.py [--backend bwrap|docker|runsc|all] [--runs 20]
+        [--json out.json] [--server-log server.log]
 
-It starts the real server (``python -m mcp_code_sandbox serve`` over stdio) on a fresh
-state directory, measures each metric ``--runs`` times and prints a Markdown table
-(median and p90) to stdout; progress goes to stderr. See bench/README.md for the rows.
+Per backend it starts the real server (``python -m mcp_code_sandbox serve`` over stdio) on
+a fresh state directory, measures each metric ``--runs`` times, then the baselines of that
+backend (raw bwrap; ``docker run`` and ``docker exec`` on the same engine and image) and,
+for the Docker backends, the peer llm-sandbox (run by ``llm_sandbox_peer.py`` in its own
+venv). It prints one Markdown table (median and p90) and the ratios to stdout; progress
+goes to stderr. See bench/README.md for the rows.
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ import contextlib
 import json
 import os
 import platform
+import re
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -31,6 +38,19 @@ from typing import Any
 from mcp import Client, StdioServerParameters
 
 RUNTIME_DIR = Path(os.environ.get("SANDBOX_RUNTIME_DIR", "/var/lib/mcp-code-sandbox/runtime"))
+HERE = Path(__file__).resolve().parent
+BACKENDS = ("bwrap", "docker", "runsc")
+#: backend name of this bench → (SANDBOX_BACKEND, SANDBOX_DOCKER_RUNTIME)
+SERVER_BACKEND = {
+    "bwrap": ("bwrap", None),
+    "docker": ("docker", "runc"),
+    "runsc": ("docker", "runsc"),
+}
+IMAGE_PYTHON = "/opt/sandbox/venv/bin/python"
+LABEL_INSTANCE = "mcp-code-sandbox.instance"
+LABEL_SESSION = "mcp-code-sandbox.session"
+#: Docker's own variables (engine address, TLS), passed through to the server as they are.
+DOCKER_ENV = ("DOCKER_HOST", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH", "DOCKER_CONFIG")
 PROTOCOL = "2026-07-28"
 PARALLEL = 10
 MEMORY_SESSIONS = 5
@@ -67,6 +87,7 @@ def p90(samples: list[float]) -> float:
 
 @dataclass
 class Row:
+    backend: str
     metric: str
     unit: str  # "ms" or "MiB"
     samples: list[float]
@@ -85,11 +106,21 @@ class Row:
         def fmt(value: float) -> str:
             return f"{value:.1f} {self.unit}" if value >= 10 else f"{value:.2f} {self.unit}"
 
-        return [self.metric, fmt(self.median), fmt(self.p90), str(len(self.samples)), self.notes]
+        return [
+            self.backend,
+            self.metric,
+            fmt(self.median),
+            fmt(self.p90),
+            str(len(self.samples)),
+            self.notes,
+        ]
 
 
 def markdown_table(rows: list[Row]) -> str:
-    lines = ["| metric | median | p90 | n | notes |", "|---|---:|---:|---:|---|"]
+    lines = [
+        "| backend | metric | median | p90 | n | notes |",
+        "|---|---|---:|---:|---:|---|",
+    ]
     lines += ["| " + " | ".join(row.cells()) + " |" for row in rows]
     return "\n".join(lines)
 
@@ -130,20 +161,41 @@ def mem_total() -> str:
     return "?"
 
 
-def machine_facts() -> dict[str, str]:
+def loadavg() -> str:
+    with contextlib.suppress(OSError):
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    return "?"
+
+
+def machine_facts(backends: list[str], image: str) -> dict[str, str]:
     runtime_python = RUNTIME_DIR / "venv" / "bin" / "python"
-    return {
+    facts = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "nproc": str(len(os.sched_getaffinity(0))),
         "cpu": cpu_model(),
         "memory": mem_total(),
         "kernel": platform.release(),
-        "bwrap": _first_line(["bwrap", "--version"]),
         "cgroup": cgroup_version(),
         "server python": platform.python_version(),
-        "runtime python": _first_line([str(runtime_python), "--version"]),
         "user": f"uid {os.geteuid()}",
+        "backends": ", ".join(backends),
+        "loadavg (1/5/15 min) at start": loadavg(),
     }
+    if "bwrap" in backends:
+        facts["bwrap"] = _first_line(["bwrap", "--version"])
+        facts["runtime python"] = _first_line([str(runtime_python), "--version"])
+    if set(backends) & {"docker", "runsc"}:
+        facts["docker engine"] = _first_line(
+            ["docker", "version", "--format", "{{.Server.Version}}"]
+        )
+        facts["docker runtimes"] = _first_line(
+            ["docker", "info", "--format", "{{range $k, $v := .Runtimes}}{{$k}} {{end}}"]
+        )
+        facts["runsc"] = _first_line(["runsc", "--version"])
+        facts["image"] = (
+            image + " " + _first_line(["docker", "image", "inspect", "--format", "{{.Id}}", image])
+        )
+    return facts
 
 
 # -- the server and its processes ------------------------------------------------------
@@ -155,15 +207,21 @@ def make_state_dir() -> Path:
     return path
 
 
-def server_env(state_dir: Path, server_log: Path | None) -> dict[str, str]:
+def server_env(
+    state_dir: Path, server_log: Path | None, backend: str, image: str
+) -> dict[str, str]:
+    server_backend, docker_runtime = SERVER_BACKEND[backend]
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "SANDBOX_STATE_DIR": str(state_dir),
         "SANDBOX_RUNTIME_DIR": str(RUNTIME_DIR),
-        "SANDBOX_BACKEND": "bwrap",
+        "SANDBOX_BACKEND": server_backend,
         "SANDBOX_MAX_SESSIONS": "64",
         "SANDBOX_LOG_LEVEL": "WARNING",
     }
+    if docker_runtime is not None:
+        env |= {"SANDBOX_DOCKER_RUNTIME": docker_runtime, "SANDBOX_IMAGE": image}
+        env |= {k: os.environ[k] for k in DOCKER_ENV if k in os.environ}
     if server_log is not None:
         env |= {"SANDBOX_LOG_LEVEL": "DEBUG", "SANDBOX_LOG_FILE": str(server_log)}
     return env
@@ -230,22 +288,35 @@ def pss_kib(pid: int) -> int:
 
 
 def process_role(cmdline: str) -> str:
-    if "mcs_agent.kernel" in cmdline:
+    if cmdline.startswith(("/sbin/docker-init", "docker-init")):
+        return "docker-init"
+    if "mcs_agent.kernel" in cmdline or "ipykernel" in cmdline:
         return "kernel"
     if "mcs_agent" in cmdline and not cmdline.startswith(("/usr/bin/bwrap", "bwrap")):
         return "agent"
     if cmdline.startswith(("/usr/bin/bwrap", "bwrap")):
         return "bwrap"
-    return cmdline.split(" ", 1)[0] or "?"
+    return os.path.basename(cmdline.split(" ", 1)[0]) or "?"
 
 
 # -- the measurements ------------------------------------------------------------------
 
 
 class Bench:
-    def __init__(self, client: Client, runs: int) -> None:
+    def __init__(self, client: Client, runs: int, backend: str) -> None:
         self.client = client
         self.runs = runs
+        self.backend = backend
+
+    def row(
+        self,
+        metric: str,
+        unit: str,
+        samples: list[float],
+        notes: str = "",
+        extra: dict[str, Any] | None = None,
+    ) -> Row:
+        return Row(self.backend, metric, unit, samples, notes, extra or {})
 
     async def call(self, tool: str, **arguments: Any) -> dict[str, Any]:
         result = await self.client.call_tool(tool, arguments)
@@ -281,14 +352,14 @@ class Bench:
             samples.append(ms)
             server_ms.append(float(content["duration_ms"]))
             await self.call("close_session", session_id=content["session_id"])
-        row = Row(
+        row = self.row(
             "new session → first result of `print(1)`",
             "ms",
             samples,
             f"no pool; server's duration_ms median {statistics.median(server_ms):.0f} ms",
             {"server_duration_ms": server_ms},
         )
-        first = Row(
+        first = self.row(
             "first new session of a fresh server",
             "ms",
             [first_ms],
@@ -308,7 +379,7 @@ class Bench:
             samples.append(ms)
             server_ms.append(float(content["duration_ms"]))
         await self.call("close_session", session_id=sid)
-        return Row(
+        return self.row(
             "warm round trip of `1+1`",
             "ms",
             samples,
@@ -321,7 +392,7 @@ class Bench:
         samples = [
             (await self.timed(lambda: self.call("list_runtimes")))[0] for _ in range(self.runs)
         ]
-        return Row(
+        return self.row(
             "reference: `list_runtimes` round trip",
             "ms",
             samples,
@@ -339,7 +410,7 @@ class Bench:
             cell_ms.append(float(content["stdout"].strip()) * 1000)
         await self.call("close_session", session_id=sid)
         overhead = [total - cell for total, cell in zip(samples, cell_ms, strict=True)]
-        return Row(
+        return self.row(
             f"pandas groupby-mean over {PANDAS_ROWS:,} rows",
             "ms",
             samples,
@@ -360,45 +431,214 @@ class Bench:
             await asyncio.gather(
                 *(self.call("close_session", session_id=c["session_id"]) for c in contents)
             )
-        return Row(
+        return self.row(
             f"{PARALLEL} new sessions in parallel (wall time of the batch)",
             "ms",
             samples,
             f"{PARALLEL} concurrent `print(1)` without session_id; one sample = one batch",
         )
 
-    async def memory(self, state_dir: Path) -> tuple[Row, list[dict[str, Any]]]:
+    async def memory(self, state_dir: Path) -> tuple[list[Row], list[dict[str, Any]]]:
         sids = [
             (await self.run("import pandas as pd\nimport numpy as np"))["session_id"]
             for _ in range(MEMORY_SESSIONS)
         ]
         await asyncio.sleep(1.0)  # let the agents settle
         server = find_server(state_dir)
-        procs: list[dict[str, Any]] = []
-        for pid in descendants(server):
-            cmdline = _cmdline(pid)
-            with contextlib.suppress(OSError):
-                procs.append({"pid": pid, "role": process_role(cmdline), "pss_kib": pss_kib(pid)})
-        total_kib = sum(p["pss_kib"] for p in procs)
         server_kib = pss_kib(server)
-        for sid in sids:
-            await self.call("close_session", session_id=sid)
-        per_session = total_kib / 1024 / MEMORY_SESSIONS
-        by_role: dict[str, list[int]] = {}
-        for p in procs:
-            by_role.setdefault(p["role"], []).append(p["pss_kib"])
-        breakdown = ", ".join(
-            f"{role} ×{len(v)} ≈ {sum(v) / len(v) / 1024:.1f}" for role, v in by_role.items()
-        )
-        row = Row(
-            "idle memory per session, pandas imported (PSS)",
-            "MiB",
-            [per_session],
-            f"{MEMORY_SESSIONS} sessions, {len(procs)} processes; per process MiB: {breakdown}; "
-            f"server itself {server_kib / 1024:.1f} MiB, not counted",
-            {"processes": procs, "server_pss_kib": server_kib},
-        )
-        return row, procs
+        try:
+            if self.backend == "bwrap":
+                return self._memory_bwrap(server, server_kib), process_list(descendants(server))
+            return self._memory_docker(server, server_kib, set(sids))
+        finally:
+            for sid in sids:
+                await self.call("close_session", session_id=sid)
+
+    def _memory_bwrap(self, server: int, server_kib: int) -> list[Row]:
+        procs = process_list(descendants(server))
+        per_session = sum(p["pss_kib"] for p in procs) / 1024 / MEMORY_SESSIONS
+        return [
+            self.row(
+                "idle memory per session, pandas imported (PSS)",
+                "MiB",
+                [per_session],
+                f"{MEMORY_SESSIONS} sessions, {len(procs)} processes; per process MiB: "
+                f"{role_breakdown(procs)}; server itself {server_kib / 1024:.1f} MiB, not counted",
+                {"processes": procs, "server_pss_kib": server_kib},
+            )
+        ]
+
+    def _memory_docker(
+        self, server: int, server_kib: int, sids: set[str]
+    ) -> tuple[list[Row], list[dict[str, Any]]]:
+        containers = our_containers(server, sids)
+        if len(containers) != MEMORY_SESSIONS:
+            raise RuntimeError(f"expected {MEMORY_SESSIONS} containers, found {containers}")
+        stats = docker_stats_mib(list(containers))
+        procs: list[dict[str, Any]] = []
+        cgroup: dict[str, dict[str, int]] = {}
+        shim_kib: list[int] = []
+        for cid in containers:
+            cgroup[cid] = memory_cgroup(cid)
+            procs += [p | {"container": cid[:12]} for p in process_list(cgroup_pids(cid))]
+            with contextlib.suppress(OSError, ValueError, RuntimeError):
+                shim_kib.append(pss_kib(shim_pid(cid)))
+        n = len(containers)
+        pss_per = sum(p["pss_kib"] for p in procs) / 1024 / n
+        usage_per = sum(c["usage"] for c in cgroup.values()) / 1024**2 / n
+        rss_per = sum(c["total_rss"] for c in cgroup.values()) / 1024**2 / n
+        cache_per = sum(c["total_cache"] for c in cgroup.values()) / 1024**2 / n
+        shim = f"{sum(shim_kib) / len(shim_kib) / 1024:.1f}" if shim_kib else "?"
+        extra = {
+            "processes": procs,
+            "server_pss_kib": server_kib,
+            "docker_stats_mib": stats,
+            "cgroup": cgroup,
+            "shim_pss_kib": shim_kib,
+        }
+        return [
+            self.row(
+                "idle memory per session, pandas imported (`docker stats`)",
+                "MiB",
+                list(stats.values()),
+                f"MEM USAGE of `docker stats --no-stream` (cgroup v1: usage − inactive_file) "
+                f"of the {n} containers labelled {LABEL_INSTANCE} = this server; one sample "
+                f"per container; cgroup memory.usage_in_bytes mean {usage_per:.1f} MiB "
+                f"(total_rss {rss_per:.1f} + total_cache {cache_per:.1f})",
+                extra,
+            ),
+            self.row(
+                "idle memory per session, pandas imported (PSS)",
+                "MiB",
+                [pss_per],
+                f"PSS of the {len(procs)} processes in the containers' memory cgroups "
+                f"(cgroup.procs), summed / {n}; per process MiB: {role_breakdown(procs)}; "
+                f"not counted: containerd-shim per container ≈ {shim} MiB, "
+                f"server itself {server_kib / 1024:.1f} MiB",
+            ),
+        ], procs
+
+
+def process_list(pids: list[int]) -> list[dict[str, Any]]:
+    procs: list[dict[str, Any]] = []
+    for pid in pids:
+        cmdline = _cmdline(pid)
+        role = process_role(cmdline) if cmdline else f"[{_comm(pid)}]"  # e.g. gVisor stubs
+        with contextlib.suppress(OSError, RuntimeError):
+            procs.append({"pid": pid, "role": role, "pss_kib": pss_kib(pid)})
+    return procs
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return "?"
+
+
+def role_breakdown(procs: list[dict[str, Any]]) -> str:
+    by_role: dict[str, list[int]] = {}
+    for p in procs:
+        by_role.setdefault(p["role"], []).append(p["pss_kib"])
+    return ", ".join(
+        f"{role} ×{len(v)} ≈ {sum(v) / len(v) / 1024:.1f}" for role, v in by_role.items()
+    )
+
+
+# -- Docker ----------------------------------------------------------------------------
+
+
+def docker(*args: str, timeout: float = 120) -> str:
+    out = subprocess.run(
+        ["docker", *args], capture_output=True, text=True, check=False, timeout=timeout
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"docker {' '.join(args[:3])} failed: {out.stderr.strip()[-500:]}")
+    return out.stdout
+
+
+def our_containers(server: int, sids: set[str]) -> dict[str, str]:
+    """Full id → session id of the running containers of this server's sessions ``sids``.
+
+    The backend labels each container with its server instance (``host-pid-random``) and
+    session id; other servers on this engine (test suites) have other instances.
+    """
+    prefix = f"{socket.gethostname()}-{server}-"
+    listing = docker(
+        "ps",
+        "--no-trunc",
+        "--filter",
+        f"label={LABEL_INSTANCE}",
+        "--format",
+        f'{{{{.ID}}}}\t{{{{.Label "{LABEL_INSTANCE}"}}}}\t{{{{.Label "{LABEL_SESSION}"}}}}',
+    )
+    found: dict[str, str] = {}
+    for line in listing.splitlines():
+        cid, instance, sid = [*line.split("\t"), "", ""][:3]
+        if instance.startswith(prefix) and sid in sids:
+            found[cid] = sid
+    return found
+
+
+_UNITS = {"B": 1 / 1024**2, "KiB": 1 / 1024, "kB": 1 / 1024, "MiB": 1.0, "MB": 1.0}
+_UNITS |= {"GiB": 1024.0, "GB": 1024.0}
+
+
+def docker_stats_mib(cids: list[str]) -> dict[str, float]:
+    """MEM USAGE of ``docker stats --no-stream`` per container, in MiB."""
+    out = docker("stats", "--no-stream", "--format", "{{.ID}}\t{{.MemUsage}}", *cids)
+    stats: dict[str, float] = {}
+    for line in out.splitlines():
+        short, usage = line.split("\t")
+        match = re.match(r"([\d.]+)\s*([A-Za-z]+)", usage.split("/")[0].strip())
+        if match is None:
+            raise RuntimeError(f"cannot parse docker stats: {line!r}")
+        cid = next(c for c in cids if c.startswith(short))
+        stats[cid] = float(match.group(1)) * _UNITS[match.group(2)]
+    return stats
+
+
+def memory_cgroup_dir(cid: str) -> Path:
+    """The container's memory cgroup (cgroup v1, cgroupfs driver: ``memory/docker/<id>``)."""
+    for candidate in (
+        Path(f"/sys/fs/cgroup/memory/docker/{cid}"),
+        Path(f"/sys/fs/cgroup/system.slice/docker-{cid}.scope"),
+        Path(f"/sys/fs/cgroup/docker/{cid}"),
+    ):
+        if candidate.is_dir():
+            return candidate
+    raise RuntimeError(f"no memory cgroup found for container {cid[:12]}")
+
+
+def memory_cgroup(cid: str) -> dict[str, int]:
+    path = memory_cgroup_dir(cid)
+    values: dict[str, int] = {"usage": 0, "total_rss": 0, "total_cache": 0}
+    if (path / "memory.usage_in_bytes").exists():  # v1
+        values["usage"] = int((path / "memory.usage_in_bytes").read_text())
+        for line in (path / "memory.stat").read_text().splitlines():
+            key, value = line.split()
+            if key in values:
+                values[key] = int(value)
+    else:  # v2
+        values["usage"] = int((path / "memory.current").read_text())
+        for line in (path / "memory.stat").read_text().splitlines():
+            key, value = line.split()
+            if key == "anon":
+                values["total_rss"] = int(value)
+            elif key == "file":
+                values["total_cache"] = int(value)
+    return values
+
+
+def cgroup_pids(cid: str) -> list[int]:
+    return [int(x) for x in (memory_cgroup_dir(cid) / "cgroup.procs").read_text().split()]
+
+
+def shim_pid(cid: str) -> int:
+    """The containerd-shim of a container: the parent of its init process."""
+    pid = int(docker("inspect", "--format", "{{.State.Pid}}", cid).strip())
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[1])
 
 
 def time_command(argv: list[str], runs: int) -> list[float]:
@@ -414,7 +654,7 @@ def time_command(argv: list[str], runs: int) -> list[float]:
     return samples
 
 
-def baselines(runs: int) -> list[Row]:
+def bwrap_baselines(runs: int) -> list[Row]:
     venv = RUNTIME_DIR / "venv"
     bwrap = shutil.which("bwrap") or "bwrap"
     argv = [
@@ -446,16 +686,90 @@ def baselines(runs: int) -> list[Row]:
     ]
     return [
         Row(
+            "bwrap",
             "baseline: raw `bwrap … python -c 'print(1)'`",
             "ms",
             time_command(argv, runs),
             "same runtime python, --unshare-all, no seccomp/cgroup/uid drop/agent",
         ),
         Row(
+            "bwrap",
             "baseline: host `python -c 'print(1)'`",
             "ms",
             time_command([str(venv / "bin" / "python"), "-c", "print(1)"], runs),
             "runtime venv's python without a sandbox (warm page cache)",
+        ),
+    ]
+
+
+def docker_baselines(backend: str, image: str, runs: int) -> list[Row]:
+    """``docker run`` and ``docker exec`` of ``python -c 'print(1)'``, same engine and image."""
+    runtime = SERVER_BACKEND[backend][1] or "runc"
+    run_argv = ["docker", "run", "--rm", "--network", "none", "--runtime", runtime]
+    run_argv += ["--entrypoint", IMAGE_PYTHON, image, "-c", "print(1)"]
+    rows = [
+        Row(
+            backend,
+            f"baseline: `docker run --rm --network none --runtime {runtime}` … `print(1)`",
+            "ms",
+            time_command(run_argv, runs),
+            "the image's python as entrypoint (the image's own is our agent); no other flags",
+        )
+    ]
+    cid = docker(
+        "run", "-d", "--rm", "--network", "none", "--runtime", runtime, "--init",
+        "--entrypoint", IMAGE_PYTHON, image, "-c", "import signal; signal.pause()",
+    ).strip()  # fmt: skip
+    try:
+        exec_argv = ["docker", "exec", cid, IMAGE_PYTHON, "-c", "print(1)"]
+        rows.append(
+            Row(
+                backend,
+                f"baseline: `docker exec` … `print(1)` into a running container ({runtime})",
+                "ms",
+                time_command(exec_argv, runs),
+                "a new python process per exec in one idle container of the image",
+            )
+        )
+    finally:
+        with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
+            docker("rm", "-f", cid)
+    return rows
+
+
+def peer(backend: str, image: str, runs: int, python: Path) -> list[Row]:
+    """llm-sandbox, Docker backend, our image: run in its own venv by llm_sandbox_peer.py."""
+    runtime = SERVER_BACKEND[backend][1] or "runc"
+    if not python.exists():
+        log(f"llm-sandbox: no interpreter at {python}, peer not measured")
+        return [Row(backend, "peer: llm-sandbox", "ms", [float("nan")], f"not run: no {python}")]
+    argv = [str(python), str(HERE / "llm_sandbox_peer.py"), "--image", image]
+    argv += ["--runtime", runtime, "--runs", str(runs)]
+    out = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=3600)
+    if out.returncode != 0:
+        reason = (out.stderr.strip().splitlines() or ["?"])[-1][:300]
+        log(f"llm-sandbox failed: {out.stderr[-2000:]}")
+        return [Row(backend, "peer: llm-sandbox", "ms", [float("nan")], f"failed: {reason}")]
+    data = json.loads(out.stdout.strip().splitlines()[-1])
+    how = (
+        f"llm-sandbox {data['version']}, SandboxSession(backend=DOCKER, image=ours, "
+        f"skip_environment_setup=True, keep_template=True, runtime={runtime})"
+    )
+    return [
+        Row(
+            backend,
+            "peer: llm-sandbox new session → first result of `print(1)`",
+            "ms",
+            data["new_session"],
+            f"{how}: container create+start, put_archive of the code, exec `python file`; "
+            "close untimed",
+        ),
+        Row(
+            backend,
+            "peer: llm-sandbox warm round trip of `print(1+1)`",
+            "ms",
+            data["warm"],
+            "an open session: put_archive + exec of a new `python file` (no kept interpreter)",
         ),
     ]
 
@@ -466,50 +780,67 @@ def baselines(runs: int) -> list[Row]:
 @dataclass
 class Report:
     rows: list[Row] = field(default_factory=list)
-    processes: list[dict[str, Any]] = field(default_factory=list)
+    processes: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
 
 def process_table(processes: list[dict[str, Any]]) -> str:
-    lines = ["| pid | process | PSS |", "|---:|---|---:|"]
-    lines += [f"| {p['pid']} | {p['role']} | {p['pss_kib'] / 1024:.1f} MiB |" for p in processes]
+    if not any("container" in p for p in processes):
+        lines = ["| pid | process | PSS |", "|---:|---|---:|"]
+        lines += [
+            f"| {p['pid']} | {p['role']} | {p['pss_kib'] / 1024:.1f} MiB |" for p in processes
+        ]
+        return "\n".join(lines)
+    lines = ["| pid | process | container | PSS |", "|---:|---|---|---:|"]
+    lines += [
+        f"| {p['pid']} | {p['role']} | {p['container']} | {p['pss_kib'] / 1024:.1f} MiB |"
+        for p in processes
+    ]
     return "\n".join(lines)
 
 
 @contextlib.asynccontextmanager
-async def serving(state_dir: Path, server_log: Path | None) -> AsyncIterator[Client]:
+async def serving(
+    state_dir: Path, server_log: Path | None, backend: str, image: str
+) -> AsyncIterator[Client]:
     params = StdioServerParameters(
         command=sys.executable,
         args=["-m", "mcp_code_sandbox", "serve"],
-        env=server_env(state_dir, server_log),
+        env=server_env(state_dir, server_log, backend, image),
     )
     async with Client(params, mode=PROTOCOL) as client:
         yield client
 
 
-async def measure(runs: int, state_dir: Path, server_log: Path | None) -> Report:
-    report = Report()
+async def measure(backend: str, args: argparse.Namespace, state_dir: Path, report: Report) -> None:
+    runs = args.runs
     start = time.perf_counter()
-    async with serving(state_dir, server_log) as client:
+    async with serving(state_dir, args.server_log, backend, args.image) as client:
         # The 2026-07-28 client has no handshake: the first call waits for the server.
         await client.call_tool("list_runtimes", {})
         server_ms = (time.perf_counter() - start) * 1000
-        bench = Bench(client, runs)
-        log("new session → first result …")
+        bench = Bench(client, runs, backend)
+        log(f"[{backend}] new session → first result …")
         new, first = await bench.new_session()
-        log("warm round trip …")
+        log(f"[{backend}] warm round trip …")
         warm = await bench.warm()
         floor = await bench.floor()
-        log("pandas groupby …")
+        log(f"[{backend}] pandas groupby …")
         pandas = await bench.pandas()
-        log(f"{PARALLEL} sessions in parallel …")
+        log(f"[{backend}] {PARALLEL} sessions in parallel …")
         parallel = await bench.parallel()
-        log("idle memory …")
-        memory, report.processes = await bench.memory(state_dir)
-        report.rows += [new, warm, floor, pandas, parallel, memory]
-    log("baselines …")
-    report.rows += baselines(runs)
+        log(f"[{backend}] idle memory …")
+        memory, report.processes[backend] = await bench.memory(state_dir)
+        report.rows += [new, warm, floor, pandas, parallel, *memory]
+    log(f"[{backend}] baselines …")
+    if backend == "bwrap":
+        report.rows += bwrap_baselines(runs)
+    else:
+        report.rows += docker_baselines(backend, args.image, runs)
+        log(f"[{backend}] peer llm-sandbox …")
+        report.rows += peer(backend, args.image, runs, args.llm_sandbox_python)
     report.rows += [
         Row(
+            backend,
             "one-off: server start → first `list_runtimes` answered",
             "ms",
             [server_ms],
@@ -517,32 +848,91 @@ async def measure(runs: int, state_dir: Path, server_log: Path | None) -> Report
         ),
         first,
     ]
-    return report
+
+
+def find_row(rows: list[Row], backend: str, prefix: str) -> Row | None:
+    for row in rows:
+        if row.backend == backend and row.metric.startswith(prefix):
+            return row
+    return None
+
+
+def ratios(rows: list[Row], backends: list[str]) -> list[str]:
+    """Ours ÷ anchor, on medians (and p90s), per Docker backend."""
+    pairs = [
+        ("new session", "new session → first", "baseline: `docker run"),
+        ("new session", "new session → first", "baseline: `docker exec"),
+        ("warm round trip", "warm round trip", "baseline: `docker exec"),
+        ("new session", "new session → first", "peer: llm-sandbox new session"),
+        ("warm round trip", "warm round trip", "peer: llm-sandbox warm"),
+    ]
+    lines = [
+        "| backend | ours | vs | ours median | theirs median | ratio of medians | ratio of p90s |",
+        "|---|---|---|---:|---:|---:|---:|",
+    ]
+    for backend in backends:
+        if backend == "bwrap":
+            continue
+        for label, ours_prefix, theirs_prefix in pairs:
+            ours = find_row(rows, backend, ours_prefix)
+            theirs = find_row(rows, backend, theirs_prefix)
+            if ours is None or theirs is None or theirs.median != theirs.median:  # NaN
+                continue
+            short = (
+                "llm-sandbox"
+                if theirs.metric.startswith("peer:")
+                else theirs.metric.split(" …")[0].removeprefix("baseline: ")
+            )
+            lines.append(
+                f"| {backend} | {label} | {short} | {ours.median:.1f} ms | "
+                f"{theirs.median:.1f} ms | {ours.median / theirs.median:.2f}× | "
+                f"{ours.p90 / theirs.p90:.2f}× |"
+            )
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=20, help="samples per metric (default 20)")
+    parser.add_argument(
+        "--backend",
+        choices=[*BACKENDS, "all"],
+        default="all",
+        help="bwrap, docker (runc), runsc (docker with gVisor) or all (default)",
+    )
+    parser.add_argument(
+        "--image", default="mcp-code-sandbox:latest", help="image for docker/runsc and peers"
+    )
+    parser.add_argument(
+        "--llm-sandbox-python",
+        type=Path,
+        default=Path("/tmp/llmsb-venv/bin/python"),
+        help="interpreter of a venv with llm-sandbox installed (default /tmp/llmsb-venv)",
+    )
     parser.add_argument("--json", type=Path, help="also write the results here as JSON")
     parser.add_argument(
         "--server-log", type=Path, help="run the server at DEBUG level and log to this file"
     )
-    parser.add_argument("--keep", action="store_true", help="keep the state directory")
+    parser.add_argument("--keep", action="store_true", help="keep the state directories")
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error("--runs must be at least 1")
-    if not (RUNTIME_DIR / "venv" / "bin" / "python").exists():
+    backends = list(BACKENDS) if args.backend == "all" else [args.backend]
+    if "bwrap" in backends and not (RUNTIME_DIR / "venv" / "bin" / "python").exists():
         parser.error(f"no runtime env at {RUNTIME_DIR}: run `mcp-code-sandbox setup` first")
 
-    facts = machine_facts()
-    state_dir = make_state_dir()
-    try:
-        report = asyncio.run(measure(args.runs, state_dir, args.server_log))
-    finally:
-        if not args.keep:
-            shutil.rmtree(state_dir, ignore_errors=True)
+    facts = machine_facts(backends, args.image)
+    report = Report()
+    for backend in backends:
+        state_dir = make_state_dir()
+        try:
+            asyncio.run(measure(backend, args, state_dir, report))
+        finally:
+            if not args.keep:
+                shutil.rmtree(state_dir, ignore_errors=True)
+    facts["loadavg (1/5/15 min) at end"] = loadavg()
 
-    print("# mcp-code-sandbox bench (bwrap backend)\n")
+    print("# mcp-code-sandbox bench\n")
     for key, value in facts.items():
         print(f"- {key}: {value}")
     print(
@@ -550,11 +940,21 @@ def main(argv: list[str] | None = None) -> int:
         f"protocol {PROTOCOL}\n"
     )
     print(markdown_table(report.rows))
-    print(
-        f"\nProcesses of the memory sample ({MEMORY_SESSIONS} idle sessions, pandas imported;"
-        " descendants of the server process):\n"
-    )
-    print(process_table(report.processes))
+    ratio_lines = ratios(report.rows, backends)
+    if len(ratio_lines) > 2:
+        print("\n## Ratios (ours ÷ anchor; > 1 means ours is slower)\n")
+        print("\n".join(ratio_lines))
+    for backend, processes in report.processes.items():
+        where = (
+            "descendants of the server process"
+            if backend == "bwrap"
+            else "processes in the containers' memory cgroups"
+        )
+        print(
+            f"\nProcesses of the {backend} memory sample ({MEMORY_SESSIONS} idle sessions, "
+            f"pandas imported; {where}):\n"
+        )
+        print(process_table(processes))
     if args.json is not None:
         payload = {
             "facts": facts,
