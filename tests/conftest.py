@@ -1,13 +1,22 @@
-"""Shared fixtures.
+"""Shared fixtures, and which sandbox backends a test runs on.
 
 Tests that need the real sandbox are marked ``bwrap``; they FAIL (never skip) when
 bubblewrap or the runtime environment is missing: run ``mcp-code-sandbox setup`` (the
 README's test command does). Each test gets its own state directory, so workspaces never
 leak between tests; all of them share the one runtime environment ``setup`` built.
+
+Sandbox-behaviour tests run on every backend (issue 3): they parametrize the ``backend``
+fixture indirectly with :data:`each_backend` (``bwrap``, ``docker``) or, for isolation and
+the workflow, :data:`each_runtime` (plus ``runsc``: docker under gVisor); ``make_settings``
+and ``service`` then build that backend. Unparametrized, ``backend`` is ``bwrap``. The
+Docker params are skipped with the reason shown when no engine answers, the image is
+missing or the engine lacks the runtime, and FAIL instead when ``SANDBOX_REQUIRE_DOCKER=1``
+(CI sets it). ``SANDBOX_IMAGE`` picks the image, as for the server.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import tempfile
@@ -17,9 +26,20 @@ from typing import Any
 
 import pytest
 
-from mcp_code_sandbox.settings import Settings, load_settings
+from mcp_code_sandbox.settings import Settings, docker_environ, load_settings
 
 REPO = Path(__file__).resolve().parents[1]
+REQUIRE_DOCKER = os.environ.get("SANDBOX_REQUIRE_DOCKER") == "1"
+#: ``backend`` fixture value → the Docker runtime it runs under (``bwrap`` has none).
+DOCKER_RUNTIMES = {"docker": "runc", "runsc": "runsc"}
+
+_BWRAP = pytest.param("bwrap", id="bwrap", marks=pytest.mark.bwrap)
+_DOCKER = pytest.param("docker", id="docker", marks=pytest.mark.docker)
+_RUNSC = pytest.param("runsc", id="runsc", marks=pytest.mark.docker)
+#: Sandbox behaviour (limits, timeouts, state, cleanup): bwrap and docker with runc.
+each_backend = pytest.mark.parametrize("backend", [_BWRAP, _DOCKER], indirect=True)
+#: Isolation and the workflow: also docker under gVisor.
+each_runtime = pytest.mark.parametrize("backend", [_BWRAP, _DOCKER, _RUNSC], indirect=True)
 
 
 def shared_runtime_dir() -> Path:
@@ -42,6 +62,68 @@ def require_runtime() -> Path:
     return runtime
 
 
+def docker_image() -> str:
+    return os.environ.get("SANDBOX_IMAGE") or load_settings(environ={}).image
+
+
+@functools.cache
+def docker_missing(runtime: str, image: str) -> str | None:
+    """Why the engine at DOCKER_HOST cannot run ``image`` under ``runtime``; None if it can.
+
+    Asked once per run: every Docker-parametrized test would otherwise probe the engine."""
+    import docker
+
+    from mcp_code_sandbox.backends.docker import engine_ready
+
+    environment = docker_environ()
+    where = environment.get("DOCKER_HOST", "the default socket")
+    if not engine_ready(environment, image):
+        return (
+            f"no Docker engine answers at {where}, or it has no image {image} "
+            "(mcp-code-sandbox image build)"
+        )
+    client = docker.from_env(environment=environment, timeout=10)
+    try:
+        runtimes = client.info().get("Runtimes") or {}
+    finally:
+        client.close()
+    if runtime not in runtimes:
+        return (
+            f"the Docker engine at {where} has no runtime {runtime!r} "
+            "(scripts/docker-engine.sh registers runsc)"
+        )
+    return None
+
+
+def require_docker(runtime: str = "runc", image: str | None = None) -> None:
+    """Skip (with the reason) when Docker cannot serve; fail when SANDBOX_REQUIRE_DOCKER=1."""
+    why = docker_missing(runtime, image or docker_image())
+    if why is None:
+        return
+    if REQUIRE_DOCKER:
+        pytest.fail(f"SANDBOX_REQUIRE_DOCKER=1 but {why}", pytrace=False)
+    pytest.skip(why)
+
+
+@pytest.fixture
+def backend(request: pytest.FixtureRequest) -> str:
+    """``bwrap``, ``docker`` (runc) or ``runsc``: what ``make_settings`` builds."""
+    name: str = getattr(request, "param", "bwrap")
+    if name in DOCKER_RUNTIMES:
+        require_docker(DOCKER_RUNTIMES[name])
+    return name
+
+
+def backend_settings(backend: str) -> dict[str, Any]:
+    if backend == "bwrap":
+        return {"backend": "bwrap", "runtime_dir": str(require_runtime())}
+    return {
+        "backend": "docker",
+        "docker_runtime": DOCKER_RUNTIMES[backend],
+        "image": docker_image(),
+    }
+
+
 @pytest.fixture
 def state_dir() -> Iterator[Path]:
     # Not pytest's tmp_path: as root the sandbox runs as an unprivileged uid that must be
@@ -53,15 +135,11 @@ def state_dir() -> Iterator[Path]:
 
 
 @pytest.fixture
-def make_settings(state_dir: Path) -> Callable[..., Settings]:
-    runtime = require_runtime()
+def make_settings(state_dir: Path, backend: str) -> Callable[..., Settings]:
+    chosen = backend_settings(backend)
 
     def make(**overrides: Any) -> Settings:
-        values: dict[str, Any] = {
-            "state_dir": str(state_dir),
-            "runtime_dir": str(runtime),
-            "backend": "bwrap",
-        }
+        values: dict[str, Any] = {"state_dir": str(state_dir), **chosen}
         values.update(overrides)
         return load_settings(values, environ={})
 

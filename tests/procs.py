@@ -1,4 +1,6 @@
-"""Which processes a test started: the descendants of a pid, read from /proc."""
+"""Which processes a test started: the descendants of a pid, read from /proc; and, for
+the docker backend, whose sandboxes are not our descendants, the containers of one server
+instance, found by the label the backend puts on each."""
 
 from __future__ import annotations
 
@@ -48,3 +50,45 @@ def wait_gone(pids: set[int], timeout: float = 15) -> set[int]:
     while running(pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     return running(pids)
+
+
+def containers(instance: str) -> list[str]:
+    """Ids of the containers, running or not, of the docker backend ``instance``."""
+    import docker
+
+    from mcp_code_sandbox.backends.docker_spec import LABEL_INSTANCE
+    from mcp_code_sandbox.settings import docker_environ
+
+    client = docker.from_env(environment=docker_environ(), timeout=30)
+    try:
+        found = client.containers.list(all=True, filters={"label": f"{LABEL_INSTANCE}={instance}"})
+        return [str(c.id) for c in found]
+    finally:
+        client.close()
+
+
+def engine_objects() -> set[str]:
+    """The volumes and networks the engine has (the backend should never make either)."""
+    import docker
+
+    from mcp_code_sandbox.settings import docker_environ
+
+    client = docker.from_env(environment=docker_environ(), timeout=30)
+    try:
+        volumes = {f"volume {v.name}" for v in client.volumes.list()}
+        return volumes | {f"network {n.name}" for n in client.networks.list()}
+    finally:
+        client.close()
+
+
+def command(pid: int) -> str | None:
+    """The command name (``comm``) of ``pid``, None when it is gone."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return None
+
+
+def parent(pid: int) -> int | None:
+    stat = _stat(str(pid))
+    return None if stat is None else stat[0]

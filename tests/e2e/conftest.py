@@ -18,7 +18,7 @@ import httpx
 import pytest
 from mcp import Client, StdioServerParameters
 
-from mcp_code_sandbox.settings import Settings
+from mcp_code_sandbox.settings import Settings, docker_environ
 
 ERAS = ["legacy", "2026-07-28"]
 
@@ -35,13 +35,25 @@ def server_env(state_dir: Path, runtime_dir: Path, **extra: str) -> dict[str, st
     return env
 
 
+def settings_env(settings: Settings, **extra: str) -> dict[str, str]:
+    """The server's env for ``settings``' backend (``make_settings`` chose it)."""
+    backend: dict[str, str] = {"SANDBOX_BACKEND": settings.backend}
+    if settings.backend == "docker":
+        backend |= {
+            "SANDBOX_DOCKER_RUNTIME": settings.docker_runtime,
+            "SANDBOX_IMAGE": settings.image,
+            **docker_environ(),
+        }
+    return server_env(settings.state_dir, settings.runtime_dir, **backend, **extra)
+
+
 @pytest.fixture
 def stdio_params(make_settings: Callable[..., Settings]) -> StdioServerParameters:
     settings = make_settings()
     return StdioServerParameters(
         command=sys.executable,
         args=["-m", "mcp_code_sandbox", "serve"],
-        env=server_env(settings.state_dir, settings.runtime_dir),
+        env=settings_env(settings),
     )
 
 
@@ -62,7 +74,7 @@ def http_server_process(
     settings: Settings, **extra: str
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     port = free_port()
-    env = server_env(settings.state_dir, settings.runtime_dir, **extra)
+    env = settings_env(settings, **extra)
     # The log goes to a file: an unread pipe fills up at DEBUG and blocks the server.
     log_path = settings.state_dir / "server.log"
     log = open(log_path, "wb")  # noqa: SIM115
@@ -139,7 +151,7 @@ async def held(factory: Callable[[], Any]) -> AsyncIterator[Any]:
 
 @pytest.fixture
 async def inproc(service: Any) -> AsyncIterator[Client]:
-    """The tool layer over the SDK's in-memory transport, with the real bwrap backend."""
+    """The tool layer over the SDK's in-memory transport, with the real backend."""
     from mcp_code_sandbox.server.app import build_server
 
     async with held(lambda: Client(build_server(service), mode="legacy")) as client:

@@ -1,6 +1,7 @@
 """The seed workflow, end to end: upload a CSV, analyse it with pandas, draw two charts,
 get them back as images, list and read files, close the session — over stdio and over
-streamable HTTP, with a 2026-07-28 client and with a handshake-era (2025) client."""
+streamable HTTP, with a 2026-07-28 client and with a handshake-era (2025) client, on every
+backend (bwrap, docker with runc, docker with runsc)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp_types import ImageContent, ResourceLink, TextContent
 
+from ..conftest import each_runtime
 from .conftest import ERAS
 
-pytestmark = [pytest.mark.e2e, pytest.mark.bwrap]
+pytestmark = [pytest.mark.e2e, each_runtime]
 
 SALES = (
     "region,month,revenue\nnorth,jan,120\nsouth,jan,90\nnorth,feb,150\nsouth,feb,80\n"

@@ -26,17 +26,17 @@ LIMITS = Limits(memory_bytes=256 << 20, cpu=1.0, pids=64, tmp_bytes=8 << 20, fil
 
 
 @pytest.fixture
-def backend(make_settings: Callable[..., Settings]) -> BwrapBackend:
+def bwrap_backend(make_settings: Callable[..., Settings]) -> BwrapBackend:
     return BwrapBackend(make_settings())
 
 
 @pytest.fixture
-async def sandbox(backend: BwrapBackend) -> AsyncIterator[BwrapSandbox]:
-    box = await start(backend, "t1")
+async def sandbox(bwrap_backend: BwrapBackend) -> AsyncIterator[BwrapSandbox]:
+    box = await start(bwrap_backend, "t1")
     try:
         yield box
     finally:
-        await backend.stop(box)
+        await bwrap_backend.stop(box)
 
 
 async def start(backend: BwrapBackend, key: str, limits: Limits = LIMITS) -> BwrapSandbox:
@@ -97,8 +97,8 @@ async def test_no_network(sandbox: BwrapSandbox) -> None:
     assert "lo" in out and "eth0" not in out
 
 
-async def test_host_paths_are_invisible(sandbox: BwrapSandbox, backend: BwrapBackend) -> None:
-    paths = ["/root", "/home", str(REPO), str(backend.settings.state_dir), "/run", "/var"]
+async def test_host_paths_are_invisible(sandbox: BwrapSandbox, bwrap_backend: BwrapBackend) -> None:
+    paths = ["/root", "/home", str(REPO), str(bwrap_backend.settings.state_dir), "/run", "/var"]
     code = f"import os, json\nprint(json.dumps([os.path.exists(p) for p in {paths!r}]))"
     out, _, _ = await run(sandbox, code)
     assert out.strip() == "[" + ", ".join(["false"] * len(paths)) + "]"
@@ -168,8 +168,8 @@ async def test_no_stray_fds(sandbox: BwrapSandbox) -> None:
     assert set(out.split()) <= {"0", "1", "2"}
 
 
-async def test_cgroup_files_show_limits(sandbox: BwrapSandbox, backend: BwrapBackend) -> None:
-    assert sandbox.cgroup is not None, backend.cgroups.reasons
+async def test_cgroup_files_show_limits(sandbox: BwrapSandbox, bwrap_backend: BwrapBackend) -> None:
+    assert sandbox.cgroup is not None, bwrap_backend.cgroups.reasons
     files = {
         p.name: p.read_text().strip()
         for d in sandbox.cgroup.dirs
@@ -182,8 +182,8 @@ async def test_cgroup_files_show_limits(sandbox: BwrapSandbox, backend: BwrapBac
     assert sandbox.proc.pid in sandbox.cgroup.pids()
 
 
-async def test_memory_limit(backend: BwrapBackend) -> None:
-    box = await start(backend, "mem")
+async def test_memory_limit(bwrap_backend: BwrapBackend) -> None:
+    box = await start(bwrap_backend, "mem")
     try:
         code = "b = bytearray(600 << 20)\nb[::4096] = b'x' * len(b[::4096])\nprint('ALLOCATED')"
         out, _, done = await run(box, code, timeout_s=30)
@@ -191,39 +191,40 @@ async def test_memory_limit(backend: BwrapBackend) -> None:
         out, _, _ = await run(box, "print(1 + 1)")  # the agent survives or restarts
         assert out.strip() == "2"
     finally:
-        await backend.stop(box)
+        await bwrap_backend.stop(box)
 
 
-async def test_fork_bomb_is_bounded(backend: BwrapBackend) -> None:
-    box = await start(backend, "bomb")
+async def test_fork_bomb_is_bounded(bwrap_backend: BwrapBackend) -> None:
+    box = await start(bwrap_backend, "bomb")
     try:
         _, _, done = await run(box, "bomb() { bomb | bomb & }; bomb; sleep 3", "bash", timeout_s=8)
         assert done["status"] in ("ok", "error", "timeout")
         assert box.cgroup is not None and len(box.cgroup.pids()) <= 64
     finally:
-        await asyncio.wait_for(backend.stop(box), 30)
+        await asyncio.wait_for(bwrap_backend.stop(box), 30)
     assert not box.is_alive()
 
 
-async def test_stop_kills_everything(backend: BwrapBackend) -> None:
-    box = await start(backend, "stop")
+async def test_stop_kills_everything(bwrap_backend: BwrapBackend) -> None:
+    box = await start(bwrap_backend, "stop")
     await run(box, "sleep 300 & setsid sleep 300 & echo started", "bash")
     assert box.cgroup is not None
     dirs = list(box.cgroup.dirs)
     pids = box.cgroup.pids()
     assert len(pids) >= 3
-    await backend.stop(box)
+    await bwrap_backend.stop(box)
     assert not box.is_alive()
     assert all(not d.exists() for d in dirs)
     for pid in pids:
         assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text()
-    await backend.stop(box)  # a second stop of a gone sandbox does not raise
+    await bwrap_backend.stop(box)  # a second stop of a gone sandbox does not raise
 
 
-async def test_enforcement_and_leftovers(backend: BwrapBackend) -> None:
-    enforcement = backend.enforcement()
+async def test_enforcement_and_leftovers(bwrap_backend: BwrapBackend) -> None:
+    enforcement = bwrap_backend.enforcement()
     assert enforcement["network"] == "kernel" and enforcement["tmp"] == "kernel"
     assert set(enforcement) == {"memory", "cpu", "pids", "tmp", "file_size", "network"}
     assert all(
-        lo.backend_id.split("-")[0] != str(os.getpid()) for lo in await backend.list_leftovers()
+        lo.backend_id.split("-")[0] != str(os.getpid())
+        for lo in await bwrap_backend.list_leftovers()
     )

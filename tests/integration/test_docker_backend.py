@@ -19,13 +19,14 @@ import docker.errors
 import pytest
 
 from mcp_code_sandbox.backends.base import Limits, SandboxSpec
-from mcp_code_sandbox.backends.docker import DockerBackend, DockerSandbox, engine_ready
+from mcp_code_sandbox.backends.docker import DockerBackend, DockerSandbox
 from mcp_code_sandbox.settings import Settings, docker_environ, load_settings
+
+from ..conftest import require_docker
 
 pytestmark = pytest.mark.docker
 
 LIMITS = Limits(memory_bytes=256 << 20, cpu=0.5, pids=64, tmp_bytes=8 << 20, file_bytes=64 << 20)
-REQUIRED = os.environ.get("SANDBOX_REQUIRE_DOCKER") == "1"
 
 
 def docker_settings(state_dir: Path) -> Settings:
@@ -39,14 +40,7 @@ def docker_settings(state_dir: Path) -> Settings:
 @pytest.fixture
 def settings(state_dir: Path) -> Settings:
     settings = docker_settings(state_dir)
-    if not engine_ready(docker_environ(), settings.image):
-        why = (
-            f"no Docker engine answers at {docker_environ().get('DOCKER_HOST', 'the default')}"
-            f" socket, or it has no image {settings.image} (mcp-code-sandbox image build)"
-        )
-        if REQUIRED:
-            pytest.fail(f"SANDBOX_REQUIRE_DOCKER=1 but {why}", pytrace=False)
-        pytest.skip(why)
+    require_docker(settings.docker_runtime, settings.image)
     return settings
 
 

@@ -1,4 +1,9 @@
-"""Session lifecycle with real sandboxes: state, names, owners, queueing, expiry, cleanup."""
+"""Session lifecycle with real sandboxes: state, names, owners, queueing, expiry, cleanup.
+
+What depends on the sandbox (state between calls, queueing of runs, expiry and shutdown
+stopping sandboxes, cancellation, the single-file limit) runs on every backend; what is
+the manager's bookkeeping alone (ids, owners, names, max_sessions, pid-file leftovers)
+on bwrap only."""
 
 from __future__ import annotations
 
@@ -15,9 +20,8 @@ from mcp_code_sandbox.runs import RunRequest
 from mcp_code_sandbox.service import SandboxService
 from mcp_code_sandbox.settings import Settings
 
-from ..procs import descendants, wait_gone
-
-pytestmark = pytest.mark.bwrap
+from ..conftest import each_backend
+from ..procs import containers, descendants, running, wait_gone
 
 
 async def run(
@@ -26,6 +30,7 @@ async def run(
     return await service.run_code(owner, RunRequest(code, **kw), sid)
 
 
+@each_backend
 async def test_variables_and_imports_survive_between_calls(service: Any) -> None:
     first = await run(service, "import json\ncounter = 41")
     assert first.session_created and first.execution_count == 1
@@ -36,6 +41,7 @@ async def test_variables_and_imports_survive_between_calls(service: Any) -> None
     assert second.state_lost is False
 
 
+@pytest.mark.bwrap
 async def test_minted_ids(service: Any) -> None:
     r = await run(service, "1", None)
     assert r.session_created and r.session_id.startswith("sess_")
@@ -43,6 +49,7 @@ async def test_minted_ids(service: Any) -> None:
     assert again.session_id == r.session_id and not again.session_created
 
 
+@pytest.mark.bwrap
 async def test_owners_never_see_each_other(service: Any) -> None:
     await run(service, "open('mine.txt','w').write('alice')", "conv-1", owner="alice")
     with pytest.raises(SessionNotFound):
@@ -56,6 +63,7 @@ async def test_owners_never_see_each_other(service: Any) -> None:
     assert bobs.stdout == "[]\n"
 
 
+@each_backend
 async def test_calls_to_one_session_queue_in_arrival_order(service: Any) -> None:
     await run(service, "order = []")
     # Tasks start in creation order, so this is the order the calls arrive in.
@@ -68,6 +76,7 @@ async def test_calls_to_one_session_queue_in_arrival_order(service: Any) -> None
     assert final.result == "[0, 1, 2, 3]"
 
 
+@pytest.mark.bwrap
 async def test_closed_session_name_can_be_reused_with_a_notice(service: Any) -> None:
     await run(service, "x = 1\nopen('f.txt','w').write('old')", "named")
     await service.close_session("local", "named")
@@ -85,6 +94,7 @@ async def _service(settings: Settings) -> SandboxService:
     return svc
 
 
+@each_backend
 async def test_idle_sessions_expire(make_settings: Callable[..., Settings]) -> None:
     svc = await _service(make_settings(session_ttl_m=0.02))  # 1.2 s
     try:
@@ -102,6 +112,7 @@ async def test_idle_sessions_expire(make_settings: Callable[..., Settings]) -> N
         await svc.aclose()
 
 
+@each_backend
 async def test_sessions_end_at_their_max_lifetime(make_settings: Callable[..., Settings]) -> None:
     svc = await _service(make_settings(session_max_lifetime_h=0.0005))  # 1.8 s
     try:
@@ -116,6 +127,7 @@ async def test_sessions_end_at_their_max_lifetime(make_settings: Callable[..., S
         await svc.aclose()
 
 
+@pytest.mark.bwrap
 async def test_max_sessions(make_settings: Callable[..., Settings]) -> None:
     svc = await _service(make_settings(max_sessions=2))
     try:
@@ -129,8 +141,9 @@ async def test_max_sessions(make_settings: Callable[..., Settings]) -> None:
         await svc.aclose()
 
 
+@each_backend
 async def test_shutdown_removes_every_sandbox_and_workspace(
-    make_settings: Callable[..., Settings],
+    make_settings: Callable[..., Settings], backend: str
 ) -> None:
     settings = make_settings()
     before = descendants(os.getpid())
@@ -139,13 +152,21 @@ async def test_shutdown_removes_every_sandbox_and_workspace(
         await run(svc, "import subprocess; subprocess.Popen(['sleep', '300'])", sid)
     workspaces = settings.workspaces_dir
     assert any(workspaces.rglob("*"))
-    sandboxes = descendants(os.getpid()) - before
-    assert len(sandboxes) >= 9
+    started = descendants(os.getpid()) - before
+    if backend == "bwrap":
+        assert len(started) >= 9
+    else:  # containers are the engine's children, not ours: found by their labels
+        instance = svc.backend.instance  # type: ignore[attr-defined]
+        assert len(await asyncio.to_thread(containers, instance)) == 3
+        assert running(started) == set()
     await svc.aclose()
-    assert await asyncio.to_thread(wait_gone, sandboxes) == set()
+    assert await asyncio.to_thread(wait_gone, started) == set()
+    if backend != "bwrap":
+        assert await asyncio.to_thread(containers, instance) == []
     assert not any(workspaces.rglob("*"))
 
 
+@pytest.mark.bwrap
 async def test_leftovers_of_a_dead_server_are_removed_at_start(
     make_settings: Callable[..., Settings],
 ) -> None:
@@ -167,6 +188,7 @@ async def test_leftovers_of_a_dead_server_are_removed_at_start(
         await svc.aclose()
 
 
+@each_backend
 async def test_cancelled_run_leaves_the_session_usable(service: Any) -> None:
     await run(service, "kept = 'yes'")
     task = asyncio.create_task(run(service, "import time\nfor i in range(100): time.sleep(0.1)"))
@@ -179,6 +201,7 @@ async def test_cancelled_run_leaves_the_session_usable(service: Any) -> None:
     assert after.state_lost is False
 
 
+@each_backend
 async def test_writing_past_the_quota_is_reported_and_blocks_uploads(
     make_settings: Callable[..., Settings],
 ) -> None:

@@ -2,7 +2,8 @@
 the server stays up, and a second session is unaffected.
 
 Runs through the service (the layer under the MCP tools) so every case is a real
-``run_code`` / ``read_file`` / ``list_files`` of a real session."""
+``run_code`` / ``read_file`` / ``list_files`` of a real session, on every backend: bwrap,
+docker with runc, docker with runsc (gVisor)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ import pytest
 from mcp_code_sandbox.errors import InvalidPath
 from mcp_code_sandbox.runs import RunRequest
 
-pytestmark = pytest.mark.bwrap
+from ..conftest import each_runtime
+
+pytestmark = each_runtime
 
 
 async def run(service: Any, code: str, sid: str = "victim", **kw: Any) -> Any:
@@ -52,22 +55,34 @@ except OSError:
     assert "blocked" in r.stdout and "no dns" in r.stdout
 
 
-async def test_host_paths_are_invisible(service: Any) -> None:
+async def test_host_paths_are_invisible(service: Any, backend: str) -> None:
     repo = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+    hidden = [repo, str(service.settings.state_dir), "/etc/shadow", "/proc/1/root/etc/shadow"]
+    if backend == "bwrap":
+        # Binds only system directories: these do not exist at all. A container has its
+        # image's own (/home empty, /var/lib with dpkg's files): not the host's, checked
+        # below by what only the host has.
+        hidden += ["/root", "/home", "/var/lib", "/run"]
+    else:
+        hidden += ["/root"]  # the image's, 0700 root
+    # The engine's socket and state would be a way out of any container.
+    absent = ["/var/run/docker.sock", "/run/docker.sock", "/var/lib/docker", "/run/containerd"]
     r = await run(
         service,
         f"""
 import os
-for p in ['/root', '/home', {repo!r}, {str(service.settings.state_dir)!r}, '/var/lib',
-          '/run', '/etc/shadow', '/proc/1/root/etc/shadow']:
+for p in {hidden!r}:
     try:
         print(p, 'VISIBLE', os.listdir(p)[:3] if os.path.isdir(p) else open(p).read(10))
     except OSError as e:
         print(p, 'hidden', type(e).__name__)
+for p in {absent!r}:
+    print(p, 'VISIBLE' if os.path.lexists(p) else 'absent')
 """,
     )
     assert r.status == "ok", r
     assert "VISIBLE" not in r.stdout, r.stdout
+    assert r.stdout.count("hidden") == len(hidden) and r.stdout.count("absent") == len(absent)
 
 
 async def test_writes_outside_the_workspace_fail(service: Any) -> None:
@@ -95,11 +110,12 @@ async def test_unprivileged_user_without_capabilities(service: Any) -> None:
     r = await run(
         service,
         """
-import os
+import ctypes, os
 lines = open('/proc/self/status').read().splitlines()
 status = dict(l.split(':\\t', 1) for l in lines if ':\\t' in l)
-print(os.getuid(), os.getgid(),
-      *(status[k].strip() for k in ('CapEff', 'CapBnd', 'NoNewPrivs')))
+# PR_GET_NO_NEW_PRIVS: gVisor's /proc/self/status has no NoNewPrivs line.
+nnp = ctypes.CDLL(None, use_errno=True).prctl(39, 0, 0, 0, 0)
+print(os.getuid(), os.getgid(), *(status[k].strip() for k in ('CapEff', 'CapBnd')), nnp)
 """,
     )
     uid, gid, eff, bnd, nnp = r.stdout.split()
@@ -168,15 +184,19 @@ except OSError as e:
         await service.read_file("local", "victim", "alias.txt", offset=0, max_bytes=None)
 
 
-async def test_python_output_flood_is_truncated(service: Any) -> None:
-    r = await run(service, "for i in range(2_000_000): print(i)")
+async def test_python_output_flood_is_truncated(service: Any, backend: str) -> None:
+    # The kernel's stdout is write-through: every print is write(2)s to the agent's pipe.
+    # Under gVisor that costs ~75 µs a line (2 M lines: ~150 s; ~20 s on bwrap and runc),
+    # so runsc floods 10x fewer lines: still 10x the output budget, cut the same way.
+    lines = 200_000 if backend == "runsc" else 2_000_000
+    r = await run(service, f"for i in range({lines}): print(i)")
     assert r.status == "ok"
     assert r.stdout_truncated and r.stdout.startswith("0\n1\n2\n")
-    assert r.stdout.rstrip().endswith("1999999")
+    assert r.stdout.rstrip().endswith(str(lines - 1))
     assert len(r.stdout) < 2 * service.settings.max_output_bytes
     assert r.full_output_path and r.full_output_path.startswith(".outputs/")
     full = await service.read_file("local", "victim", r.full_output_path, offset=0, max_bytes=1024)
-    assert full.size_bytes > 10_000_000
+    assert full.size_bytes > 5 * lines
     assert all(f.path != r.full_output_path for f in r.files)
     await still_fine(service)
 
@@ -190,12 +210,17 @@ async def test_fd_level_output_flood_is_truncated(service: Any) -> None:
     await still_fine(service)
 
 
-async def test_memory_bomb_is_contained(service: Any) -> None:
+async def test_memory_bomb_is_contained(service: Any, backend: str) -> None:
     r = await run(
         service, "x = bytearray(2 * 1024**3); x[::4096] = b'x' * len(x[::4096])", timeout_s=60
     )
     assert r.status == "error", r
-    assert r.error["name"] in ("MemoryError", "KernelDied"), r.error
+    if backend == "runsc":
+        # gVisor's memory is the sandbox's as a whole: the host's OOM killer ends the
+        # sentry, so the whole container goes, and the session gets a new one.
+        assert r.error["name"] in ("MemoryError", "KernelDied", "SandboxDied"), r.error
+    else:
+        assert r.error["name"] in ("MemoryError", "KernelDied"), r.error
     await still_fine(service)
 
 
