@@ -30,6 +30,7 @@ from mcp_code_sandbox.settings import Settings
 
 __all__ = ["error_result", "file_uri", "run_result", "structured_result"]
 
+_PLAIN_RUN_FIELDS = frozenset(RunResult.model_fields) - {"notice", "error", "files", "displays"}
 _TEXT_DISPLAYS = ("text/markdown", "text/plain", "image/svg+xml", "text/html")
 
 
@@ -92,19 +93,11 @@ def run_result(report: RunReport, settings: Settings) -> CallToolResult:
         )
         for c in report.files
     ]
+    # The plain fields carry over by name; only the nested ones need shaping.
+    plain = {k: v for k, v in vars(report).items() if k in _PLAIN_RUN_FIELDS}
     model = RunResult(
-        session_id=report.session_id,
-        session_created=report.session_created,
+        **plain,
         notice=notice,
-        language=report.language,
-        status=report.status,  # type: ignore[arg-type]
-        exit_code=report.exit_code,
-        stdout=report.stdout,
-        stderr=report.stderr,
-        stdout_truncated=report.stdout_truncated,
-        stderr_truncated=report.stderr_truncated,
-        full_output_path=report.full_output_path,
-        result=report.result,
         error=RunError(**report.error) if report.error else None,
         files=[
             FileOut(path=c.path, size_bytes=c.size_bytes, mime_type=c.mime_type, change=c.change)
@@ -118,9 +111,6 @@ def run_result(report: RunReport, settings: Settings) -> CallToolResult:
             for d in report.displays
             if d.mime_type in _TEXT_DISPLAYS
         ],
-        execution_count=report.execution_count,
-        duration_ms=report.duration_ms,
-        state_lost=report.state_lost,
     )
     return structured_result(model, images + links)
 
