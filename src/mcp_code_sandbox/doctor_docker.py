@@ -11,8 +11,10 @@ from typing import Any
 
 import docker
 
+from mcp_code_sandbox.backends.docker_runner import RUNNER_FILTER, choose_runners, listed_images
 from mcp_code_sandbox.backends.docker_spec import foreign, probe_engine
 from mcp_code_sandbox.doctor import Check
+from mcp_code_sandbox.runtimes import RUNTIMES
 from mcp_code_sandbox.settings import Settings, docker_environ
 
 __all__ = ["check_docker"]
@@ -61,6 +63,7 @@ def _engine_checks(client: Any, settings: Settings, where: str) -> list[Check]:
             "does) with runtimeArgs --network=none --host-uds=open",
         ))  # fmt: skip
     checks.append(_image_check(client, settings.image))
+    checks.append(_runners_check(client, settings.image))
     checks.append(Check(
         "docker limits", True,
         "memory, cpu and pids by the engine's cgroups; no network (network_mode none)",
@@ -80,3 +83,22 @@ def _image_check(client: Any, image: str) -> Check:
         return Check("docker image", False, f"{image} lacks the label sandbox.runner=true",
                      "rebuild it: mcp-code-sandbox image build")  # fmt: skip
     return Check("docker image", True, f"{image} (languages: {languages})")
+
+
+def _runners_check(client: Any, image: str) -> Check:
+    try:
+        default_id = client.images.get(image).id
+    except Exception as exc:
+        if not foreign(exc):
+            raise
+        default_id = None
+    runners, skipped = choose_runners(
+        listed_images(client.api.images(filters=RUNNER_FILTER)),
+        default_image_id=default_id,
+        taken=RUNTIMES,
+    )
+    found = ", ".join(f"{lang} ({runner.image})" for lang, runner in runners.items())
+    detail = found or "none (an image labelled sandbox.runner=true, sandbox.language=NAME adds one)"
+    if skipped:
+        detail += "; left out: " + "; ".join(skipped)
+    return Check("runner images", True, detail)

@@ -175,6 +175,7 @@ def plan_recovery(
         record = dead.get(slot) if slot is not None else None
         if (
             record is not None
+            and leftover.runner is None  # a runner holds nothing but the workspace's files
             and slot not in candidates
             and leftover.running
             and (leftover.owner, leftover.session_id, leftover.key)

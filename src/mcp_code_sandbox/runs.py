@@ -10,13 +10,14 @@ import asyncio
 import contextlib
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
 import structlog
 
-from mcp_code_sandbox.agent_client import Display, Outcome
+from mcp_code_sandbox.agent_client import AgentClient, Display, Outcome
+from mcp_code_sandbox.backends.base import RunnerImage
 from mcp_code_sandbox.errors import (
     CodeTooLarge,
     EnvNotAllowed,
@@ -28,6 +29,7 @@ from mcp_code_sandbox.errors import (
     UnsupportedLanguage,
 )
 from mcp_code_sandbox.output import OutputCapture
+from mcp_code_sandbox.runner_client import RunnerClient
 from mcp_code_sandbox.runtimes import RUNTIMES
 from mcp_code_sandbox.sessions import Session, SessionManager
 from mcp_code_sandbox.settings import Settings
@@ -106,12 +108,14 @@ class RunReport:
     image_files: list[ImageFile] = field(default_factory=list)
 
 
-def check_request(settings: Settings, request: RunRequest) -> float:
+def check_request(
+    settings: Settings, request: RunRequest, languages: Collection[str] = RUNTIMES.keys()
+) -> float:
     """Refuse what this server does not allow; return the effective timeout."""
-    if request.language not in RUNTIMES:
+    if request.language not in languages:
         raise UnsupportedLanguage(
             f"language {request.language!r} is not offered here; available: "
-            + ", ".join(sorted(RUNTIMES))
+            + ", ".join(sorted(languages))
         )
     if len(request.code.encode("utf-8")) > settings.max_code_bytes:
         raise CodeTooLarge(
@@ -148,13 +152,19 @@ async def run(
     request: RunRequest,
     timeout_s: float,
     on_progress: ProgressSink | None,
+    runner: RunnerImage | None = None,
 ) -> RunReport:
-    """Run ``request`` in ``session`` (whose lock the caller holds)."""
+    """Run ``request`` in ``session`` (whose lock the caller holds): in its agent, or in
+    its container of ``runner`` when the language is a runner image's."""
     settings = manager.settings
     started = time.monotonic()
     session.runs += 1
     run_name = f"run-{session.runs}"
-    agent, notice = await manager.ensure_sandbox(session)
+    executor: AgentClient | RunnerClient
+    if runner is None:
+        executor, notice = await manager.ensure_sandbox(session)
+    else:
+        executor, notice = RunnerClient(manager, session, runner), None
     # A notice here means the previous sandbox had died: its variables are gone.
     replaced = notice is not None
     before = await asyncio.to_thread(session.workspace.snapshot)
@@ -162,7 +172,7 @@ async def run(
     capture = OutputCapture(settings.max_output_bytes, _open_spool)
     progress = asyncio.create_task(_report_progress(capture, started, on_progress))
     try:
-        outcome = await agent.execute(
+        outcome = await executor.execute(
             language=request.language,
             code=request.code,
             timeout_s=timeout_s,
@@ -170,6 +180,8 @@ async def run(
             on_stream=capture.add,
         )
     except SandboxFailed as exc:
+        if runner is not None:
+            raise  # the runner was replaced once already; nothing was lost but this call
         await manager.restart_sandbox(session)
         outcome = _lost(str(exc))
     finally:

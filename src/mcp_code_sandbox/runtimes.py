@@ -2,6 +2,8 @@
 
 Python runs in the session's persistent interpreter; every other language runs per call
 as a subprocess of the agent in the same sandbox and workspace (issue 4 adds them here).
+The docker backend adds the languages of runner images (:mod:`.backends.docker_runner`):
+one process per call in another container that shares the session's workspace.
 A backend may offer fewer (its runtime env or image lacks the interpreter): the agent's
 ``ready`` message lists what it really found.
 """
@@ -10,7 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["RUNTIMES", "Runtime"]
+from mcp_code_sandbox.backends.base import RunnerImage
+
+__all__ = ["RUNTIMES", "Runtime", "runner_summary"]
 
 
 @dataclass(frozen=True)
@@ -30,3 +34,12 @@ RUNTIMES: dict[str, Runtime] = {
         "back as images",
     ),
 }
+
+
+def runner_summary(runner: RunnerImage) -> str:
+    command = " ".join(runner.command).replace("{file}", "<file>")
+    return (
+        f"{runner.language} from the image {runner.image}: each call runs `{command}` on "
+        "the code saved as a file; no variables survive between calls, files in /mnt/data "
+        "do and are shared with the session's other languages"
+    )

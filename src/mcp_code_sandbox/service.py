@@ -6,18 +6,23 @@ The MCP layer (and the ``exec`` CLI command) call this; it validates what only i
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import structlog
+
 from mcp_code_sandbox import runs
-from mcp_code_sandbox.backends.base import Backend
-from mcp_code_sandbox.errors import InvalidArgument, UploadTooLarge
-from mcp_code_sandbox.runtimes import RUNTIMES
+from mcp_code_sandbox.backends.base import Backend, RunnerImage
+from mcp_code_sandbox.errors import InvalidArgument, SandboxError, UploadTooLarge
+from mcp_code_sandbox.runtimes import RUNTIMES, runner_summary
 from mcp_code_sandbox.sessions import SessionManager
 from mcp_code_sandbox.settings import Settings
 from mcp_code_sandbox.workspace import FileInfo, ListResult, ReadResult
 
 __all__ = ["SandboxService", "Upload"]
+
+log = structlog.get_logger("mcp_code_sandbox.service")
 
 
 @dataclass(frozen=True)
@@ -29,14 +34,53 @@ class Upload:
     notice: str | None
 
 
+LanguagesChanged = Callable[[list[str]], Awaitable[None]]
+
+
 class SandboxService:
     def __init__(self, settings: Settings, backend: Backend) -> None:
         self.settings = settings
         self.backend = backend
         self.sessions = SessionManager(settings, backend)
+        #: Runner images by language (docker), as last discovered; see ``refresh_runners``.
+        self.runners: dict[str, RunnerImage] = {}
+        #: Called with the new language list whenever it changes (the MCP layer tells
+        #: its clients that the tool list changed: run_code's language enum is in it).
+        self.on_languages_changed: list[LanguagesChanged] = []
 
     async def start(self) -> None:
         await self.sessions.start()
+        await self.refresh_runners()
+
+    def languages(self) -> list[str]:
+        """What ``run_code`` offers: the agent's languages, then the runners'."""
+        return [*RUNTIMES, *(lang for lang in self.runners if lang not in RUNTIMES)]
+
+    async def refresh_runners(self) -> bool:
+        """Ask the backend for runner images again; True (and listeners told) on a change.
+
+        An engine that does not answer keeps what was found before: its runs fail with
+        ``backend_unavailable`` anyway, and the list should not flap with it."""
+        try:
+            found = await self.backend.discover_runners(RUNTIMES.keys())
+        except SandboxError as exc:
+            log.warning("runner images not listed", error=exc.message)
+            return False
+        found = {lang: runner for lang, runner in found.items() if lang not in RUNTIMES}
+        if found == self.runners:
+            return False
+        before = self.languages()
+        self.runners = found
+        after = self.languages()
+        if after == before:
+            return True
+        log.info("languages changed", languages=after)
+        for listener in list(self.on_languages_changed):
+            try:
+                await listener(after)
+            except Exception:  # a client gone away must not fail the caller
+                log.exception("languages-changed listener failed")
+        return True
 
     async def aclose(self) -> None:
         await self.sessions.aclose()
@@ -48,9 +92,14 @@ class SandboxService:
         session_id: str | None = None,
         on_progress: runs.ProgressSink | None = None,
     ) -> runs.RunReport:
-        timeout = runs.check_request(self.settings, request)
+        if request.language not in self.languages():
+            await self.refresh_runners()  # an image built since the last look
+        timeout = runs.check_request(self.settings, request, self.languages())
+        runner = None if request.language in RUNTIMES else self.runners[request.language]
         async with self.sessions.acquire(owner, session_id, create=True, wait_s=timeout) as held:
-            report = await runs.run(self.sessions, held.session, request, timeout, on_progress)
+            report = await runs.run(
+                self.sessions, held.session, request, timeout, on_progress, runner
+            )
         report.session_created = held.created
         if held.notice:
             report.notice = f"{held.notice}. {report.notice}" if report.notice else held.notice
@@ -98,10 +147,26 @@ class SandboxService:
     async def close_session(self, owner: str, session_id: str) -> None:
         await self.sessions.close(owner, session_id)
 
-    def runtimes(self) -> list[dict[str, Any]]:
+    async def runtimes(self) -> list[dict[str, Any]]:
+        """``list_runtimes``: every language with its version, image and limits (runner
+        images are looked for again first)."""
+        await self.refresh_runners()
         info = self.backend.runtime_info()
         limits = self.sessions.limits()
-        enforcement = self.backend.enforcement()
+        common = {
+            "backend": self.backend.name,
+            "limits": {
+                "memory_bytes": limits.memory_bytes,
+                "cpu": limits.cpu,
+                "pids": limits.pids,
+                "tmp_bytes": limits.tmp_bytes,
+                "workspace_quota_bytes": self.settings.workspace_quota_bytes,
+                "default_timeout_s": self.settings.exec_timeout_s,
+                "max_timeout_s": self.settings.max_exec_timeout_s,
+                "max_output_bytes": self.settings.max_output_bytes,
+                "enforcement": self.backend.enforcement(),
+            },
+        }
         out = []
         for name, runtime in RUNTIMES.items():
             lang = info.get(name, {})
@@ -109,22 +174,23 @@ class SandboxService:
                 {
                     "language": name,
                     "version": lang.get("version"),
-                    "backend": self.backend.name,
                     "image": lang.get("image"),
                     "stateful": runtime.stateful,
                     "summary": runtime.summary,
                     "packages": lang.get("packages", {}),
-                    "limits": {
-                        "memory_bytes": limits.memory_bytes,
-                        "cpu": limits.cpu,
-                        "pids": limits.pids,
-                        "tmp_bytes": limits.tmp_bytes,
-                        "workspace_quota_bytes": self.settings.workspace_quota_bytes,
-                        "default_timeout_s": self.settings.exec_timeout_s,
-                        "max_timeout_s": self.settings.max_exec_timeout_s,
-                        "max_output_bytes": self.settings.max_output_bytes,
-                        "enforcement": enforcement,
-                    },
+                    **common,
+                }
+            )
+        for name, runner in self.runners.items():
+            out.append(
+                {
+                    "language": name,
+                    "version": runner.version,
+                    "image": runner.image,
+                    "stateful": False,
+                    "summary": runner_summary(runner),
+                    "packages": dict(runner.packages),
+                    **common,
                 }
             )
         return out

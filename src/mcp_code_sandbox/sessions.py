@@ -40,7 +40,14 @@ import structlog
 
 from mcp_code_sandbox import registry
 from mcp_code_sandbox.agent_client import AgentClient
-from mcp_code_sandbox.backends.base import Backend, Limits, Sandbox, SandboxSpec
+from mcp_code_sandbox.backends.base import (
+    Backend,
+    Limits,
+    RunnerImage,
+    RunnerSandbox,
+    Sandbox,
+    SandboxSpec,
+)
 from mcp_code_sandbox.errors import MaxSessions, SessionBusy, SessionNotFound
 from mcp_code_sandbox.ids import mint_session_id, session_key, validate_session_id
 from mcp_code_sandbox.recovery import recover
@@ -74,6 +81,8 @@ class Session:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     sandbox: Sandbox | None = None
     agent: AgentClient | None = None
+    #: Containers of runner images this session used, by language (docker only).
+    runners: dict[str, RunnerSandbox] = field(default_factory=dict)
     runs: int = 0
     closed: bool = False
 
@@ -292,6 +301,24 @@ class SessionManager:
             session.agent = AgentClient(session.sandbox.channel)
         return session.agent, notice
 
+    async def ensure_runner(self, session: Session, runner: RunnerImage) -> RunnerSandbox:
+        """The session's container of ``runner``, started on first use and again after a
+        run had to kill it, or when the language's image changed. Lock held."""
+        current = session.runners.get(runner.language)
+        if current is not None and (not current.usable or current.runner != runner):
+            await self.drop_runner(session, runner.language)
+            current = None
+        if current is None:
+            spec = self._spec(session.key, session.owner, session.id, session.workspace)
+            current = await self.backend.create_runner(spec, runner)
+            session.runners[runner.language] = current
+        return current
+
+    async def drop_runner(self, session: Session, language: str) -> None:
+        runner = session.runners.pop(language, None)
+        if runner is not None:
+            await self.backend.stop_runner(runner)
+
     def _spec(self, key: str, owner: str, session_id: str, workspace: Workspace) -> SandboxSpec:
         return SandboxSpec(
             key=key,
@@ -336,6 +363,8 @@ class SessionManager:
     async def _destroy(self, session: Session) -> None:
         session.closed = True
         await self._stop_sandbox(session)
+        for language in list(session.runners):
+            await self.drop_runner(session, language)
         await asyncio.to_thread(session.workspace.destroy)
         registry.remove_record(self.settings.sessions_dir, session.slot)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -29,6 +29,7 @@ from mcp_code_sandbox.agent.protocol import (
     decode_body,
     encode_frame,
 )
+from mcp_code_sandbox.errors import SandboxFailed
 
 __all__ = [
     "AGENT_LIB_DIR",
@@ -41,8 +42,11 @@ __all__ = [
     "Backend",
     "Channel",
     "Enforcement",
+    "ExecResult",
     "Leftover",
     "Limits",
+    "RunnerImage",
+    "RunnerSandbox",
     "Sandbox",
     "SandboxSpec",
     "agent_argv",
@@ -109,6 +113,9 @@ class Leftover:
     session_id: str | None
     running: bool
     workspace: Path | None = None
+    #: The language of a runner's container (:class:`RunnerSandbox`): never re-attached,
+    #: as it holds no state but the workspace's files.
+    runner: str | None = None
 
 
 class Channel:
@@ -160,6 +167,63 @@ class Sandbox(abc.ABC):
     @abc.abstractmethod
     def is_alive(self) -> bool:
         """Called by the session manager before a run, to notice a sandbox that died."""
+
+
+@dataclass(frozen=True)
+class RunnerImage:
+    """An image that offers one more language (labels ``sandbox.runner=true``,
+    ``sandbox.language=<name>``), found by :meth:`Backend.discover_runners`.
+
+    It needs no agent: each call writes the code to a file and runs ``command`` (with
+    ``{file}`` replaced by that file's path) as one process in a container of the image
+    that shares the session's workspace.
+    """
+
+    language: str
+    #: The image's first tag, or its id when it has none.
+    image: str
+    image_id: str
+    command: tuple[str, ...]
+    #: Suffix of the code file (``.rb``): some interpreters go by it.
+    suffix: str = ""
+    version: str | None = None
+    packages: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """How one process of a runner ended: its exit code, or ``None`` when it was killed
+    (``reason`` then says why: ``timeout``; a cancellation raises instead)."""
+
+    exit_code: int | None
+    reason: str | None = None
+
+
+class RunnerSandbox(abc.ABC):
+    """A running container of a :class:`RunnerImage` for one session. Created only by
+    :meth:`Backend.create_runner`; stopped by :meth:`Backend.stop_runner`."""
+
+    def __init__(self, spec: SandboxSpec, runner: RunnerImage, backend_id: str) -> None:
+        self.spec = spec
+        self.runner = runner
+        self.backend_id = backend_id
+        #: False once a run had to kill it (a timeout): the next call starts a new one.
+        self.usable = True
+
+    @abc.abstractmethod
+    async def execute(
+        self,
+        code: bytes,
+        *,
+        timeout_s: float,
+        env: Mapping[str, str],
+        on_output: Callable[[str, str], None],
+    ) -> ExecResult:
+        """Run ``code`` once, streaming ``(stream name, text)`` to ``on_output``.
+
+        On timeout or cancellation the process is killed (with the container, when the
+        backend can kill nothing smaller; ``usable`` is then false). Raises
+        ``SandboxFailed`` when the process cannot be started."""
 
 
 class Backend(abc.ABC):
@@ -223,6 +287,22 @@ class Backend(abc.ABC):
         a sandbox. Languages missing here are offered with unknown versions.
         """
         return {}
+
+    async def discover_runners(self, builtin: Collection[str]) -> dict[str, RunnerImage]:
+        """Runner images by language, asked of the backend anew on every call (cheap).
+
+        Called at start, on ``list_runtimes`` and for a language not known yet. The
+        default image is not a runner, nor is an image claiming one of the ``builtin``
+        languages (the agent's); the backend logs why it left an image out. Backends
+        without images have none."""
+        return {}
+
+    async def create_runner(self, spec: SandboxSpec, runner: RunnerImage) -> RunnerSandbox:
+        """Start a container of ``runner`` for ``spec``'s session, sharing its workspace."""
+        raise SandboxFailed(f"the {self.name} backend has no runner images")
+
+    async def stop_runner(self, sandbox: RunnerSandbox) -> None:  # noqa: B027 - none to stop
+        """Stop and remove a runner's container; never raises for one already gone."""
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release backend-wide resources at server shutdown, after every sandbox stopped."""

@@ -42,7 +42,7 @@ import secrets
 import shutil
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -58,6 +58,8 @@ from mcp_code_sandbox.backends.base import (
     Channel,
     Enforcement,
     Leftover,
+    RunnerImage,
+    RunnerSandbox,
     Sandbox,
     SandboxSpec,
 )
@@ -66,12 +68,20 @@ from mcp_code_sandbox.backends.docker_channel import (
     make_run_dir,
     run_dir_from_label,
 )
+from mcp_code_sandbox.backends.docker_runner import (
+    RUNNER_FILTER,
+    DockerRunner,
+    choose_runners,
+    listed_images,
+    runner_kwargs,
+)
 from mcp_code_sandbox.backends.docker_spec import (
     CHANNEL_DIR,
     LABEL_INSTANCE,
     LABEL_KEY,
     LABEL_OWNER,
     LABEL_RUN_DIR,
+    LABEL_RUNNER,
     LABEL_SESSION,
     container_kwargs,
     engine_ready,
@@ -152,9 +162,14 @@ class DockerBackend(Backend):
         self.instance = instance or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
         self._environment = dict(environment or {})
         self._client: Any = None
+        #: For runners' execs, whose output may pause as long as a run may last: the
+        #: main client's timeout would end them.
+        self._exec_client: Any = None
         self._runtime_info: dict[str, dict[str, Any]] | None = None
         #: Languages and versions from the latest agent's ``ready``.
         self._languages: dict[str, str] = {}
+        #: Why labelled images were left out, as last logged (logged again on a change).
+        self._skipped: list[str] = []
 
     # -- calling the engine ------------------------------------------------------------
 
@@ -354,6 +369,7 @@ class DockerBackend(Backend):
                     session_id=labels.get(LABEL_SESSION),
                     running=container.status == "running",
                     workspace=_mount_source(container.attrs, WORKSPACE_DIR),
+                    runner=labels.get(LABEL_RUNNER),
                 )
             )
         return leftovers
@@ -419,11 +435,65 @@ class DockerBackend(Backend):
         name = (container.labels or {}).get(LABEL_RUN_DIR)
         await self._discard(container, run_dir_from_label(self.settings.run_dir, name))
 
+    # -- runner images -------------------------------------------------------------------
+
+    async def discover_runners(self, builtin: Collection[str]) -> dict[str, RunnerImage]:
+        client = await self.client()
+        # The list endpoint alone (docker-py's images.list inspects each image after
+        # listing, and one removed in between would fail the whole discovery).
+        labelled = await self._call(client.api.images, filters=RUNNER_FILTER)
+        try:
+            default_id = (await self._call(client.images.get, self.image)).id
+        except SandboxError:
+            default_id = None  # create() says so; runners can still be offered
+        runners, skipped = choose_runners(
+            listed_images(labelled), default_image_id=default_id, taken=builtin
+        )
+        if skipped != self._skipped:
+            for line in skipped:
+                log.warning("runner image left out: %s", line)
+            self._skipped = skipped
+        return runners
+
+    async def create_runner(self, spec: SandboxSpec, runner: RunnerImage) -> RunnerSandbox:
+        client = await self.client()
+        try:
+            await self._call(client.images.get, runner.image_id)
+        except SandboxError:
+            raise SandboxFailed(
+                f"the image {runner.image} that offered {runner.language!r} is gone; "
+                "list_runtimes shows what is offered now"
+            ) from None
+        run_dir = await asyncio.to_thread(
+            make_run_dir, self.settings.run_dir, f"{spec.key}-{runner.language}"
+        )
+        kwargs = runner_kwargs(spec, self.settings, runner, instance=self.instance, run_dir=run_dir)
+        container: Any = None
+        try:
+            container = await self._call(client.containers.create, **kwargs)
+            await self._call(container.start)
+        except BaseException:
+            await self._discard(container, run_dir)
+            raise
+        if self._exec_client is None:
+            self._exec_client = await self._call(
+                docker.from_env,
+                environment=self._environment,
+                timeout=int(self.settings.max_exec_timeout_s) + API_TIMEOUT_S,
+            )
+        api = self._exec_client.api
+        return DockerRunner(spec, runner, container, run_dir, api=api, call=self._call)
+
+    async def stop_runner(self, sandbox: RunnerSandbox) -> None:
+        assert isinstance(sandbox, DockerRunner)
+        await self._discard(sandbox.container, sandbox.run_dir)
+
     async def aclose(self) -> None:
-        if self._client is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.to_thread(self._client.close)
-            self._client = None
+        for client in (self._client, self._exec_client):
+            if client is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.to_thread(client.close)
+        self._client = self._exec_client = None
 
 
 def _mount_source(attrs: Mapping[str, Any], destination: str) -> Path | None:

@@ -36,6 +36,7 @@ __all__ = [
     "LABEL_INSTANCE",
     "LABEL_KEY",
     "LABEL_OWNER",
+    "LABEL_RUNNER",
     "LABEL_RUN_DIR",
     "LABEL_SESSION",
     "SOCKET_NAME",
@@ -53,6 +54,8 @@ LABEL_OWNER = f"{_PREFIX}.owner"
 LABEL_SESSION = f"{_PREFIX}.session"
 LABEL_KEY = f"{_PREFIX}.key"
 LABEL_INSTANCE = f"{_PREFIX}.instance"
+#: On a runner's container (``docker_runner``): its language.
+LABEL_RUNNER = f"{_PREFIX}.runner"
 #: Name of the sandbox's run dir under ``settings.run_dir``, removed with the container.
 LABEL_RUN_DIR = f"{_PREFIX}.rundir"
 CHANNEL_DIR = "/run/mcs"

@@ -13,10 +13,12 @@ from typing import Any
 
 from mcp.server import MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError
+from mcp.server.subscriptions import InMemorySubscriptionBus
 from mcp_types import ToolAnnotations
 
 from mcp_code_sandbox import __version__
 from mcp_code_sandbox.errors import SandboxError
+from mcp_code_sandbox.server.notify import ToolListNotifier, advertise_tools_changed
 from mcp_code_sandbox.server.tools import ToolSet, owner_of
 from mcp_code_sandbox.service import SandboxService
 from mcp_code_sandbox.settings import Settings
@@ -37,7 +39,7 @@ def _size(n: int) -> str:
     return f"{n} bytes"
 
 
-def descriptions(settings: Settings) -> dict[str, str]:
+def descriptions(settings: Settings, languages: list[str] | None = None) -> dict[str, str]:
     net = (
         "Network access can be requested with network=true."
         if settings.allow_network
@@ -47,6 +49,12 @@ def descriptions(settings: Settings) -> dict[str, str]:
         f"A session ends after {settings.session_ttl_m:g} min without calls, or "
         f"{settings.session_max_lifetime_h:g} h after it started; then its files and "
         "variables are gone."
+    )
+    others = [lang for lang in languages or [] if lang != "python"]
+    more = (
+        f" Other languages (language=...): {', '.join(others)}; see list_runtimes."
+        if others
+        else ""
     )
     return {
         "run_code": (
@@ -62,7 +70,7 @@ def descriptions(settings: Settings) -> dict[str, str]:
             f"by default (timeout_s up to {settings.max_exec_timeout_s:g}), output beyond "
             f"{_size(settings.max_output_bytes)} per stream is cut (the full text is saved "
             f"under /mnt/data/.outputs). {life} Failing code is a normal result with "
-            "status 'error' and a traceback."
+            f"status 'error' and a traceback.{more}"
         ),
         "upload_file": (
             "Write a file into a session's /mnt/data (creating the session if needed). "
@@ -89,14 +97,16 @@ def descriptions(settings: Settings) -> dict[str, str]:
 def build_server(service: SandboxService) -> MCPServer[Any]:
     """The MCP server for ``service``; the caller starts and closes the service."""
     settings = service.settings
+    bus = InMemorySubscriptionBus()
     mcp: MCPServer[Any] = MCPServer(
         "mcp-code-sandbox",
         version=__version__,
         instructions=INSTRUCTIONS,
         log_level=settings.log_level,
+        subscriptions=bus,
     )
     tools = ToolSet(service)
-    text = descriptions(settings)
+    text = descriptions(settings, service.languages())
 
     def hints(*, read_only: bool, destructive: bool, idempotent: bool) -> ToolAnnotations:
         return ToolAnnotations(
@@ -120,9 +130,30 @@ def build_server(service: SandboxService) -> MCPServer[Any]:
     ]  # fmt: skip
     for fn, name, title, tool_hints in table:
         mcp.add_tool(fn, name=name, title=title, description=text[name], annotations=tool_hints)
+    _set_languages(mcp, settings, service.languages())
     _add_file_resource(mcp, service)
+    notifier = ToolListNotifier(bus)
+    advertise_tools_changed(mcp)
+    mcp.middleware.append(notifier.middleware)
     mcp.middleware.append(_argument_errors)
+
+    async def languages_changed(languages: list[str]) -> None:
+        _set_languages(mcp, settings, languages)
+        await notifier.tools_changed()
+
+    service.on_languages_changed.append(languages_changed)
     return mcp
+
+
+def _set_languages(mcp: MCPServer[Any], settings: Settings, languages: list[str]) -> None:
+    """Put ``languages`` into run_code's schema (the ``language`` enum) and description.
+
+    The enum only advertises: a language not offered is refused by the service with
+    ``unsupported_language``, whatever a client sends."""
+    tool = mcp._tool_manager.get_tool("run_code")  # no public setter
+    assert tool is not None
+    tool.parameters["properties"]["language"]["enum"] = list(languages)
+    tool.description = descriptions(settings, languages)["run_code"]
 
 
 def _add_file_resource(mcp: MCPServer[Any], service: SandboxService) -> None:

@@ -94,7 +94,12 @@ class ToolSet:
         code: Annotated[str, Field(description="The program or cell to run")],
         ctx: Context[Any, Any],
         language: Annotated[
-            str, Field(description="Language of the code", json_schema_extra={"enum": LANGUAGES})
+            str,
+            # The enum is set by app.build_server and follows the runner images found.
+            Field(
+                description="Language of the code (see list_runtimes)",
+                json_schema_extra={"enum": LANGUAGES},
+            ),
         ] = "python",
         session_id: SessionArg = None,
         timeout_s: Annotated[float | None, Field(description="Wall-time limit in seconds")] = None,
@@ -237,7 +242,7 @@ class ToolSet:
 
     @tool_errors
     async def list_runtimes(self) -> Annotated[CallToolResult, models.RuntimesResult]:
-        runtimes = [models.RuntimeOut(**r) for r in self.service.runtimes()]
+        runtimes = [models.RuntimeOut(**r) for r in await self.service.runtimes()]
         return structured_result(models.RuntimesResult(runtimes=runtimes))
 
 

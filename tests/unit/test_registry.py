@@ -1,0 +1,287 @@
+"""plan_recovery: what a starting server does with dead servers' records and sandboxes.
+
+Pure: records and leftovers are built by hand, nothing touches a disk or an engine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from mcp_code_sandbox.backends.base import Leftover
+from mcp_code_sandbox.registry import SLOT_PATTERN, Plan, SessionRecord, plan_recovery
+
+WORKSPACES = Path("/var/lib/mcs/workspaces")
+NOW = 1_700_000_000.0
+TTL_S = 30 * 60.0
+LIFETIME_S = 24 * 3600.0
+DEAD = "host-1-dead"
+LIVE = "host-2-live"
+
+
+def key(n: int) -> str:
+    return f"s{n:031x}"
+
+
+def record(n: int, **kw: Any) -> SessionRecord:
+    values: dict[str, Any] = {
+        "owner": "alice",
+        "session_id": f"session-{n}",
+        "key": key(n),
+        "slot": f"{key(n)}-0000abcd",
+        "instance": DEAD,
+        "created_at": NOW - 3600,
+        "last_active": NOW - 60,
+    }
+    values.update(kw)
+    made = SessionRecord(**values)
+    assert SLOT_PATTERN.fullmatch(made.slot)
+    return made
+
+
+def leftover(rec: SessionRecord, backend_id: str = "c1", **kw: Any) -> Leftover:
+    """A sandbox whose labels and workspace match ``rec``."""
+    values: dict[str, Any] = {
+        "backend_id": backend_id,
+        "key": rec.key,
+        "owner": rec.owner,
+        "session_id": rec.session_id,
+        "running": True,
+        "workspace": WORKSPACES / rec.slot,
+    }
+    values.update(kw)
+    return Leftover(**values)
+
+
+def plan(
+    records: list[SessionRecord],
+    leftovers: list[Leftover],
+    slots: list[str] | None = None,
+    *,
+    max_sessions: int = 10,
+) -> Plan:
+    return plan_recovery(
+        records,
+        leftovers,
+        [r.slot for r in records] if slots is None else slots,
+        workspaces_dir=WORKSPACES,
+        alive=lambda instance: instance == LIVE,
+        now=NOW,
+        ttl_s=TTL_S,
+        lifetime_s=LIFETIME_S,
+        max_sessions=max_sessions,
+    )
+
+
+def test_matching_running_leftover_within_ttl_is_reattached() -> None:
+    rec = record(1)
+    lo = leftover(rec)
+    p = plan([rec], [lo])
+    assert p.reattach == [(rec, lo)]
+    assert p.remove_leftovers == []
+    assert p.drop == []
+    assert p.stray_slots == []
+
+
+def test_workspace_reported_with_links_resolved_still_matches(tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    real.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    rec = record(1)
+    lo = leftover(rec, workspace=real / rec.slot)
+    p = plan_recovery(
+        [rec],
+        [lo],
+        [rec.slot],
+        workspaces_dir=link,
+        alive=lambda _: False,
+        now=NOW,
+        ttl_s=TTL_S,
+        lifetime_s=LIFETIME_S,
+        max_sessions=10,
+    )
+    assert p.reattach == [(rec, lo)]
+
+
+def test_idle_past_ttl_is_dropped_and_its_leftover_removed() -> None:
+    rec = record(1, last_active=NOW - TTL_S - 1)
+    lo = leftover(rec)
+    p = plan([rec], [lo])
+    assert p.reattach == []
+    assert p.remove_leftovers == [lo]
+    assert p.drop == [(rec, "session session-1 expired after 30 min idle")]
+
+
+def test_idle_exactly_ttl_is_still_reattached() -> None:
+    rec = record(1, last_active=NOW - TTL_S)
+    lo = leftover(rec)
+    assert plan([rec], [lo]).reattach == [(rec, lo)]
+
+
+def test_past_max_lifetime_is_dropped_and_its_leftover_removed() -> None:
+    rec = record(1, created_at=NOW - LIFETIME_S - 1)
+    lo = leftover(rec)
+    p = plan([rec], [lo])
+    assert p.reattach == []
+    assert p.remove_leftovers == [lo]
+    assert p.drop == [(rec, "session session-1 reached its maximum lifetime of 24 h")]
+
+
+def test_expired_record_without_leftover_gives_the_expiry_reason() -> None:
+    rec = record(1, last_active=NOW - 2 * TTL_S)
+    assert plan([rec], []).drop == [(rec, "session session-1 expired after 30 min idle")]
+
+
+def test_idle_reason_wins_when_both_limits_are_past() -> None:
+    rec = record(1, created_at=NOW - 2 * LIFETIME_S, last_active=NOW - 2 * TTL_S)
+    assert plan([rec], []).drop == [(rec, "session session-1 expired after 30 min idle")]
+
+
+def test_labels_that_do_not_match_the_record_are_removed() -> None:
+    rec = record(1)
+    for bad in (
+        leftover(rec, owner="mallory"),
+        leftover(rec, session_id="other"),
+        leftover(rec, key=key(2)),
+        leftover(rec, owner=None, session_id=None, key=None),
+    ):
+        p = plan([rec], [bad])
+        assert p.reattach == [], bad
+        assert p.remove_leftovers == [bad]
+        assert p.drop == [(rec, "session session-1 was lost when the server restarted")]
+
+
+def test_leftover_that_is_not_running_is_removed() -> None:
+    rec = record(1)
+    lo = leftover(rec, running=False)
+    p = plan([rec], [lo])
+    assert p.reattach == []
+    assert p.remove_leftovers == [lo]
+    assert [r for r, _ in p.drop] == [rec]
+
+
+def test_leftover_without_a_usable_workspace_is_removed() -> None:
+    rec = record(1)
+    for workspace in (
+        None,
+        Path("/elsewhere") / rec.slot,
+        WORKSPACES / "sub" / rec.slot,
+        WORKSPACES / "not-a-slot",
+        WORKSPACES / rec.key,  # the key alone is not a slot
+    ):
+        lo = leftover(rec, workspace=workspace)
+        p = plan([rec], [lo])
+        assert p.reattach == [], workspace
+        assert p.remove_leftovers == [lo], workspace
+        assert [r for r, _ in p.drop] == [rec]
+
+
+def test_leftover_with_a_workspace_no_record_claims_is_removed() -> None:
+    rec = record(1)
+    orphan = leftover(record(2))
+    p = plan([rec], [orphan])
+    assert p.remove_leftovers == [orphan]
+    assert p.reattach == []
+
+
+def test_a_live_servers_sandbox_and_record_are_left_alone() -> None:
+    rec = record(1, instance=LIVE)
+    # Its labels may name the dead server that made it: a live server re-attached it.
+    lo = leftover(rec)
+    runner = leftover(rec, "c2", runner="perl")
+    stopped = leftover(rec, "c3", running=False, owner="mallory")
+    p = plan([rec], [lo, runner, stopped])
+    assert p.reattach == []
+    assert p.remove_leftovers == []
+    assert p.drop == []
+    assert p.stray_slots == []
+
+
+def test_two_leftovers_for_one_slot_only_one_is_reattached() -> None:
+    rec = record(1)
+    first, second = leftover(rec, "c1"), leftover(rec, "c2")
+    p = plan([rec], [first, second])
+    assert p.reattach == [(rec, first)]
+    assert p.remove_leftovers == [second]
+    assert p.drop == []
+
+
+def test_a_stopped_duplicate_does_not_hide_the_running_one() -> None:
+    rec = record(1)
+    stopped, running = leftover(rec, "c1", running=False), leftover(rec, "c2")
+    p = plan([rec], [stopped, running])
+    assert p.reattach == [(rec, running)]
+    assert p.remove_leftovers == [stopped]
+
+
+def test_runner_leftover_is_removed_even_when_it_matches() -> None:
+    rec = record(1)
+    runner = leftover(rec, "runner", runner="perl")
+    p = plan([rec], [runner])
+    assert p.reattach == []
+    assert p.remove_leftovers == [runner]
+    assert p.drop == [(rec, "session session-1 was lost when the server restarted")]
+
+
+def test_runner_leftover_does_not_stop_its_session_being_reattached() -> None:
+    rec = record(1)
+    main = leftover(rec, "main")
+    runner = leftover(rec, "runner", runner="perl")
+    for order in ([runner, main], [main, runner]):
+        p = plan([rec], order)
+        assert p.reattach == [(rec, main)], order
+        assert p.remove_leftovers == [runner], order
+        assert p.drop == []
+
+
+def test_more_candidates_than_max_sessions_keeps_the_most_recently_active() -> None:
+    old = record(1, last_active=NOW - 300)
+    newest = record(2, last_active=NOW - 10)
+    middle = record(3, last_active=NOW - 100)
+    los = {r.slot: leftover(r, f"c-{r.session_id}") for r in (old, newest, middle)}
+    p = plan([old, newest, middle], list(los.values()), max_sessions=2)
+    assert p.reattach == [(newest, los[newest.slot]), (middle, los[middle.slot])]
+    assert p.remove_leftovers == [los[old.slot]]
+    assert p.drop == [(old, "session session-1 was lost when the server restarted")]
+
+
+def test_workspace_dirs_without_a_record_are_stray() -> None:
+    dead, live = record(1), record(2, instance=LIVE)
+    stray_b, stray_a = f"{key(9)}-ffffffff", f"{key(8)}-00000000"
+    p = plan([dead, live], [], [stray_b, dead.slot, live.slot, stray_a])
+    assert p.stray_slots == sorted([stray_a, stray_b])
+    assert [r for r, _ in p.drop] == [dead]
+
+
+def test_dead_record_without_leftover_is_dropped_as_lost() -> None:
+    rec = record(1)
+    p = plan([rec], [])
+    assert p.reattach == []
+    assert p.remove_leftovers == []
+    assert p.drop == [(rec, "session session-1 was lost when the server restarted")]
+
+
+def test_nothing_to_do() -> None:
+    assert plan([], [], []) == Plan()
+
+
+def test_mixed() -> None:
+    """Every kind at once: each leftover lands in exactly one place."""
+    keep = record(1)
+    expired = record(2, last_active=NOW - 2 * TTL_S)
+    lost = record(3)
+    live = record(4, instance=LIVE)
+    keep_lo = leftover(keep, "keep")
+    keep_runner = leftover(keep, "keep-runner", runner="ruby")
+    expired_lo = leftover(expired, "expired")
+    live_lo = leftover(live, "live")
+    foreign = leftover(keep, "foreign", workspace=Path("/elsewhere") / keep.slot)
+    records = [keep, expired, lost, live]
+    p = plan(records, [keep_lo, keep_runner, expired_lo, live_lo, foreign])
+    assert p.reattach == [(keep, keep_lo)]
+    assert p.remove_leftovers == [keep_runner, expired_lo, foreign]
+    assert dict((r.slot, why) for r, why in p.drop) == {
+        expired.slot: "session session-2 expired after 30 min idle",
+        lost.slot: "session session-3 was lost when the server restarted",
+    }
+    assert p.stray_slots == []
