@@ -55,7 +55,6 @@ from mcp_code_sandbox.backends.base import (
     SANDBOX_UID,
     WORKSPACE_DIR,
     Backend,
-    Channel,
     Enforcement,
     Leftover,
     RunnerImage,
@@ -64,9 +63,12 @@ from mcp_code_sandbox.backends.base import (
     SandboxSpec,
 )
 from mcp_code_sandbox.backends.docker_channel import (
+    DockerSandbox,
+    accept_agent,
     bind_listener,
     make_run_dir,
     run_dir_from_label,
+    wait_ready,
 )
 from mcp_code_sandbox.backends.docker_runner import (
     RUNNER_FILTER,
@@ -104,42 +106,7 @@ READY_TIMEOUT_S = 30.0
 REATTACH_WAIT_S = 10.0
 #: docker-py's HTTP timeout: an engine that hangs is as good as down.
 API_TIMEOUT_S = 30
-_LOG_TAIL = 20
 _T = TypeVar("_T")
-
-
-class DockerSandbox(Sandbox):
-    def __init__(self, spec: SandboxSpec, channel: Channel, container: Any, run_dir: Path) -> None:
-        super().__init__(spec, channel, backend_id=str(container.id))
-        self.container = container
-        self.run_dir = run_dir
-        #: The agent's ``ready`` message (languages, ipython, pid).
-        self.ready: dict[str, Any] = {}
-        self.reader: asyncio.StreamReader | None = None
-        #: A duplicate of the channel's socket, only ever peeked at by :meth:`is_alive`.
-        self.peer: socket.socket | None = None
-
-    def is_alive(self) -> bool:
-        # No engine call here (it is synchronous): the container dies with its agent, and
-        # the agent's socket then reaches EOF. Asked of the kernel, not only of the
-        # reader: the event loop may not have read that EOF yet when a call comes in
-        # right after a `docker kill`, and the call would then fail instead of getting
-        # a new container.
-        if self.reader is None or self.reader.at_eof():
-            return False
-        if self.peer is None:
-            return True
-        try:
-            return self.peer.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
-        except BlockingIOError:
-            return True  # open, nothing to read
-        except OSError:
-            return False
-
-    def close(self) -> None:
-        self.channel.close()
-        if self.peer is not None:
-            self.peer.close()
 
 
 class DockerBackend(Backend):
@@ -239,7 +206,9 @@ class DockerBackend(Backend):
         try:
             container = await self._call(client.containers.create, **kwargs)
             await self._call(container.start)
-            channel, reader, peer = await self._accept(listener, container)
+            channel, reader, peer = await accept_agent(
+                listener, container, self._call, READY_TIMEOUT_S, self._runsc_hint()
+            )
         except BaseException:
             listener.close()
             await self._discard(container, run_dir)
@@ -248,7 +217,7 @@ class DockerBackend(Backend):
         sandbox = DockerSandbox(spec, channel, container, run_dir)
         sandbox.reader, sandbox.peer = reader, peer
         try:
-            sandbox.ready = await self._wait_ready(sandbox)
+            sandbox.ready = await wait_ready(sandbox, self._call, READY_TIMEOUT_S)
         except BaseException:
             await self.stop(sandbox)
             raise
@@ -259,37 +228,6 @@ class DockerBackend(Backend):
         run_dir = make_run_dir(self.settings.run_dir, key)
         return run_dir, bind_listener(run_dir)
 
-    async def _accept(
-        self, listener: socket.socket, container: Any, wait_s: float = READY_TIMEOUT_S
-    ) -> tuple[Channel, asyncio.StreamReader, socket.socket]:
-        """The agent's connection (and a duplicate of its socket, for ``is_alive``);
-        fails early, with its log, if the container exits."""
-        loop = asyncio.get_running_loop()
-        accept = asyncio.ensure_future(loop.sock_accept(listener))
-        try:
-            async with asyncio.timeout(wait_s):
-                while not accept.done():
-                    await asyncio.wait({accept}, timeout=0.5)
-                    if not accept.done():
-                        await self._call(container.reload)
-                        if container.status not in ("created", "running"):
-                            raise SandboxFailed(
-                                "the sandbox container exited before its agent connected"
-                                + await self._log_tail(container)
-                                + self._runsc_hint()
-                            )
-        except TimeoutError:
-            raise SandboxFailed(
-                f"the sandbox agent did not connect within {wait_s:.0f} s"
-                + await self._log_tail(container)
-            ) from None
-        finally:
-            accept.cancel()
-        conn, _ = accept.result()
-        peer = conn.dup()
-        reader, writer = await asyncio.open_unix_connection(sock=conn)
-        return Channel(reader, writer), reader, peer
-
     def _runsc_hint(self) -> str:
         if self.settings.docker_runtime != "runsc":
             return ""
@@ -298,31 +236,6 @@ class DockerBackend(Backend):
             "\n(under gVisor the agent can reach the server's socket only when the engine "
             "registers runsc with the runtime argument --host-uds=open)"
         )
-
-    async def _wait_ready(
-        self, sandbox: DockerSandbox, wait_s: float = READY_TIMEOUT_S
-    ) -> dict[str, Any]:
-        try:
-            message = await asyncio.wait_for(sandbox.channel.receive(), wait_s)
-        except TimeoutError:
-            message = None
-        except (ProtocolError, OSError) as exc:
-            message = None
-            log.warning("sandbox %s: broken ready frame: %s", sandbox.spec.key, exc)
-        if message is not None and message.get("ev") == "ready":
-            return message
-        detail = f" ({message.get('message')})" if message and message.get("ev") == "error" else ""
-        raise SandboxFailed(
-            f"the sandbox agent did not say ready{detail}" + await self._log_tail(sandbox.container)
-        )
-
-    async def _log_tail(self, container: Any) -> str:
-        try:
-            raw = await self._call(container.logs, tail=_LOG_TAIL)
-        except SandboxError:
-            return " (its log could not be read)"
-        text = bytes(raw).decode("utf-8", "replace").strip()
-        return (":\n" + text[-4000:]) if text else " (nothing in its log)"
 
     async def stop(self, sandbox: Sandbox) -> None:
         assert isinstance(sandbox, DockerSandbox)
@@ -405,7 +318,9 @@ class DockerBackend(Backend):
             return None
         deadline = time.monotonic() + REATTACH_WAIT_S
         try:
-            channel, reader, peer = await self._accept(listener, container, REATTACH_WAIT_S)
+            channel, reader, peer = await accept_agent(
+                listener, container, self._call, REATTACH_WAIT_S
+            )
         except SandboxError as exc:
             log.warning("cannot re-attach to %s: %s", leftover.backend_id, exc.message)
             return None
@@ -414,7 +329,7 @@ class DockerBackend(Backend):
         sandbox = DockerSandbox(spec, channel, container, run_dir)
         sandbox.reader, sandbox.peer = reader, peer
         try:
-            ready = await self._wait_ready(sandbox, max(1.0, deadline - time.monotonic()))
+            ready = await wait_ready(sandbox, self._call, max(1.0, deadline - time.monotonic()))
         except SandboxError as exc:
             log.warning("cannot re-attach to %s: %s", leftover.backend_id, exc.message)
             sandbox.close()

@@ -7,24 +7,77 @@ random, not the key, because two live servers sharing a state dir may each hold 
 of the same owner and id. Re-attaching after a crash binds the same path again
 (:func:`bind_listener` with ``replace``): the agent keeps reconnecting to it.
 
-Blocking file-system calls: run them in a thread.
+Then the agent connects (:func:`accept_agent`) and says ``ready`` (:func:`wait_ready`);
+a :class:`DockerSandbox` holds the channel. Blocking file-system calls here: run them in a
+thread. Engine calls go through the backend's ``call`` (which maps docker-py's errors).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import os
 import secrets
 import shutil
 import socket
 import stat
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
-from mcp_code_sandbox.backends.base import SANDBOX_GID, SANDBOX_UID
+from mcp_code_sandbox.agent.protocol import ProtocolError
+from mcp_code_sandbox.backends.base import SANDBOX_GID, SANDBOX_UID, Channel, Sandbox, SandboxSpec
 from mcp_code_sandbox.backends.docker_spec import SOCKET_NAME
-from mcp_code_sandbox.errors import SandboxFailed
+from mcp_code_sandbox.errors import SandboxError, SandboxFailed
 
-__all__ = ["bind_listener", "make_run_dir", "run_dir_from_label"]
+__all__ = [
+    "DockerSandbox",
+    "accept_agent",
+    "bind_listener",
+    "make_run_dir",
+    "run_dir_from_label",
+    "wait_ready",
+]
+
+log = logging.getLogger(__name__)
+
+_LOG_TAIL = 20
+Call = Callable[..., Awaitable[Any]]
+
+
+class DockerSandbox(Sandbox):
+    def __init__(self, spec: SandboxSpec, channel: Channel, container: Any, run_dir: Path) -> None:
+        super().__init__(spec, channel, backend_id=str(container.id))
+        self.container = container
+        self.run_dir = run_dir
+        #: The agent's ``ready`` message (languages, ipython, pid).
+        self.ready: dict[str, Any] = {}
+        self.reader: asyncio.StreamReader | None = None
+        #: A duplicate of the channel's socket, only ever peeked at by :meth:`is_alive`.
+        self.peer: socket.socket | None = None
+
+    def is_alive(self) -> bool:
+        # No engine call here (it is synchronous): the container dies with its agent, and
+        # the agent's socket then reaches EOF. Asked of the kernel, not only of the
+        # reader: the event loop may not have read that EOF yet when a call comes in
+        # right after a `docker kill`, and the call would then fail instead of getting
+        # a new container.
+        if self.reader is None or self.reader.at_eof():
+            return False
+        if self.peer is None:
+            return True
+        try:
+            return self.peer.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
+        except BlockingIOError:
+            return True  # open, nothing to read
+        except OSError:
+            return False
+
+    def close(self) -> None:
+        self.channel.close()
+        if self.peer is not None:
+            self.peer.close()
 
 
 def make_run_dir(base: Path, key: str) -> Path:
@@ -84,3 +137,60 @@ def _unlink_socket(dir_fd: int) -> None:
         raise OSError(f"{SOCKET_NAME} is not a socket")
     with contextlib.suppress(FileNotFoundError):
         os.unlink(SOCKET_NAME, dir_fd=dir_fd)
+
+
+async def accept_agent(
+    listener: socket.socket, container: Any, call: Call, wait_s: float, hint: str = ""
+) -> tuple[Channel, asyncio.StreamReader, socket.socket]:
+    """The agent's connection (and a duplicate of its socket, for ``is_alive``);
+    fails early, with its log, if the container exits."""
+    loop = asyncio.get_running_loop()
+    accept = asyncio.ensure_future(loop.sock_accept(listener))
+    try:
+        async with asyncio.timeout(wait_s):
+            while not accept.done():
+                await asyncio.wait({accept}, timeout=0.5)
+                if not accept.done():
+                    await call(container.reload)
+                    if container.status not in ("created", "running"):
+                        raise SandboxFailed(
+                            "the sandbox container exited before its agent connected"
+                            + await log_tail(container, call)
+                            + hint
+                        )
+    except TimeoutError:
+        raise SandboxFailed(
+            f"the sandbox agent did not connect within {wait_s:.0f} s"
+            + await log_tail(container, call)
+        ) from None
+    finally:
+        accept.cancel()
+    conn, _ = accept.result()
+    peer = conn.dup()
+    reader, writer = await asyncio.open_unix_connection(sock=conn)
+    return Channel(reader, writer), reader, peer
+
+
+async def wait_ready(sandbox: DockerSandbox, call: Call, wait_s: float) -> dict[str, Any]:
+    try:
+        message = await asyncio.wait_for(sandbox.channel.receive(), wait_s)
+    except TimeoutError:
+        message = None
+    except (ProtocolError, OSError) as exc:
+        message = None
+        log.warning("sandbox %s: broken ready frame: %s", sandbox.spec.key, exc)
+    if message is not None and message.get("ev") == "ready":
+        return message
+    detail = f" ({message.get('message')})" if message and message.get("ev") == "error" else ""
+    raise SandboxFailed(
+        f"the sandbox agent did not say ready{detail}" + await log_tail(sandbox.container, call)
+    )
+
+
+async def log_tail(container: Any, call: Call) -> str:
+    try:
+        raw = await call(container.logs, tail=_LOG_TAIL)
+    except SandboxError:
+        return " (its log could not be read)"
+    text = bytes(raw).decode("utf-8", "replace").strip()
+    return (":\n" + text[-4000:]) if text else " (nothing in its log)"
