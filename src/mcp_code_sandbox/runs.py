@@ -32,7 +32,7 @@ from mcp_code_sandbox.output import OutputCapture
 from mcp_code_sandbox.runner_client import RunnerClient
 from mcp_code_sandbox.runtimes import RUNTIMES
 from mcp_code_sandbox.sessions import Session, SessionManager
-from mcp_code_sandbox.settings import Settings
+from mcp_code_sandbox.settings import FORBIDDEN_ENV, Settings
 from mcp_code_sandbox.workspace import Change, Snapshot
 
 __all__ = ["IMAGE_MIME_TYPES", "ImageFile", "RunReport", "RunRequest", "check_request", "run"]
@@ -43,27 +43,6 @@ audit = structlog.get_logger("mcp_code_sandbox.audit")
 IMAGE_MIME_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
 #: Image files larger than this are linked, not embedded (decoding them costs too much).
 MAX_IMAGE_FILE_BYTES = 20 * 1024 * 1024
-#: Names that would change how the sandbox itself behaves, never settable per call.
-FORBIDDEN_ENV = frozenset(
-    {
-        "LD_PRELOAD",
-        "LD_LIBRARY_PATH",
-        "LD_AUDIT",
-        "PATH",
-        "PYTHONPATH",
-        "PYTHONHOME",
-        "PYTHONSTARTUP",
-        "PYTHONINSPECT",
-        "NODE_OPTIONS",
-        "NODE_PATH",
-        "BASH_ENV",
-        "ENV",
-        "HOME",
-        "VIRTUAL_ENV",
-        "MPLBACKEND",
-        "MPLCONFIGDIR",
-    }
-)
 PROGRESS_EVERY_S = 2.0
 
 ProgressSink = Callable[[float, str], Awaitable[None]]

@@ -23,7 +23,14 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-__all__ = ["ConfigError", "Settings", "docker_environ", "load_settings", "parse_size"]
+__all__ = [
+    "FORBIDDEN_ENV",
+    "ConfigError",
+    "Settings",
+    "docker_environ",
+    "load_settings",
+    "parse_size",
+]
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
@@ -58,6 +65,29 @@ def _default_state_dir() -> Path:
         return Path("/var/lib/mcp-code-sandbox")
     base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(base) / "mcp-code-sandbox"
+
+
+#: Names that would change how the sandbox itself behaves, never settable per call.
+FORBIDDEN_ENV = frozenset(
+    {
+        "LD_PRELOAD",
+        "LD_LIBRARY_PATH",
+        "LD_AUDIT",
+        "PATH",
+        "PYTHONPATH",
+        "PYTHONHOME",
+        "PYTHONSTARTUP",
+        "PYTHONINSPECT",
+        "NODE_OPTIONS",
+        "NODE_PATH",
+        "BASH_ENV",
+        "ENV",
+        "HOME",
+        "VIRTUAL_ENV",
+        "MPLBACKEND",
+        "MPLCONFIGDIR",
+    }
+)
 
 
 class Settings(BaseSettings):
@@ -127,6 +157,8 @@ class Settings(BaseSettings):
         for name in names:
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
                 raise ValueError(f"{name!r} is not an environment variable name")
+            if name.upper() in FORBIDDEN_ENV:
+                raise ValueError(f"{name} controls the sandbox itself and cannot be passed")
         return names
 
     @model_validator(mode="after")

@@ -13,6 +13,7 @@ from mcp_code_sandbox.backends.bwrap import (
     Mounts,
     build_bwrap_argv,
     build_launcher_argv,
+    env_args,
 )
 
 LIMITS = Limits(memory_bytes=512 << 20, cpu=1.0, pids=128, tmp_bytes=64 << 20, file_bytes=1 << 30)
@@ -40,7 +41,9 @@ def spec(**kw: object) -> SandboxSpec:
 
 
 def argv(**kw: object) -> list[str]:
-    return build_bwrap_argv("/usr/bin/bwrap", spec(**kw), MOUNTS, LAYOUT, rlimit_memory=False)
+    return build_bwrap_argv(
+        "/usr/bin/bwrap", spec(**kw), MOUNTS, LAYOUT, rlimit_memory=False, env_fd=14
+    )
 
 
 def pairs(args: list[str], flag: str) -> list[tuple[str, str]]:
@@ -91,7 +94,7 @@ def test_binds() -> None:
 
 def test_base_prefix_bound_at_its_own_path() -> None:
     mounts = Mounts("/w", "/v", "/a", ("/tmp/base", "/opt/py"), 11, 12, 13)
-    args = build_bwrap_argv("bwrap", spec(), mounts, LAYOUT, rlimit_memory=False)
+    args = build_bwrap_argv("bwrap", spec(), mounts, LAYOUT, rlimit_memory=False, env_fd=14)
     assert ("/tmp/base", "/opt/py") in pairs(args, "--ro-bind")
 
 
@@ -101,13 +104,23 @@ def test_tmp_is_sized() -> None:
     assert args[i + 1] == str(64 << 20) and args[i + 2 : i + 4] == ["--tmpfs", "/tmp"]
 
 
-def test_env_and_agent() -> None:
+def test_env_comes_from_a_file_never_the_command_line() -> None:
     args = argv()
-    assert ("FOO", "bar") in pairs(args, "--setenv")
-    assert ("HOME", "/tmp") in pairs(args, "--setenv")
+    assert "bar" not in args and "--setenv" not in args  # `ps` shows command lines
+    i = args.index("--args")
+    assert args[i + 1] == "14" and args.index("--clearenv") < i < args.index("--")
+    words = env_args(spec()).split(b"\0")
+    assert words[-1] == b""  # NUL-terminated
+    env = [w.decode() for w in words[:-1]]
+    assert ("FOO", "bar") in pairs(env, "--setenv")
+    assert ("HOME", "/tmp") in pairs(env, "--setenv")
+
+
+def test_agent() -> None:
+    args = argv()
     tail = args[args.index("--") + 1 :]
     assert tail[0] == "/opt/sandbox/venv/bin/python" and "mcs_agent" in tail
-    rl = build_bwrap_argv("bwrap", spec(), MOUNTS, LAYOUT, rlimit_memory=True)
+    rl = build_bwrap_argv("bwrap", spec(), MOUNTS, LAYOUT, rlimit_memory=True, env_fd=14)
     assert '"memory_bytes":536870912' in rl[-1]
     assert '"memory_bytes":null' in args[-1]
 

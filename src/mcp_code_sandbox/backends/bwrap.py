@@ -17,8 +17,10 @@ so the pid the server holds is bwrap's and bwrap's parent is the server, which
    ``ready`` on fd 3 (a socketpair; bwrap's stdout is /dev/null because in stdio mode the
    server's stdout is the MCP protocol; its stderr is logged, bounded).
 
-Environment values go to bwrap ``--setenv``, never into the launcher's own environment:
-the host-side processes run as root and must not see ``LD_PRELOAD`` & co. from a client.
+Environment values go to bwrap as ``--setenv`` arguments read from a memfd
+(``--args FD``), never onto a command line (any host user can read those in ``ps``) nor
+into the launcher's own environment (the host-side processes run as root and must not
+see ``LD_PRELOAD`` & co. from a client).
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ __all__ = [
     "Mounts",
     "build_bwrap_argv",
     "build_launcher_argv",
+    "env_args",
 ]
 
 log = logging.getLogger(__name__)
@@ -177,10 +180,25 @@ class Mounts:
     group_fd: int
 
 
+def env_args(spec: SandboxSpec) -> bytes:
+    """The sandbox's environment as bwrap arguments for ``--args FD`` (NUL-separated)."""
+    parts = []
+    for name, value in sandbox_env(spec.env).items():
+        parts += ["--setenv", name, value]
+    return b"".join(part.encode() + b"\0" for part in parts)
+
+
 def build_bwrap_argv(
-    bwrap: str, spec: SandboxSpec, mounts: Mounts, layout: HostLayout, *, rlimit_memory: bool
+    bwrap: str,
+    spec: SandboxSpec,
+    mounts: Mounts,
+    layout: HostLayout,
+    *,
+    rlimit_memory: bool,
+    env_fd: int,
 ) -> list[str]:
-    """The bwrap command line of one sandbox. Pure: unit-tested without bwrap."""
+    """The bwrap command line of one sandbox (its environment comes from ``env_fd``, a
+    file of :func:`env_args`). Pure: unit-tested without bwrap."""
     argv = [
         bwrap,
         "--unshare-user",
@@ -243,9 +261,7 @@ def build_bwrap_argv(
     # The workspace last: nothing may be mounted over or under it afterwards.
     argv += ["--bind", mounts.workspace, WORKSPACE_DIR, "--chdir", AGENT_LIB_DIR]
     # The root itself is bwrap's tmpfs: make it (/etc, /opt, /mnt...) read-only too.
-    argv += ["--remount-ro", "/", "--clearenv"]
-    for name, value in sandbox_env(spec.env).items():
-        argv += ["--setenv", name, value]
+    argv += ["--remount-ro", "/", "--clearenv", "--args", str(env_fd)]
     return [*argv, "--", *agent_argv(spec.limits, rlimit_memory)]
 
 
@@ -287,6 +303,21 @@ def _high_fd(fd: int) -> int:
     os.close(fd)
     os.set_inheritable(new, True)
     return new
+
+
+def _memfd(data: bytes) -> int:
+    """A sealed-size file holding ``data``, read from its start (no pipe's 64 KiB bound:
+    pass-through values may be long)."""
+    fd = os.memfd_create("mcs-env", os.MFD_CLOEXEC)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except OSError:
+        os.close(fd)
+        raise
+    return _high_fd(fd)
 
 
 def _data_fd(data: bytes) -> int:
@@ -423,7 +454,8 @@ class BwrapBackend(Backend):
         if self._layout is None:
             self._layout = HostLayout.probe()
         mounts, stage = self._mounts(spec)
-        data_fds = [mounts.seccomp_fd, mounts.passwd_fd, mounts.group_fd]
+        env_fd = _memfd(env_args(spec))
+        data_fds = [mounts.seccomp_fd, mounts.passwd_fd, mounts.group_fd, env_fd]
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         child_fd = _high_fd(child.detach())
         cgroup: cgroups.CgroupHandle | None = None
@@ -435,7 +467,9 @@ class BwrapBackend(Backend):
                 [str(f) for f in cgroup.procs_files] if cgroup else [],
                 stage,
                 HOST_SANDBOX_UID if self._root else None,
-            ) + build_bwrap_argv(bwrap, spec, mounts, self._layout, rlimit_memory=rlimit_memory)
+            ) + build_bwrap_argv(
+                bwrap, spec, mounts, self._layout, rlimit_memory=rlimit_memory, env_fd=env_fd
+            )
             proc = await asyncio.create_subprocess_exec(
                 *argv,
                 stdin=asyncio.subprocess.DEVNULL,
