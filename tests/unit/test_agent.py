@@ -25,7 +25,6 @@ from typing import Any
 import pytest
 
 from mcp_code_sandbox.agent.protocol import HEADER, read_frame, write_frame
-from mcp_code_sandbox.agent.runs import GRACE_S
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 CONFIG = {"kill_strays": False, "pids": 100_000, "file_bytes": 2**31, "memory_bytes": None}
@@ -236,7 +235,7 @@ def test_timeout_interrupts_and_keeps_state(agent: Agent) -> None:
     agent.run("x = 1")
     started = time.monotonic()
     result = agent.run("import time\nprint('before', flush=True)\ntime.sleep(30)", timeout_s=0.5)
-    assert time.monotonic() - started < GRACE_S
+    assert time.monotonic() - started < 20  # interrupted, not slept out (state_lost says how)
     assert result.status == "timeout" and result.done["state_lost"] is False
     assert result.done["error"]["name"] == "KeyboardInterrupt"
     assert result.stdout == "before\n"
@@ -328,7 +327,9 @@ def test_bash_program(agent: Agent) -> None:
 def test_bash_timeout(agent: Agent) -> None:
     started = time.monotonic()
     result = agent.run("echo start; sleep 30", language="bash", timeout_s=0.3)
-    assert time.monotonic() - started < GRACE_S
+    # Interrupted, not waited for: far below the sleep (not a speed check: a loaded
+    # machine takes seconds to schedule the kill).
+    assert time.monotonic() - started < 20
     assert result.status == "timeout" and result.stdout == "start\n"
     assert result.done["exit_code"] == 128 + signal.SIGINT
 
