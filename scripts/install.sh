@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install what mcp-code-sandbox needs on a Debian/Ubuntu machine, skipping what is there:
-# system packages (bubblewrap, libseccomp), a virtualenv in .venv with the package, and the
+# system packages (bubblewrap, libseccomp, npm), a virtualenv in .venv with the package, and the
 # sandbox runtime environment (`mcp-code-sandbox setup`). Idempotent; every line of output
 # goes to stderr, so this can run in front of a stdio MCP server.
 # Usage: scripts/install.sh [--dev]
@@ -19,6 +19,8 @@ command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
 ldconfig -p 2>/dev/null | grep 'libseccomp\.so\.2' >/dev/null || missing+=(libseccomp2)  # not -q: pipefail + SIGPIPE
 command -v python3 >/dev/null 2>&1 || missing+=(python3)
 if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then missing+=(python3-venv); fi
+# npm fetches the sandbox's Node.js, bun and npm packages (setup works without it: Python only).
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 if ((${#missing[@]})); then
   echo "installing system packages: ${missing[*]}"
   $sudo apt-get update -qq

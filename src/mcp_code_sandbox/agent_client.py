@@ -146,6 +146,10 @@ class AgentClient:
                 displays.extend(_displays(message))
             elif event == "done":
                 return _outcome(message, displays)
+            elif event == "error":  # the agent refused this exec: no done follows
+                error = {"name": "AgentError", "value": str(message.get("message")),
+                         "traceback": ""}  # fmt: skip
+                return Outcome("error", None, None, error, None, False, displays)
 
 
 def _displays(message: dict[str, Any]) -> list[Display]:

@@ -150,8 +150,10 @@ def _setup(settings: Settings, *, force: bool) -> int:
         print(line, file=sys.stderr, flush=True)
 
     status = build_runtime(settings, force=force, progress=progress)
+    node = status.node
+    languages = f", Node.js {node.node}, bun {node.bun}" if node else ", no JavaScript/TypeScript"
     print(
-        f"runtime environment ready: {status.venv} (Python {status.python_version})",
+        f"runtime environment ready: {status.venv} (Python {status.python_version}{languages})",
         file=sys.stderr,
     )
     return 0

@@ -155,6 +155,20 @@ def _runtime_check(settings: Settings) -> Check:
     return Check("runtime environment", True, status.detail + extra)
 
 
+def _node_check(settings: Settings) -> Check:
+    """Node.js and bun are optional (Python works without them): a FAIL here is not fatal."""
+    node = runtime_status(settings).node
+    if node is None:
+        return Check(
+            "javascript/typescript",
+            False,
+            f"no Node.js or bun at {settings.runtime_dir / 'node'}",
+            "install npm (apt-get install npm), then mcp-code-sandbox setup",
+        )
+    packages = ", ".join(f"{k} {v}" for k, v in sorted(node.packages.items()))
+    return Check("javascript/typescript", True, f"Node.js {node.node}, bun {node.bun}; {packages}")
+
+
 def _uid_check() -> Check:
     if os.geteuid() == 0:
         return Check(
@@ -172,7 +186,14 @@ def check_bwrap(settings: Settings) -> list[Check]:
         checks = [Check("bwrap", False, "bwrap not found on PATH", "apt-get install bubblewrap")]
     else:
         checks = _bwrap_checks(bwrap)
-    return [*checks, _seccomp_check(), *_cgroup_checks(), _runtime_check(settings), _uid_check()]
+    return [
+        *checks,
+        _seccomp_check(),
+        *_cgroup_checks(),
+        _runtime_check(settings),
+        _node_check(settings),
+        _uid_check(),
+    ]
 
 
 #: Checks without which no sandbox starts; the others degrade to rlimits.

@@ -10,9 +10,13 @@ pulled again: rebuilds reuse the engine's cached layers and never wait for a reg
 
 The build context is assembled under ``<state_dir>/images/context``: the Dockerfile, a
 ``requirements.txt`` generated from :data:`~mcp_code_sandbox.runtime_env.PACKAGES` (the one
-list of packages, shared with the bwrap runtime), a copy of the agent package as
-``mcs_agent/`` and ``build-ca/`` holding the CA bundle, if any. The bundle only enters the
-Dockerfile's first stage; the final stage copies the finished venv, never the bundle.
+list of packages, shared with the bwrap runtime), ``node_env.py`` (the module that builds
+``/opt/sandbox/node``, run in a build stage with Debian's npm: the image needs no npm on the
+host), a copy of the agent package as ``mcs_agent/`` and ``build-ca/`` holding the CA
+bundle, if any. The bundle only enters the build stages; the final stage copies the
+finished trees, never the bundle. The npm registry is the host's (``npm config get
+registry``, passed as the ``NPM_REGISTRY`` build argument) when the host has npm, else
+npm's own default; so is the CA bundle (npm's ``cafile``) when no other is given.
 
 docker-py does all engine work (pull, import, build): it speaks to whatever ``DOCKER_HOST``
 names (Podman's socket too) and its classic build API needs no BuildKit or buildx, which
@@ -28,6 +32,7 @@ import contextlib
 import os
 import re
 import shutil
+import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -51,6 +56,7 @@ __all__ = [
     "choose_mirror",
     "debootstrap_argv",
     "find_mirror",
+    "host_npm_config",
     "parse_deb822",
     "parse_one_line",
     "prepare_context",
@@ -92,6 +98,8 @@ def requirements_text(packages: Sequence[str] = PACKAGES) -> str:
     return "".join(f"{name}\n" for name in packages)
 
 
+#: The engine colours a build step's stderr (``ESC[91m``); progress lines are plain text.
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _ONE_LINE = re.compile(r"^deb\s+(?:\[[^\]]*\]\s+)?(\S+)\s+(\S+)((?:\s+\S+)*)\s*$")
 
 
@@ -206,12 +214,42 @@ def debootstrap_argv(target: Path, mirror: str, suite: str = BOOTSTRAP_SUITE) ->
     ]
 
 
-def build_kwargs(context: Path, tag: str, base: str) -> dict[str, Any]:
+def host_npm_config(
+    npm: str | None, run: Callable[[list[str]], str | None] | None = None
+) -> dict[str, str]:
+    """The host npm's ``registry`` and ``cafile`` (those it sets), for the image build.
+
+    ``run`` returns a command's stdout, ``None`` when it failed (a test seam)."""
+    if npm is None:
+        return {}
+    run = run or _stdout_of
+    found: dict[str, str] = {}
+    for key in ("registry", "cafile"):
+        value = (run([npm, "config", "get", key]) or "").strip()
+        if value and value not in ("null", "undefined"):
+            found[key] = value
+    return found
+
+
+def _stdout_of(argv: list[str]) -> str | None:
+    try:
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=60, check=False, stdin=subprocess.DEVNULL
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def build_kwargs(
+    context: Path, tag: str, base: str, npm_registry: str | None = None
+) -> dict[str, Any]:
     """Keyword arguments of docker-py's ``APIClient.build`` for the image."""
     return {
         "path": str(context),
         "tag": tag,
-        "buildargs": {"BASE": base},
+        # NPM_REGISTRY unset: npm's own default (the Dockerfile's ARG is empty).
+        "buildargs": {"BASE": base, **({"NPM_REGISTRY": npm_registry} if npm_registry else {})},
         "pull": False,  # the base is local by now; never ask a registry again
         "rm": True,
         "forcerm": True,
@@ -243,12 +281,13 @@ def _copy_tree(source: Path, target: Path) -> None:
 
 def prepare_context(context: Path, ca_bundle: Path | None) -> None:
     """Fill ``context`` (emptied first) with what ``images/Dockerfile`` copies."""
-    from mcp_code_sandbox import agent
+    from mcp_code_sandbox import agent, node_env
 
     shutil.rmtree(context, ignore_errors=True)
     context.mkdir(parents=True)
     shutil.copyfile(_dockerfile(), context / "Dockerfile")
     (context / "requirements.txt").write_text(requirements_text(), encoding="utf-8")
+    (context / "node_env.py").write_bytes(Path(node_env.__file__).read_bytes())
     _copy_tree(Path(agent.__file__).resolve().parent, context / "mcs_agent")
     (context / "build-ca").mkdir()
     if ca_bundle is not None:
@@ -371,7 +410,7 @@ def _build(client: Any, kwargs: dict[str, Any], progress: Progress) -> str:
         for event in client.api.build(**kwargs):
             if "error" in event:
                 raise BackendUnavailable(f"the image build failed: {event['error'].strip()}")
-            if text := event.get("stream", "").rstrip():
+            if text := _ANSI.sub("", event.get("stream", "")).rstrip():
                 progress("  " + text)
             if aux := event.get("aux"):
                 image_id = str(aux.get("ID", image_id))
@@ -390,6 +429,9 @@ def build_image(
     tag = tag or settings.image
     work = settings.state_dir / "images"
     timings: dict[str, float] = {}
+    npm = host_npm_config(shutil.which("npm"))
+    if ca_bundle is None and "cafile" in npm:
+        ca_bundle = Path(npm["cafile"])
     client = _client()
     try:
         work.mkdir(parents=True, exist_ok=True)
@@ -399,7 +441,8 @@ def build_image(
             progress(f"using the CA bundle {ca_bundle} during the build only")
         progress(f"building {tag} on {chosen}")
         started = time.monotonic()
-        image_id = _build(client, build_kwargs(work / "context", tag, chosen), progress)
+        kwargs = build_kwargs(work / "context", tag, chosen, npm.get("registry"))
+        image_id = _build(client, kwargs, progress)
         timings["build"] = time.monotonic() - started
     except OSError as exc:
         raise BackendUnavailable(f"cannot build the image: {exc}") from None

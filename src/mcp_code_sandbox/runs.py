@@ -35,7 +35,15 @@ from mcp_code_sandbox.sessions import Session, SessionManager
 from mcp_code_sandbox.settings import FORBIDDEN_ENV, Settings
 from mcp_code_sandbox.workspace import Change, Snapshot
 
-__all__ = ["IMAGE_MIME_TYPES", "ImageFile", "RunReport", "RunRequest", "check_request", "run"]
+__all__ = [
+    "IMAGE_MIME_TYPES",
+    "ImageFile",
+    "RunReport",
+    "RunRequest",
+    "check_request",
+    "ready_languages",
+    "run",
+]
 
 audit = structlog.get_logger("mcp_code_sandbox.audit")
 
@@ -142,6 +150,7 @@ async def run(
     executor: AgentClient | RunnerClient
     if runner is None:
         executor, notice = await manager.ensure_sandbox(session)
+        _check_ready(session, request.language)
     else:
         executor, notice = RunnerClient(manager, session, runner), None
     # A notice here means the previous sandbox had died: its variables are gone.
@@ -178,6 +187,26 @@ async def run(
     report.image_files = await asyncio.to_thread(_read_images, session, changes, settings)
     _audit(session, request, report, capture)
     return report
+
+
+def ready_languages(session: Session) -> dict[str, str] | None:
+    """The languages (with versions) the session's agent said ``ready`` with; ``None``
+    when unknown (no sandbox, or a backend whose sandboxes do not keep the message)."""
+    ready = getattr(session.sandbox, "ready", None)
+    languages = ready.get("languages") if isinstance(ready, dict) else None
+    if not isinstance(languages, dict):
+        return None
+    return {str(name): str(version) for name, version in languages.items()}
+
+
+def _check_ready(session: Session, language: str) -> None:
+    listed = ready_languages(session)
+    if listed is not None and language not in listed:
+        raise UnsupportedLanguage(
+            f"this sandbox has no interpreter for {language!r} (its runtime environment "
+            "lacks it: the operator runs `mcp-code-sandbox setup` for bwrap, or "
+            "`mcp-code-sandbox image build` for docker); available: " + ", ".join(sorted(listed))
+        )
 
 
 def _over_quota(after: Snapshot, quota: int) -> str | None:

@@ -13,6 +13,13 @@ next to its final place and renamed in at the end: a failed build never leaves a
 half-filled venv in use. A manifest records what was built; when it matches, ``setup``
 returns at once.
 
+Next to the venv, ``<runtime_dir>/node`` holds Node.js, bun and the npm packages
+(:mod:`mcp_code_sandbox.node_env`), fetched with the host's ``npm`` and mounted read-only
+at ``SANDBOX_NODE``. It is optional: without npm, ``setup`` builds the Python part, says
+how to get JavaScript/TypeScript and succeeds. It is checked and built on its own, so a
+runtime from before it existed gains it on the next ``setup`` without a new venv; the
+manifest's ``node`` entry (ignored by older versions) repeats its ``versions.json``.
+
 Semantics: progress lines go to the ``progress`` callable (the CLI writes them to stderr);
 nothing here writes to stdout, which is the MCP protocol in stdio mode.
 """
@@ -31,6 +38,14 @@ from typing import Any
 
 from mcp_code_sandbox.backends.base import SANDBOX_PYTHON
 from mcp_code_sandbox.errors import BackendUnavailable
+from mcp_code_sandbox.node_env import (
+    NodeBuildError,
+    NodeRuntime,
+    build_node_dir,
+    host_cpuinfo,
+    node_mismatch,
+    read_node_runtime,
+)
 from mcp_code_sandbox.settings import Settings
 
 __all__ = [
@@ -40,6 +55,7 @@ __all__ = [
     "RuntimeStatus",
     "build_runtime",
     "choose_base_interpreter",
+    "ensure_node",
     "manifest_mismatch",
     "runtime_status",
 ]
@@ -94,6 +110,13 @@ class RuntimeStatus:
     base_prefix: Path | None = None
     #: Installed versions from the manifest; empty when there is no manifest.
     packages: dict[str, str] = field(default_factory=dict)
+    #: Node.js, bun and the npm packages; ``None`` when not built (no npm at ``setup``).
+    node: NodeRuntime | None = None
+
+    @property
+    def node_dir(self) -> Path | None:
+        """The directory to mount at ``SANDBOX_NODE``; ``None`` when there is none."""
+        return self.node.directory if self.node is not None else None
 
     @property
     def venv(self) -> Path:
@@ -103,6 +126,10 @@ class RuntimeStatus:
 
 def _venv_dir(settings: Settings) -> Path:
     return settings.runtime_dir / "venv"
+
+
+def _node_dir(settings: Settings) -> Path:
+    return settings.runtime_dir / "node"
 
 
 def _manifest_path(settings: Settings) -> Path:
@@ -147,12 +174,13 @@ def runtime_status(settings: Settings) -> RuntimeStatus:
     venv = _venv_dir(settings)
     manifest = _read_manifest(_manifest_path(settings))
     exists = venv.is_dir()
+    node = read_node_runtime(_node_dir(settings))
     reason = manifest_mismatch(manifest, None)
     if reason is None and not (venv / "bin" / "python").exists():
         reason = "the venv's python is missing or its link is broken"
     if manifest is None or reason is not None:
         detail = f"runtime environment at {venv}: {reason}; run `mcp-code-sandbox setup`"
-        return RuntimeStatus(venv, exists, False, detail)
+        return RuntimeStatus(venv, exists, False, detail, node=node)
     prefix = Path(str(manifest["base_prefix"]))
     packages = {str(k): str(v) for k, v in dict(manifest.get("installed", {})).items()}
     return RuntimeStatus(
@@ -163,6 +191,7 @@ def runtime_status(settings: Settings) -> RuntimeStatus:
         python_version=str(manifest["venv_python_version"]),
         base_prefix=prefix if _needs_bind(prefix) else None,
         packages=packages,
+        node=node,
     )
 
 
@@ -301,18 +330,10 @@ def _installed_versions(target: Path) -> tuple[str, dict[str, str]]:
     return str(version), {str(k): str(v) for k, v in installed.items()}
 
 
-def build_runtime(
-    settings: Settings, *, force: bool = False, progress: Progress = _stderr_progress
-) -> RuntimeStatus:
-    """Build (or keep) the runtime environment; idempotent and fast when it is current."""
-    base = choose_base_interpreter()
-    manifest_file = _manifest_path(settings)
-    status = runtime_status(settings)
-    if not force and status.ok and manifest_mismatch(_read_manifest(manifest_file), base) is None:
-        progress(f"runtime environment is up to date: {status.detail}")
-        return status
+def _build_venv(settings: Settings, base: BaseInterpreter, progress: Progress) -> None:
     final = _venv_dir(settings)
     building = settings.runtime_dir / "venv.building"
+    manifest_file = _manifest_path(settings)
     try:
         settings.runtime_dir.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(building, ignore_errors=True)
@@ -336,4 +357,67 @@ def build_runtime(
         manifest_file.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     except OSError as exc:
         raise BackendUnavailable(f"cannot build the runtime environment: {exc}") from None
+
+
+def _record_node(settings: Settings, node: NodeRuntime) -> None:
+    """Repeat ``node``'s versions in the manifest (a venv build rewrites it without them)."""
+    path = _manifest_path(settings)
+    manifest = _read_manifest(path)
+    if manifest is None or manifest.get("node") == node.as_json():
+        return
+    manifest["node"] = node.as_json()
+    path.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+
+
+def ensure_node(
+    settings: Settings,
+    *,
+    npm: str | None,
+    force: bool = False,
+    progress: Progress = _stderr_progress,
+    cpuinfo: str | None = None,
+) -> NodeRuntime | None:
+    """Build ``<runtime_dir>/node`` with ``npm`` unless it is current; ``None`` without it.
+
+    Never raises for npm's failures: Python works without JavaScript, so they are
+    reported through ``progress`` and the sandbox simply offers no node or bun.
+    """
+    cpuinfo = host_cpuinfo() if cpuinfo is None else cpuinfo
+    current = read_node_runtime(_node_dir(settings))
+    reason = "rebuild asked for" if force else node_mismatch(current, cpuinfo)
+    if current is not None and reason is None:
+        progress(f"Node.js {current.node} and bun {current.bun} are up to date")
+    elif npm is None:
+        progress(
+            "JavaScript and TypeScript are not available: npm is not installed. Install "
+            "it (apt-get install npm) and run `mcp-code-sandbox setup` again."
+        )
+        return current
+    else:
+        progress(f"Node.js and bun at {_node_dir(settings)}: {reason}")
+        try:
+            current = build_node_dir(npm, _node_dir(settings), progress, cpuinfo=cpuinfo)
+        except NodeBuildError as exc:
+            progress(f"warning: JavaScript and TypeScript are not available: {exc}")
+            return read_node_runtime(_node_dir(settings))
+        progress(f"installed Node.js {current.node} and bun {current.bun}")
+    try:
+        _record_node(settings, current)
+    except OSError as exc:
+        raise BackendUnavailable(f"cannot update the runtime manifest: {exc}") from None
+    return current
+
+
+def build_runtime(
+    settings: Settings, *, force: bool = False, progress: Progress = _stderr_progress
+) -> RuntimeStatus:
+    """Build (or keep) the runtime environment; idempotent and fast when it is current."""
+    base = choose_base_interpreter()
+    status = runtime_status(settings)
+    manifest = _read_manifest(_manifest_path(settings))
+    if not force and status.ok and manifest_mismatch(manifest, base) is None:
+        progress(f"runtime environment is up to date: {status.detail}")
+    else:
+        _build_venv(settings, base, progress)
+    ensure_node(settings, npm=shutil.which("npm"), force=force, progress=progress)
     return runtime_status(settings)

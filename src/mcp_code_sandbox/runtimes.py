@@ -1,7 +1,8 @@
 """The languages ``run_code`` offers, and how each one runs.
 
-Python runs in the session's persistent interpreter; every other language runs per call
-as a subprocess of the agent in the same sandbox and workspace (issue 4 adds them here).
+Python runs in the session's persistent interpreter; every other language here runs per
+call as a subprocess of the agent in the same sandbox and workspace
+(:mod:`.agent.languages`).
 The docker backend adds the languages of runner images (:mod:`.backends.docker_runner`):
 one process per call in another container that shares the session's workspace.
 A backend may offer fewer (its runtime env or image lacks the interpreter): the agent's
@@ -32,6 +33,30 @@ RUNTIMES: dict[str, Runtime] = {
         summary="Python 3 in a persistent IPython interpreter: variables and imports survive "
         "between calls; the last expression's value is returned; matplotlib figures come "
         "back as images",
+    ),
+    "javascript": Runtime(
+        "javascript",
+        stateful=False,
+        summary="JavaScript on Node.js, run as an ES module (import, top-level await; "
+        "require works too); pg, postgres, csv-parser and papaparse import by bare name. "
+        "Each call is a new process: no variables survive between calls, files in "
+        "/mnt/data do and are shared with the session's other languages",
+    ),
+    "typescript": Runtime(
+        "typescript",
+        stateful=False,
+        summary="TypeScript run from source by bun (import, require, top-level await); "
+        "pg, postgres, csv-parser and papaparse import by bare name. Each call is a new "
+        "process: no variables survive between calls, files in /mnt/data do and are "
+        "shared with the session's other languages",
+    ),
+    "bash": Runtime(
+        "bash",
+        stateful=False,
+        summary="A bash script with the sandbox's command-line tools (python, node and "
+        "bun among them). Each call is a new process: no variables or cd survive "
+        "between calls, files in /mnt/data do and are shared with the session's other "
+        "languages",
     ),
 }
 

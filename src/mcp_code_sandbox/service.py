@@ -6,6 +6,7 @@ The MCP layer (and the ``exec`` CLI command) call this; it validates what only i
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -14,9 +15,14 @@ import structlog
 
 from mcp_code_sandbox import runs
 from mcp_code_sandbox.backends.base import Backend, RunnerImage
-from mcp_code_sandbox.errors import InvalidArgument, SandboxError, UploadTooLarge
+from mcp_code_sandbox.errors import (
+    InvalidArgument,
+    SandboxError,
+    UnsupportedLanguage,
+    UploadTooLarge,
+)
 from mcp_code_sandbox.runtimes import RUNTIMES, runner_summary
-from mcp_code_sandbox.sessions import SessionManager
+from mcp_code_sandbox.sessions import Session, SessionManager
 from mcp_code_sandbox.settings import Settings
 from mcp_code_sandbox.workspace import FileInfo, ListResult, ReadResult
 
@@ -44,6 +50,15 @@ class SandboxService:
         self.sessions = SessionManager(settings, backend)
         #: Runner images by language (docker), as last discovered; see ``refresh_runners``.
         self.runners: dict[str, RunnerImage] = {}
+        #: Built-in languages the sandboxes lack. Semantics: ``reported_missing`` is what
+        #: ``backend.runtime_info()`` said at the latest refresh (an entry with
+        #: ``"available": false``); ``seen_missing`` is what the latest sandbox's agent
+        #: did not list in its ``ready``. A language in neither is offered: a backend
+        #: that says nothing about it is not taken to lack it.
+        self.reported_missing: frozenset[str] = frozenset()
+        self.seen_missing: frozenset[str] = frozenset()
+        #: Versions from that ``ready``: for list_runtimes where the backend has none.
+        self.seen_versions: dict[str, str] = {}
         #: Called with the new language list whenever it changes (the MCP layer tells
         #: its clients that the tool list changed: run_code's language enum is in it).
         self.on_languages_changed: list[LanguagesChanged] = []
@@ -53,27 +68,47 @@ class SandboxService:
         await self.refresh_runners()
 
     def languages(self) -> list[str]:
-        """What ``run_code`` offers: the agent's languages, then the runners'."""
-        return [*RUNTIMES, *(lang for lang in self.runners if lang not in RUNTIMES)]
+        """What ``run_code`` offers: the agent's languages whose interpreter the sandbox
+        has (Python always), then the runners'."""
+        missing = self.reported_missing | self.seen_missing
+        builtin = [lang for lang in RUNTIMES if lang == "python" or lang not in missing]
+        return [*builtin, *(lang for lang in self.runners if lang not in RUNTIMES)]
 
     async def refresh_runners(self) -> bool:
-        """Ask the backend for runner images again; True (and listeners told) on a change.
+        """Ask the backend for runner images and its built-in languages again; True (and
+        listeners told) when the offered languages changed.
 
         An engine that does not answer keeps what was found before: its runs fail with
         ``backend_unavailable`` anyway, and the list should not flap with it."""
+        before = self.languages()
+        try:
+            info = await asyncio.to_thread(self.backend.runtime_info)
+        except SandboxError as exc:
+            log.warning("runtime info not read", error=exc.message)
+        else:
+            self.reported_missing = frozenset(
+                lang for lang, entry in info.items()
+                if lang in RUNTIMES and entry.get("available", True) is False
+            )  # fmt: skip
         try:
             found = await self.backend.discover_runners(RUNTIMES.keys())
         except SandboxError as exc:
             log.warning("runner images not listed", error=exc.message)
-            return False
-        found = {lang: runner for lang, runner in found.items() if lang not in RUNTIMES}
-        if found == self.runners:
-            return False
-        before = self.languages()
-        self.runners = found
+        else:
+            self.runners = {lang: r for lang, r in found.items() if lang not in RUNTIMES}
+        return await self._languages_changed(before)
+
+    def _saw_ready(self, session: Session) -> None:
+        """The session's agent listed its languages: the truth about this backend's."""
+        listed = runs.ready_languages(session)
+        if listed is not None:
+            self.seen_missing = frozenset(lang for lang in RUNTIMES if lang not in listed)
+            self.seen_versions = listed
+
+    async def _languages_changed(self, before: list[str]) -> bool:
         after = self.languages()
         if after == before:
-            return True
+            return False
         log.info("languages changed", languages=after)
         for listener in list(self.on_languages_changed):
             try:
@@ -96,10 +131,19 @@ class SandboxService:
             await self.refresh_runners()  # an image built since the last look
         timeout = runs.check_request(self.settings, request, self.languages())
         runner = None if request.language in RUNTIMES else self.runners[request.language]
+        before = self.languages()
         async with self.sessions.acquire(owner, session_id, create=True, wait_s=timeout) as held:
-            report = await runs.run(
-                self.sessions, held.session, request, timeout, on_progress, runner
-            )
+            try:
+                report = await runs.run(
+                    self.sessions, held.session, request, timeout, on_progress, runner
+                )
+            except UnsupportedLanguage:  # this sandbox lacks the language's interpreter
+                self._saw_ready(held.session)
+                await self._languages_changed(before)
+                raise
+            if runner is None:
+                self._saw_ready(held.session)
+        await self._languages_changed(before)
         report.session_created = held.created
         if held.notice:
             report.notice = f"{held.notice}. {report.notice}" if report.notice else held.notice
@@ -168,12 +212,15 @@ class SandboxService:
             },
         }
         out = []
-        for name, runtime in RUNTIMES.items():
+        for name in self.languages():
+            runtime = RUNTIMES.get(name)
+            if runtime is None:
+                continue  # a runner's: below
             lang = info.get(name, {})
             out.append(
                 {
                     "language": name,
-                    "version": lang.get("version"),
+                    "version": lang.get("version") or self.seen_versions.get(name),
                     "image": lang.get("image"),
                     "stateful": runtime.stateful,
                     "summary": runtime.summary,

@@ -20,6 +20,7 @@ import pytest
 from mcp import Client
 from mcp_types import ToolListChangedNotification
 
+from mcp_code_sandbox.runtimes import RUNTIMES
 from mcp_code_sandbox.settings import Settings, docker_environ
 
 from ..conftest import docker_image
@@ -106,7 +107,7 @@ async def test_a_runner_image_is_a_language_that_shares_the_workspace(
     async with held(connect) as client:
         tools_capability = client.server_capabilities.tools
         assert tools_capability is not None and tools_capability.list_changed
-        assert language_enum(await client.list_tools()) == ["python"]
+        assert language_enum(await client.list_tools()) == list(RUNTIMES)
 
         tag = build_runner(PERL_LABELS)
         runtimes = (await client.call_tool("list_runtimes", {})).structured_content
@@ -115,7 +116,7 @@ async def test_a_runner_image_is_a_language_that_shares_the_workspace(
         assert perl[0]["stateful"] is False and perl[0]["backend"] == "docker"
         with anyio.fail_after(10):
             await changed.wait()
-        assert language_enum(await client.list_tools()) == ["python", "perl"]
+        assert language_enum(await client.list_tools()) == [*RUNTIMES, "perl"]
 
         # Python writes, Perl reads and writes, Python reads: one workspace.
         first = await call(client, code="open('a.txt', 'w').write('from python')")
@@ -159,7 +160,7 @@ async def test_a_runner_image_is_a_language_that_shares_the_workspace(
         await client.call_tool("list_runtimes", {})
         with anyio.fail_after(10):
             await changed.wait()
-        assert language_enum(await client.list_tools()) == ["python"]
+        assert language_enum(await client.list_tools()) == list(RUNTIMES)
         gone = await client.call_tool("run_code", {"code": "print(1);", "language": "perl"})
         assert gone.is_error
         assert gone.meta and gone.meta["error_code"] == "unsupported_language"
@@ -184,7 +185,7 @@ async def test_images_that_cannot_be_runners_are_left_out(
     build_runner({**PERL_LABELS, "sandbox.language": "Bad Name"})
     build_runner({**PERL_LABELS, "sandbox.command": '["perl"]'})  # no {file}
     runtimes = await service.runtimes()
-    assert [r["language"] for r in runtimes] == ["python"]
+    assert [r["language"] for r in runtimes] == list(RUNTIMES)
     python = runtimes[0]
     assert python["image"] == service.settings.image  # still the default image's agent
 
@@ -206,8 +207,9 @@ async def test_sandbox_image_replaces_the_default_image(
         try:
             report = await service.run_code("local", RunRequest("1 + 1"))
             assert report.result == "2"
-            (python,) = await service.runtimes()
-            assert python["image"] == tag
+            runtimes = await service.runtimes()
+            assert [r["language"] for r in runtimes] == list(RUNTIMES)
+            assert all(r["image"] == tag for r in runtimes)  # one image, all its languages
             (container,) = session_containers(engine, report.session_id)
             assert tag in container.image.tags
         finally:

@@ -14,6 +14,7 @@ from mcp import Client, MCPError
 from mcp_types import ImageContent
 
 from mcp_code_sandbox.backends import create_backend
+from mcp_code_sandbox.runtimes import RUNTIMES
 from mcp_code_sandbox.server.app import build_server
 from mcp_code_sandbox.service import SandboxService
 from mcp_code_sandbox.settings import Settings
@@ -30,7 +31,7 @@ async def test_tools_schemas_and_annotations(inproc: Client) -> None:
         assert tool.output_schema and tool.output_schema["type"] == "object"
         assert tool.description
     run = tools["run_code"]
-    assert run.input_schema["properties"]["language"]["enum"] == ["python"]
+    assert run.input_schema["properties"]["language"]["enum"] == list(RUNTIMES)
     assert run.input_schema["required"] == ["code"]
     assert run.annotations.open_world_hint is False  # network not allowed on this server
     assert run.annotations.read_only_hint is False
@@ -151,7 +152,10 @@ async def test_parallel_tool_calls_to_one_session_queue(inproc: Client) -> None:
 
 async def test_list_runtimes(inproc: Client) -> None:
     result = await inproc.call_tool("list_runtimes", {})
-    (python,) = result.structured_content["runtimes"]  # type: ignore[index]
+    runtimes = {r["language"]: r for r in result.structured_content["runtimes"]}  # type: ignore[index]
+    assert list(runtimes) == list(RUNTIMES)
+    assert all(runtimes[lang]["stateful"] is False for lang in ("javascript", "typescript", "bash"))
+    python = runtimes["python"]
     assert python["language"] == "python" and python["backend"] == "bwrap"
     assert python["version"].startswith("3.")
     assert {"pandas", "numpy", "matplotlib", "ipython"} <= set(python["packages"])

@@ -112,6 +112,7 @@ async def test_host_paths_are_invisible(sandbox: BwrapSandbox, bwrap_backend: Bw
         "lib64",
         "libx32",
         "mnt",
+        "node_modules",  # a symlink to /opt/sandbox/node/node_modules (read-only)
         "opt",
         "proc",
         "sbin",

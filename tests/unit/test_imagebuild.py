@@ -161,6 +161,7 @@ def test_context_without_a_ca_bundle(tmp_path: Path) -> None:
         "Dockerfile",
         "build-ca",
         "mcs_agent",
+        "node_env.py",
         "requirements.txt",
     ]
     assert list((context / "build-ca").iterdir()) == []

@@ -1,51 +1,154 @@
 """Languages other than Python: each call runs one program as a child of the supervisor.
 
 A new language is one entry in ``PROGRAMS``: how to turn code into an argv, and how to
-ask the interpreter for its version. ``ready`` lists only those whose interpreter exists.
+ask the interpreter for its version. ``ready`` lists only those whose interpreter exists
+on PATH (the backend puts the sandbox's node and bun there).
+
+JavaScript (node) and TypeScript (bun) get their code as a file, never inline: both run
+it as an ES module, so ``import`` and top-level ``await`` work, and a stack trace's line
+numbers are the user's own (the file holds exactly the code). The file lives in the
+agent's private scratch directory under /tmp, not in the workspace, so it is never
+reported as an artifact. That directory holds:
+
+- ``node_modules``: a symlink to the preinstalled packages (the first ``NODE_PATH``
+  entry). ES module bare-name imports resolve by walking up from the importing file, not
+  through ``NODE_PATH``; the symlink is what makes ``import Papa from 'papaparse'`` work
+  in node whatever the cwd. (bun also honours ``NODE_PATH`` for imports.)
+- ``preload.mjs``, which node loads with ``--import``: it defines ``require`` (resolved
+  from the cwd, like ``node -e``, falling back to ``NODE_PATH``) and ``__dirname`` (the
+  cwd) as globals, so CommonJS habits work in the same program as ``import``. A user's
+  own ``const require = createRequire(import.meta.url)`` simply shadows it. bun has
+  ``require`` in ES modules natively.
+
+Relative imports (``./x.mjs``) resolve against the scratch directory, not the workspace:
+files in /mnt/data are reached by their path (``fs``, or ``import('/mnt/data/x.mjs')``).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["PROGRAMS", "Program", "available"]
+__all__ = ["PROGRAMS", "Program", "available", "command", "prepare_scratch"]
+
+#: Node's ``--import`` preload. ``??=``: a global someone already set is left alone.
+PRELOAD = """\
+import { createRequire } from 'node:module';
+import { join } from 'node:path';
+globalThis.require ??= createRequire(join(process.cwd(), '[eval]'));
+globalThis.__dirname ??= process.cwd();
+"""
 
 
 @dataclass(frozen=True)
 class Program:
     executable: str
-    argv: Callable[[str, str], list[str]]  # (resolved executable, code) -> argv
+    #: (resolved executable, code or code file, scratch dir) -> argv
+    argv: Callable[[str, str, str], list[str]]
     version_argv: tuple[str, ...]
+    #: The code is written to ``<scratch>/main<suffix>`` and the argv gets that path;
+    #: ``None``: the argv gets the code itself.
+    suffix: str | None = None
 
 
 PROGRAMS: dict[str, Program] = {
     "bash": Program(
         "bash",
-        lambda exe, code: [exe, "-c", code],
+        lambda exe, code, scratch: [exe, "-c", code],
         ("-c", 'printf %s "${BASH_VERSION%%(*}"'),
+    ),
+    "javascript": Program(
+        "node",
+        lambda exe, path, scratch: [exe, "--import", f"file://{scratch}/preload.mjs", path],
+        ("--version",),
+        suffix=".mjs",
+    ),
+    # --no-install: never try to fetch a missing package (there is no network anyway).
+    "typescript": Program(
+        "bun",
+        lambda exe, path, scratch: [exe, "--no-install", "run", path],
+        ("--version",),
+        suffix=".ts",
     ),
 }
 
 
 def available() -> dict[str, tuple[str, str]]:
-    """``{language: (executable path, version)}`` for the interpreters found on PATH."""
-    found: dict[str, tuple[str, str]] = {}
+    """``{language: (executable path, version)}`` for the interpreters found on PATH.
+
+    The version probes run in parallel: this runs at every sandbox start."""
+    probes: dict[str, tuple[str, subprocess.Popen[str] | None]] = {}
     for name, program in PROGRAMS.items():
         exe = shutil.which(program.executable)
-        if exe is None:
-            continue
-        found[name] = (exe, _version(exe, program.version_argv))
-    return found
+        if exe is not None:
+            probes[name] = (exe, _start_probe(exe, program.version_argv))
+    return {name: (exe, _version(probe)) for name, (exe, probe) in probes.items()}
 
 
-def _version(exe: str, argv: tuple[str, ...]) -> str:
+def _start_probe(exe: str, argv: tuple[str, ...]) -> subprocess.Popen[str] | None:
     try:
-        out = subprocess.run(
-            [exe, *argv], capture_output=True, text=True, timeout=10, check=False
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
+        return subprocess.Popen(
+            [exe, *argv],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+    except OSError:
+        return None
+
+
+def _version(probe: subprocess.Popen[str] | None) -> str:
+    if probe is None:
+        return "unknown"
+    try:
+        out, _ = probe.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        probe.kill()
+        probe.communicate()
         return "unknown"
     return out.strip().lstrip("v") or "unknown"
+
+
+def prepare_scratch(scratch: str) -> None:
+    """(Re)create what the scratch directory needs; user code may have removed it."""
+    os.makedirs(scratch, mode=0o700, exist_ok=True)
+    with open(os.path.join(scratch, "preload.mjs"), "w", encoding="utf-8") as f:
+        f.write(PRELOAD)
+    modules = _node_modules()
+    if modules is None:
+        return
+    link = os.path.join(scratch, "node_modules")
+    try:
+        current: str | None = os.readlink(link)
+    except OSError:
+        current = None
+    if current != modules:
+        if os.path.isdir(link) and not os.path.islink(link):
+            shutil.rmtree(link)
+        elif os.path.lexists(link):
+            os.unlink(link)
+        os.symlink(modules, link)
+
+
+def _node_modules() -> str | None:
+    """The first ``NODE_PATH`` directory: where the sandbox's npm packages are."""
+    for entry in os.environ.get("NODE_PATH", "").split(os.pathsep):
+        if entry and os.path.isdir(entry):
+            return entry
+    return None
+
+
+def command(language: str, exe: str, code: str, scratch: str) -> list[str]:
+    """The argv that runs ``code`` in ``language``, writing its code file if it has one."""
+    program = PROGRAMS[language]
+    if program.suffix is None:
+        return program.argv(exe, code, scratch)
+    prepare_scratch(scratch)
+    path = os.path.join(scratch, f"main{program.suffix}")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(code)
+    return program.argv(exe, path, scratch)

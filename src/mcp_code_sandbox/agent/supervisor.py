@@ -25,6 +25,7 @@ import contextlib
 import functools
 import os
 import selectors
+import shutil
 import signal
 import sys
 import time
@@ -36,7 +37,7 @@ from .children import Child, OutputPipe, kill_strays, reap_orphans, spawn
 from .config import AgentConfig, apply_limits
 from .hostlink import HostLink
 from .kernelproc import KernelProcess, start_kernel
-from .languages import available
+from .languages import available, command
 from .protocol import HEADER, MAX_FRAME_BYTES, ProtocolError, decode_body, write_frame
 from .runs import (
     GRACE_S,
@@ -80,6 +81,8 @@ class Supervisor:
         self._queue: collections.deque[dict[str, Any]] = collections.deque()
         self._run: Run | None = None
         self._programs: dict[str, tuple[str, str]] = {}
+        #: Private directory under /tmp for programs' code files; made at the first use.
+        self._scratch: str | None = None
         #: The kernel died between runs: the next Python run reports ``state_lost``.
         self._state_lost_pending = False
         self._next_reap = 0.0
@@ -148,6 +151,16 @@ class Supervisor:
         self._kernel.close()
         if self._config.kill_strays:
             kill_strays()
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+
+    def _scratch_dir(self) -> str:
+        """Where programs' code files go: outside the workspace, so never an artifact."""
+        if self._scratch is None:
+            import tempfile  # not at start: it costs milliseconds of every sandbox's start
+
+            self._scratch = tempfile.mkdtemp(prefix="mcs-code-")
+        return self._scratch
 
     # -- the host channel ------------------------------------------------------------
 
@@ -256,8 +269,8 @@ class Supervisor:
                 self._kernel_died()
             return
         exe, _ = self._programs[language]
-        argv = _program_argv(language, exe, message["code"])
         try:
+            argv = command(language, exe, message["code"], self._scratch_dir())
             child = spawn(argv, cwd=self._workdir, env={**os.environ, **env},
                           preexec_fn=lambda: apply_limits(self._config))  # fmt: skip
         except OSError as exc:
@@ -457,12 +470,6 @@ class Supervisor:
         run = self._run
         if run is not None and run.child is not None and run.child.pidfd is None:
             self._on_program_exit()
-
-
-def _program_argv(language: str, exe: str, code: str) -> list[str]:
-    from .languages import PROGRAMS
-
-    return PROGRAMS[language].argv(exe, code)
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:

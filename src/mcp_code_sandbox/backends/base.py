@@ -35,6 +35,8 @@ __all__ = [
     "AGENT_LIB_DIR",
     "AGENT_MODULE",
     "SANDBOX_GID",
+    "SANDBOX_NODE",
+    "SANDBOX_NODE_MODULES_LINK",
     "SANDBOX_PYTHON",
     "SANDBOX_UID",
     "SANDBOX_VENV",
@@ -56,6 +58,13 @@ __all__ = [
 WORKSPACE_DIR = "/mnt/data"
 SANDBOX_VENV = "/opt/sandbox/venv"
 SANDBOX_PYTHON = f"{SANDBOX_VENV}/bin/python"
+#: Node.js and bun in ``bin/``, the npm packages of DESIGN.md §3 in ``node_modules/``,
+#: ``versions.json`` (:mod:`mcp_code_sandbox.node_env`). Absent when not provisioned.
+SANDBOX_NODE = "/opt/sandbox/node"
+#: A symlink to ``SANDBOX_NODE/node_modules``: Node's ESM resolver (``import``) ignores
+#: ``NODE_PATH`` and only walks up from the importing file, so from ``/mnt/data`` or
+#: ``/tmp`` it ends at ``/node_modules``.
+SANDBOX_NODE_MODULES_LINK = "/node_modules"
 #: Parent directory of the agent package inside the sandbox; the package is ``mcs_agent``.
 AGENT_LIB_DIR = "/opt/sandbox/lib"
 AGENT_MODULE = "mcs_agent"
@@ -311,7 +320,7 @@ class Backend(abc.ABC):
 def sandbox_env(extra: Mapping[str, str]) -> dict[str, str]:
     """The environment of the agent and every process it starts, for every backend."""
     env = {
-        "PATH": f"{SANDBOX_VENV}/bin:/usr/local/bin:/usr/bin:/bin",
+        "PATH": f"{SANDBOX_VENV}/bin:{SANDBOX_NODE}/bin:/usr/local/bin:/usr/bin:/bin",
         "HOME": "/tmp",  # noqa: S108 - the sandbox's own private tmpfs
         "USER": "sandbox",
         "LANG": "C.UTF-8",
@@ -322,6 +331,8 @@ def sandbox_env(extra: Mapping[str, str]) -> dict[str, str]:
         "PYTHONDONTWRITEBYTECODE": "1",
         "PYTHONUNBUFFERED": "1",
         "VIRTUAL_ENV": SANDBOX_VENV,
+        # require() (node and bun) and bun's import; node's import uses the /node_modules link.
+        "NODE_PATH": f"{SANDBOX_NODE}/node_modules",
     }
     env.update(extra)
     return env

@@ -9,7 +9,8 @@ so the pid the server holds is bwrap's and bwrap's parent is the server, which
    inside the cgroup: no window where a process runs unlimited, no extra handshake (the
    ``--info-fd``/``--block-fd`` dance would place bwrap only after it forked).
 2. As root: the launcher runs under ``unshare --mount --propagation private`` and
-   bind-mounts the workspace, the venv, the agent package and the base interpreter onto a
+   bind-mounts the workspace, the venv, the node directory (when ``setup`` built one), the
+   agent package and the base interpreter onto a
    private tmpfs at ``/tmp``, then drops to ``HOST_SANDBOX_UID`` with ``setpriv``. The
    unprivileged bwrap could not reach them at their real paths (``/root`` is 0700), and
    ``--bind-fd`` fails once the uid changed. The mounts die with that namespace.
@@ -44,6 +45,8 @@ from mcp_code_sandbox.backends.base import (
     AGENT_LIB_DIR,
     AGENT_MODULE,
     SANDBOX_GID,
+    SANDBOX_NODE,
+    SANDBOX_NODE_MODULES_LINK,
     SANDBOX_UID,
     SANDBOX_VENV,
     WORKSPACE_DIR,
@@ -178,6 +181,8 @@ class Mounts:
     seccomp_fd: int
     passwd_fd: int
     group_fd: int
+    #: Node.js, bun and npm packages for ``SANDBOX_NODE``; ``None`` when not provisioned.
+    node: str | None = None
 
 
 def env_args(spec: SandboxSpec) -> bytes:
@@ -258,6 +263,9 @@ def build_bwrap_argv(
     ]
     if mounts.base_prefix is not None:
         argv += ["--ro-bind", *mounts.base_prefix]
+    if mounts.node is not None:
+        argv += ["--ro-bind", mounts.node, SANDBOX_NODE]
+        argv += ["--symlink", f"{SANDBOX_NODE}/node_modules", SANDBOX_NODE_MODULES_LINK]
     # The workspace last: nothing may be mounted over or under it afterwards.
     argv += ["--bind", mounts.workspace, WORKSPACE_DIR, "--chdir", AGENT_LIB_DIR]
     # The root itself is bwrap's tmpfs: make it (/etc, /opt, /mnt...) read-only too.
@@ -403,13 +411,22 @@ class BwrapBackend(Backend):
 
     def runtime_info(self) -> dict[str, dict[str, Any]]:
         status = runtime_status(self.settings)
-        return {
+        info: dict[str, dict[str, Any]] = {
             "python": {
                 "version": status.python_version,
                 "packages": dict(status.packages),
                 "image": None,
             }
         }
+        # From versions.json, without starting anything; none there: not offered.
+        node = status.node
+        for language in ("javascript", "typescript"):
+            if node is None:
+                info[language] = {"available": False}
+                continue
+            version = node.node if language == "javascript" else node.bun
+            info[language] = {"version": version, "packages": dict(node.packages), "image": None}
+        return info
 
     def _bwrap(self) -> str:
         path = shutil.which("bwrap")
@@ -432,6 +449,8 @@ class BwrapBackend(Backend):
         sources = {"ws": str(spec.workspace), "venv": str(status.venv_dir), "agent": str(agent_dir)}
         if status.base_prefix is not None:
             sources["base"] = str(status.base_prefix)
+        if status.node_dir is not None:
+            sources["node"] = str(status.node_dir)
         stage = [(src, name) for name, src in sources.items()] if self._root else None
         seen = {name: f"{_STAGE}/{name}" if self._root else src for name, src in sources.items()}
         base = (seen["base"], sources["base"]) if "base" in seen else None
@@ -440,6 +459,7 @@ class BwrapBackend(Backend):
             seen["venv"],
             seen["agent"],
             base,
+            node=seen.get("node"),
             seccomp_fd=_data_fd(build_seccomp_bpf()),
             passwd_fd=_data_fd(_PASSWD.encode()),
             group_fd=_data_fd(_GROUP.encode()),

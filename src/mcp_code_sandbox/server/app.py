@@ -50,27 +50,23 @@ def descriptions(settings: Settings, languages: list[str] | None = None) -> dict
         f"{settings.session_max_lifetime_h:g} h after it started; then its files and "
         "variables are gone."
     )
-    others = [lang for lang in languages or [] if lang != "python"]
-    more = (
-        f" Other languages (language=...): {', '.join(others)}; see list_runtimes."
-        if others
-        else ""
-    )
+    offered = languages or ["python"]
     return {
         "run_code": (
-            "Run code in a sandboxed session and return its output. Python runs in a "
-            "persistent IPython interpreter: variables and imports survive between calls "
-            "with the same session_id; the value of the last expression is returned as "
-            "`result`; every matplotlib figure comes back as an image. The working "
-            "directory is /mnt/data (the session's files; files created or changed there "
-            "are listed in `files`, image files are returned as images). Preinstalled: "
-            "pandas, numpy, matplotlib, seaborn, scipy, openpyxl, reportlab, pyarrow, "
-            f"requests, ipython. {net} Limits per session: {_size(settings.memory_limit)} "
-            f"memory, {settings.cpu_limit:g} CPU, {settings.exec_timeout_s:g} s per call "
-            f"by default (timeout_s up to {settings.max_exec_timeout_s:g}), output beyond "
+            "Run code in a sandboxed session and return its output. The working directory "
+            "is /mnt/data: the session's files, shared by all its languages (files created "
+            "or changed there are listed in `files`, image files are returned as images). "
+            "Python runs in a persistent IPython interpreter: variables and imports survive "
+            "between calls with the same session_id; the value of the last expression is "
+            "returned as `result`; every matplotlib figure comes back as an image. "
+            "Preinstalled: pandas, numpy, matplotlib, seaborn, scipy, openpyxl, reportlab, "
+            f"pyarrow, requests, ipython.{_other_languages(offered)} {net} Limits per "
+            f"session: {_size(settings.memory_limit)} memory, {settings.cpu_limit:g} CPU, "
+            f"{settings.exec_timeout_s:g} s per call by default (timeout_s up to "
+            f"{settings.max_exec_timeout_s:g}), output beyond "
             f"{_size(settings.max_output_bytes)} per stream is cut (the full text is saved "
             f"under /mnt/data/.outputs). {life} Failing code is a normal result with "
-            f"status 'error' and a traceback.{more}"
+            "status 'error' and a traceback (for other languages: exit_code and stderr)."
         ),
         "upload_file": (
             "Write a file into a session's /mnt/data (creating the session if needed). "
@@ -92,6 +88,32 @@ def descriptions(settings: Settings, languages: list[str] | None = None) -> dict
             "the limits of every session."
         ),
     }
+
+
+#: What run_code's description says of each agent language but Python (runtimes.RUNTIMES).
+_LANGUAGE_NOTES = {
+    "javascript": "language='javascript': Node.js; the code runs as an ES module (import, "
+    "top-level await) and require works too",
+    "typescript": "language='typescript': TypeScript run from source by bun (import, "
+    "require, top-level await)",
+    "bash": "language='bash': a bash script",
+}
+_NPM = "pg, postgres, csv-parser and papaparse"
+
+
+def _other_languages(languages: list[str]) -> str:
+    notes = [_LANGUAGE_NOTES[lang] for lang in languages if lang in _LANGUAGE_NOTES]
+    if any(lang in languages for lang in ("javascript", "typescript")):
+        notes.append(
+            f"for JavaScript and TypeScript {_NPM} are preinstalled, imported by bare name"
+        )
+    text = f" {'; '.join(notes)}." if notes else ""
+    if notes:
+        text += " These run as a new process per call: their variables do not survive, files do."
+    runners = [lang for lang in languages if lang != "python" and lang not in _LANGUAGE_NOTES]
+    if runners:
+        text += f" Other languages (language=...): {', '.join(runners)}; see list_runtimes."
+    return text
 
 
 def build_server(service: SandboxService) -> MCPServer[Any]:

