@@ -230,10 +230,10 @@ def test_bwrap_binds_node_only_when_provisioned() -> None:
     spec = SandboxSpec("k", "local", "s", Path("/w"), limits)
     layout = HostLayout((), (), ())
     bare = Mounts("/w", "/v", "/a", None, seccomp_fd=11, passwd_fd=12, group_fd=13)
-    argv = build_bwrap_argv("bwrap", spec, bare, layout, rlimit_memory=False)
+    argv = build_bwrap_argv("bwrap", spec, bare, layout, rlimit_memory=False, env_fd=14)
     assert SANDBOX_NODE not in argv and "/node_modules" not in argv
     with_node = Mounts("/w", "/v", "/a", None, 11, 12, 13, node="/tmp/node")
-    argv = build_bwrap_argv("bwrap", spec, with_node, layout, rlimit_memory=False)
+    argv = build_bwrap_argv("bwrap", spec, with_node, layout, rlimit_memory=False, env_fd=14)
     i = argv.index(SANDBOX_NODE)
     assert argv[i - 2 : i] == ["--ro-bind", "/tmp/node"]
     assert argv[i + 1 : i + 4] == ["--symlink", f"{SANDBOX_NODE}/node_modules", "/node_modules"]
