@@ -331,7 +331,9 @@ def test_bash_timeout(agent: Agent) -> None:
     # machine takes seconds to schedule the kill).
     assert time.monotonic() - started < 20
     assert result.status == "timeout" and result.stdout == "start\n"
-    assert result.done["exit_code"] == 128 + signal.SIGINT
+    # SIGINT ends it (130); on a loaded machine the grace may run out first and the
+    # group is killed (137). Either way it is gone and the result says timeout.
+    assert result.done["exit_code"] in (128 + signal.SIGINT, 128 + signal.SIGKILL)
 
 
 def test_malformed_frames_get_error_events(agent: Agent) -> None:
