@@ -535,6 +535,11 @@ class BwrapBackend(Backend):
             if cgroup is not None:
                 await asyncio.to_thread(cgroup.remove)
             raise SandboxFailed(f"cannot start the sandbox: {exc}") from None
+        except BaseException:
+            parent.close()
+            if net is not None:
+                await net.close()
+            raise
         finally:
             for fd in (child_fd, *data_fds):
                 os.close(fd)
