@@ -113,8 +113,31 @@ def _bwrap_checks(bwrap: str) -> list[Check]:
             "bubblewrap >= 0.8 (apt-get install bubblewrap from a newer release)",
         )
     )
-    checks.append(Check("network", True, "none inside sandboxes (--unshare-net)"))
     return checks
+
+
+def network_check(settings: Settings, why_not: str | None, how: str) -> Check:
+    """Whether network-by-permission works here, and how it is fenced (both backends)."""
+    base = "each sandbox has no network unless a call asks for it"
+    if not settings.allow_network:
+        return Check("network", True, f"{base}; network=true is refused (SANDBOX_ALLOW_NETWORK)")
+    if why_not is not None:
+        return Check(
+            "network", False, f"{base}; SANDBOX_ALLOW_NETWORK=true but {why_not}",
+            "see above, or unset SANDBOX_ALLOW_NETWORK",
+        )  # fmt: skip
+    return Check("network", True, f"{base}; network=true gives {how}")
+
+
+def _bwrap_network_check(settings: Settings) -> Check:
+    from mcp_code_sandbox.backends.bwrap_net import network_unavailable
+    from mcp_code_sandbox.backends.netfilter import Iptables
+
+    how = (
+        "outbound access through slirp4netns; its group's connections to this host's "
+        "addresses, 169.254.0.0/16, container bridges and IPv6 are rejected (iptables OUTPUT)"
+    )
+    return network_check(settings, network_unavailable(Iptables()), how)
 
 
 def _seccomp_check() -> Check:
@@ -193,6 +216,7 @@ def check_bwrap(settings: Settings) -> list[Check]:
         _runtime_check(settings),
         _node_check(settings),
         _uid_check(),
+        _bwrap_network_check(settings),
     ]
 
 

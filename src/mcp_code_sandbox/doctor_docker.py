@@ -66,9 +66,26 @@ def _engine_checks(client: Any, settings: Settings, where: str) -> list[Check]:
     checks.append(_runners_check(client, settings.image))
     checks.append(Check(
         "docker limits", True,
-        "memory, cpu and pids by the engine's cgroups; no network (network_mode none)",
+        "memory, cpu and pids by the engine's cgroups; network only where allowed and asked for",
     ))  # fmt: skip
+    checks.append(_network_check(settings))
     return checks
+
+
+def _network_check(settings: Settings) -> Check:
+    from mcp_code_sandbox.backends.docker_net import SandboxNetworks
+    from mcp_code_sandbox.doctor import network_check
+
+    async def unused(*_: Any) -> Any:  # never called: only ``unavailable`` is asked
+        raise NotImplementedError
+
+    why_not = SandboxNetworks("doctor", unused).unavailable(settings.docker_runtime)
+    how = (
+        "outbound access on a bridge network of the server's with inter-container traffic "
+        "off; INPUT rejects what comes from it to this host, DOCKER-USER 169.254.0.0/16; "
+        "no IPv6 inside"
+    )
+    return network_check(settings, why_not, how)
 
 
 def _image_check(client: Any, image: str) -> Check:

@@ -22,10 +22,13 @@ __all__ = ["RunnerClient"]
 
 
 class RunnerClient:
-    def __init__(self, manager: SessionManager, session: Session, runner: RunnerImage) -> None:
+    def __init__(
+        self, manager: SessionManager, session: Session, runner: RunnerImage, network: bool = False
+    ) -> None:
         self._manager = manager
         self._session = session
         self._runner = runner
+        self._network = network
 
     async def execute(
         self,
@@ -39,12 +42,16 @@ class RunnerClient:
         """Run ``code`` in the session's container of the runner; a container that died
         since the last call (``docker kill``, an engine restart) is replaced once."""
         data = code.encode("utf-8")
-        sandbox = await self._manager.ensure_runner(self._session, self._runner)
+        sandbox = await self._manager.ensure_runner(
+            self._session, self._runner, network=self._network
+        )
         try:
             result = await sandbox.execute(data, timeout_s=timeout_s, env=env, on_output=on_stream)
         except SandboxFailed:
             await self._manager.drop_runner(self._session, language)
-            sandbox = await self._manager.ensure_runner(self._session, self._runner)
+            sandbox = await self._manager.ensure_runner(
+                self._session, self._runner, network=self._network
+            )
             result = await sandbox.execute(data, timeout_s=timeout_s, env=env, on_output=on_stream)
         return outcome_of(result, timeout_s)
 

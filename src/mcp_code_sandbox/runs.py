@@ -114,8 +114,6 @@ def check_request(
             "this server does not allow network access from sandboxes "
             "(the operator can set SANDBOX_ALLOW_NETWORK=true)"
         )
-    if request.network:
-        raise NetworkNotAllowed("network access is not available on this backend yet")
     if request.env:
         if not settings.allow_call_env:
             raise EnvNotAllowed(
@@ -149,10 +147,10 @@ async def run(
     run_name = f"run-{session.runs}"
     executor: AgentClient | RunnerClient
     if runner is None:
-        executor, notice = await manager.ensure_sandbox(session)
+        executor, notice = await manager.ensure_sandbox(session, network=request.network)
         _check_ready(session, request.language)
     else:
-        executor, notice = RunnerClient(manager, session, runner), None
+        executor, notice = RunnerClient(manager, session, runner, request.network), None
     # A notice here means the previous sandbox had died: its variables are gone.
     replaced = notice is not None
     before = await asyncio.to_thread(session.workspace.snapshot)

@@ -17,6 +17,7 @@ from mcp_code_sandbox import runs
 from mcp_code_sandbox.backends.base import Backend, RunnerImage
 from mcp_code_sandbox.errors import (
     InvalidArgument,
+    NetworkNotAllowed,
     SandboxError,
     UnsupportedLanguage,
     UploadTooLarge,
@@ -130,6 +131,10 @@ class SandboxService:
         if request.language not in self.languages():
             await self.refresh_runners()  # an image built since the last look
         timeout = runs.check_request(self.settings, request, self.languages())
+        if request.network and (why := self.backend.network_unavailable()) is not None:
+            raise NetworkNotAllowed(
+                f"network access is allowed by this server but not available: {why}"
+            )
         runner = None if request.language in RUNTIMES else self.runners[request.language]
         before = self.languages()
         async with self.sessions.acquire(owner, session_id, create=True, wait_s=timeout) as held:

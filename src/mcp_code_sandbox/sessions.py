@@ -280,13 +280,32 @@ class SessionManager:
             file_bytes=s.workspace_quota_bytes,
         )
 
-    async def ensure_sandbox(self, session: Session) -> tuple[AgentClient, str | None]:
+    async def ensure_sandbox(
+        self, session: Session, *, network: bool = False
+    ) -> tuple[AgentClient, str | None]:
         """The session's agent, starting a sandbox if it has none or its one died.
+
+        ``network``: what this call asked for. A sandbox's network is fixed when it
+        starts, and a call gets exactly what it asked for: one whose wish differs from
+        the running sandbox's restarts it (files kept, variables lost, said in the
+        notice), so ``network=false`` always means no network at all.
 
         Returns a notice when a previous sandbox was lost (variables are gone then).
         Called with the session's lock held.
         """
         notice = None
+        if session.sandbox is not None and session.sandbox.spec.network != network:
+            await self._stop_sandbox(session)
+            notice = (
+                f"the sandbox of session {session.id} was restarted "
+                + (
+                    "with network, as this call asked (network=true)"
+                    if network
+                    else "without network, as this call did not ask for it (network=false)"
+                )
+                + ". Files in /mnt/data are kept; variables and imports from before are gone "
+                "(pass the same network value on every call to keep them)"
+            )
         if session.sandbox is not None and (
             not session.sandbox.is_alive() or (session.agent is not None and session.agent.broken)
         ):
@@ -296,20 +315,25 @@ class SessionManager:
                 "Files in /mnt/data are kept; variables and imports from before are gone"
             )
         if session.sandbox is None or session.agent is None:
-            spec = self._spec(session.key, session.owner, session.id, session.workspace)
+            spec = self._spec(session.key, session.owner, session.id, session.workspace, network)
             session.sandbox = await self.backend.create(spec)
             session.agent = AgentClient(session.sandbox.channel)
         return session.agent, notice
 
-    async def ensure_runner(self, session: Session, runner: RunnerImage) -> RunnerSandbox:
+    async def ensure_runner(
+        self, session: Session, runner: RunnerImage, *, network: bool = False
+    ) -> RunnerSandbox:
         """The session's container of ``runner``, started on first use and again after a
-        run had to kill it, or when the language's image changed. Lock held."""
+        run had to kill it, when the language's image changed, or when this call's
+        ``network`` differs from the container's (runners keep no state). Lock held."""
         current = session.runners.get(runner.language)
-        if current is not None and (not current.usable or current.runner != runner):
+        if current is not None and (
+            not current.usable or current.runner != runner or current.spec.network != network
+        ):
             await self.drop_runner(session, runner.language)
             current = None
         if current is None:
-            spec = self._spec(session.key, session.owner, session.id, session.workspace)
+            spec = self._spec(session.key, session.owner, session.id, session.workspace, network)
             current = await self.backend.create_runner(spec, runner)
             session.runners[runner.language] = current
         return current
@@ -319,13 +343,16 @@ class SessionManager:
         if runner is not None:
             await self.backend.stop_runner(runner)
 
-    def _spec(self, key: str, owner: str, session_id: str, workspace: Workspace) -> SandboxSpec:
+    def _spec(
+        self, key: str, owner: str, session_id: str, workspace: Workspace, network: bool = False
+    ) -> SandboxSpec:
         return SandboxSpec(
             key=key,
             owner=owner,
             session_id=session_id,
             workspace=workspace.root,
             limits=self.limits(),
+            network=network,
             env=self._pass_through_env(),
         )
 

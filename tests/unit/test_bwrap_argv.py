@@ -11,6 +11,7 @@ from mcp_code_sandbox.backends.bwrap import (
     HOST_SANDBOX_UID,
     HostLayout,
     Mounts,
+    NetFds,
     build_bwrap_argv,
     build_launcher_argv,
     env_args,
@@ -71,8 +72,26 @@ def test_isolation_flags() -> None:
     assert args[args.index("--gid") + 1] == "1000"
 
 
-def test_network_flag_follows_spec() -> None:
-    assert "--unshare-net" not in argv(network=True)
+def test_every_sandbox_has_its_own_net_namespace() -> None:
+    net = NetFds(status_fd=21, block_fd=22, resolv_fd=23)
+    args = build_bwrap_argv(
+        "/usr/bin/bwrap",
+        spec(network=True),
+        MOUNTS,
+        LAYOUT,
+        rlimit_memory=False,
+        env_fd=14,
+        net=net,
+    )
+    assert "--unshare-net" in args and "--unshare-net" in argv()
+    # bwrap reports the pid and waits until slirp4netns is attached, before the agent runs
+    assert args[args.index("--json-status-fd") + 1] == "21"
+    assert args[args.index("--block-fd") + 1] == "22"
+    assert ("23", "/etc/resolv.conf") in pairs(args, "--ro-bind-data")
+    assert args.index("--block-fd") < args.index("--")
+    assert "--block-fd" not in argv() and "/etc/resolv.conf" not in argv()
+    with pytest.raises(ValueError, match="NetFds"):
+        argv(network=True)
 
 
 def test_binds() -> None:

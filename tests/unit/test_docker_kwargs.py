@@ -61,7 +61,16 @@ def test_isolation() -> None:
 
 
 def test_network_only_when_the_spec_asks() -> None:
-    assert kwargs(network=True)["network_mode"] == "bridge"
+    settings = load_settings({}, environ={})
+    k = container_kwargs(
+        spec(network=True), settings, "img:1", instance="h", run_dir=RUN_DIR, network="mcs-n"
+    )
+    assert k["network_mode"] == "mcs-n"  # the server's fenced network, never "bridge"
+    assert k["sysctls"]["net.ipv6.conf.all.disable_ipv6"] == "1"
+    assert k["labels"]["mcp-code-sandbox.network"] == "true"
+    assert "sysctls" not in kwargs() and kwargs(network=False)["network_mode"] == "none"
+    with pytest.raises(ValueError, match="network"):
+        kwargs(network=True)
 
 
 def test_limits() -> None:

@@ -294,4 +294,9 @@ def test_runner_mounts_the_workspace_and_its_own_run_dir() -> None:
 
 
 def test_runner_network_only_when_the_spec_asks() -> None:
-    assert kwargs(network=True)["network_mode"] == "bridge"
+    values: dict[str, Any] = {"key": "k1", "owner": "a", "session_id": "s", "network": True}
+    spec = SandboxSpec(workspace=WORKSPACE, limits=LIMITS, **values)
+    settings = load_settings({}, environ={})
+    k = runner_kwargs(spec, settings, PERL, instance="h-1-ab", run_dir=RUN_DIR, network="mcs-n")
+    assert k["network_mode"] == "mcs-n"
+    assert kwargs()["network_mode"] == "none"

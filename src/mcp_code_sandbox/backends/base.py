@@ -100,6 +100,8 @@ class SandboxSpec:
     #: Host directory bound read-write at ``WORKSPACE_DIR``; the backend never writes to it.
     workspace: Path
     limits: Limits
+    #: Outbound network through the backend's fenced network (see ``netfilter``); the
+    #: manager asks for it only when the server allows it and the call wants it.
     network: bool = False
     #: Environment of every process in the sandbox, on top of the backend's base env.
     env: Mapping[str, str] = field(default_factory=dict)
@@ -283,6 +285,15 @@ class Backend(abc.ABC):
         ``--die-with-parent``) leave nothing to re-attach to.
         """
         return None
+
+    def network_unavailable(self) -> str | None:
+        """Why this backend cannot give a sandbox a fenced network here, or ``None``.
+
+        Called by the service before a ``network=true`` run (the answer becomes
+        ``network_not_allowed``) and by ``doctor``. Cheap: no sandbox is started. A
+        backend that says ``None`` still fails closed in :meth:`create` when it cannot set
+        up the fence after all."""
+        return f"the {self.name} backend has no network support"
 
     @abc.abstractmethod
     def enforcement(self) -> dict[str, Enforcement]:

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from mcp_code_sandbox.agent.protocol import ProtocolError
-from mcp_code_sandbox.backends import cgroups
+from mcp_code_sandbox.backends import bwrap_net, cgroups
 from mcp_code_sandbox.backends.base import (
     AGENT_LIB_DIR,
     AGENT_MODULE,
@@ -59,8 +59,9 @@ from mcp_code_sandbox.backends.base import (
     agent_argv,
     sandbox_env,
 )
+from mcp_code_sandbox.backends.netfilter import Iptables, slirp_rules
 from mcp_code_sandbox.backends.seccomp import build_seccomp_bpf
-from mcp_code_sandbox.errors import BackendUnavailable, SandboxFailed
+from mcp_code_sandbox.errors import BackendUnavailable, NetworkNotAllowed, SandboxFailed
 from mcp_code_sandbox.runtime_env import runtime_status
 from mcp_code_sandbox.settings import Settings
 
@@ -70,6 +71,7 @@ __all__ = [
     "BwrapSandbox",
     "HostLayout",
     "Mounts",
+    "NetFds",
     "build_bwrap_argv",
     "build_launcher_argv",
     "env_args",
@@ -193,6 +195,16 @@ def env_args(spec: SandboxSpec) -> bytes:
     return b"".join(part.encode() + b"\0" for part in parts)
 
 
+@dataclass(frozen=True)
+class NetFds:
+    """The fds of a sandbox with network (see :mod:`.bwrap_net`): where bwrap reports the
+    sandbox's pid, where it waits for slirp4netns, and the sandbox's resolv.conf."""
+
+    status_fd: int
+    block_fd: int
+    resolv_fd: int
+
+
 def build_bwrap_argv(
     bwrap: str,
     spec: SandboxSpec,
@@ -201,9 +213,15 @@ def build_bwrap_argv(
     *,
     rlimit_memory: bool,
     env_fd: int,
+    net: NetFds | None = None,
 ) -> list[str]:
     """The bwrap command line of one sandbox (its environment comes from ``env_fd``, a
-    file of :func:`env_args`). Pure: unit-tested without bwrap."""
+    file of :func:`env_args`). Pure: unit-tested without bwrap.
+
+    Every sandbox has its own net namespace; with ``net`` slirp4netns is attached to it
+    before the agent starts (``spec.network`` without ``net`` is a caller's bug)."""
+    if spec.network and net is None:
+        raise ValueError("a sandbox with network needs its NetFds")
     argv = [
         bwrap,
         "--unshare-user",
@@ -215,7 +233,7 @@ def build_bwrap_argv(
         "--unshare-ipc",
         "--unshare-uts",
         "--unshare-cgroup-try",
-        *([] if spec.network else ["--unshare-net"]),
+        "--unshare-net",
         "--disable-userns",
         "--die-with-parent",
         "--new-session",
@@ -235,6 +253,9 @@ def build_bwrap_argv(
         argv += ["--ro-bind", path, path]
     for path in layout.etc:
         argv += ["--ro-bind", path, path]
+    if net is not None:
+        argv += ["--json-status-fd", str(net.status_fd), "--block-fd", str(net.block_fd)]
+        argv += ["--perms", "0644", "--ro-bind-data", str(net.resolv_fd), "/etc/resolv.conf"]
     argv += [
         "--perms",
         "0644",
@@ -339,6 +360,47 @@ def _data_fd(data: bytes) -> int:
     return _high_fd(read)
 
 
+@dataclass
+class SandboxNet:
+    """The host's ends of a networked sandbox: bwrap's status pipe (read end, open for the
+    sandbox's life: bwrap writes to it again when the sandbox exits), the pipe bwrap
+    blocks on until slirp4netns is up, and slirp4netns itself once started."""
+
+    status_r: int
+    block_w: int
+    slirp: bwrap_net.SlirpNet | None = None
+
+    @classmethod
+    def open(cls) -> tuple[SandboxNet, NetFds]:
+        status_r, status_w = os.pipe()
+        block_r, block_w = os.pipe()
+        os.set_inheritable(status_r, False)
+        os.set_inheritable(block_w, False)
+        fds = NetFds(
+            _high_fd(status_w),
+            _high_fd(block_r),
+            _data_fd(bwrap_net.RESOLV_CONF.encode()),
+        )
+        return cls(status_r, block_w), fds
+
+    async def attach(self) -> None:
+        """Start slirp4netns in the sandbox's net namespace, then let bwrap go on."""
+        pid = await asyncio.to_thread(bwrap_net.read_child_pid, self.status_r, READY_TIMEOUT_S)
+        self.slirp = await bwrap_net.SlirpNet.start(pid, Iptables())
+        os.write(self.block_w, b"1")
+        os.close(self.block_w)
+        self.block_w = -1
+
+    async def close(self) -> None:
+        for fd in (self.block_w, self.status_r):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self.block_w = self.status_r = -1
+        if self.slirp is not None:
+            await self.slirp.close()
+
+
 class BwrapSandbox(Sandbox):
     def __init__(
         self,
@@ -348,10 +410,12 @@ class BwrapSandbox(Sandbox):
         cgroup: cgroups.CgroupHandle | None,
         stderr: deque[str],
         stderr_task: asyncio.Task[None],
+        net: SandboxNet | None = None,
     ) -> None:
         super().__init__(spec, channel, backend_id=str(proc.pid))
         self.proc = proc
         self.cgroup = cgroup
+        self.net = net
         self.stderr_tail = stderr
         self._stderr_task = stderr_task
         #: The agent's ``ready`` message (languages, ipython, pid).
@@ -391,6 +455,9 @@ class BwrapBackend(Backend):
         self._root = os.geteuid() == 0
         self.workspace_owner = (HOST_SANDBOX_UID, HOST_SANDBOX_UID) if self._root else None
         self._compiled = False
+        self._iptables = Iptables()
+        #: Did this server start a slirp4netns (and so set the shared OUTPUT rules)?
+        self._slirp_used = False
 
     @property
     def cgroups(self) -> cgroups.CgroupSupport:
@@ -466,8 +533,13 @@ class BwrapBackend(Backend):
         )
         return mounts, stage
 
+    def network_unavailable(self) -> str | None:
+        return bwrap_net.network_unavailable(self._iptables)
+
     async def create(self, spec: SandboxSpec) -> Sandbox:
         bwrap = self._bwrap()
+        if spec.network and (why := self.network_unavailable()) is not None:
+            raise NetworkNotAllowed(f"network is not available on this host: {why}")
         if not self._compiled:
             self._compiled = True
             await asyncio.to_thread(_precompile, self._agent_package())
@@ -476,6 +548,10 @@ class BwrapBackend(Backend):
         mounts, stage = self._mounts(spec)
         env_fd = _memfd(env_args(spec))
         data_fds = [mounts.seccomp_fd, mounts.passwd_fd, mounts.group_fd, env_fd]
+        net, net_fds = SandboxNet.open() if spec.network else (None, None)
+        if net_fds is not None:
+            data_fds += [net_fds.status_fd, net_fds.block_fd, net_fds.resolv_fd]
+            self._slirp_used = True
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         child_fd = _high_fd(child.detach())
         cgroup: cgroups.CgroupHandle | None = None
@@ -488,7 +564,13 @@ class BwrapBackend(Backend):
                 stage,
                 HOST_SANDBOX_UID if self._root else None,
             ) + build_bwrap_argv(
-                bwrap, spec, mounts, self._layout, rlimit_memory=rlimit_memory, env_fd=env_fd
+                bwrap,
+                spec,
+                mounts,
+                self._layout,
+                rlimit_memory=rlimit_memory,
+                env_fd=env_fd,
+                net=net_fds,
             )
             proc = await asyncio.create_subprocess_exec(
                 *argv,
@@ -501,9 +583,16 @@ class BwrapBackend(Backend):
             )
         except OSError as exc:
             parent.close()
+            if net is not None:
+                await net.close()
             if cgroup is not None:
                 await asyncio.to_thread(cgroup.remove)
             raise SandboxFailed(f"cannot start the sandbox: {exc}") from None
+        except BaseException:
+            parent.close()
+            if net is not None:
+                await net.close()
+            raise
         finally:
             for fd in (child_fd, *data_fds):
                 os.close(fd)
@@ -511,8 +600,10 @@ class BwrapBackend(Backend):
         tail: deque[str] = deque(maxlen=_STDERR_TAIL)
         assert proc.stderr is not None
         task = asyncio.create_task(_log_stderr(proc.stderr, spec.key, tail))
-        sandbox = BwrapSandbox(spec, Channel(reader, writer), proc, cgroup, tail, task)
+        sandbox = BwrapSandbox(spec, Channel(reader, writer), proc, cgroup, tail, task, net)
         try:
+            if net is not None:
+                await net.attach()
             sandbox.ready = await self._wait_ready(sandbox)
         except BaseException:
             await self.stop(sandbox)
@@ -550,11 +641,19 @@ class BwrapBackend(Backend):
                     await asyncio.wait_for(proc.wait(), wait)
                     break
         sandbox.channel.close()
+        if sandbox.net is not None:
+            await sandbox.net.close()
         if sandbox.cgroup is not None and not await asyncio.to_thread(sandbox.cgroup.remove):
             log.warning("sandbox %s: cgroup %s not removed", sandbox.spec.key, sandbox.cgroup.dirs)
         sandbox._stderr_task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await sandbox._stderr_task
+
+    async def aclose(self) -> None:
+        # The OUTPUT rules are shared by every server on this host (one group for all
+        # slirp4netns): they go when the last slirp4netns has.
+        if self._slirp_used and not await asyncio.to_thread(bwrap_net.other_slirps):
+            await asyncio.to_thread(self._iptables.remove, slirp_rules())
 
     async def list_leftovers(self) -> list[Leftover]:
         # bwrap sandboxes die with their server (--die-with-parent): what a dead server

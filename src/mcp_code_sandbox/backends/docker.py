@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import secrets
@@ -70,6 +71,7 @@ from mcp_code_sandbox.backends.docker_channel import (
     run_dir_from_label,
     wait_ready,
 )
+from mcp_code_sandbox.backends.docker_net import SandboxNetworks
 from mcp_code_sandbox.backends.docker_runner import (
     RUNNER_FILTER,
     DockerRunner,
@@ -81,6 +83,7 @@ from mcp_code_sandbox.backends.docker_spec import (
     CHANNEL_DIR,
     LABEL_INSTANCE,
     LABEL_KEY,
+    LABEL_NETWORK,
     LABEL_OWNER,
     LABEL_RUN_DIR,
     LABEL_RUNNER,
@@ -93,7 +96,7 @@ from mcp_code_sandbox.backends.docker_spec import (
     map_docker_error,
     probe_engine,
 )
-from mcp_code_sandbox.errors import SandboxError, SandboxFailed
+from mcp_code_sandbox.errors import NetworkNotAllowed, SandboxError, SandboxFailed
 from mcp_code_sandbox.settings import Settings
 
 __all__ = ["DockerBackend", "DockerSandbox", "container_kwargs", "engine_ready", "map_docker_error"]
@@ -137,6 +140,7 @@ class DockerBackend(Backend):
         self._languages: dict[str, str] = {}
         #: Why labelled images were left out, as last logged (logged again on a change).
         self._skipped: list[str] = []
+        self._networks = SandboxNetworks(self.instance, self._call)
 
     # -- calling the engine ------------------------------------------------------------
 
@@ -195,12 +199,29 @@ class DockerBackend(Backend):
             info.setdefault(lang, {"packages": {}, "image": self.image})["version"] = version
         return info
 
+    def network_unavailable(self) -> str | None:
+        return self._networks.unavailable(self.settings.docker_runtime)
+
+    async def _network(self, client: Any, spec: SandboxSpec) -> str | None:
+        """The sandboxes' network when ``spec`` asks for one (fails closed, see docker_net)."""
+        if not spec.network:
+            return None
+        if (why := self.network_unavailable()) is not None:
+            raise NetworkNotAllowed(f"network is not available: {why}")
+        return await self._networks.get(client)
+
     async def create(self, spec: SandboxSpec) -> Sandbox:
         client = await self.client()
         await self._call(client.images.get, self.image)
+        network = await self._network(client, spec)
         run_dir, listener = await asyncio.to_thread(self._listen, spec.key)
         kwargs = container_kwargs(
-            spec, self.settings, self.image, instance=self.instance, run_dir=run_dir
+            spec,
+            self.settings,
+            self.image,
+            instance=self.instance,
+            run_dir=run_dir,
+            network=network,
         )
         container: Any = None
         try:
@@ -285,6 +306,7 @@ class DockerBackend(Backend):
                     runner=labels.get(LABEL_RUNNER),
                 )
             )
+        await self._networks.prune(client, ours_too=False)
         return leftovers
 
     def _same_state_dir(self, attrs: Mapping[str, Any]) -> bool:
@@ -337,6 +359,9 @@ class DockerBackend(Backend):
         if not ready.get("reattached"):  # a fresh agent would have lost the variables
             sandbox.close()
             return None
+        if (container.labels or {}).get(LABEL_NETWORK) == "true":
+            # On a dead server's network, still fenced (``list_leftovers`` saw to it).
+            sandbox.spec = dataclasses.replace(spec, network=True)
         sandbox.ready = ready
         self._languages.update(ready.get("languages") or {})
         return sandbox
@@ -382,7 +407,10 @@ class DockerBackend(Backend):
         run_dir = await asyncio.to_thread(
             make_run_dir, self.settings.run_dir, f"{spec.key}-{runner.language}"
         )
-        kwargs = runner_kwargs(spec, self.settings, runner, instance=self.instance, run_dir=run_dir)
+        network = await self._network(client, spec)
+        kwargs = runner_kwargs(
+            spec, self.settings, runner, instance=self.instance, run_dir=run_dir, network=network
+        )
         container: Any = None
         try:
             container = await self._call(client.containers.create, **kwargs)
@@ -404,6 +432,11 @@ class DockerBackend(Backend):
         await self._discard(sandbox.container, sandbox.run_dir)
 
     async def aclose(self) -> None:
+        if self._client is not None:
+            try:
+                await self._networks.prune(self._client, ours_too=True)
+            except SandboxError as exc:
+                log.warning("sandbox networks not removed: %s", exc.message)
         for client in (self._client, self._exec_client):
             if client is not None:
                 with contextlib.suppress(Exception):

@@ -33,8 +33,10 @@ from mcp_code_sandbox.settings import Settings
 
 __all__ = [
     "CHANNEL_DIR",
+    "IPV6_OFF",
     "LABEL_INSTANCE",
     "LABEL_KEY",
+    "LABEL_NETWORK",
     "LABEL_OWNER",
     "LABEL_RUNNER",
     "LABEL_RUN_DIR",
@@ -56,18 +58,38 @@ LABEL_KEY = f"{_PREFIX}.key"
 LABEL_INSTANCE = f"{_PREFIX}.instance"
 #: On a runner's container (``docker_runner``): its language.
 LABEL_RUNNER = f"{_PREFIX}.runner"
+#: On a container: "true" when it is on the sandboxes' network. On that network: its
+#: bridge interface's name (see ``docker_net``).
+LABEL_NETWORK = f"{_PREFIX}.network"
 #: Name of the sandbox's run dir under ``settings.run_dir``, removed with the container.
 LABEL_RUN_DIR = f"{_PREFIX}.rundir"
+#: Sysctls of every networked sandbox: no IPv6 inside (see ``docker_net``).
+IPV6_OFF = {
+    "net.ipv6.conf.all.disable_ipv6": "1",
+    "net.ipv6.conf.default.disable_ipv6": "1",
+}
 CHANNEL_DIR = "/run/mcs"
 SOCKET_NAME = "agent.sock"
 _NOFILE = 4096
 
 
 def container_kwargs(
-    spec: SandboxSpec, settings: Settings, image: str, *, instance: str, run_dir: Path
+    spec: SandboxSpec,
+    settings: Settings,
+    image: str,
+    *,
+    instance: str,
+    run_dir: Path,
+    network: str | None = None,
 ) -> dict[str, Any]:
-    """Everything ``containers.create`` gets for one sandbox. Pure: no engine needed."""
+    """Everything ``containers.create`` gets for one sandbox. Pure: no engine needed.
+
+    ``network``: the sandboxes' network (``docker_net``), required when ``spec.network``
+    and otherwise ignored: without it the container has none (``network_mode`` none)."""
+    if spec.network and network is None:
+        raise ValueError("a sandbox with network needs the sandboxes' network")
     limits = spec.limits
+    networked: dict[str, Any] = {"sysctls": dict(IPV6_OFF)} if spec.network else {}
     socket_path = f"{CHANNEL_DIR}/{SOCKET_NAME}"
     command = agent_argv(
         limits, rlimit_memory=False, channel=("--connect", socket_path), rlimit_pids=False
@@ -90,6 +112,7 @@ def container_kwargs(
             LABEL_KEY: spec.key,
             LABEL_INSTANCE: instance,
             LABEL_RUN_DIR: run_dir.name,
+            **({LABEL_NETWORK: "true"} if spec.network else {}),
         },
         "hostname": "sandbox",
         "runtime": settings.docker_runtime,
@@ -99,7 +122,8 @@ def container_kwargs(
         "stdin_open": False,
         "tty": False,
         "auto_remove": False,  # a dead container's log tail explains a failed start
-        "network_mode": "bridge" if spec.network else "none",
+        "network_mode": network if spec.network else "none",
+        **networked,
         "cap_drop": ["ALL"],
         "security_opt": ["no-new-privileges"],
         "read_only": True,

@@ -41,7 +41,10 @@ def _size(n: int) -> str:
 
 def descriptions(settings: Settings, languages: list[str] | None = None) -> dict[str, str]:
     net = (
-        "Network access can be requested with network=true."
+        "Outbound network can be requested with network=true (the internet, not this host, "
+        "other sandboxes or 169.254.x.x); a session's sandbox is restarted when a call's "
+        "network differs from the previous call's (files kept, variables lost), so pass "
+        "the same value on every call of a session."
         if settings.allow_network
         else "There is no network access (pip install will not work)."
     )

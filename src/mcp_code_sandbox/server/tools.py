@@ -103,7 +103,16 @@ class ToolSet:
         ] = "python",
         session_id: SessionArg = None,
         timeout_s: Annotated[float | None, Field(description="Wall-time limit in seconds")] = None,
-        network: Annotated[bool, Field(description="Ask for outbound network access")] = False,
+        network: Annotated[
+            bool,
+            Field(
+                description=(
+                    "Outbound network for this call, where the server allows it (else "
+                    "network_not_allowed). Changing it within a session restarts the "
+                    "sandbox: files kept, variables lost"
+                )
+            ),
+        ] = False,
         env: Annotated[
             dict[str, str] | None, Field(description="Extra environment for this call")
         ] = None,
