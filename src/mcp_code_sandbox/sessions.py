@@ -117,6 +117,8 @@ class SessionManager:
 
     async def aclose(self) -> None:
         """Stop every sandbox and delete every workspace; bounded by the backend's stops.
+        With ``keep_sessions_on_shutdown`` and a backend that re-attaches, leave them all
+        for the next server instead.
 
         Idempotent: a signal handler and the normal way out may both call it."""
         if self._closed:
@@ -128,7 +130,9 @@ class SessionManager:
                 await self._reaper
         sessions = list(self._sessions.values())
         self._sessions.clear()
-        await asyncio.gather(*(self._destroy(s) for s in sessions), return_exceptions=True)
+        keep = self.settings.keep_sessions_on_shutdown and self.backend.reattaches
+        end = self._leave if keep else self._destroy
+        await asyncio.gather(*(end(s) for s in sessions), return_exceptions=True)
         await self.backend.aclose()
         (self.settings.run_dir / f"{self._instance}.pid").unlink(missing_ok=True)
 
@@ -386,6 +390,18 @@ class SessionManager:
         self.tombstone(session.owner, session.id, reason)
         await self._destroy(session)
         log.info("session ended", owner=session.owner, session=session.id, reason=reason)
+
+    async def _leave(self, session: Session) -> None:
+        """Shut down without ending ``session``: its record is brought up to date, its
+        sandbox detached (still running), its workspace kept; runners (stateless) stop.
+        The next server on this state dir re-attaches it (see :mod:`.recovery`)."""
+        for language in list(session.runners):
+            await self.drop_runner(session, language)
+        self._save(session, force=True)
+        sandbox, session.sandbox, session.agent = session.sandbox, None, None
+        if sandbox is not None:
+            await self.backend.detach(sandbox)
+        log.info("session left for the next server", owner=session.owner, session=session.id)
 
     async def _destroy(self, session: Session) -> None:
         session.closed = True

@@ -123,6 +123,9 @@ class Settings(BaseSettings):
     allow_network: bool = False
     pass_through_env: NameList = Field(default_factory=list)
     allow_call_env: bool = False
+    #: On a clean shutdown, leave sessions whose backend can re-attach (docker) running
+    #: for the next server on this state dir, as a crash would (within ~10 min).
+    keep_sessions_on_shutdown: bool = False
 
     http_host: str = "127.0.0.1"
     http_port: int = Field(8080, ge=0, le=65535)

@@ -241,6 +241,8 @@ class Backend(abc.ABC):
     """One way of running sandboxes. Called only by the session manager (and ``doctor``)."""
 
     name: str
+    #: Whether :meth:`reattach` can take over a previous server's running sandboxes.
+    reattaches: bool = False
     #: Host uid/gid that sandbox processes have, which must own the workspace and every
     #: file the server writes into it; ``None`` when that is the server's own uid.
     workspace_owner: tuple[int, int] | None = None
@@ -270,6 +272,12 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     async def remove_leftover(self, leftover: Leftover) -> None:
         """Remove one leftover for good. Called at start for those not re-attached."""
+
+    async def detach(self, sandbox: Sandbox) -> None:
+        """Let go of ``sandbox`` at a clean shutdown, leaving it running for a later
+        server's :meth:`reattach` (``keep_sessions_on_shutdown``). Backends that cannot
+        re-attach stop it instead: that is the default."""
+        await self.stop(sandbox)
 
     async def reattach(self, leftover: Leftover, spec: SandboxSpec) -> Sandbox | None:
         """Take over a running leftover as the sandbox of ``spec``'s session, or ``None``.

@@ -114,6 +114,7 @@ _T = TypeVar("_T")
 
 class DockerBackend(Backend):
     name = "docker"
+    reattaches = True
     workspace_owner = (SANDBOX_UID, SANDBOX_GID)
 
     def __init__(
@@ -365,6 +366,12 @@ class DockerBackend(Backend):
         sandbox.ready = ready
         self._languages.update(ready.get("languages") or {})
         return sandbox
+
+    async def detach(self, sandbox: Sandbox) -> None:
+        # Only our end of the channel closes: the agent keeps its kernel and reconnects
+        # to the same socket path, for up to 10 min, which the next server binds again.
+        assert isinstance(sandbox, DockerSandbox)
+        sandbox.close()
 
     async def remove_leftover(self, leftover: Leftover) -> None:
         client = await self.client()
