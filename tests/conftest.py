@@ -16,6 +16,7 @@ missing or the engine lacks the runtime, and FAIL instead when ``SANDBOX_REQUIRE
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
@@ -146,15 +147,31 @@ def make_settings(state_dir: Path, backend: str) -> Callable[..., Settings]:
     return make
 
 
+#: ``make_service``'s type, for tests' annotations.
+MakeService = Callable[..., contextlib.AbstractAsyncContextManager[Any]]
+
+
 @pytest.fixture
-async def service(make_settings: Callable[..., Settings]) -> AsyncIterator[Any]:
+def make_service(make_settings: Callable[..., Settings]) -> MakeService:
+    """``async with make_service(**settings) as svc``: a started service of this test's
+    backend, closed (every sandbox and workspace removed) on the way out."""
     from mcp_code_sandbox.backends import create_backend
     from mcp_code_sandbox.service import SandboxService
 
-    settings = make_settings(exec_timeout_s=30)
-    svc = SandboxService(settings, create_backend(settings))
-    await svc.start()
-    try:
+    @contextlib.asynccontextmanager
+    async def make(**overrides: Any) -> AsyncIterator[Any]:
+        settings = make_settings(**overrides)
+        svc = SandboxService(settings, create_backend(settings))
+        await svc.start()
+        try:
+            yield svc
+        finally:
+            await svc.aclose()
+
+    return make
+
+
+@pytest.fixture
+async def service(make_service: MakeService) -> AsyncIterator[Any]:
+    async with make_service(exec_timeout_s=30) as svc:
         yield svc
-    finally:
-        await svc.aclose()

@@ -12,13 +12,11 @@ from typing import Any
 
 import pytest
 
-from mcp_code_sandbox.backends import create_backend
 from mcp_code_sandbox.errors import EnvNotAllowed, InvalidArgument
 from mcp_code_sandbox.runs import RunRequest
-from mcp_code_sandbox.service import SandboxService
 from mcp_code_sandbox.settings import Settings
 
-from ..conftest import each_backend
+from ..conftest import MakeService, each_backend
 
 
 @pytest.fixture
@@ -58,12 +56,10 @@ def files_with(root: Path, value: str, skip: Path | None = None) -> list[str]:
 
 @each_backend
 async def test_pass_through_env_reaches_the_sandbox_and_nowhere_else(
-    make_settings: Callable[..., Settings], secret: str, capfd: pytest.CaptureFixture[str]
+    make_service: MakeService, secret: str, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    settings = make_settings(pass_through_env=["MCS_TEST_TOKEN", "MCS_TEST_ABSENT"])
-    service = SandboxService(settings, create_backend(settings))
-    await service.start()
-    try:
+    async with make_service(pass_through_env=["MCS_TEST_TOKEN", "MCS_TEST_ABSENT"]) as service:
+        settings = service.settings
         report = await service.run_code(
             "local",
             RunRequest(
@@ -78,8 +74,6 @@ async def test_pass_through_env_reaches_the_sandbox_and_nowhere_else(
         assert cmdlines_with(secret) == []
         workspaces = settings.workspaces_dir
         assert files_with(settings.state_dir, secret, skip=workspaces) == []
-    finally:
-        await service.aclose()
     out, err = capfd.readouterr()
     assert secret not in out + err
 
@@ -92,13 +86,10 @@ async def test_call_env_is_refused_unless_allowed(service: Any) -> None:
 
 @each_backend
 async def test_call_env_applies_to_that_call_only(
-    make_settings: Callable[..., Settings], capfd: pytest.CaptureFixture[str]
+    make_service: MakeService, capfd: pytest.CaptureFixture[str]
 ) -> None:
     value = "call-" + secrets.token_hex(8)
-    settings = make_settings(allow_call_env=True)
-    service = SandboxService(settings, create_backend(settings))
-    await service.start()
-    try:
+    async with make_service(allow_call_env=True) as service:
 
         async def run(code: str, **kw: Any) -> Any:
             return await service.run_code("local", RunRequest(code, **kw), "env-3")
@@ -110,8 +101,6 @@ async def test_call_env_applies_to_that_call_only(
         for bad in ("LD_PRELOAD", "PATH", "PYTHONPATH", "NODE_OPTIONS", "ld_preload", "A=B"):
             with pytest.raises(InvalidArgument):
                 await run("1", env={bad: "x"})
-    finally:
-        await service.aclose()
     out, err = capfd.readouterr()
     assert value not in out + err
     assert "CALL_TOKEN" in out + err  # names are audited, values are not

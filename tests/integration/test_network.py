@@ -34,7 +34,7 @@ from mcp_code_sandbox.runs import RunRequest
 from mcp_code_sandbox.service import SandboxService
 from mcp_code_sandbox.settings import Settings
 
-from ..conftest import each_backend
+from ..conftest import MakeService, each_backend
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None,
@@ -175,16 +175,9 @@ def testnet() -> Iterator[LabNet]:
 
 
 @pytest.fixture
-async def net_service(make_settings: Callable[..., Settings]) -> AsyncIterator[SandboxService]:
-    from mcp_code_sandbox.backends import create_backend
-
-    settings = make_settings(exec_timeout_s=60, allow_network=True)
-    svc = SandboxService(settings, create_backend(settings))
-    await svc.start()
-    try:
+async def net_service(make_service: MakeService) -> AsyncIterator[SandboxService]:
+    async with make_service(exec_timeout_s=60, allow_network=True) as svc:
         yield svc
-    finally:
-        await svc.aclose()
 
 
 def probe_code(targets: list[tuple[str, int]], ports: tuple[int, ...], timeout: float = 3) -> str:
