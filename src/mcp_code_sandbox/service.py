@@ -51,15 +51,13 @@ class SandboxService:
         self.sessions = SessionManager(settings, backend)
         #: Runner images by language (docker), as last discovered; see ``refresh_runners``.
         self.runners: dict[str, RunnerImage] = {}
-        #: Built-in languages the sandboxes lack. Semantics: ``reported_missing`` is what
-        #: ``backend.runtime_info()`` said at the latest refresh (an entry with
-        #: ``"available": false``); ``seen_missing`` is what the latest sandbox's agent
-        #: did not list in its ``ready``. A language in neither is offered: a backend
-        #: that says nothing about it is not taken to lack it.
-        self.reported_missing: frozenset[str] = frozenset()
-        self.seen_missing: frozenset[str] = frozenset()
-        #: Versions from that ``ready``: for list_runtimes where the backend has none.
-        self.seen_versions: dict[str, str] = {}
+        #: What ``backend.runtime_info()`` said at the latest refresh, and the languages
+        #: (with versions) the latest sandbox's agent listed in its ``ready`` (``None``
+        #: before any). A built-in language is offered unless one of them says the
+        #: sandboxes lack it (``"available": false``, or not listed): a backend that says
+        #: nothing about a language is not taken to lack it.
+        self._info: dict[str, dict[str, Any]] = {}
+        self._seen: dict[str, str] | None = None
         #: Called with the new language list whenever it changes (the MCP layer tells
         #: its clients that the tool list changed: run_code's language enum is in it).
         self.on_languages_changed: list[LanguagesChanged] = []
@@ -71,8 +69,12 @@ class SandboxService:
     def languages(self) -> list[str]:
         """What ``run_code`` offers: the agent's languages whose interpreter the sandbox
         has (Python always), then the runners'."""
-        missing = self.reported_missing | self.seen_missing
-        builtin = [lang for lang in RUNTIMES if lang == "python" or lang not in missing]
+
+        def lacking(lang: str) -> bool:
+            reported = self._info.get(lang, {}).get("available", True) is False
+            return reported or (self._seen is not None and lang not in self._seen)
+
+        builtin = [lang for lang in RUNTIMES if lang == "python" or not lacking(lang)]
         return [*builtin, *(lang for lang in self.runners if lang not in RUNTIMES)]
 
     async def refresh_runners(self) -> bool:
@@ -87,10 +89,7 @@ class SandboxService:
         except SandboxError as exc:
             log.warning("runtime info not read", error=exc.message)
         else:
-            self.reported_missing = frozenset(
-                lang for lang, entry in info.items()
-                if lang in RUNTIMES and entry.get("available", True) is False
-            )  # fmt: skip
+            self._info = info
         try:
             found = await self.backend.discover_runners(RUNTIMES.keys())
         except SandboxError as exc:
@@ -103,8 +102,7 @@ class SandboxService:
         """The session's agent listed its languages: the truth about this backend's."""
         listed = runs.ready_languages(session)
         if listed is not None:
-            self.seen_missing = frozenset(lang for lang in RUNTIMES if lang not in listed)
-            self.seen_versions = listed
+            self._seen = listed
 
     async def _languages_changed(self, before: list[str]) -> bool:
         after = self.languages()
@@ -200,7 +198,7 @@ class SandboxService:
         """``list_runtimes``: every language with its version, image and limits (runner
         images are looked for again first)."""
         await self.refresh_runners()
-        info = self.backend.runtime_info()
+        info = self._info  # as the refresh just read it
         limits = self.sessions.limits()
         common = {
             "backend": self.backend.name,
@@ -225,7 +223,7 @@ class SandboxService:
             out.append(
                 {
                     "language": name,
-                    "version": lang.get("version") or self.seen_versions.get(name),
+                    "version": lang.get("version") or (self._seen or {}).get(name),
                     "image": lang.get("image"),
                     "stateful": runtime.stateful,
                     "summary": runtime.summary,

@@ -26,6 +26,7 @@ files in /mnt/data are reached by their path (``fs``, or ``import('/mnt/data/x.m
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -49,6 +50,9 @@ class Program:
     #: (resolved executable, code or code file, scratch dir) -> argv
     argv: Callable[[str, str, str], list[str]]
     version_argv: tuple[str, ...]
+    #: Its key in ``versions.json`` beside the interpreter's ``bin/`` (the sandbox's node
+    #: dir, :mod:`mcp_code_sandbox.node_env`), read instead of starting it to ask.
+    version_key: str | None = None
     #: The code is written to ``<scratch>/main<suffix>`` and the argv gets that path;
     #: ``None``: the argv gets the code itself.
     suffix: str | None = None
@@ -64,6 +68,7 @@ PROGRAMS: dict[str, Program] = {
         "node",
         lambda exe, path, scratch: [exe, "--import", f"file://{scratch}/preload.mjs", path],
         ("--version",),
+        version_key="node",
         suffix=".mjs",
     ),
     # --no-install: never try to fetch a missing package (there is no network anyway).
@@ -71,6 +76,7 @@ PROGRAMS: dict[str, Program] = {
         "bun",
         lambda exe, path, scratch: [exe, "--no-install", "run", path],
         ("--version",),
+        version_key="bun",
         suffix=".ts",
     ),
 }
@@ -79,13 +85,33 @@ PROGRAMS: dict[str, Program] = {
 def available() -> dict[str, tuple[str, str]]:
     """``{language: (executable path, version)}`` for the interpreters found on PATH.
 
-    The version probes run in parallel: this runs at every sandbox start."""
+    This runs at every sandbox start: versions come from ``versions.json`` where there is
+    one, and the interpreters that must be asked are asked in parallel."""
+    found: dict[str, tuple[str, str]] = {}
     probes: dict[str, tuple[str, subprocess.Popen[str] | None]] = {}
     for name, program in PROGRAMS.items():
         exe = shutil.which(program.executable)
-        if exe is not None:
+        if exe is None:
+            continue
+        recorded = _recorded_version(exe, program.version_key)
+        if recorded is not None:
+            found[name] = (exe, recorded)
+        else:
             probes[name] = (exe, _start_probe(exe, program.version_argv))
-    return {name: (exe, _version(probe)) for name, (exe, probe) in probes.items()}
+    found.update({name: (exe, _version(probe)) for name, (exe, probe) in probes.items()})
+    return {name: found[name] for name in PROGRAMS if name in found}
+
+
+def _recorded_version(exe: str, key: str | None) -> str | None:
+    if key is None:
+        return None
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(exe))), "versions.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            version = json.load(f).get(key)
+    except (OSError, ValueError, AttributeError):
+        return None
+    return version if isinstance(version, str) and version else None
 
 
 def _start_probe(exe: str, argv: tuple[str, ...]) -> subprocess.Popen[str] | None:

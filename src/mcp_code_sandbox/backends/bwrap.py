@@ -334,10 +334,10 @@ def _high_fd(fd: int) -> int:
     return new
 
 
-def _memfd(data: bytes) -> int:
-    """A sealed-size file holding ``data``, read from its start (no pipe's 64 KiB bound:
-    pass-through values may be long)."""
-    fd = os.memfd_create("mcs-env", os.MFD_CLOEXEC)
+def _data_fd(data: bytes) -> int:
+    """A file holding ``data``, read by bwrap from its start: a memfd, so no size bound
+    (a pipe would block a write past 64 KiB, and pass-through values may be long)."""
+    fd = os.memfd_create("mcs-data", os.MFD_CLOEXEC)
     try:
         view = memoryview(data)
         while view:
@@ -347,17 +347,6 @@ def _memfd(data: bytes) -> int:
         os.close(fd)
         raise
     return _high_fd(fd)
-
-
-def _data_fd(data: bytes) -> int:
-    # A pipe holds 64 KiB before a write blocks; the filter and the passwd files are far
-    # below that, so the write end can be closed before bwrap starts reading.
-    read, write = os.pipe()
-    try:
-        os.write(write, data)
-    finally:
-        os.close(write)
-    return _high_fd(read)
 
 
 @dataclass
@@ -546,7 +535,7 @@ class BwrapBackend(Backend):
         if self._layout is None:
             self._layout = HostLayout.probe()
         mounts, stage = self._mounts(spec)
-        env_fd = _memfd(env_args(spec))
+        env_fd = _data_fd(env_args(spec))
         data_fds = [mounts.seccomp_fd, mounts.passwd_fd, mounts.group_fd, env_fd]
         net, net_fds = SandboxNet.open() if spec.network else (None, None)
         if net_fds is not None:
