@@ -231,3 +231,47 @@ async def test_listening_clients_of_the_2026_era_hear_the_change(
                     event = await events.__anext__()
             assert type(event).__name__ == "ToolsListChanged"
             assert "perl" in language_enum(await client.list_tools())
+
+
+@docker_only
+async def test_a_runner_image_removed_since_it_was_found_fails_the_call_clearly(
+    service: Any, engine: Any, build_runner: Callable[[dict[str, str]], str]
+) -> None:
+    from mcp_code_sandbox.errors import SandboxFailed
+    from mcp_code_sandbox.runs import RunRequest
+
+    tag = build_runner(PERL_LABELS)
+    assert "perl" in [r["language"] for r in await service.runtimes()]
+    remove_image(engine, tag)
+    with pytest.raises(SandboxFailed, match="is gone"):
+        await service.run_code("local", RunRequest('print "hi";', language="perl"))
+    assert "perl" not in [r["language"] for r in await service.runtimes()]
+
+
+@docker_only
+async def test_a_language_the_image_lacks_is_refused_and_then_not_offered(
+    make_settings: Callable[..., Settings], engine: Any
+) -> None:
+    from mcp_code_sandbox.backends import create_backend
+    from mcp_code_sandbox.errors import UnsupportedLanguage
+    from mcp_code_sandbox.runs import RunRequest
+    from mcp_code_sandbox.service import SandboxService
+
+    # An image whose labels say nothing about JavaScript and whose agent finds no node.
+    tag = f"mcs-test-nonode-{secrets.token_hex(4)}:1"
+    dockerfile = f"FROM {docker_image()}\nUSER root\nRUN rm -rf /opt/sandbox/node\nUSER 1000:1000\n"
+    engine.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=tag, rm=True)
+    try:
+        settings = make_settings(image=tag)
+        service = SandboxService(settings, create_backend(settings))
+        await service.start()
+        try:
+            assert "javascript" in service.languages()  # nothing says otherwise yet
+            with pytest.raises(UnsupportedLanguage, match="no interpreter for 'javascript'"):
+                await service.run_code("local", RunRequest("console.log(1)", language="javascript"))
+            assert "javascript" not in service.languages()
+            assert "python" in service.languages()
+        finally:
+            await service.aclose()
+    finally:
+        remove_image(engine, tag)

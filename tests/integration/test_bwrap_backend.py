@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from mcp_code_sandbox.agent_client import AgentClient
 from mcp_code_sandbox.backends.base import Limits, SandboxSpec
 from mcp_code_sandbox.backends.bwrap import BwrapBackend, BwrapSandbox
 from mcp_code_sandbox.settings import Settings
@@ -229,3 +230,17 @@ async def test_enforcement_and_leftovers(bwrap_backend: BwrapBackend) -> None:
         lo.backend_id.split("-")[0] != str(os.getpid())
         for lo in await bwrap_backend.list_leftovers()
     )
+
+
+async def test_an_exec_the_agent_refuses_ends_the_call(sandbox: BwrapSandbox) -> None:
+    # The agent answers a malformed exec with an error event and no done: the client
+    # must end the call with that, not wait for a done until its timeout.
+    client = AgentClient(sandbox.channel)
+    async with asyncio.timeout(10):
+        outcome = await client.execute(
+            language="cobol", code="x", timeout_s=60, env={}, on_stream=lambda *_: None
+        )
+    assert outcome.status == "error" and outcome.error is not None
+    assert outcome.error["name"] == "AgentError" and "cobol" in outcome.error["value"]
+    _, _, done = await run(sandbox, "print('still serving')")
+    assert done["status"] == "ok"
