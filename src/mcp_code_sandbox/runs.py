@@ -210,12 +210,12 @@ def _check_ready(session: Session, language: str) -> None:
 def _over_quota(after: Snapshot, quota: int) -> str | None:
     # Code may write past the quota (only single files are capped, by RLIMIT_FSIZE); the
     # server's own writes (uploads, saved output) then fail with quota_exceeded.
-    used = sum(stamp.size for stamp in after.files.values())
+    used = after.used_bytes
     if used <= quota:
         return None
     return (
         f"the workspace holds {used} bytes, more than its quota of {quota}: delete files "
-        "in /mnt/data (uploads fail until then)"
+        "in /mnt/data, or packages installed in /mnt/data/.packages (uploads fail until then)"
     )
 
 

@@ -186,6 +186,24 @@ def test_quota_counts_what_the_sandbox_wrote(tmp_path: Path) -> None:
         ws.write_file("c", b"y" * 11, overwrite=False)
 
 
+def test_installed_packages_are_counted_but_neither_artifacts_nor_listed(ws: Workspace) -> None:
+    before = ws.snapshot()
+    site = ws.root / ".packages" / "python" / "lib" / "site-packages" / "demo"
+    site.mkdir(parents=True)
+    (site / "__init__.py").write_bytes(b"x" * 70)
+    (ws.root / ".outputs").mkdir()
+    (ws.root / ".outputs" / "run-1.txt").write_bytes(b"y" * 20)
+    (ws.root / "data.csv").write_bytes(b"z" * 10)
+    after = ws.snapshot()
+    assert [change.path for change in ws.diff(before, after)] == ["data.csv"]
+    assert after.hidden_bytes == 90 and after.used_bytes == 100
+    listed = [entry.path for entry in ws.list_files(".").entries]
+    assert ".packages" not in listed and not any(p.startswith(".packages/") for p in listed)
+    assert "data.csv" in listed and ".outputs/run-1.txt" in listed
+    by_path = [entry.path for entry in ws.list_files(".packages").entries]
+    assert ".packages/python/lib/site-packages/demo/__init__.py" in by_path
+
+
 def test_invalid_quota_is_refused(tmp_path: Path) -> None:
     with pytest.raises(InvalidArgument):
         Workspace(tmp_path, quota_bytes=0)

@@ -32,6 +32,7 @@ from .config import AgentConfig, apply_limits
 from .figures import FigureCapture
 from .interrupts import InterruptGate
 from .ipy import make_ipython_shell
+from .packages import refresh_import_path
 from .plain import PlainShell
 from .protocol import read_frame, write_frame
 
@@ -84,6 +85,7 @@ class Kernel:
 
     def _exec(self, message: dict[str, Any]) -> None:
         self._run_id = message["id"]
+        refresh_import_path()  # a `pip install` since the last cell may have made it
         with _cell_env(message.get("env") or {}):
             outcome = self.shell.run(str(message["code"]))
             try:

@@ -10,10 +10,12 @@ numbers are the user's own (the file holds exactly the code). The file lives in 
 agent's private scratch directory under /tmp, not in the workspace, so it is never
 reported as an artifact. That directory holds:
 
-- ``node_modules``: a symlink to the preinstalled packages (the first ``NODE_PATH``
-  entry). ES module bare-name imports resolve by walking up from the importing file, not
-  through ``NODE_PATH``; the symlink is what makes ``import Papa from 'papaparse'`` work
-  in node whatever the cwd. (bun also honours ``NODE_PATH`` for imports.)
+- ``node_modules``: a symlink to the first ``NODE_PATH`` directory that exists: the
+  session's own packages once it installed some (:mod:`.packages`), else the
+  preinstalled ones. ES module bare-name imports resolve by walking up from the importing
+  file, not through ``NODE_PATH``; the symlink, and the ``/node_modules`` link to the
+  preinstalled packages the walk ends at, make ``import Papa from 'papaparse'`` work in
+  node whatever the cwd. (bun also honours ``NODE_PATH`` for imports.)
 - ``preload.mjs``, which node loads with ``--import``: it defines ``require`` (resolved
   from the cwd, like ``node -e``, falling back to ``NODE_PATH``) and ``__dirname`` (the
   cwd) as globals, so CommonJS habits work in the same program as ``import``. A user's
@@ -90,7 +92,7 @@ def available() -> dict[str, tuple[str, str]]:
     found: dict[str, tuple[str, str]] = {}
     probes: dict[str, tuple[str, subprocess.Popen[str] | None]] = {}
     for name, program in PROGRAMS.items():
-        exe = shutil.which(program.executable)
+        exe = _real(shutil.which(program.executable))
         if exe is None:
             continue
         recorded = _recorded_version(exe, program.version_key)
@@ -100,6 +102,15 @@ def available() -> dict[str, tuple[str, str]]:
             probes[name] = (exe, _start_probe(exe, program.version_argv))
     found.update({name: (exe, _version(probe)) for name, (exe, probe) in probes.items()})
     return {name: found[name] for name in PROGRAMS if name in found}
+
+
+def _real(exe: str | None) -> str | None:
+    """The program behind a ``shims/`` wrapper of the node runtime (``bun`` is one, for
+    its installs): running code needs no wrapper, and skipping it saves a shell."""
+    if exe is None or os.path.basename(os.path.dirname(exe)) != "shims":
+        return exe
+    real = os.path.join(os.path.dirname(os.path.dirname(exe)), "bin", os.path.basename(exe))
+    return real if os.access(real, os.X_OK) else exe
 
 
 def _recorded_version(exe: str, key: str | None) -> str | None:
@@ -161,7 +172,8 @@ def prepare_scratch(scratch: str) -> None:
 
 
 def _node_modules() -> str | None:
-    """The first ``NODE_PATH`` directory: where the sandbox's npm packages are."""
+    """The first ``NODE_PATH`` directory that exists: the session's packages, once
+    installed, else the preinstalled ones."""
     for entry in os.environ.get("NODE_PATH", "").split(os.pathsep):
         if entry and os.path.isdir(entry):
             return entry

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+from . import packages
 from .children import Child, OutputPipe, kill_strays, reap_orphans, spawn
 from .config import AgentConfig, apply_limits
 from .hostlink import HostLink
@@ -88,6 +89,8 @@ class Supervisor:
         self._next_reap = 0.0
         #: The latest ``execution_count`` the kernel reported; 0 for a fresh kernel.
         self._execution_count = 0
+        # Before any child starts: they all inherit where the session's packages are.
+        os.environ.update(packages.environ(workdir, os.environ))
         self._kernel = self._start_kernel(meanwhile=self._find_programs)
 
     # -- lifecycle -------------------------------------------------------------------

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from mcp_code_sandbox.agent.packages import PACKAGES_DIR
 from mcp_code_sandbox.agent.protocol import (
     HEADER,
     MAX_FRAME_BYTES,
@@ -40,6 +41,7 @@ __all__ = [
     "SANDBOX_PYTHON",
     "SANDBOX_UID",
     "SANDBOX_VENV",
+    "SESSION_NODE_MODULES_LINK",
     "WORKSPACE_DIR",
     "Backend",
     "Channel",
@@ -65,6 +67,13 @@ SANDBOX_NODE = "/opt/sandbox/node"
 #: ``NODE_PATH`` and only walks up from the importing file, so from ``/mnt/data`` or
 #: ``/tmp`` it ends at ``/node_modules``.
 SANDBOX_NODE_MODULES_LINK = "/node_modules"
+#: ``/mnt/node_modules``, a symlink to the session's own npm/bun packages (in the
+#: workspace: ``agent.packages``), so that ``import`` in a file anywhere in the workspace
+#: finds them before the walk up ends at the preinstalled ones.
+SESSION_NODE_MODULES_LINK = (
+    "/mnt/node_modules",
+    f"{WORKSPACE_DIR}/{PACKAGES_DIR}/node/node_modules",
+)
 #: Parent directory of the agent package inside the sandbox; the package is ``mcs_agent``.
 AGENT_LIB_DIR = "/opt/sandbox/lib"
 AGENT_MODULE = "mcs_agent"
@@ -339,7 +348,10 @@ class Backend(abc.ABC):
 def sandbox_env(extra: Mapping[str, str]) -> dict[str, str]:
     """The environment of the agent and every process it starts, for every backend."""
     env = {
-        "PATH": f"{SANDBOX_VENV}/bin:{SANDBOX_NODE}/bin:/usr/local/bin:/usr/bin:/bin",
+        # shims/: npm, npx and bun as node_env.SHIMS wraps them (installs go to the
+        # session's packages); the agent adds those packages' bin dirs in front.
+        "PATH": f"{SANDBOX_VENV}/bin:{SANDBOX_NODE}/shims:{SANDBOX_NODE}/bin:"
+        "/usr/local/bin:/usr/bin:/bin",
         "HOME": "/tmp",  # noqa: S108 - the sandbox's own private tmpfs
         "USER": "sandbox",
         "LANG": "C.UTF-8",

@@ -49,6 +49,7 @@ from mcp_code_sandbox.backends.base import (
     SANDBOX_NODE_MODULES_LINK,
     SANDBOX_UID,
     SANDBOX_VENV,
+    SESSION_NODE_MODULES_LINK,
     WORKSPACE_DIR,
     Backend,
     Channel,
@@ -287,6 +288,8 @@ def build_bwrap_argv(
     if mounts.node is not None:
         argv += ["--ro-bind", mounts.node, SANDBOX_NODE]
         argv += ["--symlink", f"{SANDBOX_NODE}/node_modules", SANDBOX_NODE_MODULES_LINK]
+        link, target = SESSION_NODE_MODULES_LINK
+        argv += ["--symlink", target, link]
     # The workspace last: nothing may be mounted over or under it afterwards.
     argv += ["--bind", mounts.workspace, WORKSPACE_DIR, "--chdir", AGENT_LIB_DIR]
     # The root itself is bwrap's tmpfs: make it (/etc, /opt, /mnt...) read-only too.

@@ -11,6 +11,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import BinaryIO
 
+from mcp_code_sandbox.agent.packages import PACKAGES_DIR
 from mcp_code_sandbox.errors import (
     FileExists_,
     InternalError,
@@ -42,10 +43,14 @@ from mcp_code_sandbox.workspace.results import (
     make_entry,
 )
 
-__all__ = ["HEAD_BYTES", "OUTPUTS_DIR", "Workspace"]
+__all__ = ["HEAD_BYTES", "HIDDEN_DIRS", "OUTPUTS_DIR", "Workspace"]
 
 #: Top-level directory where the server keeps full outputs of truncated runs.
 OUTPUTS_DIR = ".outputs"
+#: Top-level directories that are not the session's files: no artifacts, not listed
+#: (unless asked for by path), but counted in the quota. ``PACKAGES_DIR``: what pip,
+#: npm and bun installed at run time (``agent/packages.py``).
+HIDDEN_DIRS = frozenset({OUTPUTS_DIR, PACKAGES_DIR})
 #: Bytes of a file's start used to guess its type and whether it is text.
 HEAD_BYTES = 512
 _TMP_PREFIX = ".mcs-upload-"
@@ -172,22 +177,23 @@ class Workspace:
             closing_fd(self._open_root()) as root,
             closing_fd(self._open_dir(root, parts, create=False)) as fd,
         ):
-            walked = walk(fd, "/".join(parts), recursive=recursive, budget=budget)
+            hidden = frozenset({PACKAGES_DIR}) if not parts else frozenset()
+            walked = walk(fd, "/".join(parts), recursive=recursive, budget=budget, skip=hidden)
             entries = tuple(make_entry(path, st) for path, st in walked)
         return ListResult(shown, entries, budget.truncated)
 
     def snapshot(self, limit: int = 20000) -> Snapshot:
-        """Stamps of the regular files (``.outputs/`` excluded), reading at most ``limit``
-        entries. Taken before and after every run, for :func:`diff`."""
+        """Stamps of the regular files (:data:`HIDDEN_DIRS` excluded, but their bytes
+        summed), reading at most ``limit`` entries. Taken before and after every run, for
+        :func:`diff`."""
         budget = Budget(limit)
         files: dict[str, Stamp] = {}
         with _fs_errors("."), closing_fd(self._open_root()) as root:
-            for path, st in walk(
-                root, "", recursive=True, budget=budget, skip=frozenset({OUTPUTS_DIR})
-            ):
+            for path, st in walk(root, "", recursive=True, budget=budget, skip=HIDDEN_DIRS):
                 if stat.S_ISREG(st.st_mode):
                     files[path] = Stamp(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
-        return Snapshot(files, budget.truncated)
+            hidden = sum(self._hidden_usage(root, name) for name in HIDDEN_DIRS)
+        return Snapshot(files, budget.truncated, hidden)
 
     def usage_bytes(self, limit: int = 200_000) -> int:
         """Sum of regular file sizes; a lower bound when there are more than ``limit``
@@ -311,6 +317,14 @@ class Workspace:
             used_bytes=used,
             quota_bytes=self.quota_bytes,
         )
+
+    def _hidden_usage(self, root: int, name: str) -> int:
+        try:
+            fd = self._open_dir(root, (name,), create=False)
+        except (NotFound, InvalidPath):
+            return 0
+        with closing_fd(fd):
+            return self._usage(fd, 200_000)
 
     def _usage(self, root: int, limit: int) -> int:
         walked = walk(root, "", recursive=True, budget=Budget(limit))

@@ -81,10 +81,18 @@ class Stamp(NamedTuple):
 
 @dataclass(frozen=True)
 class Snapshot:
-    #: Relative path -> stamp, for regular files only, ``.outputs/`` left out.
+    #: Relative path -> stamp, for regular files only, ``.outputs/`` and ``.packages/``
+    #: left out.
     files: Mapping[str, Stamp]
     #: True when the entry limit or depth cut the walk short: ``files`` is then partial.
     truncated: bool
+    #: Bytes of the regular files in the directories ``files`` leaves out.
+    hidden_bytes: int = 0
+
+    @property
+    def used_bytes(self) -> int:
+        """What the workspace holds, towards its quota."""
+        return self.hidden_bytes + sum(stamp.size for stamp in self.files.values())
 
 
 @dataclass(frozen=True)
