@@ -21,7 +21,6 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +33,7 @@ from mcp_code_sandbox.runs import RunRequest
 from mcp_code_sandbox.service import SandboxService
 from mcp_code_sandbox.settings import Settings
 
+from .. import labnet
 from ..conftest import MakeService, each_backend
 
 pytestmark = pytest.mark.skipif(
@@ -96,22 +96,10 @@ class LabNet:
     host_addresses: list[str]
 
 
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=10)
-
-
 def _serve(prefix: list[str], address: str, port: int, token: str) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen([*prefix, sys.executable, "-c", _SERVER, address, str(port), token])
-    deadline = time.monotonic() + 10
-    connect = f"import socket; socket.create_connection(('{address}', {port}), 1).close()"
-    probe = [*prefix, sys.executable, "-c", connect]
-    while (tried := subprocess.run(probe, capture_output=True, timeout=10, check=False)).returncode:
-        if time.monotonic() > deadline or proc.poll() is not None:
-            proc.kill()
-            proc.wait(5)
-            raise RuntimeError(f"test server on {address}:{port} did not start: {tried.stderr!r}")
-        time.sleep(0.1)
-    return proc
+    return labnet.serve(
+        prefix, [sys.executable, "-c", _SERVER, address, str(port), token], address, port
+    )
 
 
 def _free_port() -> int:
@@ -131,47 +119,33 @@ def _host_addresses() -> list[str]:
 
 @pytest.fixture(scope="module")
 def testnet() -> Iterator[LabNet]:
-    tag = secrets.token_hex(3)
-    ns, veth_host, veth_ns = f"mcs-nt-{tag}", f"ntvh{tag}", f"ntvn{tag}"
-    octet = int(tag[:2], 16)
-    host_ip, ns_ip = f"10.213.{octet}.1", f"10.213.{octet}.2"
-    procs: list[subprocess.Popen[bytes]] = []
-    route = False
-    try:
-        _ip("netns", "add", ns)
-        _ip("link", "add", veth_host, "type", "veth", "peer", "name", veth_ns)
-        _ip("link", "set", veth_ns, "netns", ns)
-        _ip("addr", "add", f"{host_ip}/30", "dev", veth_host)
-        _ip("link", "set", veth_host, "up")
-        _ip("-n", ns, "addr", "add", f"{ns_ip}/30", "dev", veth_ns)
-        _ip("-n", ns, "link", "set", veth_ns, "up")
-        _ip("-n", ns, "link", "set", "lo", "up")
-        # On the namespace's loopback: this kernel has no dummy interfaces.
-        _ip("-n", ns, "addr", "add", f"{LINK_LOCAL}/32", "dev", "lo")
-        # No default route inside: the namespace answers the host's veth address only
-        # (both backends' traffic arrives from it), so nothing it sends leaves the machine.
-        _ip("route", "add", f"{LINK_LOCAL}/32", "via", ns_ip)
-        route = True
-        inside = ["ip", "netns", "exec", ns]
-        tokens = {}
-        for address in (ns_ip, LINK_LOCAL):
-            token = f"tok-{secrets.token_hex(6)}"
-            procs.append(_serve(inside, address, PORT, token))
-            tokens[token] = f"{address}:{PORT}"
-        ports = (_free_port(), _free_port())
-        for address, port in zip(("127.0.0.1", "0.0.0.0"), ports, strict=True):
-            token = f"tok-{secrets.token_hex(6)}"
-            procs.append(_serve([], address, port, token))
-            tokens[token] = f"{address}:{port}"
-        yield LabNet(ns, host_ip, ns_ip, tokens, ports, _host_addresses())
-    finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait(5)
-        if route:
-            subprocess.run(["ip", "route", "del", f"{LINK_LOCAL}/32"], check=False)
-        subprocess.run(["ip", "link", "del", veth_host], capture_output=True, check=False)
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
+    with labnet.namespace() as ns:
+        procs: list[subprocess.Popen[bytes]] = []
+        route = False
+        try:
+            # On the namespace's loopback: this kernel has no dummy interfaces.
+            labnet.ip("-n", ns.name, "addr", "add", f"{LINK_LOCAL}/32", "dev", "lo")
+            # No default route inside: the namespace answers the host's veth address only
+            # (both backends' traffic arrives from it), so nothing it sends leaves the machine.
+            labnet.ip("route", "add", f"{LINK_LOCAL}/32", "via", ns.ns_ip)
+            route = True
+            tokens = {}
+            for address in (ns.ns_ip, LINK_LOCAL):
+                token = f"tok-{secrets.token_hex(6)}"
+                procs.append(_serve(ns.inside, address, PORT, token))
+                tokens[token] = f"{address}:{PORT}"
+            ports = (_free_port(), _free_port())
+            for address, port in zip(("127.0.0.1", "0.0.0.0"), ports, strict=True):
+                token = f"tok-{secrets.token_hex(6)}"
+                procs.append(_serve([], address, port, token))
+                tokens[token] = f"{address}:{port}"
+            yield LabNet(ns.name, ns.host_ip, ns.ns_ip, tokens, ports, _host_addresses())
+        finally:
+            for proc in procs:
+                proc.kill()
+                proc.wait(5)
+            if route:
+                subprocess.run(["ip", "route", "del", f"{LINK_LOCAL}/32"], check=False)
 
 
 @pytest.fixture

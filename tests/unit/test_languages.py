@@ -139,3 +139,12 @@ def test_run_code_describes_each_offered_language() -> None:
     assert "shared by all its languages" in text
     only_python = descriptions(settings, ["python"])["run_code"]
     assert "papaparse" not in only_python and "pandas" in only_python
+
+
+def test_run_code_says_whether_packages_can_be_installed() -> None:
+    closed = descriptions(load_settings(environ={}), ["python"])["run_code"]
+    assert "no network access (pip install will not work)" in closed
+    opened = load_settings(environ={"SANDBOX_ALLOW_NETWORK": "true"})
+    text = descriptions(opened, ["python"])["run_code"]
+    assert "`pip install` (or %pip), `npm install` and `bun add` work" in text
+    assert "/mnt/data/.packages" in text and "1 GiB quota" in text

@@ -44,7 +44,10 @@ def descriptions(settings: Settings, languages: list[str] | None = None) -> dict
         "Outbound network can be requested with network=true (the internet, not this host, "
         "other sandboxes or 169.254.x.x); a session's sandbox is restarted when a call's "
         "network differs from the previous call's (files kept, variables lost), so pass "
-        "the same value on every call of a session."
+        "the same value on every call of a session. With network, `pip install` (or "
+        "%pip), `npm install` and `bun add` work: packages go to /mnt/data/.packages, "
+        "are importable by bare name for the rest of the session, count towards its "
+        f"{_size(settings.workspace_quota_bytes)} quota, and are not listed as files."
         if settings.allow_network
         else "There is no network access (pip install will not work)."
     )
