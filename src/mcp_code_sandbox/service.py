@@ -15,6 +15,7 @@ import structlog
 
 from mcp_code_sandbox import runs
 from mcp_code_sandbox.backends.base import Backend, RunnerImage
+from mcp_code_sandbox.downloads import UrlSigner
 from mcp_code_sandbox.errors import (
     InvalidArgument,
     NetworkNotAllowed,
@@ -61,6 +62,9 @@ class SandboxService:
         #: Called with the new language list whenever it changes (the MCP layer tells
         #: its clients that the tool list changed: run_code's language enum is in it).
         self.on_languages_changed: list[LanguagesChanged] = []
+        #: Signs download links for results; set by the HTTP app, which serves them
+        #: (``None`` over stdio: no links).
+        self.downloads: UrlSigner | None = None
 
     async def start(self) -> None:
         await self.sessions.start()

@@ -438,6 +438,11 @@ class SessionManager:
                     f"{self.settings.session_max_lifetime_h:g} h",
                 )
 
+    def with_id(self, session_id: str) -> list[Session]:
+        """The live sessions named ``session_id``, of every owner (a download link names
+        no owner: its signature tells which of these it is for)."""
+        return [s for (_, sid), s in self._sessions.items() if sid == session_id]
+
     def count(self) -> int:
         return len(self._sessions)
 

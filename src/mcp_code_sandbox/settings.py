@@ -132,6 +132,9 @@ class Settings(BaseSettings):
     public_base_url: str | None = None
     api_tokens: str | None = Field(None, repr=False)
     api_tokens_file: Path | None = None
+    #: Key of the download links' signatures; unset: one made and kept in the state dir.
+    url_secret: str | None = Field(None, repr=False, min_length=16)
+    download_url_ttl_s: int = Field(3600, ge=60, le=7 * 86400)
 
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["console", "json"] = "console"
@@ -219,15 +222,18 @@ def load_settings(
         raise ConfigError([_describe(err) for err in exc.errors()]) from None
 
 
+#: Never repeated in an error message.
+_SECRET_SETTINGS = frozenset({"api_tokens", "url_secret"})
+
+
 def _describe(err: Mapping[str, Any]) -> str:
     loc = [str(part) for part in err.get("loc", ()) if part != "__root__"]
     name = loc[0] if loc else ""
     where = f"SANDBOX_{name.upper()} (--{name.replace('_', '-')})" if name else "settings"
     msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
     value = err.get("input")
-    shown = (
-        f" (got {value!r})" if name and not isinstance(value, dict) and name != "api_tokens" else ""
-    )
+    secret = name in _SECRET_SETTINGS
+    shown = f" (got {value!r})" if name and not isinstance(value, dict) and not secret else ""
     return f"invalid configuration: {where}: {msg}{shown}"
 
 

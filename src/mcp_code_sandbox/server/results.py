@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Callable
 from typing import Any
 
 from mcp_types import (
@@ -52,8 +53,11 @@ def structured_result(model: BaseModel, extra: list[ContentBlock] | None = None)
     return CallToolResult(content=[text, *(extra or [])], structured_content=data)
 
 
-def run_result(report: RunReport, settings: Settings) -> CallToolResult:
-    """RunResult JSON + one image block per figure/image (within budget) + file links."""
+def run_result(
+    report: RunReport, settings: Settings, link: Callable[[str], str] | None = None
+) -> CallToolResult:
+    """RunResult JSON + one image block per figure/image (within budget) + file links;
+    ``link`` makes each file's ``download_url`` (none when ``None``)."""
     images: list[ContentBlock] = []
     skipped = 0
     candidates = [
@@ -100,7 +104,13 @@ def run_result(report: RunReport, settings: Settings) -> CallToolResult:
         notice=notice,
         error=RunError(**report.error) if report.error else None,
         files=[
-            FileOut(path=c.path, size_bytes=c.size_bytes, mime_type=c.mime_type, change=c.change)
+            FileOut(
+                path=c.path,
+                size_bytes=c.size_bytes,
+                mime_type=c.mime_type,
+                change=c.change,
+                download_url=link(c.path) if link else None,
+            )
             for c in report.files
         ],
         displays=[

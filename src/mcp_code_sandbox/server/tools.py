@@ -118,10 +118,11 @@ class ToolSet:
         ] = None,
     ) -> Annotated[CallToolResult, models.RunResult]:
         request = RunRequest(code, language, timeout_s, network, env)
+        owner = owner_of(ctx)
         report = await self.service.run_code(
-            owner_of(ctx), request, session_id, on_progress=_progress_sink(ctx)
+            owner, request, session_id, on_progress=_progress_sink(ctx)
         )
-        return run_result(report, self.settings)
+        return run_result(report, self.settings, self._links(owner, report.session_id))
 
     @tool_errors
     async def upload_file(
@@ -175,16 +176,19 @@ class ToolSet:
         offset: Annotated[int, Field(description="Byte offset to start at (text paging)")] = 0,
         max_bytes: Annotated[int | None, Field(description="Most bytes to return")] = None,
     ) -> Annotated[CallToolResult, models.ReadFileResult]:
+        owner = owner_of(ctx)
         read = await self.service.read_file(
-            owner_of(ctx), session_id, path, offset=offset, max_bytes=max_bytes
+            owner, session_id, path, offset=offset, max_bytes=max_bytes
         )
         uri = file_uri(session_id, read.path)
+        link = self._links(owner, session_id)
+        url = link(read.path) if link else None
         whole = offset == 0 and read.eof
         block: ContentBlock
         if read.mime_type in IMAGE_MIME_TYPES and whole:
             fitted = fit_image(read.data, read.mime_type, self.settings.max_image_bytes)
             if fitted is None:
-                return self._too_large(read.path, read.size_bytes)
+                return self._too_large(read.path, read.size_bytes, url)
             block = ImageContent(
                 type="image", data=base64.b64encode(fitted[0]).decode(), mime_type=fitted[1]
             )
@@ -197,7 +201,7 @@ class ToolSet:
             block = embedded_blob(uri, read.data, read.mime_type)
             encoding, returned = "resource", len(read.data)
         else:
-            return self._too_large(read.path, read.size_bytes)
+            return self._too_large(read.path, read.size_bytes, url)
         end = offset + returned
         eof = end >= read.size_bytes
         meta = models.ReadFileResult(
@@ -210,17 +214,28 @@ class ToolSet:
             eof=eof,
             next_offset=None if eof else end,
             encoding=encoding,  # type: ignore[arg-type]
+            download_url=url,
         )
         return structured_result(meta, [block])
 
-    def _too_large(self, path: str, size: int) -> CallToolResult:
+    def _too_large(self, path: str, size: int, url: str | None) -> CallToolResult:
+        where = f"download it from {url}" if url else "download it over HTTP"
+        details = {"download_url": url} if url else {}
         return error_result(
             ArtifactTooLarge(
                 f"{path} is {size} bytes of binary data, more than one result can carry "
                 f"({self.settings.max_read_bytes} bytes); process it with run_code, or "
-                "download it over HTTP"
+                f"{where}",
+                **details,
             )
         )
+
+    def _links(self, owner: str, session_id: str) -> Callable[[str], str] | None:
+        """Download links to ``session_id``'s files, when the HTTP server serves them."""
+        signer = self.service.downloads
+        if signer is None:
+            return None
+        return functools.partial(signer.url, owner, session_id)
 
     @tool_errors
     async def list_files(

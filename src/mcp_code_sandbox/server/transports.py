@@ -22,11 +22,19 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Mount, Route
 
+from mcp_code_sandbox.downloads import UrlSigner, load_secret
 from mcp_code_sandbox.server.app import build_server
+from mcp_code_sandbox.server.files_http import file_routes
 from mcp_code_sandbox.service import SandboxService
 from mcp_code_sandbox.settings import ConfigError, Settings
 
-__all__ = ["build_http_app", "check_http_exposure", "serve_http", "serve_stdio"]
+__all__ = [
+    "build_http_app",
+    "check_http_exposure",
+    "public_base_url",
+    "serve_http",
+    "serve_stdio",
+]
 
 
 async def serve_stdio(service: SandboxService) -> None:
@@ -80,8 +88,22 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def public_base_url(settings: Settings) -> str:
+    """Where clients reach this server: ``PUBLIC_BASE_URL``, else the bind address."""
+    if settings.public_base_url:
+        return settings.public_base_url.rstrip("/")
+    host = settings.http_host
+    host = "127.0.0.1" if host in ("0.0.0.0", "", "localhost") else host  # noqa: S104
+    host = f"[{host}]" if ":" in host and not host.startswith("[") else host
+    return f"http://{host}:{settings.http_port}"
+
+
 def build_http_app(service: SandboxService) -> Starlette:
     settings = service.settings
+    signer = UrlSigner(
+        load_secret(settings), public_base_url(settings), settings.download_url_ttl_s
+    )
+    service.downloads = signer
     mcp = build_server(service)
     body_limit = settings.max_upload_bytes * 4 // 3 + settings.max_code_bytes + 1024 * 1024
     mcp_app = mcp.streamable_http_app(host=settings.http_host, max_request_body_size=body_limit)
@@ -100,7 +122,8 @@ def build_http_app(service: SandboxService) -> Starlette:
                 await service.aclose()
 
     return Starlette(
-        routes=[Route("/healthz", healthz), Mount("/", app=mcp_app)], lifespan=lifespan
+        routes=[Route("/healthz", healthz), *file_routes(service, signer), Mount("/", app=mcp_app)],
+        lifespan=lifespan,
     )
 
 

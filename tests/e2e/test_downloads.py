@@ -1,0 +1,119 @@
+"""Signed download links (DESIGN §9), against the real HTTP server: the MCP client gets
+``download_url``s in results; plain HTTP requests fetch them, and every way of abusing a
+link (tampering, expiry, another session, a planted symlink) gets a bare 403 or 404.
+
+The server runs with a known ``SANDBOX_URL_SECRET`` so that the test can also sign links
+the server never handed out (an expired one, one for a symlink) exactly as it would."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import httpx
+import pytest
+from mcp import Client
+
+from mcp_code_sandbox.downloads import UrlSigner
+from mcp_code_sandbox.settings import Settings
+
+from .conftest import http_server
+
+SECRET = "test-secret-0123456789abcdef"
+BLOB = bytes(range(256)) * 1000  # 256000 bytes, more than read_file's 64 KiB below
+
+
+@pytest.fixture
+def served(make_settings: Callable[..., Settings]) -> Iterator[str]:
+    settings = make_settings(max_read_bytes=65536)
+    with http_server(settings, SANDBOX_URL_SECRET=SECRET, SANDBOX_MAX_READ_BYTES="65536") as base:
+        yield base
+
+
+def signer(base: str, *, clock: Callable[[], float] = time.time) -> UrlSigner:
+    return UrlSigner(SECRET.encode(), base, 3600, clock)
+
+
+async def make_files(base: str, session: str) -> dict[str, Any]:
+    code = (
+        "open('blob.bin', 'wb').write(bytes(range(256)) * 1000)\n"
+        "open('notes é.txt', 'w').write('hello')\n"
+        "import os; os.symlink('/etc/passwd', 'link')"
+    )
+    async with Client(f"{base}/mcp", mode="legacy") as client:
+        result = await client.call_tool("run_code", {"code": code, "session_id": session})
+        assert not result.is_error, result.content
+        data = result.structured_content
+        assert data is not None and data["status"] == "ok", data
+        read = await client.call_tool("read_file", {"session_id": session, "path": "blob.bin"})
+        assert read.is_error and read.meta and read.meta["error_code"] == "artifact_too_large"
+        text = await client.call_tool("read_file", {"session_id": session, "path": "notes é.txt"})
+        assert text.structured_content is not None
+        return {
+            "files": {f["path"]: f["download_url"] for f in data["files"]},
+            "too_large": read.meta,
+            "read": text.structured_content["download_url"],
+        }
+
+
+async def test_results_carry_links_that_stream_the_file(served: str) -> None:
+    links = await make_files(served, "dl-ok")
+    url = links["files"]["blob.bin"]
+    assert url.startswith(f"{served}/files/dl-ok/blob.bin?exp=")
+    assert links["too_large"]["download_url"].startswith(f"{served}/files/dl-ok/blob.bin?")
+    response = httpx.get(url)
+    assert response.status_code == 200 and response.content == BLOB
+    assert response.headers["content-disposition"].startswith('attachment; filename="blob.bin"')
+    assert response.headers["x-content-type-options"] == "nosniff"
+    assert response.headers["accept-ranges"] == "bytes"
+    part = httpx.get(url, headers={"Range": "bytes=1000-1009"})
+    assert part.status_code == 206 and part.content == BLOB[1000:1010]
+    assert part.headers["content-range"] == f"bytes 1000-1009/{len(BLOB)}"
+    tail = httpx.get(url, headers={"Range": "bytes=-5"})
+    assert tail.status_code == 206 and tail.content == BLOB[-5:]
+    beyond = httpx.get(url, headers={"Range": f"bytes={len(BLOB)}-"})
+    assert beyond.status_code == 416 and beyond.headers["content-range"] == f"bytes */{len(BLOB)}"
+    # A name that needs quoting round-trips, and read_file's link works too.
+    for link in (links["files"]["notes é.txt"], links["read"]):
+        named = httpx.get(link)
+        assert named.status_code == 200 and named.content == b"hello"
+        assert "filename*=UTF-8''notes%20%C3%A9.txt" in named.headers["content-disposition"]
+
+
+async def test_tampered_expired_and_foreign_links_reveal_nothing(served: str) -> None:
+    links = await make_files(served, "dl-bad")
+    url = links["files"]["blob.bin"]
+    query = parse_qs(urlsplit(url).query)
+    exp, sig = query["exp"][0], query["sig"][0]
+    bad = {
+        "signature": url.replace(sig, sig[:-2] + ("AA" if not sig.endswith("AA") else "BB")),
+        "another file": url.replace("/blob.bin?", "/notes%20%C3%A9.txt?"),
+        "another session": url.replace("/dl-bad/", "/dl-other/"),
+        "later expiry": url.replace(f"exp={exp}", f"exp={int(exp) + 3600}"),
+        "no signature": url.split("?")[0],
+        "expired": signer(served, clock=lambda: time.time() - 7200).url(
+            "local", "dl-bad", "blob.bin"
+        ),
+        "another owner": signer(served).url("mallory", "dl-bad", "blob.bin"),
+    }
+    for what, link in bad.items():
+        response = httpx.get(link)
+        assert response.status_code == 403, what
+        assert response.text == "this link is not valid, or has expired\n", what
+        assert "blob" not in response.text
+    # Signed for real, but a symlink (to /etc/passwd), a missing file or a directory: 404.
+    for path in ("link", "missing.txt", ".outputs", "../../etc/passwd"):
+        response = httpx.get(signer(served).url("local", "dl-bad", path))
+        assert response.status_code in (403, 404), path
+        assert "root:" not in response.text and response.status_code != 200
+    assert httpx.get(signer(served).url("local", "dl-bad", "link")).status_code == 404
+
+
+async def test_links_die_with_the_session(served: str) -> None:
+    links = await make_files(served, "dl-gone")
+    url = links["files"]["blob.bin"]
+    async with Client(f"{served}/mcp", mode="legacy") as client:
+        await client.call_tool("close_session", {"session_id": "dl-gone"})
+    assert httpx.get(url).status_code == 403
