@@ -7,9 +7,10 @@ The MCP layer (and the ``exec`` CLI command) call this; it validates what only i
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
 import structlog
 
@@ -160,14 +161,21 @@ class SandboxService:
         self,
         owner: str,
         filename: str,
-        data: bytes,
+        data: bytes | BinaryIO,
         *,
         session_id: str | None,
         overwrite: bool,
     ) -> Upload:
-        if len(data) > self.settings.max_upload_bytes:
+        """Write an upload: ``data`` as bytes, or as a file at its start (a spooled HTTP
+        body), checked against the upload limit and the quota before anything is written."""
+        if isinstance(data, bytes):
+            size = len(data)
+        else:
+            size = data.seek(0, os.SEEK_END)
+            data.seek(0)
+        if size > self.settings.max_upload_bytes:
             raise UploadTooLarge(
-                f"the file is {len(data)} bytes; the limit is {self.settings.max_upload_bytes} "
+                f"the file is {size} bytes; the limit is {self.settings.max_upload_bytes} "
                 "bytes per upload"
             )
         async with self.sessions.acquire(

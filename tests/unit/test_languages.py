@@ -148,3 +148,10 @@ def test_run_code_says_whether_packages_can_be_installed() -> None:
     text = descriptions(opened, ["python"])["run_code"]
     assert "`pip install` (or %pip), `npm install` and `bun add` work" in text
     assert "/mnt/data/.packages" in text and "1 GiB quota" in text
+
+
+def test_upload_file_mentions_put_only_where_http_serves_files() -> None:
+    settings = load_settings(environ={})
+    assert "PUT" not in descriptions(settings)["upload_file"]
+    served = descriptions(settings, None, "https://sb.example")["upload_file"]
+    assert "HTTP PUT https://sb.example/files/<session_id>/<path>" in served

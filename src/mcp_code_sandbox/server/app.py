@@ -39,7 +39,11 @@ def _size(n: int) -> str:
     return f"{n} bytes"
 
 
-def descriptions(settings: Settings, languages: list[str] | None = None) -> dict[str, str]:
+def descriptions(
+    settings: Settings, languages: list[str] | None = None, http_base: str | None = None
+) -> dict[str, str]:
+    """Every tool's description, from the settings; ``http_base``: where the HTTP server
+    serves files (``None`` over stdio, which has no file routes)."""
     net = (
         "Outbound network can be requested with network=true (the internet, not this host, "
         "other sandboxes or 169.254.x.x); a session's sandbox is restarted when a call's "
@@ -79,6 +83,12 @@ def descriptions(settings: Settings, languages: list[str] | None = None) -> dict
             "Give content_text for text or content_base64 for binary, at most "
             f"{_size(settings.max_upload_bytes)}. Paths are relative to /mnt/data; "
             "existing files are kept unless overwrite=true."
+            + (
+                f" Larger files: HTTP PUT {http_base}/files/<session_id>/<path> with this "
+                "server's bearer token (same limit and quota; ?overwrite=true)."
+                if http_base
+                else ""
+            )
         ),
         "read_file": (
             "Read a file from a session's /mnt/data: text comes back as text (page with "
@@ -134,7 +144,8 @@ def build_server(service: SandboxService) -> MCPServer[Any]:
         subscriptions=bus,
     )
     tools = ToolSet(service)
-    text = descriptions(settings, service.languages())
+    http_base = service.downloads.base_url if service.downloads else None
+    text = descriptions(settings, service.languages(), http_base)
 
     def hints(*, read_only: bool, destructive: bool, idempotent: bool) -> ToolAnnotations:
         return ToolAnnotations(

@@ -5,23 +5,33 @@ streamed, with single ``Range`` requests, as an attachment the browser must not 
 link that is tampered with, expired, or for a session that is gone gets the same 403;
 a valid link to a file that is gone (or is a link, a directory, a hard link: the
 workspace refuses those as it does for ``read_file``) gets 404. Neither says more.
+
+``PUT`` uploads a file too big for a tool argument, with the bearer token of the session's
+owner (the same check as ``/mcp``), exactly as ``upload_file`` would (a new session when
+the id is unknown to this owner; ``?overwrite=true`` to replace). The body is spooled to
+an unnamed temporary file as it arrives, never held in memory, and cut off with 413 at the
+upload limit; then the workspace checks the quota and writes it atomically, so a refused
+upload leaves nothing in the workspace. Errors are JSON ``{"error": code, "message": ...}``
+with the HTTP status of the code.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+import tempfile
+from collections.abc import Awaitable, Callable, Iterator
 from typing import BinaryIO
 from urllib.parse import quote
 
 from starlette.requests import Request
-from starlette.responses import PlainTextResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from mcp_code_sandbox.downloads import UrlSigner, parse_range
-from mcp_code_sandbox.errors import SandboxError
+from mcp_code_sandbox.errors import SandboxError, Unauthorized, UploadTooLarge
 from mcp_code_sandbox.service import SandboxService
 
-__all__ = ["file_routes"]
+__all__ = ["Authenticate", "file_routes"]
 
 CHUNK = 64 * 1024
 _SAFE_HEADERS = {
@@ -31,7 +41,28 @@ _SAFE_HEADERS = {
 }
 
 
-def file_routes(service: SandboxService, signer: UrlSigner) -> list[Route]:
+#: HTTP status of each error code a PUT can meet; any other is a 500.
+_STATUS = {
+    "unauthorized": 401,
+    "invalid_session_id": 400,
+    "invalid_filename": 400,
+    "invalid_path": 400,
+    "invalid_argument": 400,
+    "file_exists": 409,
+    "session_busy": 409,
+    "upload_too_large": 413,
+    "quota_exceeded": 413,
+    "max_sessions": 429,
+    "backend_unavailable": 503,
+}
+
+#: The owner a request's bearer token names; ``None``: missing or wrong.
+Authenticate = Callable[[Request], Awaitable[str | None]]
+
+
+def file_routes(
+    service: SandboxService, signer: UrlSigner, authenticate: Authenticate
+) -> list[Route]:
     async def download(request: Request) -> Response:
         session_id = request.path_params["session_id"]
         path = request.path_params["path"]
@@ -50,7 +81,50 @@ def file_routes(service: SandboxService, signer: UrlSigner) -> list[Route]:
             return _plain(404, "no such file")
         return _stream(source, info.size_bytes, info.mime_type, path, request)
 
-    return [Route("/files/{session_id}/{path:path}", download, methods=["GET", "HEAD"])]
+    async def upload(request: Request) -> Response:
+        owner = await authenticate(request)
+        if owner is None:
+            return _error(
+                Unauthorized("a bearer token is required (Authorization: Bearer <token>)"),
+                {"WWW-Authenticate": "Bearer"},
+            )
+        limit = service.settings.max_upload_bytes
+        too_large = UploadTooLarge(f"the file is larger than the limit of {limit} bytes")
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            return _error(too_large)
+        overwrite = request.query_params.get("overwrite", "false").lower() in ("1", "true")
+        with tempfile.TemporaryFile(prefix="mcs-put-") as spool:
+            size = 0
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    return _error(too_large)
+                await asyncio.to_thread(spool.write, chunk)
+            spool.seek(0)
+            try:
+                done = await service.upload_file(
+                    owner,
+                    request.path_params["path"],
+                    spool,
+                    session_id=request.path_params["session_id"],
+                    overwrite=overwrite,
+                )
+            except SandboxError as exc:
+                return _error(exc)
+        body = {
+            "session_id": done.session_id,
+            "path": done.path,
+            "size_bytes": done.size_bytes,
+            "session_created": done.session_created,
+        }
+        return JSONResponse(body, status_code=201 if done.session_created else 200)
+
+    route = "/files/{session_id}/{path:path}"
+    return [
+        Route(route, download, methods=["GET", "HEAD"]),
+        Route(route, upload, methods=["PUT"]),
+    ]
 
 
 def _stream(source: BinaryIO, size: int, mime_type: str, path: str, request: Request) -> Response:
@@ -92,6 +166,14 @@ def _attachment(name: str) -> str:
         c if c.isascii() and c.isprintable() and c not in '"\\' else "_" for c in name
     )
     return f"attachment; filename=\"{fallback}\"; filename*=UTF-8''{quote(name)}"
+
+
+def _error(error: SandboxError, headers: dict[str, str] | None = None) -> Response:
+    return JSONResponse(
+        {"error": error.code, "message": error.message},
+        status_code=_STATUS.get(error.code, 500),
+        headers={**_SAFE_HEADERS, **(headers or {})},
+    )
 
 
 def _plain(status: int, text: str) -> Response:

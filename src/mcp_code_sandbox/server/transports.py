@@ -122,9 +122,17 @@ def build_http_app(service: SandboxService) -> Starlette:
                 await service.aclose()
 
     return Starlette(
-        routes=[Route("/healthz", healthz), *file_routes(service, signer), Mount("/", app=mcp_app)],
+        routes=[
+            Route("/healthz", healthz),
+            *file_routes(service, signer, _owner_of_request),
+            Mount("/", app=mcp_app),
+        ],
         lifespan=lifespan,
     )
+
+
+async def _owner_of_request(request: Request) -> str | None:
+    return "local"  # until bearer tokens land: the owner of every unauthenticated call
 
 
 async def serve_http(service: SandboxService, **uvicorn_options: Any) -> None:

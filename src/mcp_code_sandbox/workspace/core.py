@@ -89,8 +89,9 @@ class Workspace:
 
     # --- files -----------------------------------------------------------------------------
 
-    def write_file(self, rel: str, data: bytes, *, overwrite: bool) -> FileInfo:
-        """Write ``data`` at ``rel`` atomically, creating parent directories.
+    def write_file(self, rel: str, data: bytes | BinaryIO, *, overwrite: bool) -> FileInfo:
+        """Write ``data`` (bytes, or a file positioned at its start, read to its end) at
+        ``rel`` atomically, creating parent directories.
 
         Raises ``InvalidFilename`` for a bad path, ``InvalidPath`` when a component is a
         link or not a directory or the target is not a regular file, ``FileExists_`` when
@@ -99,13 +100,13 @@ class Workspace:
         """
         parts = parse_path(rel, for_upload=True)
         shown = join_parts(parts)
+        size, head = _measure(data)
         with _fs_errors(shown), closing_fd(self._open_root()) as root:
             replaced = self._existing_size(root, parts, shown, overwrite=overwrite)
-            self._check_quota(root, len(data), replaced, shown)
+            self._check_quota(root, size, replaced, shown)
             with closing_fd(self._open_dir(root, parts[:-1], create=True)) as dir_fd:
                 st = self._install(dir_fd, parts[-1], data, shown, overwrite=overwrite)
-        mime = guess_mime(shown, data[:HEAD_BYTES])
-        return FileInfo(shown, len(data), mime, iso_utc(st.st_mtime_ns))
+        return FileInfo(shown, st.st_size, guess_mime(shown, head), iso_utc(st.st_mtime_ns))
 
     def read_file(self, rel: str, *, offset: int = 0, max_bytes: int) -> ReadResult:
         """Read at most ``max_bytes`` of the regular file ``rel`` from ``offset``.
@@ -331,7 +332,7 @@ class Workspace:
         return sum(st.st_size for _, st in walked if stat.S_ISREG(st.st_mode))
 
     def _install(
-        self, dir_fd: int, name: str, data: bytes, shown: str, *, overwrite: bool
+        self, dir_fd: int, name: str, data: bytes | BinaryIO, shown: str, *, overwrite: bool
     ) -> os.stat_result:
         """Write ``data`` to a temporary name in ``dir_fd``, then move it to ``name``."""
         tmp = f"{_TMP_PREFIX}{secrets.token_hex(8)}.tmp"
@@ -339,12 +340,28 @@ class Workspace:
         try:
             with closing_fd(os.open(tmp, flags, 0o644, dir_fd=dir_fd)) as fd:
                 self._adopt(fd, 0o644)
-                _write_all(fd, data)
+                if isinstance(data, bytes):
+                    _write_all(fd, data)
+                else:
+                    while chunk := data.read(1 << 20):
+                        _write_all(fd, chunk)
                 st = os.fstat(fd)
             _publish(dir_fd, tmp, name, shown, overwrite=overwrite)
         finally:
             _unlink_quietly(dir_fd, tmp)  # gone already after a rename; left after a link
         return st
+
+
+def _measure(data: bytes | BinaryIO) -> tuple[int, bytes]:
+    """Size and first bytes of ``data``; a file is left where it was."""
+    if isinstance(data, bytes):
+        return len(data), data[:HEAD_BYTES]
+    start = data.tell()
+    size = data.seek(0, os.SEEK_END) - start
+    data.seek(start)
+    head = data.read(HEAD_BYTES)
+    data.seek(start)
+    return size, head
 
 
 def _publish(dir_fd: int, tmp: str, name: str, shown: str, *, overwrite: bool) -> None:

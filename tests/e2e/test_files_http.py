@@ -1,6 +1,9 @@
-"""Signed download links (DESIGN §9), against the real HTTP server: the MCP client gets
-``download_url``s in results; plain HTTP requests fetch them, and every way of abusing a
-link (tampering, expiry, another session, a planted symlink) gets a bare 403 or 404.
+"""Files over plain HTTP (DESIGN §9), against the real HTTP server.
+
+Downloads: the MCP client gets ``download_url``s in results; plain HTTP requests fetch
+them, and every way of abusing a link (tampering, expiry, another session, a planted
+symlink) gets a bare 403 or 404. Uploads: ``PUT`` streams a file into a session, within
+the upload limit and the quota, leaving nothing behind when refused.
 
 The server runs with a known ``SANDBOX_URL_SECRET`` so that the test can also sign links
 the server never handed out (an expired one, one for a symlink) exactly as it would."""
@@ -27,8 +30,12 @@ BLOB = bytes(range(256)) * 1000  # 256000 bytes, more than read_file's 64 KiB be
 
 @pytest.fixture
 def served(make_settings: Callable[..., Settings]) -> Iterator[str]:
-    settings = make_settings(max_read_bytes=65536)
-    with http_server(settings, SANDBOX_URL_SECRET=SECRET, SANDBOX_MAX_READ_BYTES="65536") as base:
+    limits = {
+        "SANDBOX_MAX_READ_BYTES": "65536",
+        "SANDBOX_MAX_UPLOAD_BYTES": "300000",
+        "SANDBOX_WORKSPACE_QUOTA_BYTES": "500000",
+    }
+    with http_server(make_settings(), SANDBOX_URL_SECRET=SECRET, **limits) as base:
         yield base
 
 
@@ -117,3 +124,66 @@ async def test_links_die_with_the_session(served: str) -> None:
     async with Client(f"{served}/mcp", mode="legacy") as client:
         await client.call_tool("close_session", {"session_id": "dl-gone"})
     assert httpx.get(url).status_code == 403
+
+
+def put(base: str, session: str, path: str, body: Any, **params: str) -> httpx.Response:
+    return httpx.put(f"{base}/files/{session}/{path}", content=body, params=params, timeout=60)
+
+
+def chunks(total: int, size: int = 50_000) -> Iterator[bytes]:
+    """A body without a Content-Length (chunked): the server must count it as it comes."""
+    sent = 0
+    while sent < total:
+        n = min(size, total - sent)
+        sent += n
+        yield b"u" * n
+
+
+async def test_put_uploads_a_file_the_tools_then_see(served: str) -> None:
+    created = put(served, "up-1", "data/in.csv", b"a,b\n1,2\n")
+    assert created.status_code == 201, created.text
+    assert created.json() == {
+        "session_id": "up-1",
+        "path": "data/in.csv",
+        "size_bytes": 8,
+        "session_created": True,
+    }
+    big = put(served, "up-1", "big.bin", chunks(250_000))  # streamed, under the limit
+    assert big.status_code == 200 and big.json()["size_bytes"] == 250_000
+    async with Client(f"{served}/mcp", mode="legacy") as client:
+        listed = await client.list_tools()
+        upload = next(tool for tool in listed.tools if tool.name == "upload_file")
+        assert f"HTTP PUT {served}/files/<session_id>/<path>" in (upload.description or "")
+        code = (
+            "import pandas as pd\n"
+            "print(pd.read_csv('data/in.csv').b.sum(), len(open('big.bin', 'rb').read()))"
+        )
+        result = await client.call_tool("run_code", {"code": code, "session_id": "up-1"})
+        assert result.structured_content and result.structured_content["stdout"] == "2 250000\n"
+    exists = put(served, "up-1", "data/in.csv", b"x")
+    assert exists.status_code == 409 and exists.json()["error"] == "file_exists"
+    replaced = put(served, "up-1", "data/in.csv", b"x", overwrite="true")
+    assert replaced.status_code == 200 and replaced.json()["size_bytes"] == 1
+
+
+async def test_put_refuses_what_does_not_fit_and_leaves_nothing(served: str) -> None:
+    assert put(served, "up-2", "seed.txt", b"seed").status_code == 201
+    cases = {
+        "declared too large": (put(served, "up-2", "a.bin", b"u" * 300_001), "upload_too_large"),
+        "streamed too large": (put(served, "up-2", "b.bin", chunks(400_000)), "upload_too_large"),
+        "traversal": (put(served, "up-2", "..%2F..%2Fescape.txt", b"x"), "invalid_filename"),
+        "bad session": (put(served, "bad%20id", "c.txt", b"x"), "invalid_session_id"),
+    }
+    for what, (response, code) in cases.items():
+        assert response.headers["content-type"] == "application/json", (what, response.text)
+        assert response.json().get("error") == code, (what, response.text)
+        assert response.status_code in (400, 413), what
+    # Two uploads under the limit that together pass the 500 kB quota: the second is refused.
+    assert put(served, "up-2", "one.bin", chunks(290_000)).status_code == 200
+    over = put(served, "up-2", "two.bin", chunks(290_000))
+    assert over.status_code == 413 and over.json()["error"] == "quota_exceeded"
+    async with Client(f"{served}/mcp", mode="legacy") as client:
+        listed = await client.call_tool("list_files", {"session_id": "up-2"})
+        assert listed.structured_content is not None
+        names = sorted(e["path"] for e in listed.structured_content["entries"])
+    assert names == ["one.bin", "seed.txt"]  # no partial files, no temporary names
