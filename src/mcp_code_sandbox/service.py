@@ -22,6 +22,7 @@ from mcp_code_sandbox.errors import (
     UnsupportedLanguage,
     UploadTooLarge,
 )
+from mcp_code_sandbox.metrics import Metrics
 from mcp_code_sandbox.runtimes import RUNTIMES, runner_summary
 from mcp_code_sandbox.sessions import Session, SessionManager
 from mcp_code_sandbox.settings import Settings
@@ -48,7 +49,8 @@ class SandboxService:
     def __init__(self, settings: Settings, backend: Backend) -> None:
         self.settings = settings
         self.backend = backend
-        self.sessions = SessionManager(settings, backend)
+        self.metrics = Metrics(backend.name)
+        self.sessions = SessionManager(settings, backend, self.metrics)
         #: Runner images by language (docker), as last discovered; see ``refresh_runners``.
         self.runners: dict[str, RunnerImage] = {}
         #: What ``backend.runtime_info()`` said at the latest refresh, and the languages
