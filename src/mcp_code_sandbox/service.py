@@ -43,6 +43,8 @@ class Upload:
 
 
 LanguagesChanged = Callable[[list[str]], Awaitable[None]]
+#: How long ``/readyz`` waits for the backend's answer (probes come every few seconds).
+READY_TIMEOUT_S = 5.0
 
 
 class SandboxService:
@@ -120,6 +122,18 @@ class SandboxService:
 
     async def aclose(self) -> None:
         await self.sessions.aclose()
+
+    async def not_ready(self, timeout_s: float = READY_TIMEOUT_S) -> str | None:
+        """Why the backend could not start a sandbox now (for ``/readyz``); ``None``: it
+        could. Bounded by ``timeout_s``: a hung engine is as good as a dead one."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self.backend.check_ready()
+        except TimeoutError:
+            return f"the {self.backend.name} backend did not answer within {timeout_s:g} s"
+        except SandboxError as exc:
+            return exc.message
+        return None
 
     async def run_code(
         self,
