@@ -168,6 +168,7 @@ async def run(
     except SandboxFailed as exc:
         if runner is not None:
             raise  # the runner was replaced once already; nothing was lost but this call
+        manager.metrics.backend_error(exc.code)  # the sandbox died under the run
         await manager.restart_sandbox(session)
         outcome = _lost(str(exc))
     finally:
@@ -184,6 +185,7 @@ async def run(
     )
     report.image_files = await asyncio.to_thread(_read_images, session, changes, settings)
     _audit(session, request, report, capture)
+    manager.metrics.run_finished(report.language, report.status, report.duration_ms / 1000)
     return report
 
 

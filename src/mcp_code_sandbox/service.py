@@ -24,6 +24,7 @@ from mcp_code_sandbox.errors import (
     UnsupportedLanguage,
     UploadTooLarge,
 )
+from mcp_code_sandbox.metrics import Metrics
 from mcp_code_sandbox.runtimes import RUNTIMES, runner_summary
 from mcp_code_sandbox.sessions import Session, SessionManager
 from mcp_code_sandbox.settings import Settings
@@ -44,13 +45,16 @@ class Upload:
 
 
 LanguagesChanged = Callable[[list[str]], Awaitable[None]]
+#: How long ``/readyz`` waits for the backend's answer (probes come every few seconds).
+READY_TIMEOUT_S = 5.0
 
 
 class SandboxService:
     def __init__(self, settings: Settings, backend: Backend) -> None:
         self.settings = settings
         self.backend = backend
-        self.sessions = SessionManager(settings, backend)
+        self.metrics = Metrics(backend.name)
+        self.sessions = SessionManager(settings, backend, self.metrics)
         #: Runner images by language (docker), as last discovered; see ``refresh_runners``.
         self.runners: dict[str, RunnerImage] = {}
         #: What ``backend.runtime_info()`` said at the latest refresh, and the languages
@@ -123,6 +127,18 @@ class SandboxService:
 
     async def aclose(self) -> None:
         await self.sessions.aclose()
+
+    async def not_ready(self, timeout_s: float = READY_TIMEOUT_S) -> str | None:
+        """Why the backend could not start a sandbox now (for ``/readyz``); ``None``: it
+        could. Bounded by ``timeout_s``: a hung engine is as good as a dead one."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self.backend.check_ready()
+        except TimeoutError:
+            return f"the {self.backend.name} backend did not answer within {timeout_s:g} s"
+        except SandboxError as exc:
+            return exc.message
+        return None
 
     async def run_code(
         self,

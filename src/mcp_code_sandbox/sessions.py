@@ -50,6 +50,7 @@ from mcp_code_sandbox.backends.base import (
 )
 from mcp_code_sandbox.errors import MaxSessions, SessionBusy, SessionNotFound
 from mcp_code_sandbox.ids import mint_session_id, session_key, validate_session_id
+from mcp_code_sandbox.metrics import EndReason, Metrics
 from mcp_code_sandbox.recovery import recover
 from mcp_code_sandbox.settings import Settings
 from mcp_code_sandbox.workspace import Workspace
@@ -97,9 +98,13 @@ class Acquired:
 
 
 class SessionManager:
-    def __init__(self, settings: Settings, backend: Backend) -> None:
+    def __init__(
+        self, settings: Settings, backend: Backend, metrics: Metrics | None = None
+    ) -> None:
         self.settings = settings
         self.backend = backend
+        self.metrics = metrics or Metrics(backend.name)
+        self.metrics.track_sessions(self.count)
         self._sessions: dict[tuple[str, str], Session] = {}
         self._tombstones: OrderedDict[tuple[str, str], str] = OrderedDict()
         self._instance = f"{os.getpid()}-{os.urandom(4).hex()}"
@@ -255,6 +260,7 @@ class SessionManager:
         self._save(session, force=True)  # before the workspace: see ``registry``
         workspace.create()
         self._sessions[(owner, session_id)] = session
+        self.metrics.session_created()
         log.info("session created", owner=owner, session=session_id)
         return session
 
@@ -320,7 +326,8 @@ class SessionManager:
             )
         if session.sandbox is None or session.agent is None:
             spec = self._spec(session.key, session.owner, session.id, session.workspace, network)
-            session.sandbox = await self.backend.create(spec)
+            with self.metrics.counting_backend_errors():
+                session.sandbox = await self.backend.create(spec)
             session.agent = AgentClient(session.sandbox.channel)
         return session.agent, notice
 
@@ -338,7 +345,8 @@ class SessionManager:
             current = None
         if current is None:
             spec = self._spec(session.key, session.owner, session.id, session.workspace, network)
-            current = await self.backend.create_runner(spec, runner)
+            with self.metrics.counting_backend_errors():
+                current = await self.backend.create_runner(spec, runner)
             session.runners[runner.language] = current
         return current
 
@@ -380,12 +388,13 @@ class SessionManager:
         session = self._sessions.get((owner, session_id))
         if session is None:
             raise SessionNotFound(f"no session {session_id!r} (already closed, or never existed)")
-        await self._expire(session, f"session {session_id} was closed")
+        await self._expire(session, f"session {session_id} was closed", "closed")
 
-    async def _expire(self, session: Session, reason: str) -> None:
+    async def _expire(self, session: Session, reason: str, why: EndReason) -> None:
         if self._sessions.get((session.owner, session.id)) is not session:
             return
         del self._sessions[(session.owner, session.id)]
+        self.metrics.session_ended(why)
         session.closed = True
         self.tombstone(session.owner, session.id, reason)
         await self._destroy(session)
@@ -430,12 +439,14 @@ class SessionManager:
                 await self._expire(
                     session,
                     f"session {session.id} expired after {self.settings.session_ttl_m:g} min idle",
+                    "idle",
                 )
             elif now - session.created_at > lifetime:
                 await self._expire(
                     session,
                     f"session {session.id} reached its maximum lifetime of "
                     f"{self.settings.session_max_lifetime_h:g} h",
+                    "lifetime",
                 )
 
     def with_id(self, session_id: str) -> list[Session]:

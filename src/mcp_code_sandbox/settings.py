@@ -32,6 +32,8 @@ __all__ = [
     "parse_size",
 ]
 
+#: A Host header value: a name or IPv4 address, or a bracketed IPv6 one; a port or ``*``.
+_HOST = re.compile(r"(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+)(:(\d{1,5}|\*))?")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 
@@ -135,6 +137,14 @@ class Settings(BaseSettings):
     #: Key of the download links' signatures; unset: one made and kept in the state dir.
     url_secret: str | None = Field(None, repr=False, min_length=16)
     download_url_ttl_s: int = Field(3600, ge=60, le=7 * 86400)
+    #: Host headers the HTTP endpoints accept besides this server's own loopback names
+    #: and PUBLIC_BASE_URL's host (``server.hosts``): ``name``, ``name:port``, ``name:*``.
+    #: Empty: only those. Origins likewise (``https://name[:port|:*]``).
+    allowed_hosts: NameList = Field(default_factory=list)
+    allowed_origins: NameList = Field(default_factory=list)
+    #: Bearer token ``/metrics`` asks for. None: ``/metrics`` is served only on a
+    #: loopback-bound server, to anyone who can reach it there.
+    metrics_token: str | None = Field(None, repr=False, min_length=16)
 
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["console", "json"] = "console"
@@ -166,6 +176,36 @@ class Settings(BaseSettings):
             if name.upper() in FORBIDDEN_ENV:
                 raise ValueError(f"{name} controls the sandbox itself and cannot be passed")
         return names
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _valid_hosts(cls, hosts: list[str]) -> list[str]:
+        for host in hosts:
+            if not _HOST.fullmatch(host):
+                raise ValueError(
+                    f"{host!r} is not a Host header value: give name, name:port or name:* "
+                    "(no scheme, no path)"
+                )
+        return hosts
+
+    @field_validator("allowed_origins")
+    @classmethod
+    def _valid_origins(cls, origins: list[str]) -> list[str]:
+        for origin in origins:
+            scheme, _, host = origin.partition("://")
+            if scheme not in ("http", "https") or not _HOST.fullmatch(host):
+                raise ValueError(
+                    f"{origin!r} is not an origin: give scheme://name[:port], e.g. "
+                    "https://chat.example.com (no path)"
+                )
+        return origins
+
+    @field_validator("public_base_url")
+    @classmethod
+    def _valid_base_url(cls, url: str | None) -> str | None:
+        if url is not None and not re.fullmatch(r"https?://[^/?#\s]+(/[^?#\s]*)?", url):
+            raise ValueError("expected an http(s) URL such as https://sandbox.example.com")
+        return url
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
@@ -223,7 +263,7 @@ def load_settings(
 
 
 #: Never repeated in an error message.
-_SECRET_SETTINGS = frozenset({"api_tokens", "url_secret"})
+_SECRET_SETTINGS = frozenset({"api_tokens", "url_secret", "metrics_token"})
 
 
 def _describe(err: Mapping[str, Any]) -> str:
@@ -235,6 +275,9 @@ def _describe(err: Mapping[str, Any]) -> str:
     secret = name in _SECRET_SETTINGS
     shown = f" (got {value!r})" if name and not isinstance(value, dict) and not secret else ""
     return f"invalid configuration: {where}: {msg}{shown}"
+
+
+_SECRETS = frozenset({"api_tokens", "metrics_token"})
 
 
 #: What docker-py's ``from_env`` reads: where the engine is and how to talk TLS to it.

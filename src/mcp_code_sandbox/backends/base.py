@@ -303,6 +303,13 @@ class Backend(abc.ABC):
         """
         return None
 
+    async def check_ready(self) -> None:  # noqa: B027 - a backend with nothing to ask
+        """Raise ``BackendUnavailable`` (saying what to fix) when this backend could not
+        start a sandbox now; return when it could.
+
+        Called by the server's ``/readyz`` probe, under a short timeout, every few seconds:
+        cheap and real (ask the engine, look for the runtime on disk), never a sandbox."""
+
     def network_unavailable(self) -> str | None:
         """Why this backend cannot give a sandbox a fenced network here, or ``None``.
 

@@ -525,6 +525,13 @@ class BwrapBackend(Backend):
         )
         return mounts, stage
 
+    async def check_ready(self) -> None:
+        """bwrap on PATH and the runtime environment on disk (manifest, venv's python)."""
+        self._bwrap()
+        status = await asyncio.to_thread(runtime_status, self.settings)
+        if not status.ok:
+            raise BackendUnavailable(status.detail)
+
     def network_unavailable(self) -> str | None:
         return bwrap_net.network_unavailable(self._iptables)
 

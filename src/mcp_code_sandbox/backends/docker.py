@@ -200,6 +200,12 @@ class DockerBackend(Backend):
             info.setdefault(lang, {"packages": {}, "image": self.image})["version"] = version
         return info
 
+    async def check_ready(self) -> None:
+        """The engine answers a ping and has the sandbox image."""
+        client = await self.client()
+        await self._call(client.ping)
+        await self._call(client.images.get, self.image)
+
     def network_unavailable(self) -> str | None:
         return self._networks.unavailable(self.settings.docker_runtime)
 

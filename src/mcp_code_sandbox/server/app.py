@@ -12,12 +12,14 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from mcp.server import MCPServer
+from mcp.server.context import ServerMiddleware
 from mcp.server.mcpserver.exceptions import ResourceError
 from mcp.server.subscriptions import InMemorySubscriptionBus
 from mcp_types import ToolAnnotations
 
 from mcp_code_sandbox import __version__
 from mcp_code_sandbox.errors import SandboxError
+from mcp_code_sandbox.metrics import Metrics
 from mcp_code_sandbox.server.notify import ToolListNotifier, advertise_tools_changed
 from mcp_code_sandbox.server.tools import ToolSet, owner_of
 from mcp_code_sandbox.service import SandboxService
@@ -174,6 +176,7 @@ def build_server(service: SandboxService) -> MCPServer[Any]:
     notifier = ToolListNotifier(bus)
     advertise_tools_changed(mcp)
     mcp.middleware.append(notifier.middleware)
+    mcp.middleware.append(_error_counter(service.metrics))  # outside: sees the final code
     mcp.middleware.append(_argument_errors)
 
     async def languages_changed(languages: list[str]) -> None:
@@ -211,6 +214,20 @@ def _add_file_resource(mcp: MCPServer[Any], service: SandboxService) -> None:
         if read.is_text:
             return read.data.decode("utf-8", "replace")
         return read.data
+
+
+def _error_counter(metrics: Metrics) -> ServerMiddleware[Any]:
+    """Count every failed tool call by its ``_meta.error_code`` (``tool_errors`` and
+    ``_argument_errors`` put one on each)."""
+
+    async def count(ctx: Any, call_next: Callable[[Any], Awaitable[Any]]) -> Any:
+        result = await call_next(ctx)
+        failed = isinstance(result, dict) and result.get("isError")
+        if failed and getattr(ctx, "method", None) == "tools/call":
+            metrics.tool_error(str((result.get("_meta") or {}).get("error_code")))
+        return result
+
+    return count
 
 
 _PYDANTIC_LINK = re.compile(r"\s*For further information visit \S+")

@@ -1,8 +1,11 @@
-"""Serve the MCP server over stdio or streamable HTTP, and clean up on every way out.
+"""Serve the MCP server over stdio or HTTP, and clean up on every way out.
 
 stdio: the server ends at stdin EOF, SIGTERM or SIGINT; all sandboxes and workspaces are
-removed before exit. HTTP: the SDK's app mounted in Starlette beside ``/healthz``, served
-by uvicorn, whose own SIGTERM/SIGINT handling runs the lifespan's cleanup.
+removed before exit. HTTP: the SDK's streamable HTTP app (``/mcp``) and its legacy
+HTTP+SSE app (``/sse`` + ``/messages/``, for clients that only speak the 2024-11-05
+transport) in Starlette beside the operator's endpoints (:mod:`.ops`), served by uvicorn,
+whose own SIGTERM/SIGINT handling runs the lifespan's cleanup. Both MCP apps check Host
+and Origin (:mod:`.hosts`).
 """
 
 from __future__ import annotations
@@ -19,12 +22,14 @@ import anyio
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
 from starlette.routing import Mount, Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mcp_code_sandbox.downloads import UrlSigner, load_secret
 from mcp_code_sandbox.server.app import build_server
 from mcp_code_sandbox.server.files_http import file_routes
+from mcp_code_sandbox.server.hosts import transport_security
+from mcp_code_sandbox.server.ops import ops_routes
 from mcp_code_sandbox.service import SandboxService
 from mcp_code_sandbox.settings import ConfigError, Settings
 
@@ -106,10 +111,11 @@ def build_http_app(service: SandboxService) -> Starlette:
     service.downloads = signer
     mcp = build_server(service)
     body_limit = settings.max_upload_bytes * 4 // 3 + settings.max_code_bytes + 1024 * 1024
-    mcp_app = mcp.streamable_http_app(host=settings.http_host, max_request_body_size=body_limit)
-
-    async def healthz(request: Request) -> JSONResponse:
-        return JSONResponse({"status": "ok", "sessions": service.sessions.count()})
+    security = transport_security(settings)
+    mcp_app = mcp.streamable_http_app(transport_security=security, max_request_body_size=body_limit)
+    # The legacy transport: GET /sse holds the stream, POST /messages/?session_id= carries
+    # the client's messages. Routed whole (its own auth middleware, if any, included).
+    sse_app = mcp.sse_app(transport_security=security, max_request_body_size=body_limit)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -121,14 +127,46 @@ def build_http_app(service: SandboxService) -> Starlette:
             with anyio.CancelScope(shield=True):
                 await service.aclose()
 
+    # Both transports behind one app: whatever guards MCP must guard the legacy one too.
+    mcp_endpoints = Starlette(
+        routes=[
+            Route("/sse", _FirstResponseOnly(sse_app), methods=["GET"]),
+            Route("/messages/", sse_app, methods=["POST"]),
+            Mount("/", app=mcp_app),
+        ]
+    )
     return Starlette(
         routes=[
-            Route("/healthz", healthz),
+            *ops_routes(service, security, loopback=_is_loopback(settings.http_host)),
             *file_routes(service, signer, _owner_of_request),
-            Mount("/", app=mcp_app),
+            Mount("/", app=mcp_endpoints),
         ],
         lifespan=lifespan,
     )
+
+
+class _FirstResponseOnly:
+    """Drop a second response an ASGI app sends after its first one.
+
+    The SDK's ``sse_app`` answers ``GET /sse`` with the event stream and then, once that
+    ended, with an empty ``Response()`` too (python-sdk issue #883): uvicorn logs an
+    "Exception in ASGI application" for every stream open at shutdown. A class, not a
+    function: Starlette's ``Route`` treats a plain function as a request handler."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = second = False
+
+        async def first_only(message: Message) -> None:
+            nonlocal started, second
+            if message["type"] == "http.response.start":
+                second, started = started, True
+            if not second:
+                await send(message)
+
+        await self.app(scope, receive, first_only)
 
 
 async def _owner_of_request(request: Request) -> str | None:

@@ -1,0 +1,138 @@
+"""Prometheus metrics of one server: sessions, runs, durations, failures by code.
+
+One :class:`Metrics` per :class:`~mcp_code_sandbox.service.SandboxService`, with its own
+``CollectorRegistry`` (never the process-global one: tests build many services in one
+process, and two servers in one process must not add up). The session manager, the run
+and the MCP layer call its small methods; ``/metrics`` (``server.ops``) renders it.
+
+Labels are bounded on purpose: ``language`` is one the server offers (built-in or a runner
+image's), ``status`` one of ``STATUSES``, ``code`` one of ``errors.ERROR_CODES``, ``reason``
+one of ``END_REASONS``. Never a session id, an owner or anything a client chose freely.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Literal
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    disable_created_metrics,
+)
+from prometheus_client.exposition import choose_encoder
+
+from mcp_code_sandbox import __version__
+from mcp_code_sandbox.errors import ERROR_CODES, BackendUnavailable, SandboxFailed
+
+__all__ = ["END_REASONS", "STATUSES", "EndReason", "Metrics"]
+
+#: Why a session ended: ``close_session``, the idle TTL, or the max lifetime. A shutdown
+#: is not counted: the process (and its counters) ends with it.
+EndReason = Literal["closed", "idle", "lifetime"]
+END_REASONS: tuple[EndReason, ...] = ("closed", "idle", "lifetime")
+STATUSES = ("ok", "error", "timeout", "cancelled")
+BACKEND_CODES = (BackendUnavailable.code, SandboxFailed.code)
+#: From a 20 ms cell to the largest default ``MAX_EXEC_TIMEOUT_S``.
+DURATION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+
+class Metrics:
+    def __init__(self, backend: str) -> None:
+        # The ``*_created`` gauges double every counter's series in the text format and
+        # no dashboard reads them (a process-wide switch, and this is the process's app).
+        disable_created_metrics()  # type: ignore[no-untyped-call]
+        self.registry = CollectorRegistry()
+        r = self.registry
+        ProcessCollector(registry=r)  # process_resident_memory_bytes, open fds, CPU seconds
+        Gauge(
+            "mcp_sandbox_build_info", "This server: version and backend", ["version", "backend"],
+            registry=r,
+        ).labels(__version__, backend).set(1)  # fmt: skip
+        self._active = Gauge(
+            "mcp_sandbox_sessions_active", "Sessions open now (each holds a workspace)", registry=r
+        )
+        self._created = Counter(
+            "mcp_sandbox_sessions_created", "Sessions created (re-attached ones not)", registry=r
+        )
+        self._ended = Counter(
+            "mcp_sandbox_sessions_ended",
+            "Sessions ended, by reason: closed (close_session), idle (TTL), lifetime (max age)",
+            ["reason"],
+            registry=r,
+        )
+        self._runs = Counter(
+            "mcp_sandbox_runs",
+            "run_code calls that ran and returned a result, by language and status",
+            ["language", "status"],
+            registry=r,
+        )
+        self._duration = Histogram(
+            "mcp_sandbox_run_duration_seconds",
+            "Wall time of a run, from taking the session to the result (sandbox start included)",
+            ["language"],
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self._tool_errors = Counter(
+            "mcp_sandbox_tool_errors",
+            "Tool calls that failed (isError results), by error code",
+            ["code"],
+            registry=r,
+        )
+        self._backend_errors = Counter(
+            "mcp_sandbox_backend_errors",
+            "Failures of the sandbox backend (engine unreachable, a sandbox that would not "
+            "start or died mid-run), by error code",
+            ["code"],
+            registry=r,
+        )
+        # Every series of a known label set exists from the start, at 0: a rate() over a
+        # series that appears only with its first failure misses that failure.
+        for reason in END_REASONS:
+            self._ended.labels(reason)
+        for code in ERROR_CODES:
+            self._tool_errors.labels(code)
+        for code in BACKEND_CODES:
+            self._backend_errors.labels(code)
+
+    def track_sessions(self, count: Callable[[], int]) -> None:
+        """Read the open sessions from ``count`` at every scrape (never drifts)."""
+        self._active.set_function(count)
+
+    def session_created(self) -> None:
+        self._created.inc()
+
+    def session_ended(self, reason: EndReason) -> None:
+        self._ended.labels(reason).inc()
+
+    def run_finished(self, language: str, status: str, duration_s: float) -> None:
+        """One run that produced a result. ``language`` is one the server offered."""
+        status = status if status in STATUSES else "error"
+        self._runs.labels(language, status).inc()
+        self._duration.labels(language).observe(duration_s)
+
+    def tool_error(self, code: str) -> None:
+        self._tool_errors.labels(code if code in ERROR_CODES else "internal_error").inc()
+
+    def backend_error(self, code: str) -> None:
+        self._backend_errors.labels(code if code in BACKEND_CODES else SandboxFailed.code).inc()
+
+    @contextlib.contextmanager
+    def counting_backend_errors(self) -> Iterator[None]:
+        """Count a ``BackendUnavailable`` / ``SandboxFailed`` raised inside, and re-raise."""
+        try:
+            yield
+        except (BackendUnavailable, SandboxFailed) as exc:
+            self.backend_error(exc.code)
+            raise
+
+    def render(self, accept: str | None) -> tuple[bytes, str]:
+        """The exposition for a scrape with this ``Accept`` header: (body, content type).
+        Prometheus's text format, or OpenMetrics when the scraper asks for it."""
+        encoder, content_type = choose_encoder(accept or "")
+        return encoder(self.registry), content_type
