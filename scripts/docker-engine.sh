@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Make a Docker engine with gVisor available on a Debian/Ubuntu machine (root), idempotently:
-#   1. install Debian's docker.io, runsc (gVisor) and debootstrap where missing;
+#   1. install Debian's docker.io, runsc (gVisor), debootstrap and docker-compose (for
+#      deploy/compose.yaml; skipped when the `docker compose` plugin answers) where missing;
 #   2. register runsc as a runtime (runtime arguments $MCS_RUNSC_ARGS) in
 #      /etc/docker/daemon.json, merging into an existing file, never clobbering it;
 #   3. start dockerd in the background if no engine answers, and wait (bounded) for it;
@@ -34,8 +35,10 @@ install_missing() {
     command -v dockerd >/dev/null 2>&1 || missing+=(docker.io)
     command -v runsc >/dev/null 2>&1 || [ -x /usr/bin/runsc ] || missing+=(runsc)
     command -v debootstrap >/dev/null 2>&1 || [ -x /usr/sbin/debootstrap ] || missing+=(debootstrap)
+    command -v docker-compose >/dev/null 2>&1 || docker compose version >/dev/null 2>&1 \
+        || missing+=(docker-compose)
     if [ ${#missing[@]} -eq 0 ]; then
-        log "docker.io, runsc and debootstrap are installed"
+        log "docker.io, runsc, debootstrap and docker-compose are installed"
         return
     fi
     log "installing ${missing[*]}"

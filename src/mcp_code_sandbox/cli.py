@@ -74,7 +74,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="CA bundle used during "
         "the build only (default: $PIP_CERT, $SSL_CERT_FILE, $REQUESTS_CA_BUNDLE)",
     )
-    build.add_argument("--tag", default=None, help="image tag (default: SANDBOX_IMAGE)")
+    build.add_argument(
+        "--server",
+        action="store_true",
+        help="build the server's own image (images/server.Dockerfile, for deploy/compose.yaml) "
+        "instead of the sandbox image",
+    )
+    build.add_argument(
+        "--tag",
+        default=None,
+        help="image tag (default: SANDBOX_IMAGE; with --server mcp-code-sandbox-server:latest)",
+    )
     for p in (serve, setup, sub.choices["doctor"], run, build):
         _add_setting_flags(p)
     return parser
@@ -168,7 +178,14 @@ def _image_build(settings: Settings, args: argparse.Namespace) -> int:
         print(line, file=sys.stderr, flush=True)
 
     ca_bundle = args.ca_bundle or ca_bundle_from_env(os.environ)
-    build_image(settings, base=args.base, ca_bundle=ca_bundle, tag=args.tag, progress=progress)
+    build_image(
+        settings,
+        base=args.base,
+        ca_bundle=ca_bundle,
+        tag=args.tag,
+        progress=progress,
+        server=args.server,
+    )
     return 0
 
 

@@ -23,6 +23,9 @@ names (Podman's socket too) and its classic build API needs no BuildKit or build
 Debian's docker.io lacks. Its errors become :class:`BackendUnavailable` in
 :func:`_engine_errors`, and nowhere else. ``debootstrap`` and ``tar`` run as programs.
 
+``build_image(..., server=True)`` builds the server's own image the same way (same base,
+same CA handling) from the context :func:`.serverimage.prepare_server_context` assembles.
+
 Semantics: progress lines go to ``progress`` (the CLI writes them to stderr), never stdout.
 """
 
@@ -54,6 +57,8 @@ __all__ = [
     "build_kwargs",
     "ca_bundle_from_env",
     "choose_mirror",
+    "copy_ca_bundle",
+    "copy_tree",
     "debootstrap_argv",
     "find_mirror",
     "host_npm_config",
@@ -266,14 +271,15 @@ def _dockerfile() -> Path:
     raise BackendUnavailable("images/Dockerfile is missing from this installation")
 
 
-def _copy_tree(source: Path, target: Path) -> None:
+def copy_tree(source: Path, target: Path) -> None:
+    """Copy ``source`` to ``target`` without byte code, with fixed modes (0755, 0644)."""
     # Fixed modes: the layer's cache key must not depend on the checkout's umask.
     target.mkdir(mode=0o755)
     for entry in sorted(source.iterdir()):
         if entry.name == "__pycache__" or entry.suffix == ".pyc":
             continue
         if entry.is_dir():
-            _copy_tree(entry, target / entry.name)
+            copy_tree(entry, target / entry.name)
         else:
             (target / entry.name).write_bytes(entry.read_bytes())
             (target / entry.name).chmod(0o644)
@@ -290,7 +296,12 @@ def prepare_context(context: Path, ca_bundle: Path | None) -> None:
     pth_name, pth_text = SESSION_SITE_PTH
     (context / pth_name).write_text(pth_text, encoding="utf-8")
     (context / "node_env.py").write_bytes(Path(node_env.__file__).read_bytes())
-    _copy_tree(Path(agent.__file__).resolve().parent, context / "mcs_agent")
+    copy_tree(Path(agent.__file__).resolve().parent, context / "mcs_agent")
+    copy_ca_bundle(context, ca_bundle)
+
+
+def copy_ca_bundle(context: Path, ca_bundle: Path | None) -> None:
+    """``context/build-ca/``: empty, or holding ``ca.pem`` (the Dockerfiles test ``-s``)."""
     (context / "build-ca").mkdir()
     if ca_bundle is not None:
         try:
@@ -426,10 +437,15 @@ def build_image(
     ca_bundle: Path | None = None,
     tag: str | None = None,
     progress: Progress = _stderr_progress,
+    server: bool = False,
 ) -> BuildResult:
-    """Build the sandbox image as ``tag`` (default ``settings.image``); see the module doc."""
-    tag = tag or settings.image
+    """Build the sandbox image as ``tag`` (default ``settings.image``), or with ``server``
+    the server's image (default :data:`.serverimage.SERVER_TAG`); see the module doc."""
+    from mcp_code_sandbox.serverimage import SERVER_TAG, prepare_server_context
+
+    tag = tag or (SERVER_TAG if server else settings.image)
     work = settings.state_dir / "images"
+    context = work / ("server-context" if server else "context")
     timings: dict[str, float] = {}
     npm = host_npm_config(shutil.which("npm"))
     if ca_bundle is None and "cafile" in npm:
@@ -438,18 +454,21 @@ def build_image(
     try:
         work.mkdir(parents=True, exist_ok=True)
         chosen = _choose_base(client, base, work, progress, timings)
-        prepare_context(work / "context", ca_bundle)
+        (prepare_server_context if server else prepare_context)(context, ca_bundle)
         if ca_bundle is not None:
             progress(f"using the CA bundle {ca_bundle} during the build only")
         progress(f"building {tag} on {chosen}")
         started = time.monotonic()
-        kwargs = build_kwargs(work / "context", tag, chosen, npm.get("registry"))
+        # The server's Dockerfile runs no npm: no NPM_REGISTRY (an unused build argument
+        # is a warning of the engine's).
+        registry = None if server else npm.get("registry")
+        kwargs = build_kwargs(context, tag, chosen, registry)
         image_id = _build(client, kwargs, progress)
         timings["build"] = time.monotonic() - started
     except OSError as exc:
         raise BackendUnavailable(f"cannot build the image: {exc}") from None
     finally:
-        shutil.rmtree(work / "context", ignore_errors=True)
+        shutil.rmtree(context, ignore_errors=True)
         client.close()
     summary = ", ".join(f"{k} {v:.1f}s" for k, v in timings.items())
     progress(f"built {tag} ({image_id[:19] or 'id unknown'}) on {chosen}: {summary}")

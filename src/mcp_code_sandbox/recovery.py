@@ -7,8 +7,9 @@ the backend's leftovers) and carries it out. It holds an exclusive ``flock`` on
 re-attach, or both remove, one session: the second sees the first's rewritten records.
 
 Which servers are dead: those whose pid file (``run_dir/<instance>.pid``) names no live
-process. A live server's records, workspaces and sandboxes are never touched, including
-sandboxes it re-attached (their labels still name the server that made them).
+process (by pid and start time, see :mod:`.liveness`). A live server's records,
+workspaces and sandboxes are never touched, including sandboxes it re-attached (their
+labels still name the server that made them).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import structlog
 from mcp_code_sandbox import registry
 from mcp_code_sandbox.backends.base import Leftover
 from mcp_code_sandbox.errors import SandboxError
+from mcp_code_sandbox.liveness import process_alive, read_mark
 from mcp_code_sandbox.workspace import remove_tree
 
 if TYPE_CHECKING:
@@ -112,15 +114,9 @@ async def _remove_dead_instances(manager: SessionManager) -> None:
 
 
 def alive(pidfile: Path) -> bool:
-    """Does the pid in ``pidfile`` name a live process? False when there is no file."""
+    """Does ``pidfile`` name a live process? False when there is no file."""
     try:
-        pid = int(pidfile.read_text().strip())
-    except (OSError, ValueError):
+        mark = read_mark(pidfile.read_text())
+    except OSError:
         return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return mark is not None and process_alive(*mark)

@@ -50,6 +50,7 @@ from mcp_code_sandbox.backends.base import (
 )
 from mcp_code_sandbox.errors import MaxSessions, SessionBusy, SessionNotFound
 from mcp_code_sandbox.ids import mint_session_id, session_key, validate_session_id
+from mcp_code_sandbox.liveness import process_mark
 from mcp_code_sandbox.metrics import EndReason, Metrics
 from mcp_code_sandbox.recovery import recover
 from mcp_code_sandbox.settings import Settings
@@ -116,7 +117,7 @@ class SessionManager:
     async def start(self) -> None:
         self.settings.run_dir.mkdir(parents=True, exist_ok=True)
         self.settings.workspaces_dir.mkdir(parents=True, exist_ok=True)
-        (self.settings.run_dir / f"{self._instance}.pid").write_text(str(os.getpid()))
+        (self.settings.run_dir / f"{self._instance}.pid").write_text(process_mark())
         await recover(self)
         self._reaper = asyncio.create_task(self._reap_forever(), name="session-reaper")
 

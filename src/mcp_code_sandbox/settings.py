@@ -153,6 +153,13 @@ class Settings(BaseSettings):
     #: Where ``setup`` builds the sandbox runtime env (a venv, later node); by default
     #: ``<state_dir>/runtime`` (filled in by ``_derive_paths``).
     runtime_dir: Path = Path()
+    #: The state dir as the Docker engine sees it. Semantics: ``None`` (the default)
+    #: means the engine sees ``state_dir`` at the same path (the server runs on the
+    #: engine's host, or the state dir is bind-mounted at the same path on both sides).
+    #: Set it when the server runs in a container and drives the host's engine through
+    #: its socket: the bind mounts of workspaces and run dirs are then given to the
+    #: engine under this path (``docker_spec.engine_path``).
+    docker_host_state_dir: Path | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -166,6 +173,19 @@ class Settings(BaseSettings):
     @classmethod
     def _upper_level(cls, value: object) -> object:
         return value.upper() if isinstance(value, str) else value
+
+    @field_validator("docker_host_state_dir", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        # A compose file passes an unset variable on as "".
+        return None if value == "" else value
+
+    @field_validator("docker_host_state_dir")
+    @classmethod
+    def _absolute(cls, path: Path | None) -> Path | None:
+        if path is not None and not path.is_absolute():
+            raise ValueError("must be an absolute path (the state dir as the engine sees it)")
+        return path
 
     @field_validator("pass_through_env")
     @classmethod

@@ -21,6 +21,13 @@ restarted server can bind the same path again, so re-attaching to a running cont
 needs only the agent to reconnect (see ``mcs_agent.hostlink``, which retries for 10 min):
 :meth:`DockerBackend.reattach` does that for the session manager at start.
 
+A server in a container (``deploy/compose.yaml``) drives the host's engine through its
+socket. The engine resolves bind sources on the host, so the workspace and run dir are
+named to it by their host paths (``settings.docker_host_state_dir``; see
+``docker_spec.engine_path``), and mount sources it reports are mapped back before they are
+compared with ours. The state dir must be a bind mount of that host dir: then the socket
+the server binds in a run dir is the very file the agent connects to, as on the host.
+
 The socket is owned by uid 1000 and mode 0600: in the container only the sandbox uid
 may connect, and on the host only root and uid 1000, which owns the workspaces anyway.
 ``workspace_owner`` is (1000, 1000): the container's uid 1000 is the host's. A rootless
@@ -38,7 +45,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import os
 import secrets
 import shutil
 import socket
@@ -95,8 +101,10 @@ from mcp_code_sandbox.backends.docker_spec import (
     instance_alive,
     map_docker_error,
     probe_engine,
+    server_path,
 )
 from mcp_code_sandbox.errors import NetworkNotAllowed, SandboxError, SandboxFailed
+from mcp_code_sandbox.liveness import process_mark
 from mcp_code_sandbox.settings import Settings
 
 __all__ = ["DockerBackend", "DockerSandbox", "container_kwargs", "engine_ready", "map_docker_error"]
@@ -130,7 +138,9 @@ class DockerBackend(Backend):
         """
         self.settings = settings
         self.image = settings.image
-        self.instance = instance or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
+        self.instance = instance or (
+            f"{socket.gethostname()}-{process_mark()}-{secrets.token_hex(4)}"
+        )
         self._environment = dict(environment or {})
         self._client: Any = None
         #: For runners' execs, whose output may pause as long as a run may last: the
@@ -309,7 +319,7 @@ class DockerBackend(Backend):
                     owner=labels.get(LABEL_OWNER),
                     session_id=labels.get(LABEL_SESSION),
                     running=container.status == "running",
-                    workspace=_mount_source(container.attrs, WORKSPACE_DIR),
+                    workspace=self._bound_dir(container.attrs, WORKSPACE_DIR),
                     runner=labels.get(LABEL_RUNNER),
                 )
             )
@@ -318,9 +328,17 @@ class DockerBackend(Backend):
 
     def _same_state_dir(self, attrs: Mapping[str, Any]) -> bool:
         """Is the container's run dir in this server's state dir? (Unknown: yes.)"""
-        channel_dir = _mount_source(attrs, CHANNEL_DIR)
+        if _mount_source(attrs, CHANNEL_DIR) is None:
+            return True
+        channel_dir = self._bound_dir(attrs, CHANNEL_DIR)
         base = self.settings.run_dir
-        return channel_dir is None or channel_dir.parent in (base, base.resolve())
+        return channel_dir is not None and channel_dir.parent in (base, base.resolve())
+
+    def _bound_dir(self, attrs: Mapping[str, Any], destination: str) -> Path | None:
+        """The directory bound at ``destination``, as this server sees it (see
+        ``docker_spec.server_path``); ``None`` when there is none or it is not ours."""
+        source = _mount_source(attrs, destination)
+        return None if source is None else server_path(source, self.settings)
 
     async def reattach(self, leftover: Leftover, spec: SandboxSpec) -> Sandbox | None:
         """Listen again on the leftover's socket path and take its agent's reconnection.

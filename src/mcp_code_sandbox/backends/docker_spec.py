@@ -3,12 +3,16 @@
 Nothing here talks to an engine but :func:`engine_ready`, so :func:`container_kwargs` and
 :func:`map_docker_error` are unit-tested without one. See :mod:`.docker` for why the
 channel is a Unix socket in a bind-mounted run dir.
+
+Paths. Every path the server gives the engine (the sources of bind mounts) is a path in
+the state dir as the *engine* sees it, and every mount source the engine reports is one
+as the engine sees it: :func:`engine_path` and :func:`server_path` translate between the
+two views when the server runs in a container (``settings.docker_host_state_dir``).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import socket
 from collections.abc import Mapping
 from pathlib import Path
@@ -29,6 +33,7 @@ from mcp_code_sandbox.backends.base import (
     sandbox_env,
 )
 from mcp_code_sandbox.errors import BackendUnavailable, SandboxError, SandboxFailed
+from mcp_code_sandbox.liveness import process_alive, read_mark
 from mcp_code_sandbox.settings import Settings
 
 __all__ = [
@@ -43,12 +48,14 @@ __all__ = [
     "LABEL_SESSION",
     "SOCKET_NAME",
     "container_kwargs",
+    "engine_path",
     "engine_ready",
     "foreign",
     "info_from_labels",
     "instance_alive",
     "map_docker_error",
     "probe_engine",
+    "server_path",
 ]
 
 _PREFIX = "mcp-code-sandbox"
@@ -71,6 +78,28 @@ IPV6_OFF = {
 CHANNEL_DIR = "/run/mcs"
 SOCKET_NAME = "agent.sock"
 _NOFILE = 4096
+
+
+def engine_path(path: Path, settings: Settings) -> Path:
+    """``path``, in this server's state dir, as the engine sees it (for a bind's source).
+
+    Raises ``ValueError`` when a mapping is set and ``path`` is not in the state dir: the
+    engine could not find it, and binding whatever it names instead would be worse."""
+    if settings.docker_host_state_dir is None:
+        return path
+    return settings.docker_host_state_dir / path.relative_to(settings.state_dir)
+
+
+def server_path(path: Path, settings: Settings) -> Path | None:
+    """A bind source the engine reports, as this server sees it; ``None`` when a mapping
+    is set and the source is outside the engine's view of the state dir (another
+    server's sandbox: nothing of ours)."""
+    if settings.docker_host_state_dir is None:
+        return path
+    try:
+        return settings.state_dir / path.relative_to(settings.docker_host_state_dir)
+    except ValueError:
+        return None
 
 
 def container_kwargs(
@@ -138,8 +167,13 @@ def container_kwargs(
             Ulimit(name="fsize", soft=limits.file_bytes, hard=limits.file_bytes),
         ],
         "mounts": [
-            Mount(WORKSPACE_DIR, str(spec.workspace), type="bind", read_only=False),
-            Mount(CHANNEL_DIR, str(run_dir), type="bind", read_only=True),
+            Mount(
+                WORKSPACE_DIR,
+                str(engine_path(spec.workspace, settings)),
+                type="bind",
+                read_only=False,
+            ),
+            Mount(CHANNEL_DIR, str(engine_path(run_dir, settings)), type="bind", read_only=True),
         ],
         # User code can reopen the agent's stderr through /proc: cap what the engine keeps.
         "log_config": LogConfig(type="json-file", config={"max-size": "1m", "max-file": "1"}),
@@ -218,24 +252,20 @@ def engine_ready(environment: Mapping[str, str], image: str) -> bool:
 
 
 def instance_alive(instance: str, ours: str) -> bool:
-    """Is ``instance`` (``host-pid-random``) this server or another live one on this host?
+    """Is ``instance`` (``host-<pid>.<start>-random``, see :mod:`..liveness`) this server
+    or another live one on this host?
 
-    Servers sharing an engine must not remove each other's sandboxes. A pid reused since
-    its server died keeps that server's containers until a later start: a leak, not a
-    lost session.
+    Servers sharing an engine must not remove each other's sandboxes. The start time
+    tells a server from a later process with its pid: a server in a container has the
+    same pid at every start of the container, whose host name stays the same too.
     """
     if instance == ours:
         return True
     parts = instance.rsplit("-", 2)
-    if len(parts) != 3 or parts[0] != socket.gethostname() or not parts[1].isdigit():
+    if len(parts) != 3 or parts[0] != socket.gethostname():
         return False
-    try:
-        os.kill(int(parts[1]), 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # it exists, and is not ours to signal
-    return True
+    mark = read_mark(parts[1])
+    return mark is not None and process_alive(*mark)
 
 
 def info_from_labels(labels: Mapping[str, str], image: str) -> dict[str, dict[str, Any]]:

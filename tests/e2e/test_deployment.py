@@ -1,0 +1,293 @@
+"""The deployment: the server image run by deploy/compose.yaml beside this host's engine,
+driven over streamable HTTP by the official MCP client, with a bearer token.
+
+Each test copies deploy/compose.yaml into a project dir of its own with a generated .env
+(a free port, a token, a host state dir under /var/tmp, which the server sees at
+/var/lib/mcp-code-sandbox: the path mapping is exercised) and brings it up with
+docker-compose, as a user would. The images are not built here (``.ci/run`` builds them):
+with ``SANDBOX_REQUIRE_DOCKER=1`` a missing server image or compose command fails.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+import secrets
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp_types import ImageContent
+
+from mcp_code_sandbox.backends.docker_spec import LABEL_INSTANCE, LABEL_SESSION
+from mcp_code_sandbox.serverimage import SERVER_TAG
+from mcp_code_sandbox.settings import docker_environ
+
+from ..conftest import REPO, REQUIRE_DOCKER, docker_image, require_docker
+from .conftest import free_port
+from .test_workflow import SALES, structured
+
+pytestmark = [pytest.mark.e2e, pytest.mark.docker]
+
+SERVER_IMAGE = os.environ.get("MCS_SERVER_IMAGE") or SERVER_TAG
+CHART = """
+import pandas as pd
+import matplotlib.pyplot as plt
+df = pd.read_csv("sales.csv")
+by_region = df.groupby("region")["revenue"].sum()
+by_region.plot.bar()
+plt.savefig("/mnt/data/chart.png")
+by_region.to_dict()
+"""
+
+
+def _missing(why: str) -> None:
+    if REQUIRE_DOCKER:
+        pytest.fail(f"SANDBOX_REQUIRE_DOCKER=1 but {why}", pytrace=False)
+    pytest.skip(why)
+
+
+def compose_command() -> list[str] | None:
+    """docker-compose (Debian's, v1), or the v2 plugin; ``None`` when neither is there."""
+    if shutil.which("docker-compose"):
+        return ["docker-compose"]
+    if shutil.which("docker"):
+        done = subprocess.run(["docker", "compose", "version"], capture_output=True, check=False)
+        if done.returncode == 0:
+            return ["docker", "compose"]
+    return None
+
+
+def docker_client() -> Any:
+    import docker
+
+    return docker.from_env(environment=docker_environ(), timeout=30)
+
+
+@dataclass
+class Deployment:
+    base: str
+    token: str
+    host_state_dir: Path
+    project: str
+    compose: list[str]
+
+    def run(self, *args: str, timeout: float = 120) -> str:
+        done = subprocess.run(
+            [*self.compose, "-p", self.project, *args],
+            cwd=self.compose_dir,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        assert done.returncode == 0, f"{' '.join(args)}: {done.stdout}{done.stderr}"
+        return done.stdout
+
+    @property
+    def compose_dir(self) -> Path:
+        return self.host_state_dir.parent / f"{self.host_state_dir.name}-compose"
+
+    def container(self) -> Any:
+        client = docker_client()
+        try:
+            found = client.containers.list(
+                all=True, filters={"label": f"com.docker.compose.project={self.project}"}
+            )
+            assert len(found) == 1, found
+            return found[0]
+        finally:
+            client.close()
+
+    def logs(self) -> str:
+        with contextlib.suppress(Exception):
+            return self.run("logs", "--no-color", "--tail", "60")[-6000:]
+        return "(no logs)"
+
+    def wait_healthy(self, timeout: float = 60) -> None:
+        """``/healthz`` answers on the published port (the engine's own healthcheck runs
+        every 10 s: :func:`test_workflow_through_compose` checks its verdict later)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{self.base}/healthz", timeout=2).status_code == 200:
+                    return
+            time.sleep(0.3)
+        raise AssertionError(f"the server did not answer /healthz:\n{self.logs()}")
+
+    @contextlib.asynccontextmanager
+    async def client(self) -> AsyncIterator[Client]:
+        # The transport leaves a client it was given open: closed here.
+        headers = {"Authorization": f"Bearer {self.token}"}
+        async with create_mcp_http_client(headers=headers) as http:
+            transport = streamable_http_client(f"{self.base}/mcp", http_client=http)
+            async with Client(transport) as client:
+                yield client
+
+
+def sandbox_containers(prefix: str) -> list[Any]:
+    """The sandbox containers whose server's instance label starts with ``prefix``."""
+    client = docker_client()
+    try:
+        found = client.containers.list(all=True, filters={"label": LABEL_INSTANCE})
+        return [c for c in found if c.labels.get(LABEL_INSTANCE, "").startswith(prefix)]
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def deploy(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """``deploy(**env)``: the compose project up (with these extra .env lines), healthy."""
+    require_docker("runc")
+    compose = compose_command()
+    if compose is None:
+        _missing("neither docker-compose nor `docker compose` is installed")
+    assert compose is not None
+    client = docker_client()
+    try:
+        client.images.get(SERVER_IMAGE)
+    except Exception:
+        _missing(
+            f"the server image {SERVER_IMAGE} is missing (mcp-code-sandbox image build --server)"
+        )
+    finally:
+        client.close()
+    made: list[Deployment] = []
+
+    def up(**env: str) -> Deployment:
+        host_dir = Path(tempfile.mkdtemp(prefix="mcs-deploy-", dir="/var/tmp"))
+        host_dir.chmod(0o711)
+        deployment = Deployment(
+            base="",
+            token=secrets.token_urlsafe(24),
+            host_state_dir=host_dir,
+            project=f"mcse2e{secrets.token_hex(4)}",
+            compose=compose,
+        )
+        made.append(deployment)
+        port = free_port()
+        deployment.base = f"http://127.0.0.1:{port}"
+        lines = {
+            "MCS_SERVER_IMAGE": SERVER_IMAGE,
+            "MCS_PORT": str(port),
+            "MCS_HOST_STATE_DIR": str(host_dir),
+            "SANDBOX_API_TOKENS": f"ci:{deployment.token}",
+            "SANDBOX_IMAGE": docker_image(),
+            "SANDBOX_LOG_LEVEL": "DEBUG",
+            **env,
+        }
+        socket_path = docker_environ().get("DOCKER_HOST", "").removeprefix("unix://")
+        if socket_path.startswith("/"):
+            lines["MCS_DOCKER_SOCKET"] = socket_path
+        project_dir = deployment.compose_dir
+        project_dir.mkdir()
+        shutil.copyfile(REPO / "deploy" / "compose.yaml", project_dir / "compose.yaml")
+        (project_dir / ".env").write_text("".join(f"{k}={v}\n" for k, v in lines.items()))
+        deployment.run("-f", "compose.yaml", "config", "-q")  # the file is valid
+        deployment.run("-f", "compose.yaml", "up", "-d")
+        deployment.wait_healthy()
+        return deployment
+
+    try:
+        yield up
+    finally:
+        for deployment in made:
+            with contextlib.suppress(Exception):
+                deployment.run("-f", "compose.yaml", "down", "-t", "30", "--remove-orphans")
+            shutil.rmtree(deployment.compose_dir, ignore_errors=True)
+            shutil.rmtree(deployment.host_state_dir, ignore_errors=True)
+
+
+async def chart_workflow(deployment: Deployment) -> None:
+    async with deployment.client() as client:
+        up = structured(
+            await client.call_tool("upload_file", {"filename": "sales.csv", "content_text": SALES})
+        )
+        sid = up["session_id"]
+        ran = structured(await client.call_tool("run_code", {"session_id": sid, "code": CHART}))
+        assert ran["status"] == "ok", ran
+        assert ran["result"] == str({"east": 135, "north": 270, "south": 170})
+        assert [f["path"] for f in ran["files"]] == ["chart.png"]
+
+        # The server wrote the workspace under its /var/lib/mcp-code-sandbox; the engine
+        # bound it into the sandbox by its host path, where the sandbox's chart is.
+        (container,) = [c for c in sandbox_containers("") if c.labels[LABEL_SESSION] == sid]
+        sources = {m["Destination"]: m["Source"] for m in container.attrs["Mounts"]}
+        state = str(deployment.host_state_dir)
+        assert sources["/mnt/data"].startswith(f"{state}/workspaces/"), sources
+        assert sources["/run/mcs"].startswith(f"{state}/run/"), sources
+        assert (Path(sources["/mnt/data"]) / "chart.png").read_bytes().startswith(b"\x89PNG")
+
+        chart = await client.call_tool("read_file", {"session_id": sid, "path": "chart.png"})
+        assert structured(chart)["encoding"] == "image"
+        (image,) = [b for b in chart.content if isinstance(b, ImageContent)]
+        assert base64.b64decode(image.data).startswith(b"\x89PNG")
+
+        listing = structured(await client.call_tool("list_files", {"session_id": sid}))
+        assert {e["path"] for e in listing["entries"]} == {"sales.csv", "chart.png"}
+
+        closed = structured(await client.call_tool("close_session", {"session_id": sid}))
+        assert closed == {"session_id": sid, "status": "closed"}
+        assert not [c for c in sandbox_containers("") if c.labels[LABEL_SESSION] == sid]
+
+
+@pytest.mark.parametrize("runtime", ["runc", "runsc"])
+async def test_workflow_through_compose(deploy: Any, runtime: str) -> None:
+    require_docker(runtime)
+    deployment: Deployment = deploy(SANDBOX_DOCKER_RUNTIME=runtime)
+    await chart_workflow(deployment)
+
+    server = deployment.container()
+    assert server.attrs["HostConfig"]["ReadonlyRootfs"] is True
+    assert server.attrs["HostConfig"]["CapDrop"] == ["ALL"]
+    # The engine's healthcheck (every 10 s) has run by now, or soon does.
+    deadline = time.monotonic() + 30
+    while server.attrs["State"]["Health"]["Status"] != "healthy":
+        assert time.monotonic() < deadline, server.attrs["State"]["Health"]
+        time.sleep(1)
+        server.reload()
+
+    hostname = server.attrs["Config"]["Hostname"]
+    deployment.run("-f", "compose.yaml", "down", "-t", "30")
+    assert not sandbox_containers(f"{hostname}-"), "the server left sandboxes behind"
+    assert not list((deployment.host_state_dir / "workspaces").iterdir())
+
+
+async def test_sessions_survive_a_crash_of_the_server_container(deploy: Any) -> None:
+    """The server dies (SIGKILL) and the restart policy starts its container again: the
+    same host name and the same pid as before, yet the new server knows the old one is
+    gone, takes its sandbox back, and the session keeps its variables."""
+    deployment: Deployment = deploy()
+    async with deployment.client() as client:
+        first = structured(await client.call_tool("run_code", {"code": "x = 41"}))
+        sid = first["session_id"]
+
+    server = deployment.container()
+    restarts = server.attrs["RestartCount"]
+    server.exec_run(["sh", "-c", "kill -KILL -1"])  # every process but init: the server
+    deadline = time.monotonic() + 60
+    while server.attrs["RestartCount"] == restarts:
+        assert time.monotonic() < deadline, "the restart policy did not start it again"
+        time.sleep(0.5)
+        server.reload()
+    deployment.wait_healthy()
+
+    async with deployment.client() as client:
+        again = structured(await client.call_tool("run_code", {"session_id": sid, "code": "x + 1"}))
+        assert again["session_created"] is False, again
+        assert again["state_lost"] is False, again
+        assert again["result"] == "42", again
+        structured(await client.call_tool("close_session", {"session_id": sid}))
+    pidfiles = list((deployment.host_state_dir / "run").glob("*.pid"))
+    assert len(pidfiles) == 1, f"the dead server's pid file is still there: {pidfiles}"
