@@ -111,6 +111,8 @@ class Settings(BaseSettings):
     session_ttl_m: float = Field(30.0, gt=0)
     session_max_lifetime_h: float = Field(24.0, gt=0)
     max_sessions: int = Field(10, ge=1)
+    #: Sessions one owner may hold at once; None: only ``max_sessions`` applies.
+    max_sessions_per_owner: int | None = Field(None, ge=1)
 
     max_upload_bytes: Size = 50 * 1024**2
     max_output_bytes: Size = 100 * 1024
