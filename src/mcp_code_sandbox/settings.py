@@ -132,8 +132,18 @@ class Settings(BaseSettings):
     http_host: str = "127.0.0.1"
     http_port: int = Field(8080, ge=0, le=65535)
     public_base_url: str | None = None
+    #: ``name:token,...``; parsed (and refused line by line) by ``server.auth``.
     api_tokens: str | None = Field(None, repr=False)
+    #: One ``name:token`` a line, reread on SIGHUP.
     api_tokens_file: Path | None = None
+    #: Serve beyond loopback with no authentication at all (a proxy in front does it).
+    allow_unauthenticated: bool = False
+    #: OAuth resource-server mode: JWT access tokens from this issuer (its metadata names
+    #: the JWKS); exclusive with API tokens. Audience: by default this server's ``/mcp``
+    #: URL. Required scopes: every token must carry all of them (empty: none required).
+    oauth_issuer: str | None = None
+    oauth_audience: str | None = None
+    oauth_required_scopes: NameList = Field(default_factory=list)
 
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["console", "json"] = "console"
@@ -166,12 +176,31 @@ class Settings(BaseSettings):
                 raise ValueError(f"{name} controls the sandbox itself and cannot be passed")
         return names
 
+    @field_validator("oauth_issuer", "public_base_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"https?://[^/?#\s]+(/[^?#\s]*)?", value):
+            raise ValueError("expected an http(s) URL without query or fragment")
+        return value
+
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
         if self.exec_timeout_s > self.max_exec_timeout_s:
             raise ValueError(
                 "exec_timeout_s must not be larger than max_exec_timeout_s "
                 f"({self.exec_timeout_s} > {self.max_exec_timeout_s})"
+            )
+        if self.oauth_issuer is None:
+            if self.oauth_audience is not None or self.oauth_required_scopes:
+                raise ValueError(
+                    "SANDBOX_OAUTH_AUDIENCE and SANDBOX_OAUTH_REQUIRED_SCOPES need "
+                    "SANDBOX_OAUTH_ISSUER"
+                )
+        elif self.api_tokens or self.api_tokens_file:
+            # One owner namespace: a token's name and a JWT's subject must never meet.
+            raise ValueError(
+                "SANDBOX_OAUTH_ISSUER and SANDBOX_API_TOKENS / SANDBOX_API_TOKENS_FILE "
+                "exclude each other; choose one way to authenticate"
             )
         return self
 
