@@ -140,11 +140,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _serve(settings: Settings, transport: str) -> int:
     from mcp_code_sandbox.backends import create_backend
+    from mcp_code_sandbox.server.auth import build_auth
     from mcp_code_sandbox.server.transports import check_http_exposure, serve_http, serve_stdio
     from mcp_code_sandbox.service import SandboxService
 
-    if transport == "http":
+    if transport == "http":  # refuse an open bind or bad tokens before any sandbox work
         check_http_exposure(settings)
+        build_auth(settings)
     service = SandboxService(settings, create_backend(settings))
     if transport == "stdio":
         asyncio.run(serve_stdio(service))

@@ -113,6 +113,8 @@ class Settings(BaseSettings):
     session_ttl_m: float = Field(30.0, gt=0)
     session_max_lifetime_h: float = Field(24.0, gt=0)
     max_sessions: int = Field(10, ge=1)
+    #: Sessions one owner may hold at once; None: only ``max_sessions`` applies.
+    max_sessions_per_owner: int | None = Field(None, ge=1)
 
     max_upload_bytes: Size = 50 * 1024**2
     max_output_bytes: Size = 100 * 1024
@@ -132,7 +134,9 @@ class Settings(BaseSettings):
     http_host: str = "127.0.0.1"
     http_port: int = Field(8080, ge=0, le=65535)
     public_base_url: str | None = None
+    #: ``name:token,...``; parsed (and refused line by line) by ``server.auth``.
     api_tokens: str | None = Field(None, repr=False)
+    #: One ``name:token`` a line, reread on SIGHUP.
     api_tokens_file: Path | None = None
     #: Key of the download links' signatures; unset: one made and kept in the state dir.
     url_secret: str | None = Field(None, repr=False, min_length=16)
@@ -145,6 +149,14 @@ class Settings(BaseSettings):
     #: Bearer token ``/metrics`` asks for. None: ``/metrics`` is served only on a
     #: loopback-bound server, to anyone who can reach it there.
     metrics_token: str | None = Field(None, repr=False, min_length=16)
+    #: Serve beyond loopback with no authentication at all (a proxy in front does it).
+    allow_unauthenticated: bool = False
+    #: OAuth resource-server mode: JWT access tokens from this issuer (its metadata names
+    #: the JWKS); exclusive with API tokens. Audience: by default this server's ``/mcp``
+    #: URL. Required scopes: every token must carry all of them (empty: none required).
+    oauth_issuer: str | None = None
+    oauth_audience: str | None = None
+    oauth_required_scopes: NameList = Field(default_factory=list)
 
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["console", "json"] = "console"
@@ -220,12 +232,12 @@ class Settings(BaseSettings):
                 )
         return origins
 
-    @field_validator("public_base_url")
+    @field_validator("oauth_issuer", "public_base_url")
     @classmethod
-    def _valid_base_url(cls, url: str | None) -> str | None:
-        if url is not None and not re.fullmatch(r"https?://[^/?#\s]+(/[^?#\s]*)?", url):
-            raise ValueError("expected an http(s) URL such as https://sandbox.example.com")
-        return url
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"https?://[^/?#\s]+(/[^?#\s]*)?", value):
+            raise ValueError("expected an http(s) URL without query or fragment")
+        return value
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
@@ -233,6 +245,18 @@ class Settings(BaseSettings):
             raise ValueError(
                 "exec_timeout_s must not be larger than max_exec_timeout_s "
                 f"({self.exec_timeout_s} > {self.max_exec_timeout_s})"
+            )
+        if self.oauth_issuer is None:
+            if self.oauth_audience is not None or self.oauth_required_scopes:
+                raise ValueError(
+                    "SANDBOX_OAUTH_AUDIENCE and SANDBOX_OAUTH_REQUIRED_SCOPES need "
+                    "SANDBOX_OAUTH_ISSUER"
+                )
+        elif self.api_tokens or self.api_tokens_file:
+            # One owner namespace: a token's name and a JWT's subject must never meet.
+            raise ValueError(
+                "SANDBOX_OAUTH_ISSUER and SANDBOX_API_TOKENS / SANDBOX_API_TOKENS_FILE "
+                "exclude each other; choose one way to authenticate"
             )
         return self
 
@@ -295,9 +319,6 @@ def _describe(err: Mapping[str, Any]) -> str:
     secret = name in _SECRET_SETTINGS
     shown = f" (got {value!r})" if name and not isinstance(value, dict) and not secret else ""
     return f"invalid configuration: {where}: {msg}{shown}"
-
-
-_SECRETS = frozenset({"api_tokens", "metrics_token"})
 
 
 #: What docker-py's ``from_env`` reads: where the engine is and how to talk TLS to it.

@@ -14,6 +14,7 @@ import pytest
 from mcp_code_sandbox.settings import Settings
 
 from .conftest import free_port, http_server, server_env
+from .test_auth import post_mcp
 
 pytestmark = [pytest.mark.e2e, pytest.mark.bwrap]
 
@@ -82,7 +83,46 @@ def test_http_refuses_an_open_bind_without_tokens(make_settings: Callable[..., S
         timeout=60,
     )
     assert proc.returncode == 2
-    assert "SANDBOX_API_TOKENS" in proc.stderr
+    assert "refusing to listen on 0.0.0.0" in proc.stderr
+    assert "SANDBOX_API_TOKENS" in proc.stderr and "SANDBOX_ALLOW_UNAUTHENTICATED" in proc.stderr
+
+
+def test_http_open_bind_on_purpose_says_so_loudly(make_settings: Callable[..., Settings]) -> None:
+    settings = make_settings()
+    extra = {"SANDBOX_HTTP_HOST": "0.0.0.0", "SANDBOX_ALLOW_UNAUTHENTICATED": "true"}
+    with http_server(settings, **extra) as base:
+        assert httpx.get(f"{base}/healthz").status_code == 200
+    log = (settings.state_dir / "server.log").read_text()
+    assert "warning" in log and "SERVING WITHOUT AUTHENTICATION on 0.0.0.0" in log
+
+
+def test_http_open_bind_with_tokens_requires_them(make_settings: Callable[..., Settings]) -> None:
+    token = "ops-0123456789abcdef"
+    extra = {"SANDBOX_HTTP_HOST": "0.0.0.0", "SANDBOX_API_TOKENS": f"ops:{token}"}
+    with http_server(make_settings(), **extra) as base:
+        assert post_mcp(base, None).status_code == 401
+        assert post_mcp(base, f"Bearer {token}").status_code == 200
+
+
+def test_bad_tokens_stop_the_server_with_one_line_each(
+    make_settings: Callable[..., Settings],
+) -> None:
+    proc = cli(
+        make_settings(),
+        "serve",
+        "--transport",
+        "http",
+        "--port",
+        str(free_port()),
+        SANDBOX_API_TOKENS="ok:ok-0123456789abcdef,weak:hunter2,ok:other-0123456789abcd",
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [
+        "invalid configuration: SANDBOX_API_TOKENS entry 2: token 'weak' is shorter than 16 "
+        "characters; make one with `openssl rand -hex 32`",
+        "invalid configuration: SANDBOX_API_TOKENS entry 3: token name 'ok' is given twice",
+    ]
 
 
 def test_healthz_and_host_checks(make_settings: Callable[..., Settings]) -> None:

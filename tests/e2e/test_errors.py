@@ -1,8 +1,9 @@
 """Every error code of DESIGN §7 that this server can produce, each provoked for real
 through the MCP tool layer: ``isError``, text ``"<code>: <message>"``, ``_meta.error_code``.
 
-``unauthorized`` needs HTTP tokens (the HTTP service work) and ``internal_error`` is what
-an unexpected bug becomes; neither has a honest way to be provoked here yet.
+``unauthorized`` is refused before any tool runs: an HTTP 401 with ``WWW-Authenticate:
+Bearer`` (test_auth.py, test_oauth.py); ``internal_error`` is what an unexpected bug
+becomes, and has no honest way to be provoked here.
 """
 
 from __future__ import annotations

@@ -141,6 +141,27 @@ async def test_max_sessions(make_settings: Callable[..., Settings]) -> None:
         await svc.aclose()
 
 
+@pytest.mark.bwrap
+async def test_max_sessions_per_owner(make_settings: Callable[..., Settings]) -> None:
+    svc = await _service(make_settings(max_sessions=5, max_sessions_per_owner=2))
+
+    async def upload(owner: str, sid: str) -> Any:
+        return await svc.upload_file(owner, "f.txt", b"x", session_id=sid, overwrite=True)
+
+    try:
+        await upload("alice", "a")
+        await upload("alice", "b")
+        with pytest.raises(MaxSessions, match="most one owner may hold"):
+            await upload("alice", "c")
+        assert (await upload("alice", "a")).session_created is False  # her own: still fine
+        await upload("bob", "a")  # other owners have their own allowance
+        await upload("bob", "b")
+        await svc.close_session("alice", "a")
+        assert (await upload("alice", "c")).session_created is True
+    finally:
+        await svc.aclose()
+
+
 @each_backend
 async def test_shutdown_removes_every_sandbox_and_workspace(
     make_settings: Callable[..., Settings], backend: str

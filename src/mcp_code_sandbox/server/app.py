@@ -20,8 +20,9 @@ from mcp_types import ToolAnnotations
 from mcp_code_sandbox import __version__
 from mcp_code_sandbox.errors import SandboxError
 from mcp_code_sandbox.metrics import Metrics
+from mcp_code_sandbox.server.auth import ServerAuth, current_owner
 from mcp_code_sandbox.server.notify import ToolListNotifier, advertise_tools_changed
-from mcp_code_sandbox.server.tools import ToolSet, owner_of
+from mcp_code_sandbox.server.tools import ToolSet
 from mcp_code_sandbox.service import SandboxService
 from mcp_code_sandbox.settings import Settings
 
@@ -134,8 +135,11 @@ def _other_languages(languages: list[str]) -> str:
     return text
 
 
-def build_server(service: SandboxService) -> MCPServer[Any]:
-    """The MCP server for ``service``; the caller starts and closes the service."""
+def build_server(service: SandboxService, auth: ServerAuth | None = None) -> MCPServer[Any]:
+    """The MCP server for ``service``; the caller starts and closes the service.
+
+    ``auth``: how HTTP callers authenticate (``auth.build_auth``); None for stdio and for
+    an unauthenticated HTTP server."""
     settings = service.settings
     bus = InMemorySubscriptionBus()
     mcp: MCPServer[Any] = MCPServer(
@@ -144,6 +148,8 @@ def build_server(service: SandboxService) -> MCPServer[Any]:
         instructions=INSTRUCTIONS,
         log_level=settings.log_level,
         subscriptions=bus,
+        auth=None if auth is None else auth.settings,
+        token_verifier=None if auth is None else auth.verifier,
     )
     tools = ToolSet(service)
     http_base = service.downloads.base_url if service.downloads else None
@@ -207,7 +213,7 @@ def _add_file_resource(mcp: MCPServer[Any], service: SandboxService) -> None:
     async def workspace_file(session_id: str, path: str) -> str | bytes:
         try:
             read = await service.read_file(
-                owner_of(None), session_id, path, offset=0, max_bytes=None
+                current_owner(), session_id, path, offset=0, max_bytes=None
             )
         except SandboxError as exc:
             raise ResourceError(str(exc)) from None

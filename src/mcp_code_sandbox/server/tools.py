@@ -1,7 +1,7 @@
 """The six tools of DESIGN §6. Each validates its arguments, calls the service, shapes.
 
-Owners: over stdio every call is the local user's (``local``); over HTTP the authenticated
-principal's (tokens arrive with the HTTP service work; until then ``local`` as well).
+Owners: the authenticated principal over HTTP (a token's name, a JWT's subject), ``local``
+over stdio and over unauthenticated loopback HTTP (``auth.current_owner``).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from mcp_code_sandbox.images import fit_image
 from mcp_code_sandbox.runs import IMAGE_MIME_TYPES, RunRequest
 from mcp_code_sandbox.runtimes import RUNTIMES
 from mcp_code_sandbox.server import models
+from mcp_code_sandbox.server.auth import current_owner
 from mcp_code_sandbox.server.results import (
     embedded_blob,
     error_result,
@@ -38,7 +39,7 @@ from mcp_code_sandbox.server.results import (
 )
 from mcp_code_sandbox.service import SandboxService
 
-__all__ = ["ToolSet", "owner_of"]
+__all__ = ["ToolSet"]
 
 log = structlog.get_logger("mcp_code_sandbox.tools")
 P = ParamSpec("P")
@@ -52,10 +53,6 @@ SessionArg = Annotated[
     ),
 ]
 RequiredSession = Annotated[str, Field(description="The session_id a previous result returned")]
-
-
-def owner_of(ctx: Context[Any, Any] | None) -> str:
-    return "local"
 
 
 def tool_errors(
@@ -118,7 +115,7 @@ class ToolSet:
         ] = None,
     ) -> Annotated[CallToolResult, models.RunResult]:
         request = RunRequest(code, language, timeout_s, network, env)
-        owner = owner_of(ctx)
+        owner = current_owner()
         report = await self.service.run_code(
             owner, request, session_id, on_progress=_progress_sink(ctx)
         )
@@ -130,7 +127,6 @@ class ToolSet:
         filename: Annotated[
             str, Field(description="Path relative to /mnt/data, e.g. data/sales.csv")
         ],
-        ctx: Context[Any, Any],
         content_base64: Annotated[str | None, Field(description="File content, base64")] = None,
         content_text: Annotated[str | None, Field(description="File content as UTF-8 text")] = None,
         session_id: SessionArg = None,
@@ -138,7 +134,7 @@ class ToolSet:
     ) -> Annotated[CallToolResult, models.UploadResult]:
         data = self._decode_content(content_base64, content_text)
         up = await self.service.upload_file(
-            owner_of(ctx), filename, data, session_id=session_id, overwrite=overwrite
+            current_owner(), filename, data, session_id=session_id, overwrite=overwrite
         )
         return structured_result(
             models.UploadResult(
@@ -172,11 +168,10 @@ class ToolSet:
         self,
         session_id: RequiredSession,
         path: Annotated[str, Field(description="Path relative to /mnt/data")],
-        ctx: Context[Any, Any],
         offset: Annotated[int, Field(description="Byte offset to start at (text paging)")] = 0,
         max_bytes: Annotated[int | None, Field(description="Most bytes to return")] = None,
     ) -> Annotated[CallToolResult, models.ReadFileResult]:
-        owner = owner_of(ctx)
+        owner = current_owner()
         read = await self.service.read_file(
             owner, session_id, path, offset=offset, max_bytes=max_bytes
         )
@@ -241,12 +236,11 @@ class ToolSet:
     async def list_files(
         self,
         session_id: RequiredSession,
-        ctx: Context[Any, Any],
         path: Annotated[str, Field(description="Directory relative to /mnt/data")] = ".",
         recursive: Annotated[bool, Field(description="Include subdirectories")] = True,
     ) -> Annotated[CallToolResult, models.ListFilesResult]:
         listing = await self.service.list_files(
-            owner_of(ctx), session_id, path, recursive=recursive
+            current_owner(), session_id, path, recursive=recursive
         )
         return structured_result(
             models.ListFilesResult(
@@ -259,9 +253,9 @@ class ToolSet:
 
     @tool_errors
     async def close_session(
-        self, session_id: RequiredSession, ctx: Context[Any, Any]
+        self, session_id: RequiredSession
     ) -> Annotated[CallToolResult, models.CloseResult]:
-        await self.service.close_session(owner_of(ctx), session_id)
+        await self.service.close_session(current_owner(), session_id)
         return structured_result(models.CloseResult(session_id=session_id, status="closed"))
 
     @tool_errors

@@ -5,13 +5,15 @@ removed before exit. HTTP: the SDK's streamable HTTP app (``/mcp``) and its lega
 HTTP+SSE app (``/sse`` + ``/messages/``, for clients that only speak the 2024-11-05
 transport) in Starlette beside the operator's endpoints (:mod:`.ops`), served by uvicorn,
 whose own SIGTERM/SIGINT handling runs the lifespan's cleanup. Both MCP apps check Host
-and Origin (:mod:`.hosts`).
+and Origin (:mod:`.hosts`) and authenticate as ``auth.build_auth`` says; SIGHUP rereads
+the API tokens. ``/files`` (:mod:`.files_http`) serves signed downloads and takes
+uploads with the same bearer check.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ipaddress
+import functools
 import logging
 import os
 import signal
@@ -19,14 +21,21 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
+import structlog
 import uvicorn
 from starlette.applications import Starlette
-from starlette.requests import Request
 from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mcp_code_sandbox.downloads import UrlSigner, load_secret
 from mcp_code_sandbox.server.app import build_server
+from mcp_code_sandbox.server.auth import (
+    auth_configured,
+    auth_lifespan,
+    build_auth,
+    is_loopback,
+    owner_of_request,
+)
 from mcp_code_sandbox.server.files_http import file_routes
 from mcp_code_sandbox.server.hosts import transport_security
 from mcp_code_sandbox.server.ops import ops_routes
@@ -40,6 +49,8 @@ __all__ = [
     "serve_http",
     "serve_stdio",
 ]
+
+log = structlog.get_logger("mcp_code_sandbox.transports")
 
 
 async def serve_stdio(service: SandboxService) -> None:
@@ -69,28 +80,26 @@ async def _exit_on_signal(service: SandboxService) -> None:
             os._exit(0)
 
 
-def check_http_exposure(settings: Settings) -> None:
-    """Refuse to serve beyond loopback with nobody authenticated (DESIGN §9)."""
-    if _is_loopback(settings.http_host):
-        return
-    if settings.api_tokens or settings.api_tokens_file:
-        return
+def check_http_exposure(settings: Settings) -> str | None:
+    """Refuse to serve beyond loopback with nobody authenticated (DESIGN §9), unless
+    ``SANDBOX_ALLOW_UNAUTHENTICATED`` says it is on purpose: then the warning to log."""
+    if is_loopback(settings.http_host) or auth_configured(settings):
+        return None
+    if settings.allow_unauthenticated:
+        return (
+            f"SERVING WITHOUT AUTHENTICATION on {settings.http_host}:{settings.http_port} "
+            "(SANDBOX_ALLOW_UNAUTHENTICATED=true): anyone who can reach this port can run "
+            "code here and read every session's files. Only do this behind a proxy that "
+            "authenticates"
+        )
     raise ConfigError(
         [
             f"refusing to listen on {settings.http_host}: that is reachable from other machines "
-            "and no API token is configured. Set SANDBOX_API_TOKENS (or SANDBOX_API_TOKENS_FILE), "
-            "or bind to 127.0.0.1 and put an authenticating proxy in front"
+            "and no API token is configured. Set SANDBOX_API_TOKENS (or SANDBOX_API_TOKENS_FILE, "
+            "or SANDBOX_OAUTH_ISSUER), or bind to 127.0.0.1 and put an authenticating proxy in "
+            "front (SANDBOX_ALLOW_UNAUTHENTICATED=true to serve beyond loopback without auth)"
         ]
     )
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def public_base_url(settings: Settings) -> str:
@@ -109,7 +118,8 @@ def build_http_app(service: SandboxService) -> Starlette:
         load_secret(settings), public_base_url(settings), settings.download_url_ttl_s
     )
     service.downloads = signer
-    mcp = build_server(service)
+    auth = build_auth(settings)
+    mcp = build_server(service, auth)
     body_limit = settings.max_upload_bytes * 4 // 3 + settings.max_code_bytes + 1024 * 1024
     security = transport_security(settings)
     mcp_app = mcp.streamable_http_app(transport_security=security, max_request_body_size=body_limit)
@@ -121,8 +131,9 @@ def build_http_app(service: SandboxService) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await service.start()
         try:
-            async with mcp.session_manager.run():
-                yield
+            with auth_lifespan(auth):
+                async with mcp.session_manager.run():
+                    yield
         finally:
             with anyio.CancelScope(shield=True):
                 await service.aclose()
@@ -137,8 +148,8 @@ def build_http_app(service: SandboxService) -> Starlette:
     )
     return Starlette(
         routes=[
-            *ops_routes(service, security, loopback=_is_loopback(settings.http_host)),
-            *file_routes(service, signer, _owner_of_request),
+            *ops_routes(service, security, loopback=is_loopback(settings.http_host)),
+            *file_routes(service, signer, functools.partial(owner_of_request, auth)),
             Mount("/", app=mcp_endpoints),
         ],
         lifespan=lifespan,
@@ -169,13 +180,11 @@ class _FirstResponseOnly:
         await self.app(scope, receive, first_only)
 
 
-async def _owner_of_request(request: Request) -> str | None:
-    return "local"  # until bearer tokens land: the owner of every unauthenticated call
-
-
 async def serve_http(service: SandboxService, **uvicorn_options: Any) -> None:
     settings = service.settings
-    check_http_exposure(settings)
+    warning = check_http_exposure(settings)
+    if warning:
+        log.warning(warning)
     config = uvicorn.Config(
         build_http_app(service),
         host=settings.http_host,
