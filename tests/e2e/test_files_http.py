@@ -187,3 +187,34 @@ async def test_put_refuses_what_does_not_fit_and_leaves_nothing(served: str) -> 
         assert listed.structured_content is not None
         names = sorted(e["path"] for e in listed.structured_content["entries"])
     assert names == ["one.bin", "seed.txt"]  # no partial files, no temporary names
+
+
+async def test_files_over_http_belong_to_the_token_owner(
+    make_settings: Callable[..., Settings],
+) -> None:
+    from .test_auth import ALICE, BOB, TOKENS, client_as, structured
+
+    with http_server(make_settings(), SANDBOX_API_TOKENS=TOKENS, SANDBOX_URL_SECRET=SECRET) as base:
+        url = f"{base}/files/shared/in.txt"
+        for headers in ({}, {"Authorization": f"Bearer {ALICE}x"}, {"Authorization": ALICE}):
+            refused = httpx.put(url, content=b"x", headers=headers)
+            assert refused.status_code == 401, headers
+            assert refused.headers["www-authenticate"] == "Bearer"
+            assert refused.json()["error"] == "unauthorized"
+        alice = httpx.put(url, content=b"alice's", headers={"Authorization": f"Bearer {ALICE}"})
+        assert alice.status_code == 201, alice.text
+        # Bob naming the same session gets a session of his own, not Alice's file.
+        bob = httpx.put(url, content=b"bob's", headers={"Authorization": f"Bearer {BOB}"})
+        assert bob.status_code == 201 and bob.json()["session_created"] is True
+        async with client_as(base, ALICE) as client:
+            read = structured(
+                await client.call_tool("read_file", {"session_id": "shared", "path": "in.txt"})
+            )
+            link = read["download_url"]
+        assert httpx.get(link).content == b"alice's"
+        # A link signed for Bob opens Bob's file; one claiming Alice's session for Bob,
+        # or hers with his name, cannot be made without the secret (tested above).
+        bobs = signer(base).url("bob", "shared", "in.txt")
+        assert httpx.get(bobs).content == b"bob's"
+        # The legacy SSE transport is behind the same bearer check as /mcp.
+        assert httpx.get(f"{base}/sse", timeout=10).status_code == 401

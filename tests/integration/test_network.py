@@ -323,3 +323,48 @@ def _rules() -> str:
         for tool in ("iptables", "ip6tables")
         if shutil.which(tool)
     )
+
+
+@pytest.mark.parametrize(
+    "backend", [pytest.param("docker", marks=pytest.mark.docker)], indirect=True
+)
+async def test_a_network_removed_behind_the_servers_back_is_made_again(
+    net_service: SandboxService, testnet: LabNet
+) -> None:
+    """Another server that took this one for dead, or an operator, removed its (empty)
+    network: the next networked session gets a new one instead of failing."""
+    code = probe_code([(testnet.ns_ip, PORT)], (), 2)
+    found, _ = await probe(net_service, "net-gone-1", code, network=True)
+    assert "tok-" in found[f"{testnet.ns_ip}:{PORT}"]
+    await net_service.close_session("local", "net-gone-1")
+    networks = net_service.backend._networks  # type: ignore[attr-defined]
+    old = networks.name
+    subprocess.run(["docker", "network", "rm", old], check=True, capture_output=True)
+    found, _ = await probe(net_service, "net-gone-2", code, network=True)
+    assert "tok-" in found[f"{testnet.ns_ip}:{PORT}"]
+    assert networks.name != old
+
+
+@pytest.mark.parametrize(
+    "backend", [pytest.param("docker", marks=pytest.mark.docker)], indirect=True
+)
+async def test_rules_of_a_vanished_bridge_are_removed_at_start(
+    make_settings: Callable[..., Settings],
+) -> None:
+    """Rules whose bridge is gone (its network removed by something that could not reach
+    this host's firewall) are cleaned up by the next server's start."""
+    from mcp_code_sandbox.backends import create_backend
+    from mcp_code_sandbox.backends.netfilter import Iptables, bridge_rules
+
+    stale = "mcs0badc0de"
+    iptables = Iptables()
+    iptables.ensure(bridge_rules(stale))
+    assert stale in iptables.tagged_interfaces()
+    settings = make_settings(allow_network=True)
+    svc = SandboxService(settings, create_backend(settings))
+    await svc.start()
+    try:
+        assert stale not in iptables.tagged_interfaces()
+    finally:
+        await svc.aclose()
+        iptables.remove(bridge_rules(stale))

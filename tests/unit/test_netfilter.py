@@ -77,3 +77,18 @@ def test_network_needs_the_servers_permission() -> None:
         check_request(load_settings({}, environ={}), RunRequest("1", network=True))
     allowed = load_settings({"allow_network": True}, environ={})
     assert check_request(allowed, RunRequest("1", network=True)) > 0
+
+
+def test_network_age_from_the_engines_created_stamp() -> None:
+    import time
+
+    from mcp_code_sandbox.backends.docker_net import _age_s
+    from mcp_code_sandbox.backends.docker_spec import same_host
+
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S.123456789Z", time.gmtime(time.time() - 120))
+    assert 115 < _age_s({"Created": stamp}) < 130
+    assert _age_s({}) == 0.0 and _age_s({"Created": "yesterday"}) == 0.0
+    import socket
+
+    assert same_host(f"{socket.gethostname()}-12.34-abcd")
+    assert not same_host("0123456789ab-1.2-abcd")

@@ -24,9 +24,11 @@ network is handed out, and it fails closed: no rules, no network (``network_not_
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
 import re
 import secrets
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,7 @@ from mcp_code_sandbox.backends.docker_spec import (
     LABEL_INSTANCE,
     LABEL_NETWORK,
     instance_alive,
+    same_host,
 )
 from mcp_code_sandbox.backends.netfilter import Iptables, bridge_rules
 from mcp_code_sandbox.errors import NetworkNotAllowed, SandboxError
@@ -51,6 +54,21 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 _BRIDGE = re.compile(r"mcs[0-9a-f]{8}")
+
+
+#: How long an empty network of a server this host cannot see (another host name: a
+#: server in a container, or on another machine sharing the engine) is left alone.
+FOREIGN_GRACE_S = 600.0
+
+
+def _age_s(info: dict[str, Any]) -> float:
+    """Seconds since the engine created the network (0 when it does not say)."""
+    created = str(info.get("Created") or "")
+    match = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)", created)
+    if match is None:
+        return 0.0
+    when = datetime.datetime.fromisoformat(match.group(1)).replace(tzinfo=datetime.UTC)
+    return time.time() - when.timestamp()
 
 
 def new_bridge_name() -> str:
@@ -120,8 +138,14 @@ class SandboxNetworks:
         every call, so a firewall reload that dropped them is repaired before use."""
         async with self._lock:
             if self.name is not None and self.bridge is not None:
-                await asyncio.to_thread(self._iptables.ensure, bridge_rules(self.bridge))
-                return self.name
+                if await self._exists(client, self.name):
+                    await asyncio.to_thread(self._iptables.ensure, bridge_rules(self.bridge))
+                    return self.name
+                # Removed behind our back (by hand, or by a server that took it for a
+                # dead one's): make a new one rather than fail every networked start.
+                log.warning("sandbox network %s is gone; making a new one", self.name)
+                await asyncio.to_thread(self._iptables.remove, bridge_rules(self.bridge))
+                self.name = self.bridge = None
             bridge = new_bridge_name()
             kwargs = network_kwargs(bridge, self.instance)
             network = await self._call(client.networks.create, **kwargs)
@@ -155,6 +179,10 @@ class SandboxNetworks:
                 info = await self._call(client.api.inspect_network, entry["Id"])
             except SandboxError:
                 continue  # removed in between
+            if not same_host(instance) and _age_s(info) < FOREIGN_GRACE_S:
+                # A server on another host (or in a container) cannot be seen from here:
+                # its network, new and still empty, may be about to get a sandbox.
+                continue
             if info.get("Containers"):
                 if bridge_exists(bridge):
                     await asyncio.to_thread(self._iptables.ensure, bridge_rules(bridge))
@@ -162,6 +190,23 @@ class SandboxNetworks:
             await self._remove(client, str(entry["Id"]), bridge)
         if ours_too:
             self.name = self.bridge = None
+        await asyncio.to_thread(self._remove_orphan_rules)
+
+    def _remove_orphan_rules(self) -> None:
+        """Rules for a bridge that no longer exists (its network was removed by something
+        that could not reach this host's firewall, e.g. a server in a container): an
+        interface of that name only comes back with a new network, which sets its own."""
+        for bridge in self._iptables.tagged_interfaces():
+            if _BRIDGE.fullmatch(bridge) and not bridge_exists(bridge):
+                log.info("removing the firewall rules of the vanished bridge %s", bridge)
+                self._iptables.remove(bridge_rules(bridge))
+
+    async def _exists(self, client: Any, name: str) -> bool:
+        try:
+            await self._call(client.api.inspect_network, name)
+        except SandboxError:
+            return False
+        return True
 
     async def _remove(self, client: Any, network_id: str, bridge: str) -> None:
         try:

@@ -55,6 +55,7 @@ __all__ = [
     "instance_alive",
     "map_docker_error",
     "probe_engine",
+    "same_host",
     "server_path",
 ]
 
@@ -249,6 +250,11 @@ def engine_ready(environment: Mapping[str, str], image: str) -> bool:
             raise
         return False
     return True
+
+
+def same_host(instance: str) -> bool:
+    """Was ``instance`` a server on this host (so :func:`instance_alive` can tell)?"""
+    return instance.rsplit("-", 2)[0] == socket.gethostname()
 
 
 def instance_alive(instance: str, ours: str) -> bool:

@@ -143,6 +143,23 @@ class Iptables:
                 return False
         return True
 
+    def tagged_interfaces(self) -> set[str]:
+        """The input interfaces (``-i``) that rules with our comment name, in any chain
+        of either family; empty when they cannot be listed."""
+        found: set[str] = set()
+        for binary in (self.v4, self.v6):
+            if binary is None or self.missing() is not None:
+                continue
+            try:
+                listed = self._run(binary, "-S").stdout
+            except (OSError, subprocess.TimeoutExpired):
+                continue
+            for line in listed.splitlines():
+                words = line.split()
+                if COMMENT in words and "-i" in words[:-1]:
+                    found.add(words[words.index("-i") + 1])
+        return found
+
     def remove(self, rules: Sequence[Rule]) -> None:
         for rule in rules:
             binary = self._binary(rule)
