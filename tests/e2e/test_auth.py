@@ -18,7 +18,7 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 
 from mcp_code_sandbox.settings import Settings
 
-from .conftest import ERAS, http_server, http_server_process
+from .conftest import ERAS, http_server, http_server_process, initialize_request
 from .test_errors import assert_error
 
 pytestmark = [pytest.mark.e2e, pytest.mark.bwrap]
@@ -26,16 +26,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.bwrap]
 ALICE = "alice-0123456789abcdef"
 BOB = "bob-0123456789abcdef00"
 TOKENS = f"alice:{ALICE},bob:{BOB}"
-INITIALIZE = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-06-18",
-        "capabilities": {},
-        "clientInfo": {"name": "plain-http", "version": "1"},
-    },
-}
+INITIALIZE = initialize_request()
 
 
 def post_mcp(base: str, authorization: str | None) -> httpx.Response:

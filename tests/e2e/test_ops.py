@@ -21,7 +21,7 @@ from mcp_code_sandbox.server.transports import build_http_app
 from mcp_code_sandbox.settings import Settings
 
 from ..conftest import MakeService
-from .conftest import http_server, http_server_process
+from .conftest import http_server, http_server_process, initialize_request
 
 pytestmark = [pytest.mark.e2e, pytest.mark.bwrap]
 
@@ -166,16 +166,7 @@ async def test_metrics_beyond_loopback_need_the_token(
 
 
 def _rpc_initialize() -> dict[str, Any]:
-    return {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "initialize",
-        "params": {
-            "protocolVersion": "2025-06-18",
-            "capabilities": {},
-            "clientInfo": {"name": "probe", "version": "0"},
-        },
-    }
+    return initialize_request("probe")
 
 
 def test_host_and_origin_checks(make_settings: Callable[..., Settings]) -> None:

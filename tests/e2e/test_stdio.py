@@ -15,7 +15,7 @@ import pytest
 from mcp_code_sandbox.settings import Settings
 
 from ..procs import descendants, wait_gone
-from .conftest import server_env
+from .conftest import initialize_request, server_env
 
 pytestmark = [pytest.mark.e2e, pytest.mark.bwrap]
 
@@ -49,19 +49,7 @@ def receive(proc: subprocess.Popen[bytes], request_id: int) -> dict[str, Any]:
 
 
 def handshake(proc: subprocess.Popen[bytes]) -> None:
-    send(
-        proc,
-        {
-            "jsonrpc": "2.0",
-            "id": 1,
-            "method": "initialize",
-            "params": {
-                "protocolVersion": "2025-06-18",
-                "capabilities": {},
-                "clientInfo": {"name": "raw-test", "version": "0"},
-            },
-        },
-    )
+    send(proc, initialize_request("raw-test"))
     assert receive(proc, 1)["result"]["serverInfo"]["name"] == "mcp-code-sandbox"
     send(proc, {"jsonrpc": "2.0", "method": "notifications/initialized"})
 
