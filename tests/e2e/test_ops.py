@@ -155,7 +155,9 @@ async def test_metrics_beyond_loopback_need_the_token(
     from mcp_code_sandbox.service import SandboxService
 
     for token, expected in ((None, 403), (TOKEN, 200)):
-        settings = make_settings(http_host="0.0.0.0", api_tokens="ops:" + "x" * 24, metrics_token=token)
+        settings = make_settings(
+            http_host="0.0.0.0", api_tokens="ops:" + "x" * 24, metrics_token=token
+        )
         app = build_http_app(SandboxService(settings, create_backend(settings)))
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://10.0.0.5:8080") as http:

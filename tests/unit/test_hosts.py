@@ -14,9 +14,11 @@ def test_all_is_honest() -> None:
         assert hasattr(hosts, name)
 
 
-def test_default_is_loopback_with_the_port() -> None:
+def test_default_is_loopback_on_any_port() -> None:
+    # Any port: behind a published container port the Host is not the server's own port,
+    # and a rebinding page sends its own name, never a loopback one.
     s = load_settings(environ={})
-    assert allowed_hosts(s) == ["127.0.0.1:8080", "localhost:8080", "[::1]:8080"]
+    assert allowed_hosts(s) == ["127.0.0.1:*", "localhost:*", "[::1]:*"]
     assert "http://localhost:*" in allowed_origins(s)
     security = transport_security(s)
     assert security.enable_dns_rebinding_protection
@@ -29,7 +31,7 @@ def test_port_zero_and_bind_addresses() -> None:
     v6 = load_settings({"http_host": "fd00::5", "http_port": 9000}, environ={})
     assert "[fd00::5]:9000" in allowed_hosts(v6)
     wildcard = load_settings({"http_host": "0.0.0.0"}, environ={})
-    assert allowed_hosts(wildcard) == ["127.0.0.1:8080", "localhost:8080", "[::1]:8080"]
+    assert allowed_hosts(wildcard) == ["127.0.0.1:*", "localhost:*", "[::1]:*"]
 
 
 def test_public_base_url_and_extras_are_added() -> None:
@@ -40,7 +42,7 @@ def test_public_base_url_and_extras_are_added() -> None:
     }
     s = load_settings(environ=env)
     got = allowed_hosts(s)
-    assert got[:3] == ["127.0.0.1:8080", "localhost:8080", "[::1]:8080"]
+    assert got[:3] == ["127.0.0.1:*", "localhost:*", "[::1]:*"]
     assert {"sandbox.example.com", "proxy.internal:*", "10.0.0.7:8080"} <= set(got)
     origins = allowed_origins(s)
     assert {"https://sandbox.example.com", "https://chat.example.com"} <= set(origins)

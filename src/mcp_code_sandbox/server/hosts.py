@@ -7,9 +7,10 @@ security refuses a request whose ``Host`` is not in ``allowed_hosts`` (421) or w
 whatever the bind address (the SDK only turns it on by itself for a loopback bind).
 
 Semantics: what is accepted is the union of
-- this server's loopback names with its port (``127.0.0.1:8080``, ``localhost:8080``,
-  ``[::1]:8080``; any port when bound to port 0), and the bind address with the port when
-  it is a specific address (not ``0.0.0.0`` / ``::``);
+- the loopback names with any port (``127.0.0.1:*``, ``localhost:*``, ``[::1]:*``): a
+  rebinding page sends its own name, never a loopback one, and a server in a container is
+  reached through a published port that is not its own), and the bind address with the
+  port when it is a specific address (not ``0.0.0.0`` / ``::``);
 - ``PUBLIC_BASE_URL``'s host (``sandbox.example.com`` or ``name:port``, as a reverse
   proxy that keeps the Host header passes it on) and its origin;
 - ``SANDBOX_ALLOWED_HOSTS`` / ``SANDBOX_ALLOWED_ORIGINS``, as given.
@@ -42,9 +43,9 @@ def _host_name(host: str) -> str:
 
 def allowed_hosts(settings: Settings) -> list[str]:
     port = str(settings.http_port) if settings.http_port else "*"
-    hosts = [f"{name}:{port}" for name in _LOOPBACK_NAMES]
+    hosts = [f"{name}:*" for name in _LOOPBACK_NAMES]
     bind = _host_name(settings.http_host)
-    if settings.http_host not in _WILDCARD_BINDS and f"{bind}:{port}" not in hosts:
+    if settings.http_host not in (*_WILDCARD_BINDS, *_LOOPBACK_NAMES, "::1"):
         hosts.append(f"{bind}:{port}")
     if settings.public_base_url:
         netloc = urlsplit(settings.public_base_url).netloc
