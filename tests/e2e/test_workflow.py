@@ -9,6 +9,7 @@ import base64
 import json
 from typing import Any
 
+import httpx
 import pytest
 from mcp import Client, StdioServerParameters
 from mcp_types import ImageContent, ResourceLink, TextContent
@@ -45,7 +46,9 @@ def structured(result: Any) -> dict[str, Any]:
     return data
 
 
-async def workflow(client: Client) -> None:
+async def workflow(client: Client, http_base: str | None = None) -> None:
+    """Upload, analyse, chart, read, list, close. ``http_base``: the HTTP server's URL,
+    whose download links are fetched too (``None``: stdio, where results carry none)."""
     up = structured(
         await client.call_tool("upload_file", {"filename": "sales.csv", "content_text": SALES})
     )
@@ -78,15 +81,20 @@ async def workflow(client: Client) -> None:
         assert base64.b64decode(image.data).startswith(b"\x89PNG")
     assert [link.name for link in links] == ["chart.png"]
     assert links[0].uri == f"sandbox://{sid}/chart.png"
+    link = data["files"][0].pop("download_url")
     assert data["files"] == [
         {
             "path": "chart.png",
             "size_bytes": data["files"][0]["size_bytes"],
             "mime_type": "image/png",
             "change": "created",
-            "download_url": None,
         }
     ]
+    if http_base is None:
+        assert link is None  # over stdio nothing serves files
+    else:
+        assert link.startswith(f"{http_base}/files/{sid}/chart.png?")
+        assert httpx.get(link).content.startswith(b"\x89PNG")
 
     listing = structured(await client.call_tool("list_files", {"session_id": sid}))
     assert {e["path"] for e in listing["entries"]} >= {"sales.csv", "chart.png"}
@@ -115,7 +123,7 @@ async def test_workflow_over_stdio(stdio_params: StdioServerParameters, mode: st
 @pytest.mark.parametrize("mode", ERAS)
 async def test_workflow_over_http(http_base: str, mode: str) -> None:
     async with Client(f"{http_base}/mcp", mode=mode) as client:  # type: ignore[arg-type]
-        await workflow(client)
+        await workflow(client, http_base)
 
 
 async def test_older_handshake_revision_over_http(
@@ -127,4 +135,4 @@ async def test_older_handshake_revision_over_http(
     monkeypatch.setattr(client_session, "LATEST_HANDSHAKE_VERSION", "2025-03-26")
     async with Client(f"{http_base}/mcp", mode="legacy") as client:
         assert client.protocol_version == "2025-03-26"
-        await workflow(client)
+        await workflow(client, http_base)
