@@ -25,6 +25,7 @@ commands = {
     "node_on_path": ["node", "-p", "process.versions.node"],
     "bun": ["bun", "-e", "const pg: any = require('pg'); " + ESM],
     "bun_version": ["bun", "--version"],
+    "npm_version": ["npm", "--version"],
 }
 out = {}
 for name, argv in commands.items():
@@ -53,6 +54,10 @@ async def test_node_and_bun_with_the_npm_packages(service: Any) -> None:
     assert versions["node"].startswith("24.")
     assert runs["node_on_path"] == [0, versions["node"], ""]
     assert runs["bun_version"] == [0, versions["bun"], ""]
+    assert runs["npm_version"] == [0, versions["npm"], ""]  # npm itself, for installs
     assert sorted(versions["packages"]) == sorted(NPM_PACKAGES)
-    assert found["node_path"] == "/opt/sandbox/node/node_modules"
+    # The session's own packages (agent/packages.py) first, then the preinstalled ones.
+    assert (
+        found["node_path"] == "/mnt/data/.packages/node/node_modules:/opt/sandbox/node/node_modules"
+    )
     assert found["writable"] is False
