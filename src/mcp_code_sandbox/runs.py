@@ -175,7 +175,7 @@ async def run(
         progress.cancel()
         full_output = await asyncio.to_thread(capture.finish)
     full_path = await _save_full_output(session, full_output, run_name)
-    after = await asyncio.to_thread(session.workspace.snapshot)
+    after = await asyncio.to_thread(session.workspace.snapshot, count_hidden=True)
     changes = session.workspace.diff(before, after)
     notice = _join(notice, _over_quota(after, settings.workspace_quota_bytes))
     lost_said = replaced and not outcome.state_lost  # the notice says what was lost

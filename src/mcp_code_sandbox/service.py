@@ -7,7 +7,6 @@ The MCP layer (and the ``exec`` CLI command) call this; it validates what only i
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, BinaryIO
@@ -28,7 +27,7 @@ from mcp_code_sandbox.metrics import Metrics
 from mcp_code_sandbox.runtimes import RUNTIMES, runner_summary
 from mcp_code_sandbox.sessions import Session, SessionManager
 from mcp_code_sandbox.settings import Settings
-from mcp_code_sandbox.workspace import FileInfo, ListResult, ReadResult
+from mcp_code_sandbox.workspace import FileInfo, ListResult, ReadResult, measure
 
 __all__ = ["SandboxService", "Upload"]
 
@@ -184,11 +183,7 @@ class SandboxService:
     ) -> Upload:
         """Write an upload: ``data`` as bytes, or as a file at its start (a spooled HTTP
         body), checked against the upload limit and the quota before anything is written."""
-        if isinstance(data, bytes):
-            size = len(data)
-        else:
-            size = data.seek(0, os.SEEK_END)
-            data.seek(0)
+        size, _ = measure(data)
         if size > self.settings.max_upload_bytes:
             raise UploadTooLarge(
                 f"the file is {size} bytes; the limit is {self.settings.max_upload_bytes} "

@@ -194,7 +194,7 @@ def test_installed_packages_are_counted_but_neither_artifacts_nor_listed(ws: Wor
     (ws.root / ".outputs").mkdir()
     (ws.root / ".outputs" / "run-1.txt").write_bytes(b"y" * 20)
     (ws.root / "data.csv").write_bytes(b"z" * 10)
-    after = ws.snapshot()
+    after = ws.snapshot(count_hidden=True)
     assert [change.path for change in ws.diff(before, after)] == ["data.csv"]
     assert after.hidden_bytes == 90 and after.used_bytes == 100
     listed = [entry.path for entry in ws.list_files(".").entries]

@@ -27,7 +27,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 
 from mcp_code_sandbox.settings import Settings
 
-__all__ = ["allowed_hosts", "allowed_origins", "transport_security"]
+__all__ = ["allowed_hosts", "allowed_origins", "public_base_url", "transport_security"]
 
 _LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
 _WILDCARD_BINDS = ("0.0.0.0", "::", "")  # noqa: S104 - compared against, not bound
@@ -69,3 +69,14 @@ def transport_security(settings: Settings) -> TransportSecuritySettings:
         allowed_hosts=allowed_hosts(settings),
         allowed_origins=allowed_origins(settings),
     )
+
+
+def public_base_url(settings: Settings) -> str:
+    """Where clients reach this server (download links, the PUT address):
+    ``PUBLIC_BASE_URL``, else the bind address (loopback for a wildcard bind)."""
+    if settings.public_base_url:
+        return settings.public_base_url.rstrip("/")
+    bind = (
+        "127.0.0.1" if settings.http_host in (*_WILDCARD_BINDS, "localhost") else settings.http_host
+    )
+    return f"http://{_host_name(bind)}:{settings.http_port}"

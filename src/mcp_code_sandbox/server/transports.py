@@ -37,7 +37,7 @@ from mcp_code_sandbox.server.auth import (
     owner_of_request,
 )
 from mcp_code_sandbox.server.files_http import file_routes
-from mcp_code_sandbox.server.hosts import transport_security
+from mcp_code_sandbox.server.hosts import public_base_url, transport_security
 from mcp_code_sandbox.server.ops import ops_routes
 from mcp_code_sandbox.service import SandboxService
 from mcp_code_sandbox.settings import ConfigError, Settings
@@ -45,7 +45,6 @@ from mcp_code_sandbox.settings import ConfigError, Settings
 __all__ = [
     "build_http_app",
     "check_http_exposure",
-    "public_base_url",
     "serve_http",
     "serve_stdio",
 ]
@@ -100,16 +99,6 @@ def check_http_exposure(settings: Settings) -> str | None:
             "front (SANDBOX_ALLOW_UNAUTHENTICATED=true to serve beyond loopback without auth)"
         ]
     )
-
-
-def public_base_url(settings: Settings) -> str:
-    """Where clients reach this server: ``PUBLIC_BASE_URL``, else the bind address."""
-    if settings.public_base_url:
-        return settings.public_base_url.rstrip("/")
-    host = settings.http_host
-    host = "127.0.0.1" if host in ("0.0.0.0", "", "localhost") else host  # noqa: S104
-    host = f"[{host}]" if ":" in host and not host.startswith("[") else host
-    return f"http://{host}:{settings.http_port}"
 
 
 def build_http_app(service: SandboxService) -> Starlette:

@@ -37,7 +37,7 @@ Semantics:
 """
 
 from mcp_code_sandbox.workspace._fs import remove_tree
-from mcp_code_sandbox.workspace.core import HEAD_BYTES, OUTPUTS_DIR, Workspace
+from mcp_code_sandbox.workspace.core import HEAD_BYTES, OUTPUTS_DIR, Workspace, measure
 from mcp_code_sandbox.workspace.mime import (
     OCTET_STREAM,
     guess_mime,
@@ -75,6 +75,7 @@ __all__ = [
     "is_text_mime",
     "join_parts",
     "looks_like_text",
+    "measure",
     "parse_path",
     "remove_tree",
 ]

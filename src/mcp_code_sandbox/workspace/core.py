@@ -43,7 +43,7 @@ from mcp_code_sandbox.workspace.results import (
     make_entry,
 )
 
-__all__ = ["HEAD_BYTES", "HIDDEN_DIRS", "OUTPUTS_DIR", "Workspace"]
+__all__ = ["HEAD_BYTES", "HIDDEN_DIRS", "OUTPUTS_DIR", "Workspace", "measure"]
 
 #: Top-level directory where the server keeps full outputs of truncated runs.
 OUTPUTS_DIR = ".outputs"
@@ -100,7 +100,7 @@ class Workspace:
         """
         parts = parse_path(rel, for_upload=True)
         shown = join_parts(parts)
-        size, head = _measure(data)
+        size, head = measure(data)
         with _fs_errors(shown), closing_fd(self._open_root()) as root:
             replaced = self._existing_size(root, parts, shown, overwrite=overwrite)
             self._check_quota(root, size, replaced, shown)
@@ -183,17 +183,20 @@ class Workspace:
             entries = tuple(make_entry(path, st) for path, st in walked)
         return ListResult(shown, entries, budget.truncated)
 
-    def snapshot(self, limit: int = 20000) -> Snapshot:
-        """Stamps of the regular files (:data:`HIDDEN_DIRS` excluded, but their bytes
-        summed), reading at most ``limit`` entries. Taken before and after every run, for
-        :func:`diff`."""
+    def snapshot(self, limit: int = 20000, *, count_hidden: bool = False) -> Snapshot:
+        """Stamps of the regular files (:data:`HIDDEN_DIRS` excluded), reading at most
+        ``limit`` entries. Taken before and after every run, for :func:`diff`.
+        ``count_hidden`` also sums the hidden directories' bytes (a walk of every installed
+        package): only the snapshot after a run needs it, for the quota."""
         budget = Budget(limit)
         files: dict[str, Stamp] = {}
         with _fs_errors("."), closing_fd(self._open_root()) as root:
             for path, st in walk(root, "", recursive=True, budget=budget, skip=HIDDEN_DIRS):
                 if stat.S_ISREG(st.st_mode):
                     files[path] = Stamp(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
-            hidden = sum(self._hidden_usage(root, name) for name in HIDDEN_DIRS)
+            hidden = (
+                sum(self._hidden_usage(root, name) for name in HIDDEN_DIRS) if count_hidden else 0
+            )
         return Snapshot(files, budget.truncated, hidden)
 
     def usage_bytes(self, limit: int = 200_000) -> int:
@@ -352,7 +355,7 @@ class Workspace:
         return st
 
 
-def _measure(data: bytes | BinaryIO) -> tuple[int, bytes]:
+def measure(data: bytes | BinaryIO) -> tuple[int, bytes]:
     """Size and first bytes of ``data``; a file is left where it was."""
     if isinstance(data, bytes):
         return len(data), data[:HEAD_BYTES]

@@ -86,7 +86,8 @@ class Snapshot:
     files: Mapping[str, Stamp]
     #: True when the entry limit or depth cut the walk short: ``files`` is then partial.
     truncated: bool
-    #: Bytes of the regular files in the directories ``files`` leaves out.
+    #: Bytes of the regular files in the directories ``files`` leaves out (0 unless the
+    #: snapshot was taken with ``count_hidden``).
     hidden_bytes: int = 0
 
     @property
