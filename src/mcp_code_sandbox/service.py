@@ -24,8 +24,9 @@ from mcp_code_sandbox.errors import (
     UploadTooLarge,
 )
 from mcp_code_sandbox.metrics import Metrics
+from mcp_code_sandbox.probe import RuntimeProbe
 from mcp_code_sandbox.runtimes import RUNTIMES, runner_summary
-from mcp_code_sandbox.sessions import Session, SessionManager
+from mcp_code_sandbox.sessions import SessionManager
 from mcp_code_sandbox.settings import Settings
 from mcp_code_sandbox.workspace import FileInfo, ListResult, ReadResult, measure
 
@@ -57,12 +58,12 @@ class SandboxService:
         #: Runner images by language (docker), as last discovered; see ``refresh_runners``.
         self.runners: dict[str, RunnerImage] = {}
         #: What ``backend.runtime_info()`` said at the latest refresh, and the languages
-        #: (with versions) the latest sandbox's agent listed in its ``ready`` (``None``
-        #: before any). A built-in language is offered unless one of them says the
+        #: (with versions) the server's own probe sandbox listed (never a tenant's: see
+        #: ``probe``). A built-in language is offered unless one of them says the
         #: sandboxes lack it (``"available": false``, or not listed): a backend that says
         #: nothing about a language is not taken to lack it.
         self._info: dict[str, dict[str, Any]] = {}
-        self._seen: dict[str, str] | None = None
+        self.probe = RuntimeProbe(settings, backend, self.sessions.limits, RUNTIMES)
         #: Called with the new language list whenever it changes (the MCP layer tells
         #: its clients that the tool list changed: run_code's language enum is in it).
         self.on_languages_changed: list[LanguagesChanged] = []
@@ -80,7 +81,8 @@ class SandboxService:
 
         def lacking(lang: str) -> bool:
             reported = self._info.get(lang, {}).get("available", True) is False
-            return reported or (self._seen is not None and lang not in self._seen)
+            seen = self.probe.languages
+            return reported or (seen is not None and lang not in seen)
 
         builtin = [lang for lang in RUNTIMES if lang == "python" or not lacking(lang)]
         return [*builtin, *(lang for lang in self.runners if lang not in RUNTIMES)]
@@ -105,12 +107,6 @@ class SandboxService:
         else:
             self.runners = {lang: r for lang, r in found.items() if lang not in RUNTIMES}
         return await self._languages_changed(before)
-
-    def _saw_ready(self, session: Session) -> None:
-        """The session's agent listed its languages: the truth about this backend's."""
-        listed = runs.ready_languages(session)
-        if listed is not None:
-            self._seen = listed
 
     async def _languages_changed(self, before: list[str]) -> bool:
         after = self.languages()
@@ -161,11 +157,9 @@ class SandboxService:
                     self.sessions, held.session, request, timeout, on_progress, runner
                 )
             except UnsupportedLanguage:  # this sandbox lacks the language's interpreter
-                self._saw_ready(held.session)
+                await self.probe.get(again=True)  # does ours lack it too?
                 await self._languages_changed(before)
                 raise
-            if runner is None:
-                self._saw_ready(held.session)
         await self._languages_changed(before)
         report.session_created = held.created
         if held.notice:
@@ -219,8 +213,12 @@ class SandboxService:
 
     async def runtimes(self) -> list[dict[str, Any]]:
         """``list_runtimes``: every language with its version, image and limits (runner
-        images are looked for again first)."""
+        images are looked for again first, and the server's own probe sandbox is asked
+        for versions once)."""
         await self.refresh_runners()
+        before = self.languages()
+        seen = await self.probe.get() or {}
+        await self._languages_changed(before)
         info = self._info  # as the refresh just read it
         limits = self.sessions.limits()
         common = {
@@ -246,7 +244,7 @@ class SandboxService:
             out.append(
                 {
                     "language": name,
-                    "version": lang.get("version") or (self._seen or {}).get(name),
+                    "version": lang.get("version") or seen.get(name),
                     "image": lang.get("image"),
                     "stateful": runtime.stateful,
                     "summary": runtime.summary,
