@@ -7,6 +7,7 @@ The MCP layer (and the ``exec`` CLI command) call this; it validates what only i
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, BinaryIO
@@ -47,6 +48,11 @@ class Upload:
 LanguagesChanged = Callable[[list[str]], Awaitable[None]]
 #: How long ``/readyz`` waits for the backend's answer (probes come every few seconds).
 READY_TIMEOUT_S = 5.0
+#: How long one answer of the backend serves ``/readyz``. The endpoint is open, and asking
+#: the engine on every request let a flood of them slow every tenant's runs (1,000
+#: requests took another tenant's ``1+1`` from 7 ms to 1.4 s); orchestrators probe every
+#: few seconds, so an answer up to 2 s old tells them the same.
+READY_CACHE_S = 2.0
 
 
 class SandboxService:
@@ -70,6 +76,10 @@ class SandboxService:
         #: Signs download links for results; set by the HTTP app, which serves them
         #: (``None`` over stdio: no links).
         self.downloads: UrlSigner | None = None
+        #: ``not_ready``'s latest answer and when it was had (monotonic); one probe at a
+        #: time (the lock), its answer shared by everyone who waited for it.
+        self._ready: tuple[float, str | None] | None = None
+        self._ready_lock = asyncio.Lock()
 
     async def start(self) -> None:
         await self.sessions.start()
@@ -125,7 +135,16 @@ class SandboxService:
 
     async def not_ready(self, timeout_s: float = READY_TIMEOUT_S) -> str | None:
         """Why the backend could not start a sandbox now (for ``/readyz``); ``None``: it
-        could. Bounded by ``timeout_s``: a hung engine is as good as a dead one."""
+        could. Bounded by ``timeout_s``: a hung engine is as good as a dead one. The
+        answer is kept for ``READY_CACHE_S``."""
+        async with self._ready_lock:
+            if self._ready is not None and time.monotonic() - self._ready[0] < READY_CACHE_S:
+                return self._ready[1]
+            reason = await self._ask_ready(timeout_s)
+            self._ready = (time.monotonic(), reason)
+            return reason
+
+    async def _ask_ready(self, timeout_s: float) -> str | None:
         try:
             async with asyncio.timeout(timeout_s):
                 await self.backend.check_ready()

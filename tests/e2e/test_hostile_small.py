@@ -5,13 +5,20 @@ route, each performed over HTTP by ``mallory`` against a server shared with ``vi
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+import time
 from collections.abc import Callable
 from typing import Any
 
+import httpx
 import pytest
 
+from mcp_code_sandbox.backends import create_backend
+from mcp_code_sandbox.errors import BackendUnavailable
+from mcp_code_sandbox.server.transports import build_http_app
+from mcp_code_sandbox.service import READY_CACHE_S, SandboxService
 from mcp_code_sandbox.settings import Settings
 
 from ..conftest import each_backend
@@ -71,3 +78,37 @@ async def test_planted_interpreters_reach_no_other_tenant(
         assert INJECTION not in ran["stdout"] and ran["stdout"].strip(), ran
         await t.victim_is_fine()
 
+
+
+@pytest.mark.bwrap
+async def test_a_flood_of_readyz_asks_the_backend_a_bounded_number_of_times(
+    make_settings: Callable[..., Settings],
+) -> None:
+    """In process, with a spy counting the backend's readiness checks (the cache is the
+    thing under test, so counting its calls is the measure); the backend is real."""
+    service = SandboxService(make_settings(), create_backend(make_settings()))
+    real_check = service.backend.check_ready
+    calls: list[float] = []
+    broken = False
+
+    async def counted() -> None:
+        calls.append(time.monotonic())
+        if broken:
+            raise BackendUnavailable("the engine went away")
+        await real_check()
+
+    service.backend.check_ready = counted  # type: ignore[method-assign]
+    app = build_http_app(service)
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1:8080"
+    ) as http:
+        started = time.monotonic()
+        answers = await asyncio.gather(*(http.get("/readyz") for _ in range(500)))
+        took = time.monotonic() - started
+        assert {a.status_code for a in answers} == {200}
+        # One check per cache period at most, however many asked at once.
+        assert len(calls) <= 1 + int(took / READY_CACHE_S), (len(calls), took)
+        broken = True
+        await asyncio.sleep(READY_CACHE_S + 0.1)  # the cached "ready" has expired
+        down = await http.get("/readyz")
+        assert down.status_code == 503 and "went away" in down.json()["reason"]
