@@ -79,7 +79,6 @@ async def test_planted_interpreters_reach_no_other_tenant(
         await t.victim_is_fine()
 
 
-
 @pytest.mark.bwrap
 async def test_a_flood_of_readyz_asks_the_backend_a_bounded_number_of_times(
     make_settings: Callable[..., Settings],
@@ -112,3 +111,26 @@ async def test_a_flood_of_readyz_asks_the_backend_a_bounded_number_of_times(
         await asyncio.sleep(READY_CACHE_S + 0.1)  # the cached "ready" has expired
         down = await http.get("/readyz")
         assert down.status_code == 503 and "went away" in down.json()["reason"]
+
+
+@pytest.mark.bwrap
+async def test_one_owner_cannot_take_every_session_slot_with_uploads(
+    make_settings: Callable[..., Settings],
+) -> None:
+    async with two_tenants(make_settings(), SANDBOX_MAX_SESSIONS="4") as t:
+        held = 0
+        for n in range(5):  # more than the server has: no sandbox starts, only uploads
+            up = await t.mallory.call_tool(
+                "upload_file", {"filename": "x.txt", "content_text": "x", "session_id": f"m{n}"}
+            )
+            if up.is_error:
+                assert (up.meta or {}).get("error_code") == "max_sessions", up.content
+                break
+            held += 1
+        assert held == 2  # her share: half of max_sessions
+        for n in range(2):  # the other half is still there for everyone else
+            up = await t.victim.call_tool(
+                "upload_file", {"filename": "y.txt", "content_text": "y", "session_id": f"v{n}"}
+            )
+            structured(up)
+        await t.victim_is_fine(session_id="v0")
