@@ -134,3 +134,54 @@ async def test_one_owner_cannot_take_every_session_slot_with_uploads(
             )
             structured(up)
         await t.victim_is_fine(session_id="v0")
+
+
+#: Terminal instructions a session's code may print: a clipboard write (OSC 52), screen
+#: and scrollback clears, a window title, a cursor move back over the line, a NUL.
+TERMINAL = "\\x1b]52;c;aGVsbG8=\\x07\\x1b[2J\\x1b[3J\\x1b[H\\x1b]0;pwned\\x07\\r\\x00"
+NAMES = ("esc\x1b[2J.txt", "new\nline.txt", "bell\x07.txt")
+
+
+def _controls(text: str) -> set[str]:
+    """The control characters in ``text`` but newline and tab."""
+    return {c for c in text if (ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F) and c not in "\n\t"}
+
+
+@pytest.mark.bwrap
+async def test_terminal_sequences_and_control_characters_never_reach_a_client(
+    make_settings: Callable[..., Settings],
+) -> None:
+    code = (
+        f"import sys\nprint('out{TERMINAL}put')\nprint('err{TERMINAL}', file=sys.stderr)\n"
+        f"for name in {NAMES!r}:\n    open(name, 'w').write('x')\n"
+        f"class Shown:\n    def __repr__(self):\n        return 'last{TERMINAL}'\nShown()"
+    )
+    async with two_tenants(make_settings()) as t:
+        raw = await t.mallory.call_tool("run_code", {"code": code, "session_id": "m"})
+        ran = structured(raw)
+        # The sequences gone, the \r a line break (it would hide what came before).
+        assert ran["stdout"] == "out\nput\n" and ran["stderr"] == "err\n\n", ran
+        assert ran["result"] == "last\n", ran["result"]  # a repr of its own choosing
+        everything = [json.dumps(ran, ensure_ascii=False)]
+        everything += [getattr(block, "text", "") for block in raw.content]
+        everything += [str(getattr(block, "name", "")) for block in raw.content]
+        everything += [str(getattr(block, "uri", "")) for block in raw.content]
+        assert not any(_controls(text) for text in everything)
+        shown = {f["path"] for f in ran["files"]}
+        assert shown == {"esc\\x1b[2J.txt", "new\\x0aline.txt", "bell\\x07.txt"}
+        listed = structured(await t.mallory.call_tool("list_files", {"session_id": "m"}))
+        assert {e["path"] for e in listed["entries"]} == shown
+        # A name is given back as it was shown, and reaches the real file.
+        for name in shown:
+            got = await t.mallory.call_tool("read_file", {"session_id": "m", "path": name})
+            assert structured(got)["path"] == name and got.content[1].text == "x"
+        url = next(f["download_url"] for f in ran["files"] if f["path"] == "bell\\x07.txt")
+        async with httpx.AsyncClient() as http:
+            assert (await http.get(url)).content == b"x"
+        failed = structured(
+            await t.mallory.call_tool(
+                "run_code", {"code": f"raise ValueError('v{TERMINAL}')", "session_id": "m"}
+            )
+        )
+        assert not _controls(json.dumps(failed["error"], ensure_ascii=False)), failed["error"]
+        await t.victim_is_fine()
