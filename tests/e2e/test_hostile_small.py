@@ -185,3 +185,25 @@ async def test_terminal_sequences_and_control_characters_never_reach_a_client(
         )
         assert not _controls(json.dumps(failed["error"], ensure_ascii=False)), failed["error"]
         await t.victim_is_fine()
+
+
+@pytest.mark.bwrap
+async def test_forged_download_links_get_a_bare_refusal(
+    make_settings: Callable[..., Settings],
+) -> None:
+    async with two_tenants(make_settings()) as t:
+        ran = await t.run(t.mallory, "open('a.txt', 'w').write('a')", session_id="m")
+        url = ran["files"][0]["download_url"]
+        base, query = url.split("?")
+        sig = query.split("sig=")[1]
+        async with httpx.AsyncClient() as http:
+            assert (await http.get(url)).content == b"a"  # the real link works
+            for forged in [
+                f"{base}?exp={'9' * 5000}&sig={sig}",  # int() refuses over 4,300 digits
+                f"{base}?exp=%C2%B2&sig={sig}",  # "²": a digit to str.isdigit, not to int()
+                f"{base}?exp={'9' * 12}&sig={sig * 200}",
+                f"{base}{'/x' * 3000}?exp={'9' * 12}&sig={sig}",
+            ]:
+                got = await http.get(forged)
+                assert got.status_code == 403, (forged[:80], got.status_code, got.text[:200])
+        await t.victim_is_fine()
