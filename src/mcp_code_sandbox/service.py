@@ -170,15 +170,17 @@ class SandboxService:
             )
         runner = None if request.language in RUNTIMES else self.runners[request.language]
         before = self.languages()
-        async with self.sessions.acquire(owner, session_id, create=True, wait_s=timeout) as held:
-            try:
+        try:
+            async with self.sessions.acquire(
+                owner, session_id, create=True, wait_s=timeout
+            ) as held:
                 report = await runs.run(
                     self.sessions, held.session, request, timeout, on_progress, runner
                 )
-            except UnsupportedLanguage:  # this sandbox lacks the language's interpreter
-                await self.probe.get(again=True)  # does ours lack it too?
-                await self._languages_changed(before)
-                raise
+        except UnsupportedLanguage:  # this sandbox lacks the interpreter: do the server's?
+            await self.probe.get(again=True)
+            await self._languages_changed(before)
+            raise
         await self._languages_changed(before)
         report.session_created = held.created
         if held.notice:
@@ -264,7 +266,8 @@ class SandboxService:
                 {
                     "language": name,
                     "version": lang.get("version") or seen.get(name),
-                    "image": lang.get("image"),
+                    # The agent's languages all run in the sandbox's image.
+                    "image": lang.get("image") or info.get("python", {}).get("image"),
                     "stateful": runtime.stateful,
                     "summary": runtime.summary,
                     "packages": lang.get("packages", {}),
