@@ -235,12 +235,14 @@ class SandboxService:
     async def runtimes(self) -> list[dict[str, Any]]:
         """``list_runtimes``: every language with its version, image and limits (runner
         images are looked for again first, and the server's own probe sandbox is asked
-        for versions once)."""
+        once for versions the backend does not record)."""
         await self.refresh_runners()
-        before = self.languages()
-        seen = await self.probe.get() or {}
-        await self._languages_changed(before)
         info = self._info  # as the refresh just read it
+        before = self.languages()
+        unknown = [n for n in before if n in RUNTIMES and not info.get(n, {}).get("version")]
+        # A probe sandbox only for what the backend's own records leave out (docker).
+        seen = (await self.probe.get() if unknown else self.probe.languages) or {}
+        await self._languages_changed(before)
         limits = self.sessions.limits()
         common = {
             "backend": self.backend.name,
