@@ -29,6 +29,7 @@ from mcp_code_sandbox.errors import (
     UnsupportedLanguage,
 )
 from mcp_code_sandbox.output import OutputCapture
+from mcp_code_sandbox.probe import clean_languages
 from mcp_code_sandbox.runner_client import RunnerClient
 from mcp_code_sandbox.runtimes import RUNTIMES
 from mcp_code_sandbox.sessions import Session, SessionManager
@@ -190,13 +191,10 @@ async def run(
 
 
 def ready_languages(session: Session) -> dict[str, str] | None:
-    """The languages (with versions) the session's agent said ``ready`` with; ``None``
-    when unknown (no sandbox, or a backend whose sandboxes do not keep the message)."""
-    ready = getattr(session.sandbox, "ready", None)
-    languages = ready.get("languages") if isinstance(ready, dict) else None
-    if not isinstance(languages, dict):
-        return None
-    return {str(name): str(version) for name, version in languages.items()}
+    """The languages (with versions) the session's agent said ``ready`` with, only the
+    known ones; ``None`` when unknown (no sandbox, or a backend whose sandboxes do not
+    keep the message). For this session's own messages only: never another owner's."""
+    return clean_languages(getattr(session.sandbox, "ready", None), RUNTIMES)
 
 
 def _check_ready(session: Session, language: str) -> None:

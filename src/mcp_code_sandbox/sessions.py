@@ -11,7 +11,7 @@ Semantics:
   call that waits longer than its own timeout fails with ``session_busy``.
 - ``last_active`` moves at the start and end of every call; the reaper closes sessions
   idle past the TTL or older than the max lifetime, never in the middle of a call.
-- Limits on new sessions: ``max_sessions`` in all, ``max_sessions_per_owner`` each.
+- Limits on new sessions: ``max_sessions`` in all, ``sessions_per_owner`` each.
 - A closed or expired id is remembered (bounded) so that reusing it says what was lost.
 - Every session has a record on disk (:mod:`mcp_code_sandbox.registry`) and a workspace
   at ``workspaces_dir/<slot>``, so a server killed with SIGKILL can be followed by one
@@ -250,7 +250,7 @@ class SessionManager:
                 f"this server already runs {self.settings.max_sessions} sessions; close one "
                 "with close_session, or reuse an existing session_id"
             )
-        per_owner = self.settings.max_sessions_per_owner
+        per_owner = self.settings.sessions_per_owner
         if per_owner is not None and self.count(owner) >= per_owner:
             raise MaxSessions(
                 f"you already have {per_owner} sessions, the most one owner may hold at once; "

@@ -113,7 +113,8 @@ class Settings(BaseSettings):
     session_ttl_m: float = Field(30.0, gt=0)
     session_max_lifetime_h: float = Field(24.0, gt=0)
     max_sessions: int = Field(10, ge=1)
-    #: Sessions one owner may hold at once; None: only ``max_sessions`` applies.
+    #: Sessions one owner may hold at once (with or without a sandbox: an upload makes
+    #: one too). None: the default, :attr:`sessions_per_owner`.
     max_sessions_per_owner: int | None = Field(None, ge=1)
 
     max_upload_bytes: Size = 50 * 1024**2
@@ -259,6 +260,21 @@ class Settings(BaseSettings):
                 "exclude each other; choose one way to authenticate"
             )
         return self
+
+    @property
+    def sessions_per_owner(self) -> int | None:
+        """The limit each owner gets: ``max_sessions_per_owner`` when set; else half of
+        ``max_sessions`` (at least 1) where owners may be several, so that no one owner
+        can take every slot and lock the others out (with two tenants, each can have
+        its fair half; with more, one alone never holds more than half); ``None`` (only
+        ``max_sessions``) where there is one owner at most. Several: two or more API
+        token names, a tokens file (it is reread on SIGHUP, so owners may come without a
+        restart), or OAuth (any subject the issuer vouches for)."""
+        if self.max_sessions_per_owner is not None:
+            return self.max_sessions_per_owner
+        named = [entry for entry in (self.api_tokens or "").split(",") if entry.strip()]
+        several = len(named) > 1 or self.api_tokens_file is not None or bool(self.oauth_issuer)
+        return max(1, self.max_sessions // 2) if several else None
 
     @property
     def workspaces_dir(self) -> Path:

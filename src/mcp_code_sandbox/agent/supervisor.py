@@ -89,6 +89,9 @@ class Supervisor:
         self._next_reap = 0.0
         #: The latest ``execution_count`` the kernel reported; 0 for a fresh kernel.
         self._execution_count = 0
+        #: The environment the backend gave us, before the session's packages join it:
+        #: interpreters are looked for here only (see ``languages``).
+        self._base_env = dict(os.environ)
         # Before any child starts: they all inherit where the session's packages are.
         os.environ.update(packages.environ(workdir, os.environ))
         self._kernel = self._start_kernel(meanwhile=self._find_programs)
@@ -109,7 +112,9 @@ class Supervisor:
     def _greet(self, *, reattached: bool) -> None:
         assert self._link.fd is not None
         self._sel.register(self._link.fd, selectors.EVENT_READ, self._on_channel)
-        languages = {"python": self._kernel.version or _python_version()}
+        # Our own version, not the kernel's: the kernel ran the session's .pth files
+        # (its packages) before it answered, so what it says is the tenant's to choose.
+        languages = {"python": _python_version()}
         languages.update({name: version for name, (_, version) in self._programs.items()})
         ready: dict[str, Any] = {"ev": "ready", "languages": languages,
                                  "ipython": self._kernel.ipython, "pid": os.getpid()}  # fmt: skip
@@ -356,7 +361,7 @@ class Supervisor:
     # -- the kernel ------------------------------------------------------------------
 
     def _find_programs(self) -> None:
-        self._programs = available()
+        self._programs = available(self._base_env)
 
     def _start_kernel(self, meanwhile: Callable[[], None] | None = None) -> KernelProcess:
         kernel = start_kernel(self._workdir, self._config, self._plain, meanwhile)

@@ -29,11 +29,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import functools
 import logging
 import os
 import shutil
 import signal
 import socket
+import subprocess
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -485,6 +487,8 @@ class BwrapBackend(Backend):
                 continue
             version = node.node if language == "javascript" else node.bun
             info[language] = {"version": version, "packages": dict(node.packages), "image": None}
+        if (bash := _system_bash_version()) is not None:
+            info["bash"] = {"version": bash, "packages": {}, "image": None}
         return info
 
     def _bwrap(self) -> str:
@@ -691,3 +695,24 @@ def _precompile(agent_dir: Path) -> None:
 
     with contextlib.suppress(OSError):
         compileall.compile_dir(str(agent_dir), quiet=2, workers=1)
+
+
+@functools.cache
+def _system_bash_version() -> str | None:
+    """The version of the sandboxes' bash, which is the host's (the system is bound
+    read-only): asked here once, so that ``list_runtimes`` needs no sandbox for it."""
+    bash = shutil.which("bash", path="/usr/local/bin:/usr/bin:/bin")
+    if bash is None:
+        return None
+    try:
+        done = subprocess.run(
+            [bash, "-c", 'printf %s "${BASH_VERSION%%(*}"'],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            env={"PATH": "/usr/bin:/bin"},
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() or None

@@ -147,8 +147,6 @@ class DockerBackend(Backend):
         #: main client's timeout would end them.
         self._exec_client: Any = None
         self._runtime_info: dict[str, dict[str, Any]] | None = None
-        #: Languages and versions from the latest agent's ``ready``.
-        self._languages: dict[str, str] = {}
         #: Why labelled images were left out, as last logged (logged again on a change).
         self._skipped: list[str] = []
         self._networks = SandboxNetworks(self.instance, self._call)
@@ -205,10 +203,8 @@ class DockerBackend(Backend):
                     raise
                 return {}  # not cached: the engine or the image may come later
             self._runtime_info = info_from_labels(labels, self.image)
-        info = {lang: dict(entry) for lang, entry in self._runtime_info.items()}
-        for lang, version in self._languages.items():
-            info.setdefault(lang, {"packages": {}, "image": self.image})["version"] = version
-        return info
+        # Never what a sandbox's agent said: that is its tenant's (see ``probe``).
+        return {lang: dict(entry) for lang, entry in self._runtime_info.items()}
 
     async def check_ready(self) -> None:
         """The engine answers a ping and has the sandbox image."""
@@ -259,7 +255,6 @@ class DockerBackend(Backend):
         except BaseException:
             await self.stop(sandbox)
             raise
-        self._languages.update(sandbox.ready.get("languages") or {})
         return sandbox
 
     def _listen(self, key: str) -> tuple[Path, socket.socket]:
@@ -388,7 +383,6 @@ class DockerBackend(Backend):
             # On a dead server's network, still fenced (``list_leftovers`` saw to it).
             sandbox.spec = dataclasses.replace(spec, network=True)
         sandbox.ready = ready
-        self._languages.update(ready.get("languages") or {})
         return sandbox
 
     async def detach(self, sandbox: Sandbox) -> None:

@@ -26,12 +26,15 @@ from pydantic import BaseModel
 from mcp_code_sandbox.errors import SandboxError
 from mcp_code_sandbox.images import fit_image
 from mcp_code_sandbox.runs import RunReport
+from mcp_code_sandbox.sanitize import clean_text, escape_name
 from mcp_code_sandbox.server.models import DisplayOut, FileOut, RunError, RunResult
 from mcp_code_sandbox.settings import Settings
 
 __all__ = ["error_result", "file_uri", "run_result", "structured_result"]
 
 _PLAIN_RUN_FIELDS = frozenset(RunResult.model_fields) - {"notice", "error", "files", "displays"}
+#: Fields whose text a sandbox wrote (see :mod:`mcp_code_sandbox.sanitize`).
+_SANDBOX_TEXT = ("stdout", "stderr", "result")
 _TEXT_DISPLAYS = ("text/markdown", "text/plain", "image/svg+xml", "text/html")
 
 
@@ -42,9 +45,9 @@ def file_uri(session_id: str, path: str) -> str:
 def error_result(error: SandboxError) -> CallToolResult:
     meta: dict[str, Any] = {"error_code": error.code}
     meta.update({k: v for k, v in error.details.items() if isinstance(v, str | int)})
-    return CallToolResult(
-        content=[TextContent(type="text", text=str(error))], is_error=True, _meta=meta
-    )
+    # Messages may quote what a sandbox wrote (a file name, its last words).
+    text = clean_text(str(error))
+    return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True, _meta=meta)
 
 
 def structured_result(model: BaseModel, extra: list[ContentBlock] | None = None) -> CallToolResult:
@@ -87,42 +90,51 @@ def run_result(
             "be saved there with savefig"
         )
         notice = f"{notice}. {more}" if notice else more
+    # Names as clients see and give them back: control characters escaped.
+    names = [escape_name(c.path) for c in report.files]
     links: list[ContentBlock] = [
         ResourceLink(
             type="resource_link",
-            uri=file_uri(report.session_id, c.path),
-            name=c.path,
+            uri=file_uri(report.session_id, name),
+            name=name,
             mime_type=c.mime_type,
             size=c.size_bytes,
         )
-        for c in report.files
+        for c, name in zip(report.files, names, strict=True)
     ]
     # The plain fields carry over by name; only the nested ones need shaping.
     plain = {k: v for k, v in vars(report).items() if k in _PLAIN_RUN_FIELDS}
+    plain.update({k: clean_text(plain[k]) for k in _SANDBOX_TEXT if plain.get(k) is not None})
     model = RunResult(
         **plain,
-        notice=notice,
-        error=RunError(**report.error) if report.error else None,
+        notice=clean_text(notice) if notice else notice,
+        error=_run_error(report.error),
         files=[
             FileOut(
-                path=c.path,
+                path=name,
                 size_bytes=c.size_bytes,
                 mime_type=c.mime_type,
                 change=c.change,
-                download_url=link(c.path) if link else None,
+                download_url=link(name) if link else None,
             )
-            for c in report.files
+            for c, name in zip(report.files, names, strict=True)
         ],
         displays=[
             DisplayOut(
                 mime_type=d.mime_type,
-                text=d.data[: settings.max_output_bytes].decode("utf-8", "replace"),
+                text=clean_text(d.data[: settings.max_output_bytes].decode("utf-8", "replace")),
             )
             for d in report.displays
             if d.mime_type in _TEXT_DISPLAYS
         ],
     )
     return structured_result(model, images + links)
+
+
+def _run_error(error: dict[str, Any] | None) -> RunError | None:
+    if not error:
+        return None
+    return RunError(**{k: clean_text(v) if isinstance(v, str) else v for k, v in error.items()})
 
 
 def embedded_blob(uri: str, data: bytes, mime_type: str) -> EmbeddedResource:

@@ -28,6 +28,7 @@ from mcp_code_sandbox.errors import (
 from mcp_code_sandbox.images import fit_image
 from mcp_code_sandbox.runs import IMAGE_MIME_TYPES, RunRequest
 from mcp_code_sandbox.runtimes import RUNTIMES
+from mcp_code_sandbox.sanitize import clean_text, escape_name
 from mcp_code_sandbox.server import models
 from mcp_code_sandbox.server.auth import current_owner
 from mcp_code_sandbox.server.results import (
@@ -175,15 +176,16 @@ class ToolSet:
         read = await self.service.read_file(
             owner, session_id, path, offset=offset, max_bytes=max_bytes
         )
-        uri = file_uri(session_id, read.path)
+        shown = escape_name(read.path)  # how listings show it, and how it is given back
+        uri = file_uri(session_id, shown)
         link = self._links(owner, session_id)
-        url = link(read.path) if link else None
+        url = link(shown) if link else None
         whole = offset == 0 and read.eof
         block: ContentBlock
         if read.mime_type in IMAGE_MIME_TYPES and whole:
             fitted = fit_image(read.data, read.mime_type, self.settings.max_image_bytes)
             if fitted is None:
-                return self._too_large(read.path, read.size_bytes, url)
+                return self._too_large(shown, read.size_bytes, url)
             block = ImageContent(
                 type="image", data=base64.b64encode(fitted[0]).decode(), mime_type=fitted[1]
             )
@@ -196,12 +198,12 @@ class ToolSet:
             block = embedded_blob(uri, read.data, read.mime_type)
             encoding, returned = "resource", len(read.data)
         else:
-            return self._too_large(read.path, read.size_bytes, url)
+            return self._too_large(shown, read.size_bytes, url)
         end = offset + returned
         eof = end >= read.size_bytes
         meta = models.ReadFileResult(
             session_id=session_id,
-            path=read.path,
+            path=shown,
             mime_type=read.mime_type,
             size_bytes=read.size_bytes,
             offset=offset,
@@ -246,7 +248,10 @@ class ToolSet:
             models.ListFilesResult(
                 session_id=session_id,
                 path=path,
-                entries=[models.FileEntryOut(**vars(e)) for e in listing.entries],
+                entries=[
+                    models.FileEntryOut(**{**vars(e), "path": escape_name(e.path)})
+                    for e in listing.entries
+                ],
                 truncated=listing.truncated,
             )
         )
@@ -270,7 +275,7 @@ def _progress_sink(ctx: Context[Any, Any]) -> Callable[[float, str], Awaitable[N
         return None
 
     async def report(elapsed: float, message: str) -> None:
-        await ctx.report_progress(elapsed, None, message)
+        await ctx.report_progress(elapsed, None, clean_text(message))
 
     return report
 
