@@ -30,6 +30,7 @@ from mcp_code_sandbox.runs import IMAGE_MIME_TYPES, RunRequest
 from mcp_code_sandbox.runtimes import RUNTIMES
 from mcp_code_sandbox.server import models
 from mcp_code_sandbox.server.auth import current_owner
+from mcp_code_sandbox.server.fit import fit_count
 from mcp_code_sandbox.server.results import (
     embedded_blob,
     error_result,
@@ -44,6 +45,10 @@ __all__ = ["ToolSet"]
 log = structlog.get_logger("mcp_code_sandbox.tools")
 P = ParamSpec("P")
 LANGUAGES = sorted(RUNTIMES)
+#: Directory entries one list_files walk reads (beyond: ``truncated``, narrow the path),
+#: and the most one page can hold before the result budget cuts it further.
+LIST_WALK = 50_000
+LIST_PAGE = 10_000
 
 SessionArg = Annotated[
     str | None,
@@ -238,18 +243,31 @@ class ToolSet:
         session_id: RequiredSession,
         path: Annotated[str, Field(description="Directory relative to /mnt/data")] = ".",
         recursive: Annotated[bool, Field(description="Include subdirectories")] = True,
+        offset: Annotated[
+            int, Field(ge=0, description="Skip this many entries (a previous next_offset)")
+        ] = 0,
     ) -> Annotated[CallToolResult, models.ListFilesResult]:
+        # The same bounded walk every time (sorted, so the same entries in the same
+        # order while the files stay put), paged by offset within the result budget.
         listing = await self.service.list_files(
-            current_owner(), session_id, path, recursive=recursive
+            current_owner(), session_id, path, recursive=recursive, limit=LIST_WALK
         )
-        return structured_result(
-            models.ListFilesResult(
-                session_id=session_id,
-                path=path,
-                entries=[models.FileEntryOut(**vars(e)) for e in listing.entries],
-                truncated=listing.truncated,
+        rest = listing.entries[offset:]
+        entries = [models.FileEntryOut(**vars(e)) for e in rest[:LIST_PAGE]]
+
+        def page(count: int) -> CallToolResult:
+            more = count < len(rest)
+            return structured_result(
+                models.ListFilesResult(
+                    session_id=session_id,
+                    path=path,
+                    entries=entries[:count],
+                    truncated=more or listing.truncated,
+                    next_offset=offset + count if more and count else None,
+                )
             )
-        )
+
+        return fit_count(page, len(entries), self.settings.max_result_bytes)
 
     @tool_errors
     async def close_session(
