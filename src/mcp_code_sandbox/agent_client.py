@@ -56,7 +56,7 @@ class Outcome:
     state_lost: bool
     displays: list[Display] = field(default_factory=list)
     #: What the budget cut, as counts: ``result`` and ``error`` (0 or 1), and
-    #: ``displays_dropped`` / ``displays_cut``. Empty: nothing.
+    #: ``displays_dropped`` / ``displays_cut`` / ``images_dropped``. Empty: nothing.
     cut: dict[str, int] = field(default_factory=dict)
 
 
@@ -219,6 +219,7 @@ def _cuts(claimed: Any, result_cut: bool, error_cut: bool, gate: DisplayGate) ->
         "error": int(error_cut or agent.get("error") is True),
         "displays_dropped": said("displays_dropped") + gate.dropped,
         "displays_cut": said("displays_cut") + gate.cut,
+        "images_dropped": said("images_dropped") + gate.images_dropped,
     }
     return {key: value for key, value in cuts.items() if value}
 

@@ -96,6 +96,8 @@ class RunReport:
     image_files: list[ImageFile] = field(default_factory=list)
     #: What the result budget cut before shaping (``Outcome.cut``).
     cut: dict[str, int] = field(default_factory=dict)
+    #: The workspace scan stopped at its limit: more files may have changed than listed.
+    files_partial: bool = False
 
 
 def check_request(
@@ -187,6 +189,7 @@ async def run(
     report = _report(
         session, request, outcome, capture, full_path, changes, started, notice, lost_said
     )
+    report.files_partial = before.truncated or after.truncated
     report.image_files = await asyncio.to_thread(_read_images, session, changes, settings)
     _audit(session, request, report, capture)
     manager.metrics.run_finished(report.language, report.status, report.duration_ms / 1000)

@@ -17,7 +17,8 @@ cut to ``result_bytes // 2`` characters (head and tail, the cut marked in the te
 host counts the structured content and its text copy, so no single field can use more.
 Displays: at most ``MAX_DISPLAYS`` per run, at most ``images`` of them images (each at
 most ``MAX_IMAGE_CHARS`` of base64; the host downscales what it keeps), and their text
-together at most ``result_bytes`` characters.
+together at most ``result_bytes`` characters. Images dropped are counted apart from
+other displays (a result says "N more image(s) not shown").
 """
 
 from __future__ import annotations
@@ -113,8 +114,10 @@ class DisplayGate:
         self.kept = 0
         self.images = 0
         self.text_chars = 0
-        #: Displays dropped whole, and text displays cut to fit.
+        #: Displays dropped whole (images past their count or size apart), and text
+        #: displays cut to fit.
         self.dropped = 0
+        self.images_dropped = 0
         self.cut = 0
 
     def admit(self, data: Any) -> dict[str, str] | None:
@@ -125,7 +128,7 @@ class DisplayGate:
         image = next((m for m in _IMAGE_MIMES if isinstance(data.get(m), str)), None)
         if image is not None:
             if self.images >= self.budget.images or len(data[image]) > MAX_IMAGE_CHARS:
-                self.dropped += 1
+                self.images_dropped += 1
                 return None
             self.images += 1
             plain = data.get("text/plain")
@@ -153,4 +156,8 @@ class DisplayGate:
         return texts
 
     def summary(self) -> dict[str, int]:
-        return {"displays_dropped": self.dropped, "displays_cut": self.cut}
+        return {
+            "displays_dropped": self.dropped,
+            "displays_cut": self.cut,
+            "images_dropped": self.images_dropped,
+        }

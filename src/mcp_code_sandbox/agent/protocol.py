@@ -29,7 +29,8 @@ Messages agent → host (key ``ev``)::
      "error": {"name": str, "value": str, "traceback": str} | None,
      "execution_count": int | None, "state_lost": bool,
      "cut": {"result": bool, "error": bool, "displays_dropped": int,
-             "displays_cut": int}}            (``cut``: Python runs only)
+             "displays_cut": int, "images_dropped": int}}
+                                              (``cut``: Python runs only)
 
     {"ev": "error", "message": str, "id": int | None}
                                               a host message the agent could not use

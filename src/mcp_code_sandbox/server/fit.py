@@ -31,7 +31,9 @@ __all__ = ["ENVELOPE_BYTES", "Fitted", "fit_count", "fit_result", "message_bytes
 #: Room for what wraps a result on the wire: ``{"jsonrpc":"2.0","id":…,"result":…}``
 #: and the SSE event's ``event:``/``id:``/``data:`` lines.
 ENVELOPE_BYTES = 512
-_ROUNDS = 6
+_ROUNDS = 8
+#: Below this much for all the text parts together, images give way to text.
+_MIN_TEXT_ROOM = 32 * 1024
 _WHY = "cut to fit the result size limit"
 #: Text fields of RunResult that may be cut, and the flag that says so.
 _TEXTS: tuple[tuple[tuple[str, ...], str], ...] = (
@@ -150,15 +152,22 @@ def _level(costs: list[int], target: int) -> int:
 
 
 def _shrink(fitted: Fitted, excess: int) -> None:
+    """Cut the text parts and the file list down to a common level; images (already
+    held to part of the budget) go only when the texts cannot make room."""
     parts = _parts(fitted)
-    if not parts:
+    images = [p for p in parts if p.kind == "image"]
+    texts = [p for p in parts if p.kind != "image"]
+    room = sum(p.cost for p in texts) - excess
+    if room < _MIN_TEXT_ROOM and images:
+        _cut(fitted, max(images, key=lambda p: p.cost), 0)
+        return
+    if not texts:
         _strip(fitted)
         return
-    total = sum(p.cost for p in parts)
     # A little more than the excess: the costs are estimates and markers add text.
-    target = total - excess - 1024 - total // 50
-    level = _level([p.cost for p in parts], max(target, 0))
-    for part in parts:
+    target = room - room // 50 - 1024
+    level = _level([p.cost for p in texts], max(target, 0))
+    for part in texts:
         if part.cost > level:
             _cut(fitted, part, level)
 

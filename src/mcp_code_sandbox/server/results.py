@@ -62,7 +62,7 @@ def run_result(
     """RunResult JSON + one image block per figure/image (within budget) + file links;
     ``link`` makes each file's ``download_url`` (none when ``None``)."""
     images: list[ImageContent] = []
-    skipped = 0
+    skipped = report.cut.get("images_dropped", 0)  # by the agent, past the same limits
     candidates = [
         (d.data, d.mime_type)
         for d in report.displays
@@ -150,10 +150,10 @@ def _budget_notice(report: RunReport, notice: str | None) -> str | None:
     if dropped := report.cut.get("displays_dropped"):
         said.append(f"{dropped} display() output(s) were left out")
     if len(report.files) > MAX_FILES_LISTED:
-        more = len(report.files) - MAX_FILES_LISTED
+        many = f"at least {len(report.files)}" if report.files_partial else len(report.files)
         said.append(
-            f"{len(report.files)} files changed: the first {MAX_FILES_LISTED} are listed, and "
-            f"{more} more; list_files shows them all"
+            f"{many} files changed, more than a result lists ({MAX_FILES_LISTED}): "
+            "list_files shows them all"
         )
     if not said:
         return notice
