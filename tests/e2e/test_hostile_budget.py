@@ -98,6 +98,20 @@ async def list_all(t: Tenants, session_id: str, path: str) -> int:
     return len(seen)
 
 
+async def read_all(t: Tenants, session_id: str, path: str) -> int:
+    """Page through read_file (each page within the budget); the bytes read."""
+    total = 0
+    offset: int | None = 0
+    while offset is not None:
+        args = {"session_id": session_id, "path": path, "offset": offset}
+        read = await t.mallory.call_tool("read_file", args)
+        assert wire_bytes(read) <= BUDGET
+        page = structured(read)
+        total += page["returned_bytes"]
+        offset = page["next_offset"]
+    return total
+
+
 def rss_bytes(pid: int, field: str = "VmRSS") -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith(f"{field}:"):
@@ -160,4 +174,9 @@ async def test_hostile_results_fit_the_budget(make_settings: Callable[..., Setti
         assert progress, "the server sent no progress: the response was not streamed"
         assert late["status"] == "ok" and late["result_truncated"] is True
         assert wire_bytes(result) <= BUDGET
+        await t.victim_is_fine()
+
+        # 6. Reading back a 1.2 MB text whose JSON form is almost twice that: paged.
+        await t.run(t.mallory, "open('big.txt', 'w').write('a\"\\\\\\n' * 300_000)", **session)
+        assert await read_all(t, "mallory-big", "big.txt") == 1_200_000
         await t.victim_is_fine()
