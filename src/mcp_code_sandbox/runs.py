@@ -16,6 +16,7 @@ from typing import BinaryIO
 
 import structlog
 
+from mcp_code_sandbox.agent.budget import Budget
 from mcp_code_sandbox.agent_client import AgentClient, Display, Outcome
 from mcp_code_sandbox.backends.base import RunnerImage
 from mcp_code_sandbox.errors import (
@@ -94,6 +95,10 @@ class RunReport:
     state_lost: bool
     displays: list[Display] = field(default_factory=list)
     image_files: list[ImageFile] = field(default_factory=list)
+    #: What the result budget cut before shaping (``Outcome.cut``).
+    cut: dict[str, int] = field(default_factory=dict)
+    #: The workspace scan stopped at its limit: more files may have changed than listed.
+    files_partial: bool = False
 
 
 def check_request(
@@ -156,7 +161,7 @@ async def run(
     replaced = notice is not None
     before = await asyncio.to_thread(session.workspace.snapshot)
     # The spool (an unnamed temp file) is only made once the output passes the budget.
-    capture = OutputCapture(settings.max_output_bytes, _open_spool)
+    capture = OutputCapture(settings.stream_bytes, _open_spool)
     progress = asyncio.create_task(_report_progress(capture, started, on_progress))
     try:
         outcome = await executor.execute(
@@ -165,6 +170,7 @@ async def run(
             timeout_s=timeout_s,
             env=dict(request.env or {}),
             on_stream=capture.add,
+            budget=Budget(settings.max_result_bytes, settings.max_images),
         )
     except SandboxFailed as exc:
         if runner is not None:
@@ -184,6 +190,7 @@ async def run(
     report = _report(
         session, request, outcome, capture, full_path, changes, started, notice, lost_said
     )
+    report.files_partial = before.truncated or after.truncated
     report.image_files = await asyncio.to_thread(_read_images, session, changes, settings)
     _audit(session, request, report, capture)
     manager.metrics.run_finished(report.language, report.status, report.duration_ms / 1000)
@@ -297,6 +304,7 @@ def _report(
         duration_ms=int((time.monotonic() - started) * 1000),
         state_lost=outcome.state_lost,
         displays=outcome.displays,
+        cut=outcome.cut,
     )
 
 

@@ -222,12 +222,12 @@ class SandboxService:
             return held.session.workspace.read_file(path, offset=offset, max_bytes=limit)
 
     async def list_files(
-        self, owner: str, session_id: str, path: str, *, recursive: bool
+        self, owner: str, session_id: str, path: str, *, recursive: bool, limit: int = 10000
     ) -> ListResult:
         async with self.sessions.acquire(
             owner, session_id, create=False, wait_s=self.settings.exec_timeout_s
         ) as held:
-            return held.session.workspace.list_files(path, recursive=recursive)
+            return held.session.workspace.list_files(path, recursive=recursive, limit=limit)
 
     async def close_session(self, owner: str, session_id: str) -> None:
         await self.sessions.close(owner, session_id)
@@ -255,6 +255,7 @@ class SandboxService:
                 "default_timeout_s": self.settings.exec_timeout_s,
                 "max_timeout_s": self.settings.max_exec_timeout_s,
                 "max_output_bytes": self.settings.max_output_bytes,
+                "max_result_bytes": self.settings.max_result_bytes,
                 "enforcement": self.backend.enforcement(),
             },
         }

@@ -124,6 +124,11 @@ class Settings(BaseSettings):
     max_image_bytes: Size = 1024**2
     max_images: int = Field(4, ge=0, le=64)
     max_read_bytes: Size = 1024**2
+    #: The most bytes one tool result may take as a serialized JSON-RPC message (the
+    #: structured content, its text copy, image blocks and links together). Half of the
+    #: 1 MiB that the official MCP client accepts in one server-sent event; what does not
+    #: fit is cut and the result says so (``server/fit.py``).
+    max_result_bytes: Size = Field(512 * 1024, ge=64 * 1024)
 
     allow_network: bool = False
     pass_through_env: NameList = Field(default_factory=list)
@@ -275,6 +280,13 @@ class Settings(BaseSettings):
         named = [entry for entry in (self.api_tokens or "").split(",") if entry.strip()]
         several = len(named) > 1 or self.api_tokens_file is not None or bool(self.oauth_issuer)
         return max(1, self.max_sessions // 2) if several else None
+
+    @property
+    def stream_bytes(self) -> int:
+        """What a result keeps of each of stdout and stderr: ``max_output_bytes``, within
+        a fifth of the result budget (each stream is in the result twice: structured
+        and in its text copy). Past it the full output is saved in the workspace."""
+        return min(self.max_output_bytes, self.max_result_bytes // 5)
 
     @property
     def workspaces_dir(self) -> Path:

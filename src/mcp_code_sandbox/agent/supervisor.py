@@ -34,6 +34,7 @@ from types import FrameType
 from typing import Any
 
 from . import packages
+from .budget import Budget, DisplayGate, cut_error, cut_text
 from .children import Child, OutputPipe, kill_strays, reap_orphans, spawn
 from .config import AgentConfig, apply_limits
 from .hostlink import HostLink
@@ -269,10 +270,12 @@ class Supervisor:
         run = Run(message["id"], language, time.monotonic() + timeout)
         env: dict[str, str] = message.get("env") or {}
         if language == "python":
+            budget = Budget.from_message(message.get("budget"))
+            run.displays = DisplayGate(budget)
             self._run = run
             try:
                 self._kernel.send({"op": "exec", "id": run.id, "code": message["code"],
-                                   "env": env})  # fmt: skip
+                                   "env": env, "budget": budget.to_message()})  # fmt: skip
             except OSError:
                 self._kernel_died()
             return
@@ -406,17 +409,21 @@ class Supervisor:
             if isinstance(count, int):
                 self._execution_count = count
             state_lost, self._state_lost_pending = self._state_lost_pending, False
+            result, error, cut = _within_budget(message, run.displays)
             self._finish(done(run.id, str(message.get("status")),
-                              result=message.get("result"), error=message.get("error"),
+                              result=result, error=error,
                               execution_count=message.get("execution_count"),
-                              state_lost=state_lost))  # fmt: skip
+                              state_lost=state_lost, cut=cut))  # fmt: skip
 
     def _forward_display(self, message: dict[str, Any], current: bool) -> None:
         if current and self._run is not None and not self._run.orphaned:
             # The kernel flushed what it printed before the display and now waits for the
             # ack, so the pipes hold exactly the output that comes first.
             self._drain(self._kernel.child.pipes, final=False)
-            self._send({key: message.get(key) for key in ("ev", "id", "source", "data")})
+            data = self._run.displays.admit(message.get("data"))
+            if data is not None:  # else over the run's budget: dropped as it arrives
+                self._send({"ev": "display", "id": self._run.id,
+                            "source": str(message.get("source")), "data": data})  # fmt: skip
         with contextlib.suppress(OSError):  # a dead kernel is noticed by its pidfd
             self._kernel.send({"op": "ack"})
 
@@ -478,6 +485,29 @@ class Supervisor:
         run = self._run
         if run is not None and run.child is not None and run.child.pidfd is None:
             self._on_program_exit()
+
+
+def _within_budget(
+    message: dict[str, Any], displays: DisplayGate
+) -> tuple[str | None, dict[str, str] | None, dict[str, Any]]:
+    """The kernel's result and error cut to the run's budget, and what was cut (the
+    kernel's own account, checked, plus the supervisor's)."""
+    limit = displays.budget.text_chars
+    raw = message.get("result")
+    result, result_cut = cut_text(raw, limit) if isinstance(raw, str) else (None, False)
+    error, error_cut = cut_error(message.get("error"), limit)
+    raw_cut = message.get("cut")
+    claimed: dict[str, Any] = raw_cut if isinstance(raw_cut, dict) else {}
+    cut: dict[str, Any] = {
+        "result": result_cut or claimed.get("result") is True,
+        "error": error_cut or claimed.get("error") is True,
+    }
+    for key, ours in displays.summary().items():
+        theirs = claimed.get(key)
+        if isinstance(theirs, int) and not isinstance(theirs, bool) and theirs >= 0:
+            ours += theirs
+        cut[key] = ours
+    return result, error, cut
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:

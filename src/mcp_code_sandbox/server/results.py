@@ -27,6 +27,7 @@ from mcp_code_sandbox.errors import SandboxError
 from mcp_code_sandbox.images import fit_image
 from mcp_code_sandbox.runs import RunReport
 from mcp_code_sandbox.sanitize import clean_text, escape_name
+from mcp_code_sandbox.server.fit import Fitted, fit_result
 from mcp_code_sandbox.server.models import DisplayOut, FileOut, RunError, RunResult
 from mcp_code_sandbox.settings import Settings
 
@@ -35,6 +36,8 @@ __all__ = ["error_result", "file_uri", "run_result", "structured_result"]
 _PLAIN_RUN_FIELDS = frozenset(RunResult.model_fields) - {"notice", "error", "files", "displays"}
 #: Fields whose text a sandbox wrote (see :mod:`mcp_code_sandbox.sanitize`).
 _SANDBOX_TEXT = ("stdout", "stderr", "result")
+#: Changed files a run result lists (with links); the rest are counted, list_files has all.
+MAX_FILES_LISTED = 100
 _TEXT_DISPLAYS = ("text/markdown", "text/plain", "image/svg+xml", "text/html")
 
 
@@ -61,19 +64,22 @@ def run_result(
 ) -> CallToolResult:
     """RunResult JSON + one image block per figure/image (within budget) + file links;
     ``link`` makes each file's ``download_url`` (none when ``None``)."""
-    images: list[ContentBlock] = []
-    skipped = 0
+    images: list[ImageContent] = []
+    skipped = report.cut.get("images_dropped", 0)  # by the agent, past the same limits
     candidates = [
         (d.data, d.mime_type)
         for d in report.displays
         if d.mime_type.startswith(("image/png", "image/jpeg"))
     ]
     candidates += [(f.data, f.mime_type) for f in report.image_files]
+    # Images share half of the result budget (base64 is 4/3 of the bytes).
+    slots = max(min(len(candidates), settings.max_images), 1)
+    per_image = min(settings.max_image_bytes, settings.max_result_bytes * 3 // 8 // slots)
     for data, mime in candidates:
         if len(images) >= settings.max_images:
             skipped += 1
             continue
-        fitted = fit_image(data, mime, settings.max_image_bytes)
+        fitted = fit_image(data, mime, per_image)
         if fitted is None:
             skipped += 1
             continue
@@ -86,13 +92,15 @@ def run_result(
     if skipped:
         more = (
             f"{skipped} more image(s) not shown (limit {settings.max_images} per result "
-            f"and {settings.max_image_bytes} bytes each); they are in /mnt/data or can "
+            f"and {per_image} bytes each); they are in /mnt/data or can "
             "be saved there with savefig"
         )
         notice = f"{notice}. {more}" if notice else more
+    files = report.files[:MAX_FILES_LISTED]
+    notice = _budget_notice(report, notice)
     # Names as clients see and give them back: control characters escaped.
-    names = [escape_name(c.path) for c in report.files]
-    links: list[ContentBlock] = [
+    names = [escape_name(c.path) for c in files]
+    links = [
         ResourceLink(
             type="resource_link",
             uri=file_uri(report.session_id, name),
@@ -100,7 +108,7 @@ def run_result(
             mime_type=c.mime_type,
             size=c.size_bytes,
         )
-        for c, name in zip(report.files, names, strict=True)
+        for c, name in zip(files, names, strict=True)
     ]
     # The plain fields carry over by name; only the nested ones need shaping.
     plain = {k: v for k, v in vars(report).items() if k in _PLAIN_RUN_FIELDS}
@@ -117,8 +125,14 @@ def run_result(
                 change=c.change,
                 download_url=link(name) if link else None,
             )
-            for c, name in zip(report.files, names, strict=True)
+            for c, name in zip(files, names, strict=True)
         ],
+        files_truncated=len(report.files) > len(files),
+        result_truncated=bool(report.cut.get("result")),
+        error_truncated=bool(report.cut.get("error")),
+        displays_truncated=bool(
+            report.cut.get("displays_dropped") or report.cut.get("displays_cut")
+        ),
         displays=[
             DisplayOut(
                 mime_type=d.mime_type,
@@ -128,7 +142,29 @@ def run_result(
             if d.mime_type in _TEXT_DISPLAYS
         ],
     )
-    return structured_result(model, images + links)
+    shaped = Fitted(model.model_dump(mode="json"), images, links)
+    return fit_result(shaped, settings.max_result_bytes)
+
+
+def _budget_notice(report: RunReport, notice: str | None) -> str | None:
+    """What the agent's budget and the file list's cap left out, in words."""
+    said = []
+    if report.cut.get("result"):
+        said.append("the value of the last expression was cut")
+    if report.cut.get("error"):
+        said.append("the error message or traceback was cut")
+    if dropped := report.cut.get("displays_dropped"):
+        said.append(f"{dropped} display() output(s) were left out")
+    if len(report.files) > MAX_FILES_LISTED:
+        many = f"at least {len(report.files)}" if report.files_partial else len(report.files)
+        said.append(
+            f"{many} files changed, more than a result lists ({MAX_FILES_LISTED}): "
+            "list_files shows them all"
+        )
+    if not said:
+        return notice
+    text = "; ".join(said) + " (over the result budget)"
+    return f"{notice}. {text}" if notice else text
 
 
 def _run_error(error: dict[str, Any] | None) -> RunError | None:
