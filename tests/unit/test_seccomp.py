@@ -118,3 +118,12 @@ def test_docker_opt_is_the_profile_as_json() -> None:
 
 def test_cond_defaults() -> None:
     assert Cond(0, "EQ", 5).value_two == 0
+
+
+def test_doctor_says_runc_runs_under_our_profile() -> None:
+    from mcp_code_sandbox.doctor_docker import seccomp_check
+
+    runc = seccomp_check("runc", ["name=seccomp,profile=default", "name=cgroupns"])
+    assert runc.ok and "our profile" in runc.detail
+    assert not seccomp_check("runc", ["name=apparmor"]).ok  # the engine could not apply it
+    assert seccomp_check("runsc", []).ok
