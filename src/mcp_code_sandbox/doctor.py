@@ -231,7 +231,7 @@ _ESSENTIAL = (
 
 
 #: Docker checks without which its sandboxes cannot start.
-_DOCKER_ESSENTIAL = ("docker engine", "docker runtime", "docker image")
+_DOCKER_ESSENTIAL = ("docker engine", "docker runtime", "docker seccomp", "docker image")
 
 
 def run_doctor(settings: Settings, out: TextIO = sys.stdout) -> int:
