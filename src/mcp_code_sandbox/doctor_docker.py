@@ -69,7 +69,15 @@ def _engine_checks(client: Any, settings: Settings, where: str) -> list[Check]:
         "memory, cpu and pids by the engine's cgroups; network only where allowed and asked for",
     ))  # fmt: skip
     checks.append(_network_check(settings))
+    checks.append(_quota_check(settings))
     return checks
+
+
+def _quota_check(settings: Settings) -> Check:
+    from mcp_code_sandbox.backends.docker import DockerBackend
+    from mcp_code_sandbox.doctor import workspace_quota_check
+
+    return workspace_quota_check(settings, DockerBackend(settings, docker_environ()))
 
 
 def _network_check(settings: Settings) -> Check:

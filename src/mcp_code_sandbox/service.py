@@ -234,7 +234,10 @@ class SandboxService:
                 "default_timeout_s": self.settings.exec_timeout_s,
                 "max_timeout_s": self.settings.max_exec_timeout_s,
                 "max_output_bytes": self.settings.max_output_bytes,
-                "enforcement": self.backend.enforcement(),
+                "enforcement": {
+                    **self.backend.enforcement(),
+                    "workspace": "kernel" if self.sessions.quota.filesystem else "checked",
+                },
             },
         }
         out = []
