@@ -46,6 +46,7 @@ MIN_IMAGE_BYTES = 1 << 20
 #: files, while the inode tables (256 bytes each) cost ~3 % of the image.
 BYTES_PER_INODE = 8192
 _TIMEOUT_S = 60.0
+_SBIN = "/usr/sbin:/sbin:/usr/bin:/bin"
 _MOUNT_OPTIONS = "loop,nosuid,nodev,noatime,discard,noinit_itable"
 
 
@@ -136,7 +137,7 @@ def probe(directory: Path) -> str | None:
     if os.geteuid() != 0:
         return "the server is not root (mounting a filesystem needs CAP_SYS_ADMIN)"
     for tool in ("mkfs.ext4", "mount", "umount"):
-        if shutil.which(tool) is None:
+        if _which(tool) is None:
             return f"{tool} is not installed (apt-get install e2fsprogs mount)"
     if not Path("/dev/loop-control").exists():
         return "the host has no loop devices (/dev/loop-control)"
@@ -152,7 +153,13 @@ def probe(directory: Path) -> str | None:
     return None
 
 
-def _run(*argv: str) -> None:
+def _which(tool: str) -> str | None:
+    # A service's PATH often lacks the sbin directories, where these tools live.
+    return shutil.which(tool) or shutil.which(tool, path=_SBIN)
+
+
+def _run(tool: str, *args: str) -> None:
+    argv = [_which(tool) or tool, *args]
     try:
         done = subprocess.run(
             argv,
@@ -163,7 +170,7 @@ def _run(*argv: str) -> None:
             check=False,
         )
     except (OSError, subprocess.SubprocessError) as exc:
-        raise InternalError(f"{argv[0]} failed: {exc}") from None
+        raise InternalError(f"{tool} failed: {exc}") from None
     if done.returncode != 0:
         detail = (done.stderr or done.stdout).strip()[-300:] or f"exit {done.returncode}"
-        raise InternalError(f"{argv[0]} failed: {detail}")
+        raise InternalError(f"{tool} failed: {detail}")
