@@ -95,39 +95,59 @@ def over_quota_message(used: int, quota: int) -> str:
 async def guarded(
     workspace: Workspace, start: Callable[[], Awaitable[_T]]
 ) -> tuple[_T | None, str | None]:
-    """Await ``start()`` (a run) while watching ``workspace``'s size; stop the run (by
-    cancelling it: the agent interrupts the code) once the workspace grows past its
-    limit: the quota, or what it held when the run started if that was more.
+    """Await ``start()`` (a run) while watching ``workspace``'s size; stop the run once
+    the workspace grows past its limit: the quota, or what it held when the run started
+    if that was more (so a run may always delete).
 
-    Returns the run's result and ``None``, or ``None`` and why the run was stopped."""
+    Returns the run's result and ``None``, or ``None`` and why the run was stopped.
+
+    The run stays in the caller's task and is stopped the way a client's cancellation
+    stops it (the agent interrupts the code, then the cancellation is taken back), so
+    the agent is left ready for the next call exactly as after a cancelled call. A
+    cancellation of the caller's own is never swallowed."""
     limit = max(workspace.quota_bytes, await asyncio.to_thread(_usage, workspace))
-    run = asyncio.ensure_future(start())
-    watch = asyncio.create_task(_watch(workspace, limit, run))
+    caller = asyncio.current_task()
+    if caller is None:
+        raise RuntimeError("guarded() runs in a task: it stops the run by cancelling it")
+    watch = _Watch(workspace, limit, caller)
+    watcher = asyncio.create_task(watch.run())
     try:
-        return await run, None
+        result = await start()
+        watch.finished = True  # same step as the return: the watch cancels no more
+        return result, None
     except asyncio.CancelledError:
-        task = asyncio.current_task()
-        if watch.done() and not watch.cancelled() and task is not None and not task.cancelling():
-            return None, watch.result()
+        if watch.stopped is not None and caller.cancelling() == 1:
+            caller.uncancel()  # ours alone: the run is over, the call goes on
+            return None, watch.stopped
         raise
     finally:
-        watch.cancel()
-        if not run.done():
-            run.cancel()  # the caller was cancelled: the run is interrupted, as without us
+        watch.finished = True
+        watcher.cancel()
 
 
-async def _watch(workspace: Workspace, limit: int, run: asyncio.Future[Any]) -> str:
-    while True:
-        began = time.monotonic()
-        used = await asyncio.to_thread(_usage, workspace)
-        if used > limit:
-            run.cancel()
-            log.info("run stopped over the workspace quota", used=used, limit=limit)
-            return (
-                f"the run was stopped: it wrote past the workspace quota of "
-                f"{workspace.quota_bytes} bytes ({used} in use)"
-            )
-        await asyncio.sleep(max(WATCH_MIN_S, WATCH_FACTOR * (time.monotonic() - began)))
+class _Watch:
+    def __init__(self, workspace: Workspace, limit: int, caller: asyncio.Task[Any]) -> None:
+        self.workspace = workspace
+        self.limit = limit
+        self.caller = caller
+        #: Set once the run returned or raised: from then on the caller is not cancelled.
+        self.finished = False
+        #: Why the run was stopped, once it was.
+        self.stopped: str | None = None
+
+    async def run(self) -> None:
+        while not self.finished:
+            began = time.monotonic()
+            used = await asyncio.to_thread(_usage, self.workspace)
+            if used > self.limit and not self.finished:
+                log.info("run stopped over the workspace quota", used=used, limit=self.limit)
+                self.stopped = (
+                    "the run was stopped: it wrote past the workspace quota of "
+                    f"{self.workspace.quota_bytes} bytes ({used} in use)"
+                )
+                self.caller.cancel()
+                return
+            await asyncio.sleep(max(WATCH_MIN_S, WATCH_FACTOR * (time.monotonic() - began)))
 
 
 def _usage(workspace: Workspace) -> int:

@@ -109,6 +109,10 @@ async def test_the_watch_stops_a_run_that_writes_past_the_quota(ws: Workspace) -
     done, why = await quota.guarded(ws, lambda: write_files(ws.root, 1000))
     assert done is None and why is not None and "stopped" in why
     assert len(list(ws.root.iterdir())) < 1000
+    # The call goes on: the cancellation that stopped the run was taken back.
+    task = asyncio.current_task()
+    assert task is not None and task.cancelling() == 0
+    await asyncio.sleep(0.3)
 
 
 async def test_a_run_within_the_quota_is_left_alone(ws: Workspace) -> None:

@@ -94,7 +94,7 @@ class Limits:
     pids: int
     tmp_bytes: int
     #: The largest single file the sandbox may write (RLIMIT_FSIZE); the workspace's total
-    #: is checked by the session manager, which knows the quota.
+    #: is bound by its own filesystem, or watched by the session manager (:mod:`..quota`).
     file_bytes: int
 
 
