@@ -61,14 +61,14 @@ class QuotaMode:
             return "filesystem (a loop-mounted ext4 image per session, the quota's size)"
         return (
             f"checked during and after runs ({self.why}): a run can overshoot by what it "
-            f"writes in about {WATCH_MIN_S:g} s (longer in workspaces of many files), one "
-            "file at most the quota (RLIMIT_FSIZE)"
+            f"writes in about {WATCH_MIN_S:g} s (longer in workspaces of many files; a "
+            "write is capped at the quota by RLIMIT_FSIZE, fallocate with KEEP_SIZE is not)"
         )
 
 
 def choose(settings: Settings, backend: Backend) -> QuotaMode:
     """The mode for ``settings`` and ``backend`` on this host. Blocks (a real mount is
-    tried, ~0.1 s): call it in a worker thread. Raises ``BackendUnavailable`` when
+    tried, ~50 ms): call it in a worker thread. Raises ``BackendUnavailable`` when
     ``filesystem`` is asked for and cannot be had."""
     if settings.workspace_quota_mode == "checked":
         return QuotaMode(False, "SANDBOX_WORKSPACE_QUOTA_MODE=checked")

@@ -5,8 +5,9 @@ Semantics:
   name is a different session, and one owner never learns of another's (same error as a
   session that does not exist).
 - A session is registered synchronously when first named, so two concurrent first calls
-  with the same new id get one session. Its workspace is made at once; its sandbox only
-  when code first runs (uploads need no sandbox).
+  with the same new id get one session. Its workspace is made by the first call that
+  holds its lock (in a worker thread: with a filesystem per workspace that is a mount);
+  its sandbox only when code first runs (uploads need no sandbox).
 - Calls to one session run one at a time in arrival order (``asyncio.Lock`` is FIFO); a
   call that waits longer than its own timeout fails with ``session_busy``.
 - ``last_active`` moves at the start and end of every call; the reaper closes sessions
@@ -91,7 +92,7 @@ class Session:
     runs: int = 0
     closed: bool = False
     #: The workspace exists (with its filesystem mounted, if it has one): made by the
-    #: first call holding the lock, in a worker thread (a mount takes ~0.1 s).
+    #: first call holding the lock, in a worker thread (a mount takes 20-30 ms).
     workspace_made: bool = False
 
 

@@ -83,7 +83,7 @@ class Workspace:
 
     def create(self) -> None:
         """Create ``root`` (mode 0o700, given to ``owner``), with its ``volume`` mounted
-        on it; an existing directory (and mount) is kept. Blocks (~0.1 s with a volume):
+        on it; an existing directory (and mount) is kept. Blocks (20-30 ms with a volume):
         call it in a worker thread."""
         with _fs_errors("."):
             self.root.parent.mkdir(parents=True, exist_ok=True)
