@@ -25,7 +25,7 @@ import pytest
 
 from mcp_code_sandbox.settings import Settings
 
-from ..conftest import each_runtime
+from ..conftest import each_backend, each_runtime
 from .tenants import Tenants, structured, two_tenants
 
 pytestmark = [pytest.mark.e2e]
@@ -159,7 +159,7 @@ print("wrote them all")
 """
 
 
-@pytest.mark.bwrap
+@each_backend
 async def test_checked_mode_stops_the_run_and_refuses_writes(
     make_settings: Callable[..., Settings],
 ) -> None:
