@@ -71,6 +71,7 @@ def _engine_checks(client: Any, settings: Settings, where: str) -> list[Check]:
         "memory, cpu and pids by the engine's cgroups; network only where allowed and asked for",
     ))  # fmt: skip
     checks.append(_network_check(settings))
+    checks.append(_quota_check(settings))
     return checks
 
 
@@ -90,6 +91,13 @@ def seccomp_check(runtime: str, security_options: list[str]) -> Check:
         "docker seccomp", True,
         f"runc containers run under our profile ({len(deny_rules())} rules, bwrap's deny-list)",
     )  # fmt: skip
+
+
+def _quota_check(settings: Settings) -> Check:
+    from mcp_code_sandbox.backends.docker import DockerBackend
+    from mcp_code_sandbox.doctor import workspace_quota_check
+
+    return workspace_quota_check(settings, DockerBackend(settings, docker_environ()))
 
 
 def _network_check(settings: Settings) -> Check:

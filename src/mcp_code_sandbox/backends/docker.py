@@ -186,6 +186,16 @@ class DockerBackend(Backend):
 
     # -- the seam ------------------------------------------------------------------------
 
+    def workspace_mounts_unseen(self) -> str | None:
+        # The engine resolves a bind's source in its own mount namespace: a mount made by
+        # a server in a container, or on another host, is not there.
+        if self.settings.docker_host_state_dir is not None:
+            return "the server runs in a container (SANDBOX_DOCKER_HOST_STATE_DIR is set)"
+        host = self._environment.get("DOCKER_HOST", "")
+        if host and not host.startswith("unix://"):
+            return f"the Docker engine may be on another host (DOCKER_HOST={host})"
+        return None
+
     def enforcement(self) -> dict[str, Enforcement]:
         return {
             "memory": "cgroup",
