@@ -123,6 +123,8 @@ class Settings(BaseSettings):
     max_image_bytes: Size = 1024**2
     max_images: int = Field(4, ge=0, le=64)
     max_read_bytes: Size = 1024**2
+    #: Threads for blocking work (walks, file I/O, images); one owner uses at most half.
+    worker_threads: int = Field(8, ge=2, le=256)
 
     allow_network: bool = False
     pass_through_env: NameList = Field(default_factory=list)

@@ -14,11 +14,10 @@ from typing import Annotated, Any, ParamSpec
 
 import structlog
 from mcp.server.mcpserver import Context
-from mcp_types import CallToolResult, ContentBlock, ImageContent, TextContent
+from mcp_types import CallToolResult
 from pydantic import Field
 
 from mcp_code_sandbox.errors import (
-    ArtifactTooLarge,
     InternalError,
     InvalidArgument,
     InvalidContent,
@@ -30,13 +29,8 @@ from mcp_code_sandbox.runs import IMAGE_MIME_TYPES, RunRequest
 from mcp_code_sandbox.runtimes import RUNTIMES
 from mcp_code_sandbox.server import models
 from mcp_code_sandbox.server.auth import current_owner
-from mcp_code_sandbox.server.results import (
-    embedded_blob,
-    error_result,
-    file_uri,
-    run_result,
-    structured_result,
-)
+from mcp_code_sandbox.server.reads import no_preview, page_result
+from mcp_code_sandbox.server.results import error_result, run_result, structured_result
 from mcp_code_sandbox.service import SandboxService
 
 __all__ = ["ToolSet"]
@@ -119,7 +113,9 @@ class ToolSet:
         report = await self.service.run_code(
             owner, request, session_id, on_progress=_progress_sink(ctx)
         )
-        return run_result(report, self.settings, self._links(owner, report.session_id))
+        # Shaping decodes and re-encodes images: blocking work, in the owner's threads.
+        links = self._links(owner, report.session_id)
+        return await self.service.threads.run(owner, run_result, report, self.settings, links)
 
     @tool_errors
     async def upload_file(
@@ -132,9 +128,12 @@ class ToolSet:
         session_id: SessionArg = None,
         overwrite: Annotated[bool, Field(description="Replace an existing file")] = False,
     ) -> Annotated[CallToolResult, models.UploadResult]:
-        data = self._decode_content(content_base64, content_text)
+        owner = current_owner()
+        # Up to max_upload_bytes of base64 to decode: a worker thread's job.
+        decode = self._decode_content
+        data = await self.service.threads.run(owner, decode, content_base64, content_text)
         up = await self.service.upload_file(
-            current_owner(), filename, data, session_id=session_id, overwrite=overwrite
+            owner, filename, data, session_id=session_id, overwrite=overwrite
         )
         return structured_result(
             models.UploadResult(
@@ -168,61 +167,32 @@ class ToolSet:
         self,
         session_id: RequiredSession,
         path: Annotated[str, Field(description="Path relative to /mnt/data")],
-        offset: Annotated[int, Field(description="Byte offset to start at (text paging)")] = 0,
+        offset: Annotated[
+            int, Field(description="Byte offset to start at: 0, then the next_offset of a page")
+        ] = 0,
         max_bytes: Annotated[int | None, Field(description="Most bytes to return")] = None,
     ) -> Annotated[CallToolResult, models.ReadFileResult]:
         owner = current_owner()
         read = await self.service.read_file(
             owner, session_id, path, offset=offset, max_bytes=max_bytes
         )
-        uri = file_uri(session_id, read.path)
         link = self._links(owner, session_id)
-        url = link(read.path) if link else None
-        whole = offset == 0 and read.eof
-        block: ContentBlock
-        if read.mime_type in IMAGE_MIME_TYPES and whole:
-            fitted = fit_image(read.data, read.mime_type, self.settings.max_image_bytes)
-            if fitted is None:
-                return self._too_large(read.path, read.size_bytes, url)
-            block = ImageContent(
-                type="image", data=base64.b64encode(fitted[0]).decode(), mime_type=fitted[1]
-            )
-            encoding, returned = "image", len(read.data)
-        elif read.is_text:
-            text, returned = _utf8_prefix(read.data, read.eof)
-            block = TextContent(type="text", text=text)
-            encoding = "text"
-        elif whole:
-            block = embedded_blob(uri, read.data, read.mime_type)
-            encoding, returned = "resource", len(read.data)
-        else:
-            return self._too_large(read.path, read.size_bytes, url)
-        end = offset + returned
-        eof = end >= read.size_bytes
-        meta = models.ReadFileResult(
-            session_id=session_id,
-            path=read.path,
-            mime_type=read.mime_type,
-            size_bytes=read.size_bytes,
-            offset=offset,
-            returned_bytes=returned,
-            eof=eof,
-            next_offset=None if eof else end,
-            encoding=encoding,  # type: ignore[arg-type]
-            download_url=url,
-        )
-        return structured_result(meta, [block])
-
-    def _too_large(self, path: str, size: int, url: str | None) -> CallToolResult:
-        where = f"download it from {url}" if url else "download it over HTTP"
-        details = {"download_url": url} if url else {}
-        return error_result(
-            ArtifactTooLarge(
-                f"{path} is {size} bytes of binary data, more than one result can carry "
-                f"({self.settings.max_read_bytes} bytes); process it with run_code, or "
-                f"{where}",
-                **details,
-            )
+        preview, notice = None, None
+        if read.mime_type in IMAGE_MIME_TYPES and offset == 0:
+            budget = self.settings.max_image_bytes
+            if read.eof:  # decoding is blocking work: a worker thread's
+                preview = await self.service.threads.run(
+                    owner, fit_image, read.data, read.mime_type, budget
+                )
+            if preview is None:
+                notice = no_preview(read, budget)
+        return page_result(
+            read,
+            session_id,
+            max_read_bytes=self.settings.max_read_bytes,
+            preview=preview,
+            notice=notice,
+            download_url=link(read.path) if link else None,
         )
 
     def _links(self, owner: str, session_id: str) -> Callable[[str], str] | None:
@@ -273,16 +243,3 @@ def _progress_sink(ctx: Context[Any, Any]) -> Callable[[float, str], Awaitable[N
         await ctx.report_progress(elapsed, None, message)
 
     return report
-
-
-def _utf8_prefix(data: bytes, eof: bool) -> tuple[str, int]:
-    """Decode a page of text, leaving a multi-byte character cut by the page end for the
-    next page (so paging never garbles text)."""
-    if not eof:
-        for cut in range(0, 4):
-            try:
-                end = len(data) - cut
-                return data[:end].decode("utf-8"), end
-            except UnicodeDecodeError:
-                continue
-    return data.decode("utf-8", "replace"), len(data)
