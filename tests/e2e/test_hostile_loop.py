@@ -1,4 +1,5 @@
-"""Issue 10, finding 3: one tenant's call must not freeze the server for everyone.
+"""Issue 10, finding 3: one tenant's call must not freeze the server for everyone; and
+finding 9: a bound never cuts a file silently (at the end of this file).
 
 ``mallory`` fills a session with ~150,000 files and four 7900x7900 PNGs (numpy + PIL, and a
 matplotlib figure), then makes the server work on them: the run that returns the images,
@@ -14,16 +15,22 @@ machine adds to an idle loop and far below what a blocked loop costs.
 
 from __future__ import annotations
 
+import ast
 import asyncio
+import base64
+import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
 import pytest
+from mcp import Client, MCPError, StdioServerParameters
+from mcp_types import BlobResourceContents, EmbeddedResource
 
 from mcp_code_sandbox.settings import Settings
 
+from .conftest import ERAS
 from .tenants import Tenants, structured, two_tenants
 
 pytestmark = [pytest.mark.e2e, pytest.mark.bwrap]
@@ -174,3 +181,110 @@ async def test_one_tenants_heavy_call_does_not_freeze_the_others(
     report += f"; victim's slowest calls: {calls}; {len(watch.healthz)} /healthz probes"
     print(report)
     assert watch.worst() < LAG_LIMIT_S, report
+
+
+# --- finding 9: bounded, but never silently cut ----------------------------------------
+
+MAKE_FILES = """
+import hashlib, os
+def make(name, data):
+    open(name, 'wb').write(data)
+    return hashlib.sha256(data).hexdigest()
+sums = {
+    'big.bin': make('big.bin', os.urandom(5 * 1024 * 1024)),
+    'report.pdf': make('report.pdf', b'%PDF-1.7\\n' + os.urandom(1_300_000)),
+    'table.csv': make('table.csv', b''.join(b'%d,%d\\n' % (i, i * i) for i in range(150_000))),
+    'small.pdf': make('small.pdf', b'%PDF-1.7\\n' + os.urandom(200_000)),
+}
+print(sums)
+"""
+
+
+async def make_files(client: Client, session: str) -> dict[str, str]:
+    ran = structured(
+        await client.call_tool("run_code", {"code": MAKE_FILES, "session_id": session})
+    )
+    assert ran["status"] == "ok", ran
+    sums: dict[str, str] = ast.literal_eval(ran["stdout"])
+    return sums
+
+
+async def fetch_by_pages(client: Client, session: str, path: str) -> tuple[bytes, int]:
+    """The whole file through read_file, page after page; and how many pages it took."""
+    got, offset, pages = b"", 0, 0
+    while True:
+        page = await client.call_tool(
+            "read_file", {"session_id": session, "path": path, "offset": offset}
+        )
+        info = structured(page)
+        block = page.content[1]
+        assert isinstance(block, EmbeddedResource), block
+        assert isinstance(block.resource, BlobResourceContents)
+        data = base64.b64decode(block.resource.blob)
+        assert info["encoding"] == "resource" and info["returned_bytes"] == len(data) > 0
+        got += data
+        pages += 1
+        if info["eof"]:
+            assert info["next_offset"] is None and len(got) == info["size_bytes"]
+            return got, pages
+        assert info["next_offset"] == offset + len(data)
+        offset = info["next_offset"]
+
+
+async def assert_whole_or_refused(client: Client, uri: str, digest: str) -> str:
+    """A resource read returns the whole file (same hash) or fails with
+    artifact_too_large; never a part of it as if it were all. Which one, it returns."""
+    try:
+        read = await client.read_resource(uri)
+    except MCPError as exc:
+        assert exc.data and exc.data["error_code"] == "artifact_too_large", exc.error
+        assert exc.message.startswith("artifact_too_large: ") and "read_file" in exc.message
+        return "refused"
+    content = read.contents[0]
+    if isinstance(content, BlobResourceContents):
+        data = base64.b64decode(content.blob)
+    else:
+        data = content.text.encode()
+    assert hashlib.sha256(data).hexdigest() == digest, f"{uri}: {len(data)} bytes, cut"
+    return "whole"
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_over_stdio_a_5_mb_binary_comes_whole_by_pages(
+    stdio_params: StdioServerParameters, mode: str
+) -> None:
+    async with Client(stdio_params, mode=mode) as client:  # type: ignore[arg-type]
+        sums = await make_files(client, "eda")
+        seen = {
+            path: await assert_whole_or_refused(client, f"sandbox://eda/{path}", sums[path])
+            for path in ("report.pdf", "table.csv", "small.pdf")
+        }
+        assert seen == {"report.pdf": "refused", "table.csv": "refused", "small.pdf": "whole"}
+        data, pages = await fetch_by_pages(client, "eda", "big.bin")
+        assert hashlib.sha256(data).hexdigest() == sums["big.bin"] and pages > 5
+        pdf, _ = await fetch_by_pages(client, "eda", "report.pdf")
+        assert hashlib.sha256(pdf).hexdigest() == sums["report.pdf"]
+
+
+async def test_over_http_resources_are_whole_or_refused_with_a_link(
+    make_settings: Callable[..., Settings],
+) -> None:
+    async with two_tenants(make_settings()) as t:
+        sums = await make_files(t.mallory, "eda")
+        with pytest.raises(MCPError) as refused:
+            await t.mallory.read_resource("sandbox://eda/report.pdf")
+        url = refused.value.data["download_url"]
+        assert url in refused.value.message and url.startswith(f"{t.base}/files/eda/report.pdf?")
+        got = httpx.get(url, timeout=60)
+        assert hashlib.sha256(got.content).hexdigest() == sums["report.pdf"]
+        # Pages of the default size, each under the official client's 1 MiB SSE limit.
+        data, _ = await fetch_by_pages(t.mallory, "eda", "big.bin")
+        assert hashlib.sha256(data).hexdigest() == sums["big.bin"]
+        small = await assert_whole_or_refused(
+            t.mallory, "sandbox://eda/small.pdf", sums["small.pdf"]
+        )
+        assert small == "whole"
+        # And the other tenant gets nothing of it, whole or in part.
+        with pytest.raises(MCPError, match="session_not_found"):
+            await t.victim.read_resource("sandbox://eda/small.pdf")
+        await t.victim_is_fine()
