@@ -30,6 +30,7 @@ from mcp_types import BlobResourceContents, EmbeddedResource
 
 from mcp_code_sandbox.settings import Settings
 
+from ..conftest import each_backend
 from .conftest import ERAS
 from .tenants import Tenants, structured, two_tenants
 
@@ -148,6 +149,7 @@ async def mallory_calls(t: Tenants, session: str) -> dict[str, tuple[float, floa
     return phases
 
 
+@each_backend
 async def test_one_tenants_heavy_call_does_not_freeze_the_others(
     make_settings: Callable[..., Settings],
 ) -> None:
