@@ -16,7 +16,8 @@ big enough to keep a CPU busy for seconds. So:
   first, cheaply, then a proper resample) and re-encoded until it fits.
 
 Pillow's ``DecompressionBombWarning`` (an error where warnings are errors, as in the
-tests) and ``DecompressionBombError`` mean the same as our own cap: no preview.
+tests) and ``DecompressionBombError`` mean the same as our own cap: no preview. So does
+any other failure to read the bytes.
 """
 
 from __future__ import annotations
@@ -34,36 +35,36 @@ MAX_PIXELS = 4096 * 4096
 MAX_SIDE = 2048
 #: The formats we open, with the MIME type a result gives them.
 FORMATS = {"PNG": "image/png", "JPEG": "image/jpeg", "GIF": "image/gif", "WEBP": "image/webp"}
-_UNREADABLE = (
-    OSError,  # PIL.UnidentifiedImageError and truncated data are OSErrors
-    ValueError,
-    SyntaxError,  # some plugins signal a bad header this way
-    EOFError,
-    Image.DecompressionBombError,
-    Image.DecompressionBombWarning,
-)
+#: MIME types of what those formats' plugins may return (a JPEG with several pictures
+#: in it comes back as MPO).
+_MIME = {**FORMATS, "MPO": "image/jpeg"}
 
 
 def fit_image(data: bytes, mime_type: str, max_bytes: int) -> tuple[bytes, str] | None:
     """Return ``(bytes, mime)`` at most ``max_bytes`` long, or ``None`` when no preview can
     be made within the caps. ``mime_type`` is what the caller believes; the header decides.
     """
+    # The bytes are hostile and Pillow's plugins fail in many ways on crafted input
+    # (OSError, SyntaxError, struct.error, ...; the bomb warning where warnings are
+    # errors): whatever it is, there is no preview, and the run's result stands.
     try:
         image = _open(data)
-    except _UNREADABLE:
+    except Exception:
         return None
     with image:
-        mime = FORMATS[str(image.format)]
+        mime = _MIME.get(str(image.format))
+        if mime is None:
+            return None
         if len(data) <= max_bytes and image.width * image.height <= MAX_PIXELS:
             return data, mime
-        if image.format == "JPEG":
+        if mime == "image/jpeg":
             image.draft("RGB", _bounded(image.size, MAX_SIDE))
         if image.width * image.height > MAX_PIXELS:
             return None
         try:
             image.load()
             return _shrink(image, max_bytes)
-        except _UNREADABLE:
+        except Exception:
             return None
 
 
