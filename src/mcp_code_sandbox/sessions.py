@@ -57,6 +57,7 @@ from mcp_code_sandbox.metrics import EndReason, Metrics
 from mcp_code_sandbox.quota import QuotaMode
 from mcp_code_sandbox.recovery import recover
 from mcp_code_sandbox.settings import Settings
+from mcp_code_sandbox.workers import WorkerThreads
 from mcp_code_sandbox.workspace import Workspace
 from mcp_code_sandbox.workspace.volume import IMAGE_SUFFIX, Volume, image_bytes
 
@@ -113,6 +114,8 @@ class SessionManager:
         self.backend = backend
         self.metrics = metrics or Metrics(backend.name)
         self.metrics.track_sessions(self.count)
+        #: Where blocking work on sessions' files runs (never on the event loop).
+        self.threads = WorkerThreads(settings.worker_threads)
         self._sessions: dict[tuple[str, str], Session] = {}
         self._tombstones: OrderedDict[tuple[str, str], str] = OrderedDict()
         self._instance = f"{os.getpid()}-{os.urandom(4).hex()}"
