@@ -20,6 +20,7 @@ from mcp_code_sandbox.errors import (
     InvalidArgument,
     NetworkNotAllowed,
     SandboxError,
+    SessionNotFound,
     UnsupportedLanguage,
     UploadTooLarge,
 )
@@ -166,6 +167,11 @@ class SandboxService:
                 raise
             if runner is None:
                 self._saw_ready(held.session)
+            if held.session.closed:  # close_session landed during the run: it is gone
+                raise SessionNotFound(
+                    f"session {held.session.id} was closed while this call ran; its files "
+                    "and variables are gone"
+                )
         await self._languages_changed(before)
         report.session_created = held.created
         if held.notice:
