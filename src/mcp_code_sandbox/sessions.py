@@ -537,7 +537,7 @@ class SessionManager:
         session.closed = True
         await self._release(session)  # ends a running cell: its call returns soon
         await self._settle(session)
-        remains = await self._release(session)  # anything those calls left
+        remains = await self._release(session, retry=False)  # what those calls left
         try:
             await asyncio.to_thread(session.workspace.destroy)
         except Exception as exc:
@@ -567,11 +567,13 @@ class SessionManager:
                 waited_s=END_WAIT_S,
             )
 
-    async def _release(self, session: Session) -> list[str]:
+    async def _release(self, session: Session, *, retry: bool = True) -> list[str]:
         """Stop the session's sandbox and runners; those that a stop failed to free (in
-        words). A failed stop is logged, kept in ``unstopped`` and tried again next time."""
-        held: list[Sandbox | RunnerSandbox] = session.unstopped
-        session.unstopped = []
+        words). A failed stop is logged, kept in ``unstopped`` and tried again next time
+        (``retry``: this time too)."""
+        held: list[Sandbox | RunnerSandbox] = []
+        if retry:
+            held, session.unstopped = session.unstopped, []
         if session.sandbox is not None:
             held.append(session.sandbox)
         held.extend(session.runners.values())
