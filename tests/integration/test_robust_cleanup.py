@@ -192,10 +192,13 @@ async def test_the_reaper_is_started_again_if_it_dies(
     await svc.start()
     try:
         first = svc.sessions._reaper
-        await eventually(lambda: len(passes) >= 3)
+        await eventually(lambda: len(passes) >= 3, timeout_s=30)
         assert svc.sessions._reaper is not first and not svc.sessions._reaper.done()
     finally:
-        await svc.aclose()
+        try:
+            await svc.aclose()
+        except Unforeseen:  # main: shutdown re-raised what killed the reaper
+            pytest.fail("shutdown failed on what killed the reaper")
 
 
 class GatedStarts:
