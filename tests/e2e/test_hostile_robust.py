@@ -144,7 +144,8 @@ async def test_hostile_stderr_stops_neither_expiry_nor_close_nor_shutdown(
     assert not any(settings.workspaces_dir.rglob("*"))
 
 
-def session_containers(settings: Settings, owner: str, sid: str) -> list[str]:
+def session_containers(settings: Settings, owner: str, sid: str, *, status: str = "") -> list[str]:
+    """Ids of the containers of ``owner``'s session ``sid`` (only those in ``status``)."""
     import docker
 
     from mcp_code_sandbox.backends.docker_spec import LABEL_OWNER, LABEL_SESSION
@@ -152,8 +153,10 @@ def session_containers(settings: Settings, owner: str, sid: str) -> list[str]:
 
     client = docker.from_env(environment=docker_environ(), timeout=30)
     try:
-        labels = [f"{LABEL_OWNER}={owner}", f"{LABEL_SESSION}={sid}"]
-        found = client.containers.list(all=True, sparse=True, filters={"label": labels})
+        filters: dict[str, Any] = {"label": [f"{LABEL_OWNER}={owner}", f"{LABEL_SESSION}={sid}"]}
+        if status:
+            filters["status"] = status
+        found = client.containers.list(all=True, sparse=True, filters=filters)
         return [str(c.id) for c in found]
     finally:
         client.close()
@@ -173,7 +176,8 @@ async def test_a_close_during_a_sandbox_start_leaves_no_sandbox(
         def sandbox_exists() -> set[int] | list[str]:
             if backend == "bwrap":
                 return children(t.proc.pid) - before
-            return session_containers(settings, "mallory", sid)
+            # Running: its agent is on its way to the channel (or there already).
+            return session_containers(settings, "mallory", sid, status="running")
 
         # A run in a new session: its sandbox starts. The cell would take 30 s.
         run = asyncio.create_task(
