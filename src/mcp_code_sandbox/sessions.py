@@ -415,7 +415,12 @@ class SessionManager:
         (``session.starting``). Whoever learns first that the sandbox is not wanted (the
         session closed, or this call cancelled) stops it: the start itself when that was
         known before it ended, this call when it finds the session closed on waking up.
+        A start that a cancelled call left running is waited for first: two sandboxes of
+        one session never start at once (they share names, e.g. bwrap's cgroups).
         """
+        if session.starting:
+            await asyncio.wait(set(session.starting), timeout=END_WAIT_S)
+            _check_open(session)
         abandoned = False
 
         async def start() -> _T:
