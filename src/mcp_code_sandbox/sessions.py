@@ -456,7 +456,8 @@ class SessionManager:
             session.starting.discard(task)
             exc = None if task.cancelled() else task.exception()
             if exc is not None and not isinstance(exc, SessionNotFound):
-                log.info("a sandbox start ended in an error", session=session.id, error=repr(exc))
+                # The caller, if still there, has it too: this is for the unawaited.
+                log.debug("a sandbox start ended in an error", session=session.id, error=repr(exc))
 
         task.add_done_callback(done)
         return task

@@ -272,8 +272,10 @@ class Backend(abc.ABC):
         """Stop ``sandbox`` and free what the backend holds for it (processes, cgroups).
 
         Called by the session manager on close, expiry and shutdown. Escalates (ask the
-        agent, SIGTERM, SIGKILL) with bounded waits; never raises for a sandbox that is
-        already gone.
+        agent, SIGTERM, SIGKILL) with bounded waits. Never raises for one sandbox's
+        failure (whatever its code did to its host-side parts, or a sandbox already
+        gone): each step runs under :func:`stop_step`, which logs what fails, so the
+        steps after it still free what they can.
         """
 
     @abc.abstractmethod
