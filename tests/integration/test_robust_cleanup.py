@@ -76,7 +76,7 @@ async def test_a_stderr_flood_neither_kills_the_reader_nor_the_stop(
     box = await bwrap_sandbox(backend, "flood")
     caplog.set_level(logging.WARNING, logger="mcp_code_sandbox.backends.bwrap")
     await asyncio.to_thread(write_to_stderr_of, box.proc.pid, HOSTILE * 3)
-    await eventually(lambda: sum("session ended" in line for line in box.stderr_tail) == 3)
+    await eventually(lambda: sum(b"session ended" in line for line in box.stderr_tail) == 3)
     # The reader is alive (main: it died on the first line past 64 KiB), and the stop
     # that awaits it does not raise (main: it re-raised the reader's ValueError).
     assert not box._stderr_task.done()

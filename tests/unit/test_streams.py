@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from mcp_code_sandbox.backends.streams import LineSplitter, escape_control, read_lines
+from mcp_code_sandbox.backends.streams import LineSplitter, escape_control, escape_line, read_lines
 
 
 def split(chunks: list[bytes], max_bytes: int = 8) -> list[tuple[bytes, bool]]:
@@ -52,7 +52,7 @@ async def test_read_lines_never_raises_on_a_line_past_the_streams_limit() -> Non
     stream.feed_data(b"tail without newline")
     stream.feed_eof()
     seen: list[tuple[str, bool]] = []
-    await read_lines(stream, 500, lambda text, cut: seen.append((text, cut)))
+    await read_lines(stream, 500, lambda line, cut: seen.append((escape_line(line), cut)))
     assert [cut for _, cut in seen] == [True, False, False]
     first, fake, tail = (text for text, _ in seen)
     assert first.startswith("\\x1b[31mAAA") and len(first) <= 500 + 3

@@ -404,7 +404,7 @@ class BwrapSandbox(Sandbox):
         channel: Channel,
         proc: asyncio.subprocess.Process,
         cgroup: cgroups.CgroupHandle | None,
-        stderr: deque[str],
+        stderr: deque[bytes],
         stderr_task: asyncio.Task[None],
         net: SandboxNet | None = None,
     ) -> None:
@@ -421,21 +421,21 @@ class BwrapSandbox(Sandbox):
         return self.proc.returncode is None
 
 
-async def _log_stderr(stream: asyncio.StreamReader, key: str, tail: deque[str]) -> None:
+async def _log_stderr(stream: asyncio.StreamReader, key: str, tail: deque[bytes]) -> None:
     """Log the sandbox's stderr, bounded and escaped (see :mod:`.streams`), and keep its
-    tail for the error of a failed start. Never raises: anything in the sandbox that holds
-    this fd can write to it, and a dead reader would stop the sandbox's ``stop``."""
+    tail (raw, escaped when used) for the error of a failed start. Never raises: anything
+    in the sandbox that holds this fd can write to it, and a dead reader would fail the
+    sandbox's ``stop``."""
     logged = 0
 
-    def on_line(text: str, cut: bool) -> None:
+    def on_line(line: bytes, cut: bool) -> None:
         nonlocal logged
-        text += " [line cut]" if cut else ""
-        tail.append(text)
+        tail.append(line + b" [line cut]" if cut else line)
         logged += 1
-        # One bounded line per record, and named as the sandbox's: escaped, it cannot end
-        # the record and start one that looks like the server's own.
+        # One bounded line per record, named as the sandbox's: escaped, it cannot end the
+        # record and start one that looks like the server's own.
         if logged <= _STDERR_LOG_LINES:
-            log.warning("sandbox %s stderr: %s", key, text)
+            log.warning("sandbox %s stderr: %s", key, streams.escape_line(tail[-1]))
         elif logged == _STDERR_LOG_LINES + 1:
             log.warning("sandbox %s stderr: further lines are not logged", key)
 
@@ -609,7 +609,7 @@ class BwrapBackend(Backend):
             for fd in (child_fd, *data_fds):
                 os.close(fd)
         reader, writer = await asyncio.open_connection(sock=parent)
-        tail: deque[str] = deque(maxlen=_STDERR_TAIL)
+        tail: deque[bytes] = deque(maxlen=_STDERR_TAIL)
         assert proc.stderr is not None
         task = asyncio.create_task(_log_stderr(proc.stderr, spec.key, tail))
         sandbox = BwrapSandbox(spec, Channel(reader, writer), proc, cgroup, tail, task, net)
@@ -715,7 +715,7 @@ async def _reaped(task: asyncio.Task[None]) -> None:
 
 
 def _tail(sandbox: BwrapSandbox) -> str:
-    lines = list(sandbox.stderr_tail)
+    lines = [streams.escape_line(line) for line in sandbox.stderr_tail]
     return (":\n" + "\n".join(lines)) if lines else " (no output on stderr)"
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterator
 
-__all__ = ["CHUNK_BYTES", "LineSplitter", "escape_control", "read_lines"]
+__all__ = ["CHUNK_BYTES", "LineSplitter", "escape_control", "escape_line", "read_lines"]
 
 #: How much is read from a stream at once.
 CHUNK_BYTES = 4096
@@ -79,13 +79,20 @@ class LineSplitter:
         self._skipping = True
 
 
-async def read_lines(
-    stream: asyncio.StreamReader, max_bytes: int, on_line: Callable[[str, bool], None]
-) -> None:
-    """Read ``stream`` to EOF in chunks, calling ``on_line(escaped text, cut)`` per line.
+def escape_line(line: bytes) -> str:
+    """A line as read from a sandbox, as text fit for a log or a message."""
+    return escape_control(line.decode("utf-8", "replace"))
 
-    Never raises for what the stream holds (an ``OSError`` reading it ends the stream);
-    ``on_line`` is called synchronously, so it must be cheap."""
+
+async def read_lines(
+    stream: asyncio.StreamReader, max_bytes: int, on_line: Callable[[bytes, bool], None]
+) -> None:
+    """Read ``stream`` to EOF in chunks, calling ``on_line(raw line, cut)`` per line.
+
+    The line is raw: escape it (:func:`escape_line`) only when it is used, since a flood
+    is mostly dropped and escaping every line would cost the event loop. Never raises for
+    what the stream holds (an ``OSError`` reading it ends the stream); ``on_line`` is
+    called synchronously, so it must be cheap."""
     splitter = LineSplitter(max_bytes)
     while True:
         try:
@@ -94,6 +101,6 @@ async def read_lines(
             chunk = b""
         lines = splitter.feed(chunk) if chunk else splitter.flush()
         for line, cut in lines:
-            on_line(escape_control(line.decode("utf-8", "replace")), cut)
+            on_line(line, cut)
         if not chunk:
             return
