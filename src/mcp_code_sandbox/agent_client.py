@@ -3,6 +3,10 @@
 The session manager calls :meth:`AgentClient.execute` with the session's lock held, so at
 most one request is in flight per agent. Broken frames, EOF and an agent that stops
 answering are translated here, once, into :class:`~mcp_code_sandbox.errors.SandboxFailed`.
+
+The run's result budget (:mod:`.agent.budget`) is sent with the ``exec`` and enforced
+again here, on whatever the agent sends: displays past it are dropped as they arrive
+(never kept to be cut later), and the result and error texts are cut.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import Any
 
 import anyio
 
+from mcp_code_sandbox.agent.budget import Budget, DisplayGate, cut_error, cut_text
 from mcp_code_sandbox.agent.protocol import ProtocolError
 from mcp_code_sandbox.backends.base import Channel
 from mcp_code_sandbox.errors import SandboxFailed
@@ -50,6 +55,9 @@ class Outcome:
     execution_count: int | None
     state_lost: bool
     displays: list[Display] = field(default_factory=list)
+    #: What the budget cut, as counts: ``result`` and ``error`` (0 or 1), and
+    #: ``displays_dropped`` / ``displays_cut`` / ``images_dropped``. Empty: nothing.
+    cut: dict[str, int] = field(default_factory=dict)
 
 
 class AgentClient:
@@ -68,8 +76,9 @@ class AgentClient:
         timeout_s: float,
         env: dict[str, str],
         on_stream: StreamSink,
+        budget: Budget | None = None,
     ) -> Outcome:
-        """Run one cell and return its outcome.
+        """Run one cell and return its outcome, within ``budget`` (default: the agent's).
 
         If the calling task is cancelled, the run is interrupted (reason ``cancelled``)
         and its ``done`` awaited, bounded, before the cancellation propagates, so the
@@ -86,9 +95,10 @@ class AgentClient:
                 "code": code,
                 "timeout_s": timeout_s,
                 "env": env,
+                "budget": (budget or Budget()).to_message(),
             }
         )
-        displays: list[Display] = []
+        displays = _Displays(budget or Budget())
         try:
             async with asyncio.timeout(timeout_s + INTERRUPT_GRACE_S):
                 return await self._collect(run_id, on_stream, displays)
@@ -103,7 +113,7 @@ class AgentClient:
             raise
 
     async def _interrupt_after_cancel(
-        self, run_id: int, on_stream: StreamSink, displays: list[Display]
+        self, run_id: int, on_stream: StreamSink, displays: _Displays
     ) -> None:
         # Shielded: the caller is being cancelled, but the agent must finish this run
         # before the session can take another one. anyio's shield, because the MCP SDK
@@ -125,9 +135,7 @@ class AgentClient:
             self.broken = True
             raise SandboxFailed(f"the sandbox's agent channel is closed ({exc})") from None
 
-    async def _collect(
-        self, run_id: int, on_stream: StreamSink, displays: list[Display]
-    ) -> Outcome:
+    async def _collect(self, run_id: int, on_stream: StreamSink, displays: _Displays) -> Outcome:
         while True:
             try:
                 message = await self._channel.receive()
@@ -143,20 +151,29 @@ class AgentClient:
             if event == "stream":
                 on_stream(str(message.get("name")), str(message.get("text", "")))
             elif event == "display":
-                displays.extend(_displays(message))
+                displays.add(message)
             elif event == "done":
                 return _outcome(message, displays)
             elif event == "error":  # the agent refused this exec: no done follows
-                error = {"name": "AgentError", "value": str(message.get("message")),
-                         "traceback": ""}  # fmt: skip
-                return Outcome("error", None, None, error, None, False, displays)
+                text, _ = cut_text(str(message.get("message")), displays.gate.budget.text_chars)
+                error = {"name": "AgentError", "value": text, "traceback": ""}
+                return Outcome("error", None, None, error, None, False, displays.kept)
 
 
-def _displays(message: dict[str, Any]) -> list[Display]:
-    source = str(message.get("source", "display"))
-    data = message.get("data")
-    if not isinstance(data, dict):
-        return []
+class _Displays:
+    """A run's displays as they arrive: admitted by the budget, or dropped at once."""
+
+    def __init__(self, budget: Budget) -> None:
+        self.gate = DisplayGate(budget)
+        self.kept: list[Display] = []
+
+    def add(self, message: dict[str, Any]) -> None:
+        data = self.gate.admit(message.get("data"))
+        if data is not None:
+            self.kept.extend(_displays(str(message.get("source", "display")), data))
+
+
+def _displays(source: str, data: dict[str, str]) -> list[Display]:
     out: list[Display] = []
     for mime, value in data.items():
         if not isinstance(value, str):
@@ -171,27 +188,41 @@ def _displays(message: dict[str, Any]) -> list[Display]:
     return out
 
 
-def _outcome(message: dict[str, Any], displays: list[Display]) -> Outcome:
-    error = message.get("error")
+def _outcome(message: dict[str, Any], displays: _Displays) -> Outcome:
     status = message.get("status")
+    limit = displays.gate.budget.text_chars
+    raw = message.get("result")
+    result, result_cut = cut_text(raw, limit) if isinstance(raw, str) else (None, False)
+    error, error_cut = cut_error(message.get("error"), limit)
     return Outcome(
         status=status if status in ("ok", "error", "timeout", "cancelled") else "error",
         exit_code=_int_or_none(message.get("exit_code")),
-        result=_str_or_none(message.get("result")),
-        error=(
-            {k: str(error.get(k, "")) for k in ("name", "value", "traceback")}
-            if isinstance(error, dict)
-            else None
-        ),
+        result=result,
+        error=error,
         execution_count=_int_or_none(message.get("execution_count")),
         state_lost=bool(message.get("state_lost", False)),
-        displays=displays,
+        displays=displays.kept,
+        cut=_cuts(message.get("cut"), result_cut, error_cut, displays.gate),
     )
+
+
+def _cuts(claimed: Any, result_cut: bool, error_cut: bool, gate: DisplayGate) -> dict[str, int]:
+    """What was cut: the agent's account (checked, it may lie) plus ours; zeros left out."""
+    agent = claimed if isinstance(claimed, dict) else {}
+
+    def said(key: str) -> int:
+        value = _int_or_none(agent.get(key))
+        return min(value, 1 << 30) if value is not None and value > 0 else 0
+
+    cuts = {
+        "result": int(result_cut or agent.get("result") is True),
+        "error": int(error_cut or agent.get("error") is True),
+        "displays_dropped": said("displays_dropped") + gate.dropped,
+        "displays_cut": said("displays_cut") + gate.cut,
+        "images_dropped": said("images_dropped") + gate.images_dropped,
+    }
+    return {key: value for key, value in cuts.items() if value}
 
 
 def _int_or_none(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _str_or_none(value: object) -> str | None:
-    return value if isinstance(value, str) else None

@@ -31,6 +31,13 @@ from mcp_code_sandbox.settings import Settings
 __all__ = ["UrlSigner", "load_secret", "parse_range"]
 
 SECRET_FILE = "url-secret"  # noqa: S105 - a file name
+#: Bounds on what a link may carry, checked before any arithmetic or hashing: a link is
+#: anyone's to forge, and a 5,000-digit ``exp`` must be a refusal, not an error (``int``
+#: refuses strings over 4,300 digits). 12 digits reach the year 33658; a signature is
+#: always 43 characters (unpadded base64 of 32 bytes).
+MAX_EXP_DIGITS = 12
+SIGNATURE_CHARS = 43
+MAX_PATH_CHARS = 4096
 
 
 @dataclass(frozen=True)
@@ -51,7 +58,16 @@ class UrlSigner:
 
     def valid(self, owner: str, session_id: str, path: str, expires: str, signature: str) -> bool:
         """Whether ``signature`` is this server's for these and ``expires`` is to come."""
-        if not expires.isdigit() or int(expires) < self.clock():
+        if not (
+            0 < len(expires) <= MAX_EXP_DIGITS
+            and expires.isascii()
+            and expires.isdigit()  # not "²": str.isdigit takes more than int() does
+            and len(signature) == SIGNATURE_CHARS
+            and len(path) <= MAX_PATH_CHARS
+            and len(session_id) <= MAX_PATH_CHARS
+        ):
+            return False
+        if int(expires) < self.clock():
             return False
         expected = self._sign(owner, session_id, path, int(expires))
         return hmac.compare_digest(expected.encode(), signature.encode())

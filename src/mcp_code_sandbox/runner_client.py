@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from mcp_code_sandbox.agent.budget import Budget
 from mcp_code_sandbox.agent_client import Outcome
 from mcp_code_sandbox.backends.base import ExecResult, RunnerImage
 from mcp_code_sandbox.errors import SandboxFailed
@@ -38,9 +39,11 @@ class RunnerClient:
         timeout_s: float,
         env: dict[str, str],
         on_stream: Callable[[str, str], None],
+        budget: Budget | None = None,
     ) -> Outcome:
         """Run ``code`` in the session's container of the runner; a container that died
-        since the last call (``docker kill``, an engine restart) is replaced once."""
+        since the last call (``docker kill``, an engine restart) is replaced once.
+        (``budget`` has nothing to bound here: a runner's output is only streams.)"""
         data = code.encode("utf-8")
         sandbox = await self._manager.ensure_runner(
             self._session, self._runner, network=self._network

@@ -16,6 +16,8 @@ from typing import BinaryIO
 
 import structlog
 
+from mcp_code_sandbox import quota
+from mcp_code_sandbox.agent.budget import Budget
 from mcp_code_sandbox.agent_client import AgentClient, Display, Outcome
 from mcp_code_sandbox.backends.base import RunnerImage
 from mcp_code_sandbox.errors import (
@@ -29,6 +31,7 @@ from mcp_code_sandbox.errors import (
     UnsupportedLanguage,
 )
 from mcp_code_sandbox.output import OutputCapture
+from mcp_code_sandbox.probe import clean_languages
 from mcp_code_sandbox.runner_client import RunnerClient
 from mcp_code_sandbox.runtimes import RUNTIMES
 from mcp_code_sandbox.sessions import Session, SessionManager
@@ -93,6 +96,10 @@ class RunReport:
     state_lost: bool
     displays: list[Display] = field(default_factory=list)
     image_files: list[ImageFile] = field(default_factory=list)
+    #: What the result budget cut before shaping (``Outcome.cut``).
+    cut: dict[str, int] = field(default_factory=dict)
+    #: The workspace scan stopped at its limit: more files may have changed than listed.
+    files_partial: bool = False
 
 
 def check_request(
@@ -155,16 +162,25 @@ async def run(
     replaced = notice is not None
     before = await asyncio.to_thread(session.workspace.snapshot)
     # The spool (an unnamed temp file) is only made once the output passes the budget.
-    capture = OutputCapture(settings.max_output_bytes, _open_spool)
+    capture = OutputCapture(settings.stream_bytes, _open_spool)
     progress = asyncio.create_task(_report_progress(capture, started, on_progress))
-    try:
-        outcome = await executor.execute(
+
+    def execute() -> Awaitable[Outcome]:
+        return executor.execute(
             language=request.language,
             code=request.code,
             timeout_s=timeout_s,
             env=dict(request.env or {}),
             on_stream=capture.add,
+            budget=Budget(settings.max_result_bytes, settings.max_images),
         )
+
+    try:
+        if manager.quota.filesystem:
+            outcome = await execute()  # the workspace's own filesystem is the limit
+        else:
+            done, stopped = await quota.guarded(session.workspace, execute)
+            outcome = done or _stopped(stopped or "")
     except SandboxFailed as exc:
         if runner is not None:
             raise  # the runner was replaced once already; nothing was lost but this call
@@ -183,6 +199,7 @@ async def run(
     report = _report(
         session, request, outcome, capture, full_path, changes, started, notice, lost_said
     )
+    report.files_partial = before.truncated or after.truncated
     report.image_files = await asyncio.to_thread(_read_images, session, changes, settings)
     _audit(session, request, report, capture)
     manager.metrics.run_finished(report.language, report.status, report.duration_ms / 1000)
@@ -190,13 +207,10 @@ async def run(
 
 
 def ready_languages(session: Session) -> dict[str, str] | None:
-    """The languages (with versions) the session's agent said ``ready`` with; ``None``
-    when unknown (no sandbox, or a backend whose sandboxes do not keep the message)."""
-    ready = getattr(session.sandbox, "ready", None)
-    languages = ready.get("languages") if isinstance(ready, dict) else None
-    if not isinstance(languages, dict):
-        return None
-    return {str(name): str(version) for name, version in languages.items()}
+    """The languages (with versions) the session's agent said ``ready`` with, only the
+    known ones; ``None`` when unknown (no sandbox, or a backend whose sandboxes do not
+    keep the message). For this session's own messages only: never another owner's."""
+    return clean_languages(getattr(session.sandbox, "ready", None), RUNTIMES)
 
 
 def _check_ready(session: Session, language: str) -> None:
@@ -209,16 +223,16 @@ def _check_ready(session: Session, language: str) -> None:
         )
 
 
-def _over_quota(after: Snapshot, quota: int) -> str | None:
-    # Code may write past the quota (only single files are capped, by RLIMIT_FSIZE); the
-    # server's own writes (uploads, saved output) then fail with quota_exceeded.
+def _over_quota(after: Snapshot, limit: int) -> str | None:
+    # The workspace's filesystem (or the watch over the run) stopped the code near the
+    # quota; the server's own writes (uploads, saved output) fail with quota_exceeded.
     used = after.used_bytes
-    if used <= quota:
-        return None
-    return (
-        f"the workspace holds {used} bytes, more than its quota of {quota}: delete files "
-        "in /mnt/data, or packages installed in /mnt/data/.packages (uploads fail until then)"
-    )
+    return None if used <= limit else quota.over_quota_message(used, limit)
+
+
+def _stopped(why: str) -> Outcome:
+    error = {"name": "QuotaExceeded", "value": why, "traceback": ""}
+    return Outcome("error", None, None, error, None, False)
 
 
 def _join(first: str | None, second: str | None) -> str | None:
@@ -299,6 +313,7 @@ def _report(
         duration_ms=int((time.monotonic() - started) * 1000),
         state_lost=outcome.state_lost,
         displays=outcome.displays,
+        cut=outcome.cut,
     )
 
 

@@ -7,6 +7,7 @@ The MCP layer (and the ``exec`` CLI command) call this; it validates what only i
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, BinaryIO
@@ -25,8 +26,9 @@ from mcp_code_sandbox.errors import (
     UploadTooLarge,
 )
 from mcp_code_sandbox.metrics import Metrics
+from mcp_code_sandbox.probe import RuntimeProbe
 from mcp_code_sandbox.runtimes import RUNTIMES, runner_summary
-from mcp_code_sandbox.sessions import Session, SessionManager
+from mcp_code_sandbox.sessions import SessionManager
 from mcp_code_sandbox.settings import Settings
 from mcp_code_sandbox.workspace import FileInfo, ListResult, ReadResult, measure
 
@@ -47,6 +49,11 @@ class Upload:
 LanguagesChanged = Callable[[list[str]], Awaitable[None]]
 #: How long ``/readyz`` waits for the backend's answer (probes come every few seconds).
 READY_TIMEOUT_S = 5.0
+#: How long one answer of the backend serves ``/readyz``. The endpoint is open, and asking
+#: the engine on every request let a flood of them slow every tenant's runs (1,000
+#: requests took another tenant's ``1+1`` from 7 ms to 1.4 s); orchestrators probe every
+#: few seconds, so an answer up to 2 s old tells them the same.
+READY_CACHE_S = 2.0
 
 
 class SandboxService:
@@ -58,18 +65,22 @@ class SandboxService:
         #: Runner images by language (docker), as last discovered; see ``refresh_runners``.
         self.runners: dict[str, RunnerImage] = {}
         #: What ``backend.runtime_info()`` said at the latest refresh, and the languages
-        #: (with versions) the latest sandbox's agent listed in its ``ready`` (``None``
-        #: before any). A built-in language is offered unless one of them says the
+        #: (with versions) the server's own probe sandbox listed (never a tenant's: see
+        #: ``probe``). A built-in language is offered unless one of them says the
         #: sandboxes lack it (``"available": false``, or not listed): a backend that says
         #: nothing about a language is not taken to lack it.
         self._info: dict[str, dict[str, Any]] = {}
-        self._seen: dict[str, str] | None = None
+        self.probe = RuntimeProbe(settings, backend, self.sessions.limits, RUNTIMES)
         #: Called with the new language list whenever it changes (the MCP layer tells
         #: its clients that the tool list changed: run_code's language enum is in it).
         self.on_languages_changed: list[LanguagesChanged] = []
         #: Signs download links for results; set by the HTTP app, which serves them
         #: (``None`` over stdio: no links).
         self.downloads: UrlSigner | None = None
+        #: ``not_ready``'s latest answer and when it was had (monotonic); one probe at a
+        #: time (the lock), its answer shared by everyone who waited for it.
+        self._ready: tuple[float, str | None] | None = None
+        self._ready_lock = asyncio.Lock()
 
     async def start(self) -> None:
         await self.sessions.start()
@@ -81,7 +92,8 @@ class SandboxService:
 
         def lacking(lang: str) -> bool:
             reported = self._info.get(lang, {}).get("available", True) is False
-            return reported or (self._seen is not None and lang not in self._seen)
+            seen = self.probe.languages
+            return reported or (seen is not None and lang not in seen)
 
         builtin = [lang for lang in RUNTIMES if lang == "python" or not lacking(lang)]
         return [*builtin, *(lang for lang in self.runners if lang not in RUNTIMES)]
@@ -107,12 +119,6 @@ class SandboxService:
             self.runners = {lang: r for lang, r in found.items() if lang not in RUNTIMES}
         return await self._languages_changed(before)
 
-    def _saw_ready(self, session: Session) -> None:
-        """The session's agent listed its languages: the truth about this backend's."""
-        listed = runs.ready_languages(session)
-        if listed is not None:
-            self._seen = listed
-
     async def _languages_changed(self, before: list[str]) -> bool:
         after = self.languages()
         if after == before:
@@ -130,7 +136,16 @@ class SandboxService:
 
     async def not_ready(self, timeout_s: float = READY_TIMEOUT_S) -> str | None:
         """Why the backend could not start a sandbox now (for ``/readyz``); ``None``: it
-        could. Bounded by ``timeout_s``: a hung engine is as good as a dead one."""
+        could. Bounded by ``timeout_s``: a hung engine is as good as a dead one. The
+        answer is kept for ``READY_CACHE_S``."""
+        async with self._ready_lock:
+            if self._ready is not None and time.monotonic() - self._ready[0] < READY_CACHE_S:
+                return self._ready[1]
+            reason = await self._ask_ready(timeout_s)
+            self._ready = (time.monotonic(), reason)
+            return reason
+
+    async def _ask_ready(self, timeout_s: float) -> str | None:
         try:
             async with asyncio.timeout(timeout_s):
                 await self.backend.check_ready()
@@ -156,22 +171,22 @@ class SandboxService:
             )
         runner = None if request.language in RUNTIMES else self.runners[request.language]
         before = self.languages()
-        async with self.sessions.acquire(owner, session_id, create=True, wait_s=timeout) as held:
-            try:
+        try:
+            async with self.sessions.acquire(
+                owner, session_id, create=True, wait_s=timeout
+            ) as held:
                 report = await runs.run(
                     self.sessions, held.session, request, timeout, on_progress, runner
                 )
-            except UnsupportedLanguage:  # this sandbox lacks the language's interpreter
-                self._saw_ready(held.session)
-                await self._languages_changed(before)
-                raise
-            if runner is None:
-                self._saw_ready(held.session)
-            if held.session.closed:  # close_session landed during the run: it is gone
-                raise SessionNotFound(
-                    f"session {held.session.id} was closed while this call ran; its files "
-                    "and variables are gone"
-                )
+                if held.session.closed:  # close_session landed during the run: it is gone
+                    raise SessionNotFound(
+                        f"session {held.session.id} was closed while this call ran; its "
+                        "files and variables are gone"
+                    )
+        except UnsupportedLanguage:  # this sandbox lacks the interpreter: do the server's?
+            await self.probe.get(again=True)
+            await self._languages_changed(before)
+            raise
         await self._languages_changed(before)
         report.session_created = held.created
         if held.notice:
@@ -213,21 +228,27 @@ class SandboxService:
             return held.session.workspace.read_file(path, offset=offset, max_bytes=limit)
 
     async def list_files(
-        self, owner: str, session_id: str, path: str, *, recursive: bool
+        self, owner: str, session_id: str, path: str, *, recursive: bool, limit: int = 10000
     ) -> ListResult:
         async with self.sessions.acquire(
             owner, session_id, create=False, wait_s=self.settings.exec_timeout_s
         ) as held:
-            return held.session.workspace.list_files(path, recursive=recursive)
+            return held.session.workspace.list_files(path, recursive=recursive, limit=limit)
 
     async def close_session(self, owner: str, session_id: str) -> None:
         await self.sessions.close(owner, session_id)
 
     async def runtimes(self) -> list[dict[str, Any]]:
         """``list_runtimes``: every language with its version, image and limits (runner
-        images are looked for again first)."""
+        images are looked for again first, and the server's own probe sandbox is asked
+        once for versions the backend does not record)."""
         await self.refresh_runners()
         info = self._info  # as the refresh just read it
+        before = self.languages()
+        unknown = [n for n in before if n in RUNTIMES and not info.get(n, {}).get("version")]
+        # A probe sandbox only for what the backend's own records leave out (docker).
+        seen = (await self.probe.get() if unknown else self.probe.languages) or {}
+        await self._languages_changed(before)
         limits = self.sessions.limits()
         common = {
             "backend": self.backend.name,
@@ -240,7 +261,11 @@ class SandboxService:
                 "default_timeout_s": self.settings.exec_timeout_s,
                 "max_timeout_s": self.settings.max_exec_timeout_s,
                 "max_output_bytes": self.settings.max_output_bytes,
-                "enforcement": self.backend.enforcement(),
+                "max_result_bytes": self.settings.max_result_bytes,
+                "enforcement": {
+                    **self.backend.enforcement(),
+                    "workspace": "kernel" if self.sessions.quota.filesystem else "checked",
+                },
             },
         }
         out = []
@@ -252,8 +277,9 @@ class SandboxService:
             out.append(
                 {
                     "language": name,
-                    "version": lang.get("version") or (self._seen or {}).get(name),
-                    "image": lang.get("image"),
+                    "version": lang.get("version") or seen.get(name),
+                    # The agent's languages all run in the sandbox's image.
+                    "image": lang.get("image") or info.get("python", {}).get("image"),
                     "stateful": runtime.stateful,
                     "summary": runtime.summary,
                     "packages": lang.get("packages", {}),

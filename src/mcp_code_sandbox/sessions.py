@@ -5,13 +5,14 @@ Semantics:
   name is a different session, and one owner never learns of another's (same error as a
   session that does not exist).
 - A session is registered synchronously when first named, so two concurrent first calls
-  with the same new id get one session. Its workspace is made at once; its sandbox only
-  when code first runs (uploads need no sandbox).
+  with the same new id get one session. Its workspace is made by the first call that
+  holds its lock (in a worker thread: with a filesystem per workspace that is a mount);
+  its sandbox only when code first runs (uploads need no sandbox).
 - Calls to one session run one at a time in arrival order (``asyncio.Lock`` is FIFO); a
   call that waits longer than its own timeout fails with ``session_busy``.
 - ``last_active`` moves at the start and end of every call; the reaper closes sessions
   idle past the TTL or older than the max lifetime, never in the middle of a call.
-- Limits on new sessions: ``max_sessions`` in all, ``max_sessions_per_owner`` each.
+- Limits on new sessions: ``max_sessions`` in all, ``sessions_per_owner`` each.
 - A closed or expired id is remembered (bounded) so that reusing it says what was lost.
 - Every session has a record on disk (:mod:`mcp_code_sandbox.registry`) and a workspace
   at ``workspaces_dir/<slot>``, so a server killed with SIGKILL can be followed by one
@@ -51,7 +52,7 @@ from typing import Any, TypeVar
 
 import structlog
 
-from mcp_code_sandbox import registry
+from mcp_code_sandbox import quota, registry
 from mcp_code_sandbox.agent_client import AgentClient
 from mcp_code_sandbox.backends.base import (
     Backend,
@@ -65,9 +66,11 @@ from mcp_code_sandbox.errors import MaxSessions, SandboxFailed, SessionBusy, Ses
 from mcp_code_sandbox.ids import mint_session_id, session_key, validate_session_id
 from mcp_code_sandbox.liveness import process_mark
 from mcp_code_sandbox.metrics import EndReason, Metrics
+from mcp_code_sandbox.quota import QuotaMode
 from mcp_code_sandbox.recovery import recover
 from mcp_code_sandbox.settings import Settings
 from mcp_code_sandbox.workspace import Workspace
+from mcp_code_sandbox.workspace.volume import IMAGE_SUFFIX, Volume, image_bytes
 
 __all__ = ["Session", "SessionManager"]
 
@@ -108,6 +111,9 @@ class Session:
     starting: set[asyncio.Task[Any]] = field(default_factory=set)
     #: What a stop failed to free, retried until it goes (see ``SessionManager._release``).
     unstopped: list[Sandbox | RunnerSandbox] = field(default_factory=list)
+    #: The workspace exists (with its filesystem mounted, if it has one): made by the
+    #: first call holding the lock, in a worker thread (a mount takes 20-30 ms).
+    workspace_made: bool = False
 
 
 @dataclass(frozen=True)
@@ -135,6 +141,8 @@ class SessionManager:
         #: files not removed): the reaper tries again at every pass.
         self._unfinished: dict[str, Session] = {}
         self._closed = False
+        #: How the workspace quota binds sandboxes here; decided in :meth:`start`.
+        self.quota = QuotaMode(False, "not started")
 
     # -- lifecycle of the manager -------------------------------------------------------
 
@@ -142,6 +150,8 @@ class SessionManager:
         self.settings.run_dir.mkdir(parents=True, exist_ok=True)
         self.settings.workspaces_dir.mkdir(parents=True, exist_ok=True)
         (self.settings.run_dir / f"{self._instance}.pid").write_text(process_mark())
+        self.quota = await asyncio.to_thread(quota.choose, self.settings, self.backend)
+        log.info("workspace quota", enforced=self.quota.describe())
         await recover(self)
         self._start_reaper()
 
@@ -197,6 +207,7 @@ class SessionManager:
             created_wall=record.created_at,
             sandbox=sandbox,
             agent=AgentClient(sandbox.channel),
+            workspace_made=True,  # its filesystem outlived the old server, still mounted
         )
         self._sessions[(record.owner, record.session_id)] = session
         self._save(session, force=True)  # now ours: a later start must leave it alone
@@ -228,12 +239,21 @@ class SessionManager:
         try:
             if session.closed:  # closed while this call waited in the queue
                 raise SessionNotFound(f"session {session.id} was closed while this call waited")
+            if not session.workspace_made:
+                await self._make_workspace(session)
             self._touch(session)
             yield Acquired(session, created, notice)
         finally:
             if not session.closed:
                 self._touch(session)
             session.lock.release()
+
+    async def _make_workspace(self, session: Session) -> None:
+        await asyncio.to_thread(session.workspace.create)
+        if session.closed:  # closed meanwhile: its destroy may have run before the mount
+            await asyncio.to_thread(session.workspace.destroy)
+            raise SessionNotFound(f"session {session.id} was closed while it was being made")
+        session.workspace_made = True
 
     def _touch(self, session: Session) -> None:
         session.last_active = time.monotonic()
@@ -283,7 +303,7 @@ class SessionManager:
                 f"this server already runs {self.settings.max_sessions} sessions; close one "
                 "with close_session, or reuse an existing session_id"
             )
-        per_owner = self.settings.max_sessions_per_owner
+        per_owner = self.settings.sessions_per_owner
         if per_owner is not None and self.count(owner) >= per_owner:
             raise MaxSessions(
                 f"you already have {per_owner} sessions, the most one owner may hold at once; "
@@ -299,18 +319,23 @@ class SessionManager:
         workspace = self._workspace(slot)
         session = Session(session_id, owner, key, slot, workspace, now, now, time.time())
         self._save(session, force=True)  # before the workspace: see ``registry``
-        workspace.create()
         self._sessions[(owner, session_id)] = session
         self.metrics.session_created()
         log.info("session created", owner=owner, session=session_id)
         return session
 
     def _workspace(self, slot: str) -> Workspace:
+        quota_bytes = self.settings.workspace_quota_bytes
         return Workspace(
             self.settings.workspaces_dir / slot,
-            quota_bytes=self.settings.workspace_quota_bytes,
+            quota_bytes=quota_bytes,
             owner=self.backend.workspace_owner,
+            volume=self._volume(slot) if self.quota.filesystem else None,
         )
+
+    def _volume(self, slot: str) -> Volume:
+        image = self.settings.volumes_dir / f"{slot}{IMAGE_SUFFIX}"
+        return Volume(image, image_bytes(self.settings.workspace_quota_bytes))
 
     def tombstone(self, owner: str, session_id: str, reason: str) -> None:
         self._tombstones[(owner, session_id)] = (

@@ -113,16 +113,27 @@ class Settings(BaseSettings):
     session_ttl_m: float = Field(30.0, gt=0)
     session_max_lifetime_h: float = Field(24.0, gt=0)
     max_sessions: int = Field(10, ge=1)
-    #: Sessions one owner may hold at once; None: only ``max_sessions`` applies.
+    #: Sessions one owner may hold at once (with or without a sandbox: an upload makes
+    #: one too). None: the default, :attr:`sessions_per_owner`.
     max_sessions_per_owner: int | None = Field(None, ge=1)
 
     max_upload_bytes: Size = 50 * 1024**2
     max_output_bytes: Size = 100 * 1024
     max_code_bytes: Size = 100 * 1024
     workspace_quota_bytes: Size = 1024**3
+    #: How the quota binds the sandbox. ``filesystem``: each workspace is a loop-mounted
+    #: filesystem of the quota's size (root only; the server refuses to start without
+    #: it). ``checked``: the server watches the workspace during runs and checks it after
+    #: them (a run can overshoot briefly). ``auto``: ``filesystem`` where it works here.
+    workspace_quota_mode: Literal["auto", "filesystem", "checked"] = "auto"
     max_image_bytes: Size = 1024**2
     max_images: int = Field(4, ge=0, le=64)
     max_read_bytes: Size = 1024**2
+    #: The most bytes one tool result may take as a serialized JSON-RPC message (the
+    #: structured content, its text copy, image blocks and links together). Half of the
+    #: 1 MiB that the official MCP client accepts in one server-sent event; what does not
+    #: fit is cut and the result says so (``server/fit.py``).
+    max_result_bytes: Size = Field(512 * 1024, ge=64 * 1024)
 
     allow_network: bool = False
     pass_through_env: NameList = Field(default_factory=list)
@@ -261,8 +272,35 @@ class Settings(BaseSettings):
         return self
 
     @property
+    def sessions_per_owner(self) -> int | None:
+        """The limit each owner gets: ``max_sessions_per_owner`` when set; else half of
+        ``max_sessions`` (at least 1) where owners may be several, so that no one owner
+        can take every slot and lock the others out (with two tenants, each can have
+        its fair half; with more, one alone never holds more than half); ``None`` (only
+        ``max_sessions``) where there is one owner at most. Several: two or more API
+        token names, a tokens file (it is reread on SIGHUP, so owners may come without a
+        restart), or OAuth (any subject the issuer vouches for)."""
+        if self.max_sessions_per_owner is not None:
+            return self.max_sessions_per_owner
+        named = [entry for entry in (self.api_tokens or "").split(",") if entry.strip()]
+        several = len(named) > 1 or self.api_tokens_file is not None or bool(self.oauth_issuer)
+        return max(1, self.max_sessions // 2) if several else None
+
+    @property
+    def stream_bytes(self) -> int:
+        """What a result keeps of each of stdout and stderr: ``max_output_bytes``, within
+        a fifth of the result budget (each stream is in the result twice: structured
+        and in its text copy). Past it the full output is saved in the workspace."""
+        return min(self.max_output_bytes, self.max_result_bytes // 5)
+
+    @property
     def workspaces_dir(self) -> Path:
         return self.state_dir / "workspaces"
+
+    @property
+    def volumes_dir(self) -> Path:
+        """The workspaces' filesystem images (``workspace_quota_mode`` filesystem)."""
+        return self.state_dir / "volumes"
 
     @property
     def sessions_dir(self) -> Path:

@@ -33,6 +33,21 @@ def test_a_link_opens_one_file_of_one_session_of_one_owner_until_it_expires() ->
     assert not signer.valid("alice", "s1", "dir/a b.csv", "1060", sig)
 
 
+def test_oversized_or_odd_link_parts_are_refused_not_errors() -> None:
+    signer = UrlSigner(b"k" * 32, "", 60, lambda: 1000.0)
+    sig = signer.url("alice", "s1", "a.txt").rsplit("sig=", 1)[1]
+    for session, path, exp, signature in [
+        ("s1", "a.txt", "9" * 5000, sig),  # int() refuses over 4,300 digits
+        ("s1", "a.txt", "1060\u00b2", sig),  # "²".isdigit(), but int() refuses it
+        ("s1", "a.txt", "0" * 13 + "1060", sig),
+        ("s1", "a.txt", "1060", sig * 1000),
+        ("s1", "a.txt", "1060", "\u00e9" * 43),
+        ("s1", "a" * 100_000, "1060", sig),
+        ("s" * 100_000, "a.txt", "1060", sig),
+    ]:
+        assert not signer.valid("alice", session, path, exp, signature)
+
+
 def test_the_secret_is_made_once_and_kept_private(tmp_path: Path) -> None:
     settings = load_settings({"state_dir": str(tmp_path)}, environ={})
     first = load_secret(settings)

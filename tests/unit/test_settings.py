@@ -106,3 +106,20 @@ def test_cli_stops_with_one_line_per_problem(tmp_path: object) -> None:
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 2, proc.stderr
     assert all(line.startswith("invalid configuration: SANDBOX_") for line in lines)
+
+
+def test_several_owners_get_a_share_of_the_sessions_each() -> None:
+    def per_owner(**env: str) -> int | None:
+        return load_settings(
+            environ={f"SANDBOX_{k.upper()}": v for k, v in env.items()}
+        ).sessions_per_owner
+
+    one, two = "a:" + "a" * 24, "a:" + "a" * 24 + ",b:" + "b" * 24
+    assert per_owner() is None  # stdio or a single owner: max_sessions alone
+    assert per_owner(api_tokens=one) is None
+    assert per_owner(api_tokens=two) == 5
+    assert per_owner(api_tokens=two, max_sessions="3") == 1
+    assert per_owner(api_tokens=two, max_sessions="1") == 1
+    assert per_owner(api_tokens_file="/etc/tokens") == 5  # reloadable: names may come
+    assert per_owner(oauth_issuer="https://idp.example.com") == 5
+    assert per_owner(api_tokens=two, max_sessions_per_owner="9") == 9  # explicit wins

@@ -7,12 +7,16 @@ can reach the host channel. It speaks the same framing with the supervisor over 
 control socket::
 
     kernel → supervisor   {"ev": "ready", "ipython": bool, "version": str}
-    supervisor → kernel   {"op": "exec", "id": int, "code": str, "env": {str: str}}
+    supervisor → kernel   {"op": "exec", "id": int, "code": str, "env": {str: str},
+                           "budget": {...}}
     kernel → supervisor   {"ev": "display", "id": int, "source": str, "data": {...}}
                           (answered by {"op": "ack"} once forwarded)
                           {"ev": "done", "id": int, "status": "ok" | "error",
                            "result": str | None, "error": {...} | None,
-                           "execution_count": int}
+                           "execution_count": int, "cut": {...}}
+
+Displays past the run's budget are dropped here, before they are framed, and the result
+and error texts are cut (:mod:`.budget`); the supervisor checks both again.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+from .budget import Budget, DisplayGate, cut_error, cut_text
 from .cells import Outcome, Shell
 from .config import AgentConfig, apply_limits
 from .figures import FigureCapture
@@ -49,6 +54,7 @@ class Kernel:
         self._control = control
         self._gate = InterruptGate()
         self._run_id: int | None = None
+        self._displays = DisplayGate(Budget())
         self.shell = self._make_shell(plain)
         self._figures = FigureCapture(workdir, self._emit, _warn)
 
@@ -66,6 +72,10 @@ class Kernel:
     def _emit(self, source: str, data: dict[str, str]) -> None:
         if self._run_id is None or threading.current_thread() is not threading.main_thread():
             return  # a display outside the cell's own thread has no place in the output
+        admitted = self._displays.admit(data)
+        if admitted is None:
+            return  # over the run's budget: dropped here, counted in the done
+        data = admitted
         message = {"ev": "display", "id": self._run_id, "source": source, "data": data}
         _flush_stdio()  # output printed before the display stays before it...
         with self._gate.critical():
@@ -85,6 +95,7 @@ class Kernel:
 
     def _exec(self, message: dict[str, Any]) -> None:
         self._run_id = message["id"]
+        self._displays = DisplayGate(Budget.from_message(message.get("budget")))
         refresh_import_path()  # a `pip install` since the last cell may have made it
         with _cell_env(message.get("env") or {}):
             outcome = self.shell.run(str(message["code"]))
@@ -93,18 +104,25 @@ class Kernel:
             except BaseException as exc:  # a late KeyboardInterrupt lands here too
                 _warn(f"figure capture failed: {exc!r}")
         _flush_stdio()
-        write_frame(self._control, _done(self._run_id, outcome))
+        write_frame(self._control, _done(self._run_id, outcome, self._displays))
         self._run_id = None
 
 
-def _done(run_id: int | None, outcome: Outcome) -> dict[str, Any]:
+def _done(run_id: int | None, outcome: Outcome, displays: DisplayGate) -> dict[str, Any]:
+    limit = displays.budget.text_chars
+    result, result_cut = (
+        (None, False) if outcome.result is None else cut_text(outcome.result, limit)
+    )
+    error, error_cut = cut_error(outcome.error, limit)
+    cut = {"result": result_cut, "error": error_cut, **displays.summary()}
     return {
         "ev": "done",
         "id": run_id,
         "status": outcome.status,
-        "result": outcome.result,
-        "error": outcome.error,
+        "result": result,
+        "error": error,
         "execution_count": outcome.execution_count,
+        "cut": cut,
     }
 
 

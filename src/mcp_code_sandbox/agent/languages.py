@@ -2,7 +2,11 @@
 
 A new language is one entry in ``PROGRAMS``: how to turn code into an argv, and how to
 ask the interpreter for its version. ``ready`` lists only those whose interpreter exists
-on PATH (the backend puts the sandbox's node and bun there).
+on the base PATH: the one the backend gave the agent (the sandbox's venv, node and bun,
+the system), before the session's own ``.packages`` bin directories go in front of it.
+Those are the tenant's to write: a ``bash`` planted there must never be the one the
+agent runs or asks for a version (user programs still find the session's packages first
+on their own PATH).
 
 JavaScript (node) and TypeScript (bun) get their code as a file, never inline: both run
 it as an ES module, so ``import`` and top-level ``await`` work, and a stack trace's line
@@ -32,7 +36,7 @@ import json
 import os
 import shutil
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 __all__ = ["PROGRAMS", "Program", "available", "command", "prepare_scratch"]
@@ -84,22 +88,24 @@ PROGRAMS: dict[str, Program] = {
 }
 
 
-def available() -> dict[str, tuple[str, str]]:
-    """``{language: (executable path, version)}`` for the interpreters found on PATH.
+def available(base: Mapping[str, str]) -> dict[str, tuple[str, str]]:
+    """``{language: (executable path, version)}`` for the interpreters found on the
+    ``PATH`` of ``base``, the agent's environment as the backend set it; the version
+    probes run with ``base`` too.
 
     This runs at every sandbox start: versions come from ``versions.json`` where there is
     one, and the interpreters that must be asked are asked in parallel."""
     found: dict[str, tuple[str, str]] = {}
     probes: dict[str, tuple[str, subprocess.Popen[str] | None]] = {}
     for name, program in PROGRAMS.items():
-        exe = _real(shutil.which(program.executable))
+        exe = _real(shutil.which(program.executable, path=base.get("PATH", os.defpath)))
         if exe is None:
             continue
         recorded = _recorded_version(exe, program.version_key)
         if recorded is not None:
             found[name] = (exe, recorded)
         else:
-            probes[name] = (exe, _start_probe(exe, program.version_argv))
+            probes[name] = (exe, _start_probe(exe, program.version_argv, base))
     found.update({name: (exe, _version(probe)) for name, (exe, probe) in probes.items()})
     return {name: found[name] for name in PROGRAMS if name in found}
 
@@ -125,10 +131,13 @@ def _recorded_version(exe: str, key: str | None) -> str | None:
     return version if isinstance(version, str) and version else None
 
 
-def _start_probe(exe: str, argv: tuple[str, ...]) -> subprocess.Popen[str] | None:
+def _start_probe(
+    exe: str, argv: tuple[str, ...], env: Mapping[str, str]
+) -> subprocess.Popen[str] | None:
     try:
         return subprocess.Popen(
             [exe, *argv],
+            env=dict(env),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,

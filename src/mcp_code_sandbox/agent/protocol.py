@@ -12,7 +12,8 @@ the middle of a frame ("unexpected EOF"); EOF between frames is a clean close.
 Messages host → agent (key ``op``)::
 
     {"op": "exec", "id": int, "language": str, "code": str, "timeout_s": float,
-     "env": {str: str}}                       run one cell / program
+     "env": {str: str}, "budget": {"result_bytes": int, "images": int}}
+                                              run one cell / program
     {"op": "interrupt", "id": int, "reason": "timeout" | "cancelled"}
                                               stop run ``id`` (SIGINT, then kill + restart)
     {"op": "shutdown"}                        exit cleanly
@@ -26,7 +27,10 @@ Messages agent → host (key ``ev``)::
     {"ev": "done", "id": int, "status": "ok" | "error" | "timeout" | "cancelled",
      "exit_code": int | None, "result": str | None,
      "error": {"name": str, "value": str, "traceback": str} | None,
-     "execution_count": int | None, "state_lost": bool}
+     "execution_count": int | None, "state_lost": bool,
+     "cut": {"result": bool, "error": bool, "displays_dropped": int,
+             "displays_cut": int, "images_dropped": int}}
+                                              (``cut``: Python runs only)
 
     {"ev": "error", "message": str, "id": int | None}
                                               a host message the agent could not use
@@ -50,6 +54,10 @@ Semantics (agent side):
 - ``done`` of another language (a program per call): ``exit_code`` is its exit status,
   128 + N when killed by signal N; ``status`` "ok" for 0, else "error" (``error`` null;
   stderr and the code tell); ``result`` and ``execution_count`` null.
+- ``budget`` (optional; defaults in :mod:`.budget`): a Python run's ``display`` messages
+  past it are dropped as they arrive, and ``result`` / ``error`` texts are cut (head and
+  tail, marked); ``cut`` says what was. Programs' output is only ``stream``, which the
+  host bounds itself.
 - ``stream`` text is UTF-8 decoded with replacement, in chunks of at most 64 KiB, split
   anywhere. Output written while no run is in the interpreter (background threads or
   processes of an earlier cell) is dropped.
@@ -88,7 +96,9 @@ class ProtocolError(Exception):
 
 
 def encode_frame(message: dict[str, Any]) -> bytes:
-    body = json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    # "replace": a lone surrogate (``raise ValueError("\ud800")``) must not make the
+    # frame unencodable; it becomes "?".
+    body = json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "replace")
     if len(body) > MAX_FRAME_BYTES:
         raise ProtocolError(f"frame of {len(body)} bytes exceeds {MAX_FRAME_BYTES}")
     return HEADER.pack(len(body)) + body

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import math
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from .budget import Budget, DisplayGate
 from .children import Child, describe_exit
 
 __all__ = [
@@ -40,6 +41,9 @@ class Run:
     reason: str | None = None
     kill_at: float | None = None
     orphaned: bool = False
+    #: Python runs: what of the kernel's displays may go on to the host (the kernel
+    #: applies the same budget, but user code runs in the kernel).
+    displays: DisplayGate = field(default_factory=lambda: DisplayGate(Budget()))
 
 
 def done(
@@ -51,8 +55,9 @@ def done(
     error: dict[str, str] | None = None,
     execution_count: int | None = None,
     state_lost: bool = False,
+    cut: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    return {
+    message = {
         "ev": "done",
         "id": run_id,
         "status": status,
@@ -62,6 +67,9 @@ def done(
         "execution_count": execution_count,
         "state_lost": state_lost,
     }
+    if cut is not None:
+        message["cut"] = cut
+    return message
 
 
 def program_exit_code(returncode: int) -> int:

@@ -29,11 +29,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import functools
 import logging
 import os
 import shutil
 import signal
 import socket
+import subprocess
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -235,6 +237,10 @@ def build_bwrap_argv(
         "--gid",
         str(SANDBOX_GID),
         "--unshare-pid",
+        # The agent is pid 1, not bwrap's own init: that init is dumpable, holds bwrap's
+        # stderr (the host's log pipe) and its /proc/1/mem opens read-write for user code
+        # of the same uid. The agent is not dumpable, and reaps orphans itself.
+        "--as-pid-1",
         "--unshare-ipc",
         "--unshare-uts",
         "--unshare-cgroup-try",
@@ -498,6 +504,8 @@ class BwrapBackend(Backend):
                 continue
             version = node.node if language == "javascript" else node.bun
             info[language] = {"version": version, "packages": dict(node.packages), "image": None}
+        if (bash := _system_bash_version()) is not None:
+            info["bash"] = {"version": bash, "packages": {}, "image": None}
         return info
 
     def _bwrap(self) -> str:
@@ -730,3 +738,24 @@ def _precompile(agent_dir: Path) -> None:
 
     with contextlib.suppress(OSError):
         compileall.compile_dir(str(agent_dir), quiet=2, workers=1)
+
+
+@functools.cache
+def _system_bash_version() -> str | None:
+    """The version of the sandboxes' bash, which is the host's (the system is bound
+    read-only): asked here once, so that ``list_runtimes`` needs no sandbox for it."""
+    bash = shutil.which("bash", path="/usr/local/bin:/usr/bin:/bin")
+    if bash is None:
+        return None
+    try:
+        done = subprocess.run(
+            [bash, "-c", 'printf %s "${BASH_VERSION%%(*}"'],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            env={"PATH": "/usr/bin:/bin"},
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() or None

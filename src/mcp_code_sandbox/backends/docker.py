@@ -1,10 +1,12 @@
 """The Docker backend: one long-running container per sandbox, via docker-py.
 
 The engine is whatever ``DOCKER_HOST`` names (Docker, Podman's compatible socket); the
-runtime is ``runc`` or ``runsc`` (gVisor). The container's main process is the agent
-(under ``tini``, ``init=True``, which reaps what user code orphans), so the interpreter
-lives exactly as long as the container. :func:`container_kwargs` builds the whole
-``containers.create`` call and is unit-tested without an engine.
+runtime is ``runc`` or ``runsc`` (gVisor). The container's main process is the agent, as
+pid 1 (no engine init: the agent reaps what user code orphans, and unlike tini it is not
+dumpable), so the interpreter lives exactly as long as the container. Under runc the
+container runs under our seccomp profile (``seccomp.docker_seccomp_profile``).
+:func:`container_kwargs` builds the whole ``containers.create`` call and is unit-tested
+without an engine.
 
 The channel is a Unix socket, not the container's stdin/stdout. Per sandbox the server
 makes a run dir (``<state_dir>/run/<key>-<random>/``) holding a socket it listens on,
@@ -149,8 +151,6 @@ class DockerBackend(Backend):
         #: main client's timeout would end them.
         self._exec_client: Any = None
         self._runtime_info: dict[str, dict[str, Any]] | None = None
-        #: Languages and versions from the latest agent's ``ready``.
-        self._languages: dict[str, str] = {}
         #: Why labelled images were left out, as last logged (logged again on a change).
         self._skipped: list[str] = []
         self._networks = SandboxNetworks(self.instance, self._call)
@@ -207,6 +207,16 @@ class DockerBackend(Backend):
 
     # -- the seam ------------------------------------------------------------------------
 
+    def workspace_mounts_unseen(self) -> str | None:
+        # The engine resolves a bind's source in its own mount namespace: a mount made by
+        # a server in a container, or on another host, is not there.
+        if self.settings.docker_host_state_dir is not None:
+            return "the server runs in a container (SANDBOX_DOCKER_HOST_STATE_DIR is set)"
+        host = self._environment.get("DOCKER_HOST", "")
+        if host and not host.startswith("unix://"):
+            return f"the Docker engine may be on another host (DOCKER_HOST={host})"
+        return None
+
     def enforcement(self) -> dict[str, Enforcement]:
         return {
             "memory": "cgroup",
@@ -226,10 +236,8 @@ class DockerBackend(Backend):
                     raise
                 return {}  # not cached: the engine or the image may come later
             self._runtime_info = info_from_labels(labels, self.image)
-        info = {lang: dict(entry) for lang, entry in self._runtime_info.items()}
-        for lang, version in self._languages.items():
-            info.setdefault(lang, {"packages": {}, "image": self.image})["version"] = version
-        return info
+        # Never what a sandbox's agent said: that is its tenant's (see ``probe``).
+        return {lang: dict(entry) for lang, entry in self._runtime_info.items()}
 
     async def check_ready(self) -> None:
         """The engine answers a ping and has the sandbox image."""
@@ -281,7 +289,6 @@ class DockerBackend(Backend):
         except BaseException:
             await self.stop(sandbox)
             raise
-        self._languages.update(sandbox.ready.get("languages") or {})
         return sandbox
 
     def _listen(self, key: str) -> tuple[Path, socket.socket]:
@@ -417,7 +424,6 @@ class DockerBackend(Backend):
             # On a dead server's network, still fenced (``list_leftovers`` saw to it).
             sandbox.spec = dataclasses.replace(spec, network=True)
         sandbox.ready = ready
-        self._languages.update(ready.get("languages") or {})
         return sandbox
 
     async def detach(self, sandbox: Sandbox) -> None:

@@ -77,8 +77,11 @@ def descriptions(
             f"session: {_size(settings.memory_limit)} memory, {settings.cpu_limit:g} CPU, "
             f"{settings.exec_timeout_s:g} s per call by default (timeout_s up to "
             f"{settings.max_exec_timeout_s:g}), output beyond "
-            f"{_size(settings.max_output_bytes)} per stream is cut (the full text is saved "
-            f"under /mnt/data/.outputs). {life} Failing code is a normal result with "
+            f"{_size(settings.stream_bytes)} per stream is cut (the full text is saved "
+            f"under /mnt/data/.outputs); a whole result is at most "
+            f"{_size(settings.max_result_bytes)}, and what does not fit (a huge value, "
+            "error, display flood, thousands of files) is cut and said in `notice`. "
+            f"{life} Failing code is a normal result with "
             "status 'error' and a traceback (for other languages: exit_code and stderr)."
         ),
         "upload_file": (
@@ -98,7 +101,8 @@ def descriptions(
             "offset and max_bytes), images as images, other files as an embedded resource "
             f"up to {_size(settings.max_read_bytes)}."
         ),
-        "list_files": "List files under a directory of a session's /mnt/data.",
+        "list_files": "List files under a directory of a session's /mnt/data. A long "
+        "listing comes in pages: call again with offset=next_offset until it is null.",
         "close_session": (
             "Close a session: stop its sandbox and delete its files. Do this when done."
         ),

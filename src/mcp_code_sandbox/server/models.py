@@ -64,6 +64,13 @@ class RunResult(BaseModel):
     execution_count: int | None = None
     duration_ms: int
     state_lost: bool = Field(description="True when a restart dropped variables")
+    # The result budget (SANDBOX_MAX_RESULT_BYTES): what was cut to fit; `notice` says how.
+    result_truncated: bool = False
+    error_truncated: bool = False
+    displays_truncated: bool = Field(False, description="Some display() outputs were left out")
+    files_truncated: bool = Field(
+        False, description="`files` lists only some of the changed files: list_files has all"
+    )
 
 
 class UploadResult(BaseModel):
@@ -100,6 +107,9 @@ class ListFilesResult(BaseModel):
     path: str
     entries: list[FileEntryOut]
     truncated: bool
+    #: More entries exist: call again with ``offset`` set to this (the result budget, or
+    #: the listing's own limit, cut the list here). None: this is the end.
+    next_offset: int | None = None
 
 
 class CloseResult(BaseModel):

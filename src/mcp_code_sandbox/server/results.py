@@ -26,12 +26,18 @@ from pydantic import BaseModel
 from mcp_code_sandbox.errors import SandboxError
 from mcp_code_sandbox.images import fit_image
 from mcp_code_sandbox.runs import RunReport
+from mcp_code_sandbox.sanitize import clean_text, escape_name
+from mcp_code_sandbox.server.fit import Fitted, fit_result
 from mcp_code_sandbox.server.models import DisplayOut, FileOut, RunError, RunResult
 from mcp_code_sandbox.settings import Settings
 
 __all__ = ["error_result", "file_uri", "run_result", "structured_result"]
 
 _PLAIN_RUN_FIELDS = frozenset(RunResult.model_fields) - {"notice", "error", "files", "displays"}
+#: Fields whose text a sandbox wrote (see :mod:`mcp_code_sandbox.sanitize`).
+_SANDBOX_TEXT = ("stdout", "stderr", "result")
+#: Changed files a run result lists (with links); the rest are counted, list_files has all.
+MAX_FILES_LISTED = 100
 _TEXT_DISPLAYS = ("text/markdown", "text/plain", "image/svg+xml", "text/html")
 
 
@@ -42,9 +48,9 @@ def file_uri(session_id: str, path: str) -> str:
 def error_result(error: SandboxError) -> CallToolResult:
     meta: dict[str, Any] = {"error_code": error.code}
     meta.update({k: v for k, v in error.details.items() if isinstance(v, str | int)})
-    return CallToolResult(
-        content=[TextContent(type="text", text=str(error))], is_error=True, _meta=meta
-    )
+    # Messages may quote what a sandbox wrote (a file name, its last words).
+    text = clean_text(str(error))
+    return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True, _meta=meta)
 
 
 def structured_result(model: BaseModel, extra: list[ContentBlock] | None = None) -> CallToolResult:
@@ -58,19 +64,22 @@ def run_result(
 ) -> CallToolResult:
     """RunResult JSON + one image block per figure/image (within budget) + file links;
     ``link`` makes each file's ``download_url`` (none when ``None``)."""
-    images: list[ContentBlock] = []
-    skipped = 0
+    images: list[ImageContent] = []
+    skipped = report.cut.get("images_dropped", 0)  # by the agent, past the same limits
     candidates = [
         (d.data, d.mime_type)
         for d in report.displays
         if d.mime_type.startswith(("image/png", "image/jpeg"))
     ]
     candidates += [(f.data, f.mime_type) for f in report.image_files]
+    # Images share half of the result budget (base64 is 4/3 of the bytes).
+    slots = max(min(len(candidates), settings.max_images), 1)
+    per_image = min(settings.max_image_bytes, settings.max_result_bytes * 3 // 8 // slots)
     for data, mime in candidates:
         if len(images) >= settings.max_images:
             skipped += 1
             continue
-        fitted = fit_image(data, mime, settings.max_image_bytes)
+        fitted = fit_image(data, mime, per_image)
         if fitted is None:
             skipped += 1
             continue
@@ -83,46 +92,85 @@ def run_result(
     if skipped:
         more = (
             f"{skipped} more image(s) not shown (limit {settings.max_images} per result "
-            f"and {settings.max_image_bytes} bytes each); they are in /mnt/data or can "
+            f"and {per_image} bytes each); they are in /mnt/data or can "
             "be saved there with savefig"
         )
         notice = f"{notice}. {more}" if notice else more
-    links: list[ContentBlock] = [
+    files = report.files[:MAX_FILES_LISTED]
+    notice = _budget_notice(report, notice)
+    # Names as clients see and give them back: control characters escaped.
+    names = [escape_name(c.path) for c in files]
+    links = [
         ResourceLink(
             type="resource_link",
-            uri=file_uri(report.session_id, c.path),
-            name=c.path,
+            uri=file_uri(report.session_id, name),
+            name=name,
             mime_type=c.mime_type,
             size=c.size_bytes,
         )
-        for c in report.files
+        for c, name in zip(files, names, strict=True)
     ]
     # The plain fields carry over by name; only the nested ones need shaping.
     plain = {k: v for k, v in vars(report).items() if k in _PLAIN_RUN_FIELDS}
+    plain.update({k: clean_text(plain[k]) for k in _SANDBOX_TEXT if plain.get(k) is not None})
     model = RunResult(
         **plain,
-        notice=notice,
-        error=RunError(**report.error) if report.error else None,
+        notice=clean_text(notice) if notice else notice,
+        error=_run_error(report.error),
         files=[
             FileOut(
-                path=c.path,
+                path=name,
                 size_bytes=c.size_bytes,
                 mime_type=c.mime_type,
                 change=c.change,
-                download_url=link(c.path) if link else None,
+                download_url=link(name) if link else None,
             )
-            for c in report.files
+            for c, name in zip(files, names, strict=True)
         ],
+        files_truncated=len(report.files) > len(files),
+        result_truncated=bool(report.cut.get("result")),
+        error_truncated=bool(report.cut.get("error")),
+        displays_truncated=bool(
+            report.cut.get("displays_dropped") or report.cut.get("displays_cut")
+        ),
         displays=[
             DisplayOut(
                 mime_type=d.mime_type,
-                text=d.data[: settings.max_output_bytes].decode("utf-8", "replace"),
+                text=clean_text(d.data[: settings.max_output_bytes].decode("utf-8", "replace")),
             )
             for d in report.displays
             if d.mime_type in _TEXT_DISPLAYS
         ],
     )
-    return structured_result(model, images + links)
+    shaped = Fitted(model.model_dump(mode="json"), images, links)
+    return fit_result(shaped, settings.max_result_bytes)
+
+
+def _budget_notice(report: RunReport, notice: str | None) -> str | None:
+    """What the agent's budget and the file list's cap left out, in words."""
+    said = []
+    if report.cut.get("result"):
+        said.append("the value of the last expression was cut")
+    if report.cut.get("error"):
+        said.append("the error message or traceback was cut")
+    if dropped := report.cut.get("displays_dropped"):
+        said.append(f"{dropped} display() output(s) were left out")
+    if len(report.files) > MAX_FILES_LISTED:
+        many = f"at least {len(report.files)}" if report.files_partial else len(report.files)
+        said.append(
+            f"{many} files changed, more than a result lists ({MAX_FILES_LISTED}): "
+            "list_files shows them all"
+        )
+    if not said:
+        return notice
+    text = "; ".join(said) + " (over the result budget)"
+    return f"{notice}. {text}" if notice else text
+
+
+def _run_error(error: dict[str, Any] | None) -> RunError | None:
+    if not error:
+        return None
+    return RunError(**{k: clean_text(v) if isinstance(v, str) else v for k, v in error.items()})
 
 
 def embedded_blob(uri: str, data: bytes, mime_type: str) -> EmbeddedResource:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
+import json
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, ParamSpec
 
@@ -28,8 +29,10 @@ from mcp_code_sandbox.errors import (
 from mcp_code_sandbox.images import fit_image
 from mcp_code_sandbox.runs import IMAGE_MIME_TYPES, RunRequest
 from mcp_code_sandbox.runtimes import RUNTIMES
+from mcp_code_sandbox.sanitize import clean_text, escape_name
 from mcp_code_sandbox.server import models
 from mcp_code_sandbox.server.auth import current_owner
+from mcp_code_sandbox.server.fit import fit_count
 from mcp_code_sandbox.server.results import (
     embedded_blob,
     error_result,
@@ -44,6 +47,12 @@ __all__ = ["ToolSet"]
 log = structlog.get_logger("mcp_code_sandbox.tools")
 P = ParamSpec("P")
 LANGUAGES = sorted(RUNTIMES)
+#: Room in a read_file result for everything but the page itself.
+READ_META_BYTES = 8 * 1024
+#: Directory entries one list_files walk reads (beyond: ``truncated``, narrow the path),
+#: and the most one page can hold before the result budget cuts it further.
+LIST_WALK = 50_000
+LIST_PAGE = 10_000
 
 SessionArg = Annotated[
     str | None,
@@ -175,33 +184,36 @@ class ToolSet:
         read = await self.service.read_file(
             owner, session_id, path, offset=offset, max_bytes=max_bytes
         )
-        uri = file_uri(session_id, read.path)
+        shown = escape_name(read.path)  # how listings show it, and how it is given back
+        uri = file_uri(session_id, shown)
         link = self._links(owner, session_id)
-        url = link(read.path) if link else None
+        url = link(shown) if link else None
         whole = offset == 0 and read.eof
         block: ContentBlock
+        room = self.settings.max_result_bytes - READ_META_BYTES  # the page and its meta
         if read.mime_type in IMAGE_MIME_TYPES and whole:
-            fitted = fit_image(read.data, read.mime_type, self.settings.max_image_bytes)
+            cap = min(self.settings.max_image_bytes, room * 3 // 4)  # base64: 4/3
+            fitted = fit_image(read.data, read.mime_type, cap)
             if fitted is None:
-                return self._too_large(read.path, read.size_bytes, url)
+                return self._too_large(shown, read.size_bytes, url)
             block = ImageContent(
                 type="image", data=base64.b64encode(fitted[0]).decode(), mime_type=fitted[1]
             )
             encoding, returned = "image", len(read.data)
         elif read.is_text:
-            text, returned = _utf8_prefix(read.data, read.eof)
+            text, returned = _text_page(read.data, read.eof, room)
             block = TextContent(type="text", text=text)
             encoding = "text"
-        elif whole:
+        elif whole and len(read.data) <= self._blob_bytes():
             block = embedded_blob(uri, read.data, read.mime_type)
             encoding, returned = "resource", len(read.data)
         else:
-            return self._too_large(read.path, read.size_bytes, url)
+            return self._too_large(shown, read.size_bytes, url)
         end = offset + returned
         eof = end >= read.size_bytes
         meta = models.ReadFileResult(
             session_id=session_id,
-            path=read.path,
+            path=shown,
             mime_type=read.mime_type,
             size_bytes=read.size_bytes,
             offset=offset,
@@ -219,11 +231,16 @@ class ToolSet:
         return error_result(
             ArtifactTooLarge(
                 f"{path} is {size} bytes of binary data, more than one result can carry "
-                f"({self.settings.max_read_bytes} bytes); process it with run_code, or "
+                f"({self._blob_bytes()} bytes); process it with run_code, or "
                 f"{where}",
                 **details,
             )
         )
+
+    def _blob_bytes(self) -> int:
+        """The largest binary file read_file embeds whole (base64 in the result budget)."""
+        room = self.settings.max_result_bytes - READ_META_BYTES
+        return min(self.settings.max_read_bytes, room * 3 // 4)
 
     def _links(self, owner: str, session_id: str) -> Callable[[str], str] | None:
         """Download links to ``session_id``'s files, when the HTTP server serves them."""
@@ -238,18 +255,34 @@ class ToolSet:
         session_id: RequiredSession,
         path: Annotated[str, Field(description="Directory relative to /mnt/data")] = ".",
         recursive: Annotated[bool, Field(description="Include subdirectories")] = True,
+        offset: Annotated[
+            int, Field(ge=0, description="Skip this many entries (a previous next_offset)")
+        ] = 0,
     ) -> Annotated[CallToolResult, models.ListFilesResult]:
+        # The same bounded walk every time (sorted, so the same entries in the same
+        # order while the files stay put), paged by offset within the result budget.
         listing = await self.service.list_files(
-            current_owner(), session_id, path, recursive=recursive
+            current_owner(), session_id, path, recursive=recursive, limit=LIST_WALK
         )
-        return structured_result(
-            models.ListFilesResult(
-                session_id=session_id,
-                path=path,
-                entries=[models.FileEntryOut(**vars(e)) for e in listing.entries],
-                truncated=listing.truncated,
+        rest = listing.entries[offset:]
+        entries = [
+            models.FileEntryOut(**{**vars(e), "path": escape_name(e.path)})
+            for e in rest[:LIST_PAGE]
+        ]
+
+        def page(count: int) -> CallToolResult:
+            more = count < len(rest)
+            return structured_result(
+                models.ListFilesResult(
+                    session_id=session_id,
+                    path=path,
+                    entries=entries[:count],
+                    truncated=more or listing.truncated,
+                    next_offset=offset + count if more and count else None,
+                )
             )
-        )
+
+        return fit_count(page, len(entries), self.settings.max_result_bytes)
 
     @tool_errors
     async def close_session(
@@ -270,9 +303,20 @@ def _progress_sink(ctx: Context[Any, Any]) -> Callable[[float, str], Awaitable[N
         return None
 
     async def report(elapsed: float, message: str) -> None:
-        await ctx.report_progress(elapsed, None, message)
+        await ctx.report_progress(elapsed, None, clean_text(message))
 
     return report
+
+
+def _text_page(data: bytes, eof: bool, room: int) -> tuple[str, int]:
+    """A page of text whose JSON form fits in ``room`` bytes (escapes can make it up to
+    six times the text): shorter pages until it does; ``next_offset`` says where to go on."""
+    page = data[:room]
+    while True:
+        text, returned = _utf8_prefix(page, eof and len(page) == len(data))
+        if len(page) <= 4096 or len(json.dumps(text, ensure_ascii=False).encode()) <= room:
+            return text, returned
+        page = page[: len(page) // 2]
 
 
 def _utf8_prefix(data: bytes, eof: bool) -> tuple[str, int]:

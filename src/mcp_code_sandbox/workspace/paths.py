@@ -10,6 +10,7 @@ planted by the sandbox are refused later, while walking (see :mod:`.core`).
 from __future__ import annotations
 
 from mcp_code_sandbox.errors import InvalidFilename, InvalidPath
+from mcp_code_sandbox.sanitize import unescape_name
 
 __all__ = ["MAX_NAME_BYTES", "MAX_PATH_BYTES", "SANDBOX_ROOT", "join_parts", "parse_path"]
 
@@ -31,11 +32,19 @@ def parse_path(rel: str, *, for_upload: bool) -> tuple[str, ...]:
 
     ``for_upload`` names a file to create: the root (``.``, ``/mnt/data``) and a trailing
     ``/`` are refused, and errors are ``InvalidFilename`` instead of ``InvalidPath``.
+    Otherwise the path names an existing file as results and listings show it: a name
+    with control characters in the escaped form of :func:`.sanitize.escape_name`
+    (``a\\x1bb.txt``), which is the only use of a backslash there is.
     """
     error = InvalidFilename if for_upload else InvalidPath
-    problem = _problem(rel)
+    problem = _problem(rel, escaped=not for_upload)
     if problem is None and for_upload and rel.endswith("/"):
         problem = "it ends with '/', which names a directory, not a file"
+    if problem is None and not for_upload and "\\" in rel:
+        try:
+            rel = unescape_name(rel)
+        except ValueError:
+            problem = "it contains a backslash that is not '\\\\' or '\\xNN' as listings write them"
     if problem is not None:
         raise error(f"invalid path {rel!r}: {problem}; {_HINT}")
     parts = _split(rel)
@@ -51,8 +60,9 @@ def join_parts(parts: tuple[str, ...]) -> str:
     return "/".join(parts) if parts else "."
 
 
-def _problem(rel: str) -> str | None:
-    """What is wrong with ``rel`` as a whole string, or ``None``."""
+def _problem(rel: str, *, escaped: bool = False) -> str | None:
+    """What is wrong with ``rel`` as a whole string, or ``None``; ``escaped``: its
+    backslashes are escapes (checked by the caller)."""
     if not isinstance(rel, str) or not rel:
         return "it is empty"
     try:
@@ -65,7 +75,7 @@ def _problem(rel: str) -> str | None:
         return "it contains a NUL byte"
     if any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in rel):
         return "it contains a control character"
-    if "\\" in rel:
+    if "\\" in rel and not escaped:
         return "it contains a backslash; use '/' between directories"
     return None
 
