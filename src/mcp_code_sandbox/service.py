@@ -21,6 +21,7 @@ from mcp_code_sandbox.errors import (
     InvalidArgument,
     NetworkNotAllowed,
     SandboxError,
+    SessionNotFound,
     UnsupportedLanguage,
     UploadTooLarge,
 )
@@ -179,6 +180,11 @@ class SandboxService:
                 report = await runs.run(
                     self.sessions, held.session, request, timeout, on_progress, runner
                 )
+                if held.session.closed:  # close_session landed during the run: it is gone
+                    raise SessionNotFound(
+                        f"session {held.session.id} was closed while this call ran; its "
+                        "files and variables are gone"
+                    )
         except UnsupportedLanguage:  # this sandbox lacks the interpreter: do the server's?
             await self.probe.get(again=True)
             await self._languages_changed(before)
