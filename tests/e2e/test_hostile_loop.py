@@ -158,6 +158,9 @@ async def test_one_tenants_heavy_call_does_not_freeze_the_others(
         "SANDBOX_MEMORY_LIMIT": "2g",  # the 7900x7900 figure is 250 MB in matplotlib
         "SANDBOX_MAX_IMAGE_BYTES": "100000",  # every huge PNG is over it: re-encoded on main
         "SANDBOX_EXEC_TIMEOUT_S": "120",
+        # A workspace filesystem has one inode per 8 KiB of quota (workspace/volume.py):
+        # 150,000 files need more than the default 1 GiB's 131,072.
+        "SANDBOX_WORKSPACE_QUOTA_BYTES": "2g",
     }
     async with two_tenants(settings, **env) as t:
         made = await t.run(t.mallory, MANY_FILES, session_id="heavy", timeout_s=120)
