@@ -14,14 +14,15 @@ import sys
 from typing import NamedTuple, TextIO
 
 from mcp_code_sandbox.backends import cgroups
-from mcp_code_sandbox.backends.bwrap import HOST_SANDBOX_UID
 from mcp_code_sandbox.backends.seccomp import build_seccomp_bpf
-from mcp_code_sandbox.errors import BackendUnavailable
+from mcp_code_sandbox.errors import BackendUnavailable, SandboxError
 from mcp_code_sandbox.runtime_env import runtime_status
 from mcp_code_sandbox.settings import Settings
+from mcp_code_sandbox.uids import UidLease, uid_pool
 
 __all__ = ["Check", "check_bwrap", "run_doctor"]
 
+_NOBODY = 65534
 _NAMESPACES = ("user", "pid", "net", "ipc", "uts", "cgroup-try")
 _USERNS_FIX = (
     "enable unprivileged user namespaces: sysctl kernel.unprivileged_userns_clone=1 "
@@ -38,7 +39,8 @@ class Check(NamedTuple):
     fix: str | None = None
 
 
-def _bwrap_run(bwrap: str, *args: str) -> subprocess.CompletedProcess[str]:
+def _bwrap_run(bwrap: str, uid: int | None, *args: str) -> subprocess.CompletedProcess[str]:
+    """``bwrap`` with ``args`` around ``/usr/bin/true``, as ``uid`` (root: as a sandbox)."""
     argv = [
         bwrap,
         *args,
@@ -60,11 +62,11 @@ def _bwrap_run(bwrap: str, *args: str) -> subprocess.CompletedProcess[str]:
         "/dev",
         "/usr/bin/true",
     ]
-    if os.geteuid() == 0:
+    if uid is not None:
         argv = [
             "/usr/bin/setpriv",
-            f"--reuid={HOST_SANDBOX_UID}",
-            f"--regid={HOST_SANDBOX_UID}",
+            f"--reuid={uid}",
+            f"--regid={uid}",
             "--clear-groups",
             "--",
             *argv,
@@ -74,9 +76,9 @@ def _bwrap_run(bwrap: str, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _try(bwrap: str, name: str, args: list[str], fix: str) -> Check:
+def _try(bwrap: str, uid: int | None, name: str, args: list[str], fix: str) -> Check:
     try:
-        done = _bwrap_run(bwrap, *args)
+        done = _bwrap_run(bwrap, uid, *args)
     except (OSError, subprocess.SubprocessError) as exc:
         return Check(name, False, str(exc), fix)
     if done.returncode == 0:
@@ -84,7 +86,7 @@ def _try(bwrap: str, name: str, args: list[str], fix: str) -> Check:
     return Check(name, False, done.stderr.strip()[-300:] or f"exit {done.returncode}", fix)
 
 
-def _bwrap_checks(bwrap: str) -> list[Check]:
+def _bwrap_checks(bwrap: str, uid: int | None) -> list[Check]:
     try:
         version = subprocess.run(
             [bwrap, "--version"], capture_output=True, text=True, timeout=10, check=False
@@ -92,7 +94,7 @@ def _bwrap_checks(bwrap: str) -> list[Check]:
     except (OSError, subprocess.SubprocessError) as exc:
         version = f"unknown ({exc})"
     checks = [Check("bwrap", True, f"{bwrap}: {version}")]
-    userns = _try(bwrap, "user namespaces", ["--unshare-user"], _USERNS_FIX)
+    userns = _try(bwrap, uid, "user namespaces", ["--unshare-user"], _USERNS_FIX)
     checks.append(userns)
     if not userns.ok:
         return checks
@@ -100,6 +102,7 @@ def _bwrap_checks(bwrap: str) -> list[Check]:
         checks.append(
             _try(
                 bwrap,
+                uid,
                 f"namespace {ns}",
                 ["--unshare-user", f"--unshare-{ns}"],
                 "a kernel with this namespace type",
@@ -108,6 +111,7 @@ def _bwrap_checks(bwrap: str) -> list[Check]:
     checks.append(
         _try(
             bwrap,
+            uid,
             "--disable-userns",
             ["--unshare-user", "--disable-userns"],
             "bubblewrap >= 0.8 (apt-get install bubblewrap from a newer release)",
@@ -192,14 +196,46 @@ def _node_check(settings: Settings) -> Check:
     return Check("javascript/typescript", True, f"Node.js {node.node}, bun {node.bun}; {packages}")
 
 
-def _uid_check() -> Check:
-    if os.geteuid() == 0:
+def uid_range_detail(settings: Settings) -> tuple[str, str | None]:
+    """The range of sandbox uids and where they are leased, for the uid checks; and why
+    no uid can be leased here (``None`` when one can)."""
+    pool = uid_pool(settings)
+    skipped = f", {pool.skipped} of them skipped (ids of this host's users)" if pool.skipped else ""
+    detail = f"host uids {pool.describe()}{skipped}, leased in {pool.directory}"
+    try:
+        pool.open()
+    except SandboxError as exc:
+        return detail, exc.message
+    return detail, None
+
+
+def _uid_check(settings: Settings) -> Check:
+    name = "per-sandbox uids"
+    if os.geteuid() != 0:
         return Check(
-            "sandbox uid",
-            True,
-            f"server is root: sandboxes run as host uid {HOST_SANDBOX_UID} (setpriv)",
-        )
-    return Check("sandbox uid", True, f"sandboxes run as the server's uid {os.geteuid()}")
+            name, False,
+            f"no (server not root): every sandbox runs as the server's uid {os.geteuid()}, "
+            "so per-user limits like inotify instances are shared by all sandboxes",
+            "run the server as root",
+        )  # fmt: skip
+    detail, why_not = uid_range_detail(settings)
+    if why_not is not None:
+        return Check(name, False, f"{detail}: {why_not}", "set SANDBOX_UID_LEASE_DIR")
+    return Check(
+        name, True,
+        f"yes: each sandbox drops to a host uid of its own (setpriv), uid 1000 inside; "
+        f"{detail}",
+    )  # fmt: skip
+
+
+def _check_uid(settings: Settings) -> UidLease | None:
+    """As root, a uid to run the checks' bwrap as (leased like a session's); else None."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        return uid_pool(settings).lease(f"doctor {os.getpid()}")
+    except SandboxError:
+        return None  # the uid check says why; the others run as nobody
 
 
 def check_bwrap(settings: Settings) -> list[Check]:
@@ -208,14 +244,20 @@ def check_bwrap(settings: Settings) -> list[Check]:
     if bwrap is None:
         checks = [Check("bwrap", False, "bwrap not found on PATH", "apt-get install bubblewrap")]
     else:
-        checks = _bwrap_checks(bwrap)
+        lease = _check_uid(settings)
+        uid = lease.uid if lease else (_NOBODY if os.geteuid() == 0 else None)
+        try:
+            checks = _bwrap_checks(bwrap, uid)
+        finally:
+            if lease is not None:
+                lease.release()
     return [
         *checks,
         _seccomp_check(),
         *_cgroup_checks(),
         _runtime_check(settings),
         _node_check(settings),
-        _uid_check(),
+        _uid_check(settings),
         _bwrap_network_check(settings),
     ]
 

@@ -25,6 +25,11 @@ Semantics:
   its sandboxes died with their server, so only their workspaces and records remain).
 - Shutdown (``aclose``) is not a crash: it stops every sandbox and deletes every
   workspace and record.
+- Where the backend can run each sandbox as a host uid of its own, every session leases
+  one (:mod:`.uids`) when it is registered, before its record and workspace exist (the
+  workspace is given to it), keeps it for its whole life (every sandbox and runner of the
+  session runs as it), records it, and lets it go after its record is removed. A
+  re-attached session gets the uid its record names back, or is not re-attached.
 """
 
 from __future__ import annotations
@@ -49,12 +54,13 @@ from mcp_code_sandbox.backends.base import (
     Sandbox,
     SandboxSpec,
 )
-from mcp_code_sandbox.errors import MaxSessions, SessionBusy, SessionNotFound
+from mcp_code_sandbox.errors import MaxSessions, SandboxFailed, SessionBusy, SessionNotFound
 from mcp_code_sandbox.ids import mint_session_id, session_key, validate_session_id
 from mcp_code_sandbox.liveness import process_mark
 from mcp_code_sandbox.metrics import EndReason, Metrics
 from mcp_code_sandbox.recovery import recover
 from mcp_code_sandbox.settings import Settings
+from mcp_code_sandbox.uids import UidLease, uid_pool
 from mcp_code_sandbox.workspace import Workspace
 
 __all__ = ["Session", "SessionManager"]
@@ -88,6 +94,13 @@ class Session:
     runners: dict[str, RunnerSandbox] = field(default_factory=dict)
     runs: int = 0
     closed: bool = False
+    #: The host uid of its sandboxes, held for its whole life; ``None``: the backend's
+    #: shared uid.
+    uid_lease: UidLease | None = None
+
+    @property
+    def uid(self) -> int | None:
+        return None if self.uid_lease is None else self.uid_lease.uid
 
 
 @dataclass(frozen=True)
@@ -112,6 +125,8 @@ class SessionManager:
         self._instance = f"{os.getpid()}-{os.urandom(4).hex()}"
         self._reaper: asyncio.Task[None] | None = None
         self._closed = False
+        #: Host uids, one per session, when the backend can use them.
+        self.uids = uid_pool(settings) if backend.per_sandbox_uids else None
 
     # -- lifecycle of the manager -------------------------------------------------------
 
@@ -119,6 +134,8 @@ class SessionManager:
         self.settings.run_dir.mkdir(parents=True, exist_ok=True)
         self.settings.workspaces_dir.mkdir(parents=True, exist_ok=True)
         (self.settings.run_dir / f"{self._instance}.pid").write_text(process_mark())
+        if self.uids is not None:
+            await asyncio.to_thread(self.uids.open)
         await recover(self)
         self._reaper = asyncio.create_task(self._reap_forever(), name="session-reaper")
 
@@ -148,8 +165,26 @@ class SessionManager:
         """This server process's name in records and pid files (``<pid>-<random>``)."""
         return self._instance
 
-    def adopt(self, record: registry.SessionRecord, sandbox: Sandbox) -> None:
-        """Register a session a dead server left, with its re-attached ``sandbox``.
+    async def reclaim_uid(self, record: registry.SessionRecord) -> UidLease | None:
+        """The uid of a dead server's session that is about to be re-attached, leased
+        again; ``None`` when the backend uses no per-session uids. Raises
+        ``SandboxFailed`` when the session cannot have it back (another server holds it,
+        or the record names none): its sandbox runs as that uid, so it is not re-attached."""
+        if self.uids is None:
+            return None
+        holder = str(registry.record_path(self.settings.sessions_dir, record.slot))
+        lease = None
+        if record.uid is not None:
+            lease = await asyncio.to_thread(self.uids.reclaim, record.uid, holder)
+        if lease is None:
+            raise SandboxFailed(f"the host uid {record.uid} of the session is not free")
+        return lease
+
+    def adopt(
+        self, record: registry.SessionRecord, sandbox: Sandbox, uid_lease: UidLease | None
+    ) -> None:
+        """Register a session a dead server left, with its re-attached ``sandbox`` and
+        its uid (:meth:`reclaim_uid`).
 
         Called by :func:`.recovery.recover` at start; the record becomes this server's."""
         mono, wall = time.monotonic(), time.time()
@@ -158,19 +193,21 @@ class SessionManager:
             record.owner,
             record.key,
             record.slot,
-            self._workspace(record.slot),
+            self._workspace(record.slot, record.uid),
             created_at=mono - (wall - record.created_at),
             last_active=mono - (wall - record.last_active),
             created_wall=record.created_at,
             sandbox=sandbox,
             agent=AgentClient(sandbox.channel),
+            uid_lease=uid_lease,
         )
         self._sessions[(record.owner, record.session_id)] = session
         self._save(session, force=True)  # now ours: a later start must leave it alone
         log.info("session re-attached", owner=record.owner, session=record.session_id)
 
     def spec_for(self, record: registry.SessionRecord) -> SandboxSpec:
-        return self._spec(record.key, record.owner, record.session_id, self._workspace(record.slot))
+        workspace = self._workspace(record.slot, record.uid)
+        return self._spec(record.key, record.owner, record.session_id, workspace, uid=record.uid)
 
     # -- acquiring sessions -----------------------------------------------------------
 
@@ -220,6 +257,7 @@ class SessionManager:
             instance=self._instance,
             created_at=session.created_wall,
             last_active=wall - (now - session.last_active),
+            uid=session.uid,
         )
         try:
             registry.write_record(self.settings.sessions_dir, record)
@@ -263,20 +301,34 @@ class SessionManager:
         key = session_key(owner, session_id)
         slot = registry.new_slot(key)
         now = time.monotonic()
-        workspace = self._workspace(slot)
-        session = Session(session_id, owner, key, slot, workspace, now, now, time.time())
-        self._save(session, force=True)  # before the workspace: see ``registry``
-        workspace.create()
+        lease = self._lease_uid(slot)
+        try:
+            workspace = self._workspace(slot, None if lease is None else lease.uid)
+            session = Session(session_id, owner, key, slot, workspace, now, now, time.time())
+            session.uid_lease = lease
+            self._save(session, force=True)  # before the workspace: see ``registry``
+            workspace.create()
+        except BaseException:
+            registry.remove_record(self.settings.sessions_dir, slot)  # then the uid is free
+            if lease is not None:
+                lease.release()
+            raise
         self._sessions[(owner, session_id)] = session
         self.metrics.session_created()
         log.info("session created", owner=owner, session=session_id)
         return session
 
-    def _workspace(self, slot: str) -> Workspace:
+    def _lease_uid(self, slot: str) -> UidLease | None:
+        if self.uids is None:
+            return None
+        return self.uids.lease(str(registry.record_path(self.settings.sessions_dir, slot)))
+
+    def _workspace(self, slot: str, uid: int | None) -> Workspace:
+        """``uid``: the session's own (its workspace's owner), else the backend's shared."""
         return Workspace(
             self.settings.workspaces_dir / slot,
             quota_bytes=self.settings.workspace_quota_bytes,
-            owner=self.backend.workspace_owner,
+            owner=self.backend.workspace_owner if uid is None else (uid, uid),
         )
 
     def tombstone(self, owner: str, session_id: str, reason: str) -> None:
@@ -333,7 +385,9 @@ class SessionManager:
                 "Files in /mnt/data are kept; variables and imports from before are gone"
             )
         if session.sandbox is None or session.agent is None:
-            spec = self._spec(session.key, session.owner, session.id, session.workspace, network)
+            spec = self._spec(
+                session.key, session.owner, session.id, session.workspace, network, session.uid
+            )
             with self.metrics.counting_backend_errors():
                 session.sandbox = await self.backend.create(spec)
             session.agent = AgentClient(session.sandbox.channel)
@@ -352,7 +406,9 @@ class SessionManager:
             await self.drop_runner(session, runner.language)
             current = None
         if current is None:
-            spec = self._spec(session.key, session.owner, session.id, session.workspace, network)
+            spec = self._spec(
+                session.key, session.owner, session.id, session.workspace, network, session.uid
+            )
             with self.metrics.counting_backend_errors():
                 current = await self.backend.create_runner(spec, runner)
             session.runners[runner.language] = current
@@ -364,7 +420,13 @@ class SessionManager:
             await self.backend.stop_runner(runner)
 
     def _spec(
-        self, key: str, owner: str, session_id: str, workspace: Workspace, network: bool = False
+        self,
+        key: str,
+        owner: str,
+        session_id: str,
+        workspace: Workspace,
+        network: bool = False,
+        uid: int | None = None,
     ) -> SandboxSpec:
         return SandboxSpec(
             key=key,
@@ -374,6 +436,7 @@ class SessionManager:
             limits=self.limits(),
             network=network,
             env=self._pass_through_env(),
+            uid=uid,
         )
 
     async def restart_sandbox(self, session: Session) -> None:
@@ -418,6 +481,8 @@ class SessionManager:
         sandbox, session.sandbox, session.agent = session.sandbox, None, None
         if sandbox is not None:
             await self.backend.detach(sandbox)
+        if session.uid_lease is not None:
+            session.uid_lease.release()  # reserved by its record for the next server
         log.info("session left for the next server", owner=session.owner, session=session.id)
 
     async def _destroy(self, session: Session) -> None:
@@ -427,6 +492,8 @@ class SessionManager:
             await self.drop_runner(session, language)
         await asyncio.to_thread(session.workspace.destroy)
         registry.remove_record(self.settings.sessions_dir, session.slot)
+        if session.uid_lease is not None:
+            session.uid_lease.release()  # after the record: see ``uids``
 
     async def _reap_forever(self) -> None:
         ttl = self.settings.session_ttl_m * 60

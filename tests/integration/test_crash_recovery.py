@@ -26,6 +26,7 @@ from mcp_code_sandbox.backends.docker_spec import LABEL_KEY
 from mcp_code_sandbox.runs import RunRequest
 from mcp_code_sandbox.service import SandboxService
 from mcp_code_sandbox.settings import Settings, docker_environ
+from tests.conftest import sandbox_owner
 from tests.e2e.conftest import http_server_process
 from tests.integration.test_docker_backend import LIMITS, gone
 from tests.integration.test_docker_backend import settings as settings
@@ -186,13 +187,17 @@ async def test_session_past_its_ttl_is_removed_at_start(
 
 
 async def test_container_without_a_record_is_removed_at_start(
-    settings: Settings, engine: Any, restarted: list[SandboxService]
+    settings: Settings, engine: Any, restarted: list[SandboxService], host_uid: int | None
 ) -> None:
     dead = DockerBackend(settings, docker_environ(), instance="gone-host-1-ab")
     workspace = settings.workspaces_dir / "not-a-slot"
     workspace.mkdir(parents=True)
-    os.chown(workspace, *dead.workspace_owner)  # type: ignore[misc]
-    spec = SandboxSpec(key="k", owner="", session_id="", workspace=workspace, limits=LIMITS)
+    if (owner := sandbox_owner(dead, host_uid)) is not None:
+        os.chown(workspace, *owner)
+    uid = host_uid if dead.per_sandbox_uids else None
+    spec = SandboxSpec(
+        key="k", owner="", session_id="", workspace=workspace, limits=LIMITS, uid=uid
+    )
     box = await dead.create(spec)
     assert isinstance(box, DockerSandbox)
     box.close()

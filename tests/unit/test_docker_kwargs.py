@@ -51,13 +51,23 @@ def test_isolation() -> None:
     assert k["cap_drop"] == ["ALL"]
     assert k["security_opt"] == ["no-new-privileges"]
     assert k["read_only"] is True
-    assert k["user"] == "1000:1000"
+    assert k["user"] == f"{os.geteuid()}:{os.getegid()}"  # no uid of its own: the server's
+    assert "mcp-code-sandbox.uid" not in k["labels"]
     assert k["init"] is True
     assert k["auto_remove"] is False
     assert k["detach"] is True
     assert k["stdin_open"] is False and k["tty"] is False
     assert k["image"] == "img:1"
     assert "privileged" not in k and "cap_add" not in k
+
+
+def test_a_session_uid_is_the_containers_user_and_label() -> None:
+    k = kwargs(uid=0x7000_0003)
+    assert k["user"] == f"{0x7000_0003}:{0x7000_0003}"
+    assert k["labels"]["mcp-code-sandbox.uid"] == str(0x7000_0003)
+    assert docker_spec.uid_from_label(k["labels"]["mcp-code-sandbox.uid"]) == 0x7000_0003
+    for bad in (None, "", "-1", "1e9", "12345678901", "0x10"):
+        assert docker_spec.uid_from_label(bad) is None
 
 
 def test_network_only_when_the_spec_asks() -> None:

@@ -244,6 +244,7 @@ def kwargs(**kw: Any) -> dict[str, Any]:
         "workspace": WORKSPACE,
         "limits": LIMITS,
         "env": {"FOO": "bar"},
+        "uid": 0x7000_0009,
     }
     values.update(kw)
     settings = load_settings({}, environ={})
@@ -266,6 +267,7 @@ def test_runner_labels() -> None:
         "mcp-code-sandbox.instance": "h-1-ab",
         "mcp-code-sandbox.rundir": "k1-perl",
         "mcp-code-sandbox.runner": "perl",
+        "mcp-code-sandbox.uid": str(0x7000_0009),
     }
 
 
@@ -275,7 +277,8 @@ def test_runner_keeps_the_sandbox_hardening() -> None:
     assert k["cap_drop"] == ["ALL"]
     assert k["read_only"] is True
     assert k["security_opt"] == ["no-new-privileges"]
-    assert k["user"] == "1000:1000"
+    # The session's own uid, as its main container's: they share the workspace.
+    assert k["user"] == f"{0x7000_0009}:{0x7000_0009}"
     assert k["mem_limit"] == k["memswap_limit"] == 512 << 20
     assert k["pids_limit"] == 128
     assert k["tmpfs"] == {"/tmp": f"size={64 << 20},mode=1777"}
