@@ -22,10 +22,11 @@ from mcp import Client
 
 from mcp_code_sandbox.backends.base import SandboxSpec
 from mcp_code_sandbox.backends.docker import DockerBackend, DockerSandbox
-from mcp_code_sandbox.backends.docker_spec import LABEL_KEY
+from mcp_code_sandbox.backends.docker_spec import LABEL_KEY, LABEL_UID
 from mcp_code_sandbox.runs import RunRequest
 from mcp_code_sandbox.service import SandboxService
 from mcp_code_sandbox.settings import Settings, docker_environ
+from mcp_code_sandbox.uids import uid_pool
 from tests.conftest import sandbox_owner
 from tests.e2e.conftest import http_server_process
 from tests.integration.test_docker_backend import LIMITS, gone
@@ -80,6 +81,15 @@ async def test_sigkilled_server_reattaches_on_restart(settings: Settings, engine
         proc.wait()
     [container] = ours(engine, settings)
     assert container.status == "running"  # the container outlived its server
+    container.reload()
+    # Its uid is reserved for it while the dead server's record exists: no one else's.
+    uid = before["uid"]
+    assert container.labels[LABEL_UID] == str(uid) and container.attrs["Config"]["User"] == (
+        f"{uid}:{uid}"
+    )
+    other = uid_pool(settings).lease("/elsewhere/another-session.json")
+    assert other.uid != uid
+    other.release()
     with http_server_process(settings) as (base, proc):
         async with Client(f"{base}/mcp", mode="legacy") as client:  # type: ignore[arg-type]
             again = structured(
@@ -93,11 +103,14 @@ async def test_sigkilled_server_reattaches_on_restart(settings: Settings, engine
         assert again["state_lost"] is False, again
         assert again["result"] == "42" and again["stdout"].strip() == "hi"
         assert again["execution_count"] == 2
-        assert (after["owner"], after["session_id"], after["slot"]) == (
+        assert (after["owner"], after["session_id"], after["slot"], after["uid"]) == (
             before["owner"],
             before["session_id"],
             before["slot"],
+            uid,
         )
+        # The new server holds the uid again: no one else can lease it.
+        assert uid_pool(settings).reclaim(uid, "/elsewhere/another-session.json") is None
         assert after["instance"] != before["instance"]
         assert [c.id for c in ours(engine, settings)] == [container.id]  # the same one
     # A clean shutdown is not a crash: nothing of the session remains.
@@ -146,6 +159,8 @@ class _DeadServer:
         for session in manager._sessions.values():
             assert isinstance(session.sandbox, DockerSandbox)
             session.sandbox.close()  # what the kernel does to a killed server's sockets
+            if session.uid_lease is not None:
+                session.uid_lease.release()  # and to its locks
         pidfile = manager.settings.run_dir / f"{manager.instance}.pid"
         pidfile.write_text("999999999")
         await manager.backend.aclose()
