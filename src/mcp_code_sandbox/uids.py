@@ -22,18 +22,23 @@ not looked up: that would put network calls on the server's event loop).
 Leases. One file per uid in a host-wide directory (``/run/mcp-code-sandbox/uids`` by
 default: on a tmpfs, so empty after a reboot, when no sandbox runs). A server holds uid U
 while it holds an exclusive ``flock`` on ``<dir>/U``: two servers never hold one uid at
-once, and the kernel drops the lock when its process dies, however it dies, so a crashed
-server never keeps uids from the others. The file names its holder, the session's record
-(:mod:`.registry`). A crash must not free a uid whose sandbox lives on (a docker container
-outlives its server, and the next server on its state dir re-attaches it): so a uid whose
-lock nobody holds but whose file names a record that still exists and still says U is
-*reserved* for that record, and only :meth:`UidPool.reclaim` (recovery, for that record)
-takes it. It is free again once that record is gone (the session ended, or the next
-server dropped it); a state dir that no server ever opens again keeps its few uids.
+once, and the kernel drops the lock when its process dies, however it dies: no lock
+outlives its server, and nothing has to clean up after a crash. The file names its
+holder, the session's record (:mod:`.registry`). A crash must not free a uid whose sandbox
+lives on (a docker container outlives its server, and the next server on its state dir
+re-attaches it): so a uid whose lock nobody holds but whose file names a record that
+still exists and still says U is *reserved* for that record, and only
+:meth:`UidPool.reclaim` (recovery, for that record) takes it. It is free again once that
+record is gone (the session ended, or the next server dropped it); a state dir that no
+server ever opens again keeps its few uids.
 Allocation takes the lowest free uid, so the directory holds about as many files as the
 most sessions that ever ran at once. Paths in lease files are as their server sees them:
 servers in containers share leases with the host only through a bind mount of the
-directory (``deploy/compose.yaml`` does), and their records are not visible to others.
+directory (``deploy/compose.yaml`` does), and a server that cannot see another's record
+path (one in another mount namespace) does not honour its reservation: between that
+server's crash and its restart, its surviving containers' uids may be leased again
+(their counters are then shared until one of the two sessions ends; the restarted
+server then cannot reclaim the uid, and drops that session instead of sharing it).
 """
 
 from __future__ import annotations
