@@ -35,6 +35,7 @@ def spec(**kw: Any) -> SandboxSpec:
         "workspace": Path("/var/lib/mcs/workspaces/i/k1"),
         "limits": LIMITS,
         "env": {"FOO": "bar"},
+        "uid": 0x7000_0001,
     }
     values.update(kw)
     return SandboxSpec(**values)
@@ -51,14 +52,23 @@ def test_isolation() -> None:
     assert k["cap_drop"] == ["ALL"]
     assert k["security_opt"] == ["no-new-privileges"]
     assert k["read_only"] is True
-    assert k["user"] == f"{os.geteuid()}:{os.getegid()}"  # no uid of its own: the server's
-    assert "mcp-code-sandbox.uid" not in k["labels"]
+    assert k["user"] == f"{0x7000_0001}:{0x7000_0001}"  # the session's own uid
     assert k["init"] is True
     assert k["auto_remove"] is False
     assert k["detach"] is True
     assert k["stdin_open"] is False and k["tty"] is False
     assert k["image"] == "img:1"
     assert "privileged" not in k and "cap_add" not in k
+
+
+def test_without_a_uid_of_its_own_the_servers_but_never_root() -> None:
+    if os.geteuid() == 0:
+        with pytest.raises(SandboxFailed, match="never runs as root"):
+            kwargs(uid=None)
+    else:
+        k = kwargs(uid=None)
+        assert k["user"] == f"{os.geteuid()}:{os.getegid()}"
+        assert "mcp-code-sandbox.uid" not in k["labels"]
 
 
 def test_a_session_uid_is_the_containers_user_and_label() -> None:
@@ -113,6 +123,7 @@ def test_labels() -> None:
         "mcp-code-sandbox.key": "k1",
         "mcp-code-sandbox.instance": "h-1-ab",
         "mcp-code-sandbox.rundir": "k1-abcd",
+        "mcp-code-sandbox.uid": str(0x7000_0001),
     }
 
 

@@ -298,6 +298,7 @@ def test_runner_mounts_the_workspace_and_its_own_run_dir() -> None:
 
 def test_runner_network_only_when_the_spec_asks() -> None:
     values: dict[str, Any] = {"key": "k1", "owner": "a", "session_id": "s", "network": True}
+    values["uid"] = 0x7000_0001
     spec = SandboxSpec(workspace=WORKSPACE, limits=LIMITS, **values)
     settings = load_settings({}, environ={})
     k = runner_kwargs(spec, settings, PERL, instance="h-1-ab", run_dir=RUN_DIR, network="mcs-n")

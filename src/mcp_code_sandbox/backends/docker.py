@@ -238,6 +238,7 @@ class DockerBackend(Backend):
         return await self._networks.get(client)
 
     async def create(self, spec: SandboxSpec) -> Sandbox:
+        sandbox_ids(spec)  # refuses, before anything is made, to run a sandbox as root
         client = await self.client()
         await self._call(client.images.get, self.image)
         network = await self._network(client, spec)
@@ -438,6 +439,7 @@ class DockerBackend(Backend):
         return runners
 
     async def create_runner(self, spec: SandboxSpec, runner: RunnerImage) -> RunnerSandbox:
+        sandbox_ids(spec)  # as in create
         client = await self.client()
         try:
             await self._call(client.images.get, runner.image_id)

@@ -110,11 +110,17 @@ def server_path(path: Path, settings: Settings) -> Path | None:
 
 def sandbox_ids(spec: SandboxSpec) -> tuple[int, int]:
     """The uid and gid ``spec``'s containers run as: the session's own host uid, or,
-    without one (a server that cannot chown), the server's own, which owns the workspace.
+    without one (a server that cannot chown), the server's own, which owns the workspace,
+    unless that is root (``SandboxFailed``).
     Under runc they are the host's ids; under gVisor the sandbox kernel's, and the files
     it writes in the workspace get them on the host too."""
     if spec.uid is not None:
         return spec.uid, spec.uid
+    if os.geteuid() == 0:  # a root server without CAP_CHOWN, or a caller's slip
+        raise SandboxFailed(
+            "a sandbox never runs as root, and this one has no host uid of its own: a "
+            "server run as root needs CAP_CHOWN to give it one"
+        )
     return os.geteuid(), os.getegid()
 
 
