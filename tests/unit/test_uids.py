@@ -232,3 +232,31 @@ def test_uid_in_the_plan_must_match_the_containers_label(tmp_path: Path) -> None
     assert [r.uid for r, _ in plan(START).reattach] == [START]
     assert plan(START + 1).reattach == [] and len(plan(START + 1).remove_leftovers) == 1
     assert os.path.basename(str(workspace)) == slot
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="gives a workspace to another uid")
+async def test_the_runtime_probe_runs_as_a_uid_of_its_own(tmp_path: Path) -> None:
+    from mcp_code_sandbox.backends.base import Limits, SandboxSpec
+    from mcp_code_sandbox.probe import RuntimeProbe
+    from mcp_code_sandbox.runtimes import RUNTIMES
+
+    seen: list[tuple[SandboxSpec, int]] = []
+
+    class Backend:
+        workspace_owner = None
+
+        async def create(self, spec: SandboxSpec) -> object:
+            seen.append((spec, spec.workspace.stat().st_uid))
+            return type("Box", (), {"ready": {"languages": {"python": "3"}}})()
+
+        async def stop(self, sandbox: object) -> None:
+            pass
+
+    uids = pool(tmp_path / "uids")
+    settings = load_settings({"state_dir": str(tmp_path)}, environ={})
+    limits = Limits(memory_bytes=1, cpu=1.0, pids=16, tmp_bytes=1, file_bytes=1)
+    probe = RuntimeProbe(settings, Backend(), lambda: limits, RUNTIMES, uids)  # type: ignore[arg-type]
+    assert await probe.get() == {"python": "3"}
+    [(spec, owner)] = seen
+    assert spec.uid == START and owner == START  # never root, never a tenant's uid
+    assert uids.lease("/h/next").uid == START  # given back
