@@ -20,6 +20,7 @@ import contextlib
 import functools
 import os
 import shutil
+import subprocess
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -132,7 +133,16 @@ def state_dir() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="mcs-test-", dir="/var/tmp"))
     path.chmod(0o711)
     yield path
+    _unmount_below(path)  # a test that failed half-way may leave workspace filesystems
     shutil.rmtree(path, ignore_errors=True)
+
+
+def _unmount_below(path: Path) -> None:
+    with open("/proc/self/mountinfo") as info:
+        points = [line.split()[4] for line in info]
+    for point in reversed(points):
+        if point.startswith(f"{path}/"):
+            subprocess.run(["umount", "--lazy", point], capture_output=True, check=False)
 
 
 @pytest.fixture

@@ -14,6 +14,8 @@ import sys
 from typing import NamedTuple, TextIO
 
 from mcp_code_sandbox.backends import cgroups
+from mcp_code_sandbox.backends.base import Backend
+from mcp_code_sandbox.backends.bwrap import BwrapBackend
 from mcp_code_sandbox.backends.seccomp import build_seccomp_bpf
 from mcp_code_sandbox.errors import BackendUnavailable, SandboxError
 from mcp_code_sandbox.runtime_env import runtime_status
@@ -209,6 +211,17 @@ def uid_range_detail(settings: Settings) -> tuple[str, str | None]:
     return detail, None
 
 
+def workspace_quota_check(settings: Settings, backend: Backend) -> Check:
+    """How the workspace quota binds ``backend``'s sandboxes here (both backends)."""
+    from mcp_code_sandbox import quota
+
+    try:
+        mode = quota.choose(settings, backend)
+    except BackendUnavailable as exc:
+        return Check("workspace quota", False, exc.message, "see above")
+    return Check("workspace quota", True, mode.describe())
+
+
 def _uid_check(settings: Settings) -> Check:
     name = "per-sandbox uids"
     if os.geteuid() != 0:
@@ -258,6 +271,7 @@ def check_bwrap(settings: Settings) -> list[Check]:
         _runtime_check(settings),
         _node_check(settings),
         _uid_check(settings),
+        workspace_quota_check(settings, BwrapBackend(settings)),
         _bwrap_network_check(settings),
     ]
 
@@ -273,7 +287,7 @@ _ESSENTIAL = (
 
 
 #: Docker checks without which its sandboxes cannot start.
-_DOCKER_ESSENTIAL = ("docker engine", "docker runtime", "docker image")
+_DOCKER_ESSENTIAL = ("docker engine", "docker runtime", "docker seccomp", "docker image")
 
 
 def run_doctor(settings: Settings, out: TextIO = sys.stdout) -> int:

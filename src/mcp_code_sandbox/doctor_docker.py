@@ -14,11 +14,12 @@ import docker
 
 from mcp_code_sandbox.backends.docker_runner import RUNNER_FILTER, choose_runners, listed_images
 from mcp_code_sandbox.backends.docker_spec import foreign, probe_engine
+from mcp_code_sandbox.backends.seccomp import deny_rules
 from mcp_code_sandbox.doctor import Check
 from mcp_code_sandbox.runtimes import RUNTIMES
 from mcp_code_sandbox.settings import Settings, docker_environ
 
-__all__ = ["check_docker"]
+__all__ = ["check_docker", "seccomp_check"]
 
 _ENGINE_FIX = (
     "install and start an engine (scripts/docker-engine.sh on Debian/Ubuntu), set "
@@ -63,6 +64,7 @@ def _engine_checks(client: Any, settings: Settings, where: str) -> list[Check]:
             "register gVisor's runsc in /etc/docker/daemon.json (scripts/docker-engine.sh "
             "does) with runtimeArgs --network=none --host-uds=open",
         ))  # fmt: skip
+    checks.append(seccomp_check(wanted, info.get("SecurityOptions") or []))
     checks.append(_image_check(client, settings.image))
     checks.append(_runners_check(client, settings.image))
     checks.append(Check(
@@ -70,6 +72,7 @@ def _engine_checks(client: Any, settings: Settings, where: str) -> list[Check]:
         "memory, cpu and pids by the engine's cgroups; network only where allowed and asked for",
     ))  # fmt: skip
     checks.append(_network_check(settings))
+    checks.append(_quota_check(settings))
     checks.append(uid_check(settings, info.get("SecurityOptions") or []))
     return checks
 
@@ -105,6 +108,31 @@ def uid_check(settings: Settings, security_options: list[str]) -> Check:
         return Check(name, False, f"{detail}: {why_not}", "set SANDBOX_UID_LEASE_DIR")
     how = f"yes: each session's containers run as a host uid of its own ({runtime}); {detail}"
     return Check(name, True, how + (gvisor if runtime == "runsc" else ""))
+
+
+def seccomp_check(runtime: str, security_options: list[str]) -> Check:
+    """Under runc the containers run under our profile (``security_opt``), which needs an
+    engine built with seccomp; under runsc gVisor's own kernel stands in for it."""
+    if runtime == "runsc":
+        return Check(
+            "docker seccomp", True, "runsc: none (gVisor's own kernel serves every syscall)"
+        )
+    if not any("seccomp" in option for option in security_options):
+        return Check(
+            "docker seccomp", False, "the engine reports no seccomp support: containers fail "
+            "to start with our profile", "use an engine built with seccomp (libseccomp)",
+        )  # fmt: skip
+    return Check(
+        "docker seccomp", True,
+        f"runc containers run under our profile ({len(deny_rules())} rules, bwrap's deny-list)",
+    )  # fmt: skip
+
+
+def _quota_check(settings: Settings) -> Check:
+    from mcp_code_sandbox.backends.docker import DockerBackend
+    from mcp_code_sandbox.doctor import workspace_quota_check
+
+    return workspace_quota_check(settings, DockerBackend(settings, docker_environ()))
 
 
 def _network_check(settings: Settings) -> Check:

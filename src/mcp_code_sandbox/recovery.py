@@ -27,7 +27,9 @@ from mcp_code_sandbox import registry
 from mcp_code_sandbox.backends.base import Leftover
 from mcp_code_sandbox.errors import SandboxError
 from mcp_code_sandbox.liveness import process_alive, read_mark
+from mcp_code_sandbox.settings import Settings
 from mcp_code_sandbox.workspace import remove_tree
+from mcp_code_sandbox.workspace.volume import IMAGE_SUFFIX, PROBE_PREFIX, release
 
 if TYPE_CHECKING:
     from mcp_code_sandbox.sessions import SessionManager
@@ -35,6 +37,9 @@ if TYPE_CHECKING:
 __all__ = ["alive", "recover"]
 
 log = structlog.get_logger("mcp_code_sandbox.sessions")
+
+#: A probe's mount older than this is a dead server's (a probe takes ~0.1 s).
+_STALE_PROBE_S = 600.0
 
 
 async def recover(manager: SessionManager) -> None:
@@ -79,6 +84,7 @@ async def _carry_out(manager: SessionManager, plan: registry.Plan) -> None:
         manager.tombstone(record.owner, record.session_id, why)
     for slot in plan.stray_slots:
         await _forget(manager, slot)
+    await asyncio.to_thread(_sweep_volumes, manager.settings)
 
 
 async def _reattach(
@@ -100,9 +106,28 @@ async def _reattach(
 
 
 async def _forget(manager: SessionManager, slot: str) -> None:
-    """Delete a workspace, then its record (that order: see ``registry``)."""
-    await asyncio.to_thread(remove_tree, manager.settings.workspaces_dir / slot)
-    registry.remove_record(manager.settings.sessions_dir, slot)
+    """Delete a workspace (unmounting its filesystem, deleting its image), then its
+    record (that order: see ``registry``)."""
+    settings = manager.settings
+    image = settings.volumes_dir / f"{slot}{IMAGE_SUFFIX}"
+    await asyncio.to_thread(release, settings.workspaces_dir / slot, image)
+    registry.remove_record(settings.sessions_dir, slot)
+
+
+def _sweep_volumes(settings: Settings) -> None:
+    """Delete images whose workspace directory is gone (a release cut short after it
+    unmounted), and what a probe killed half-way left (:func:`.workspace.volume.probe`)."""
+    if settings.volumes_dir.is_dir():
+        for image in settings.volumes_dir.glob(f"*{IMAGE_SUFFIX}"):
+            slot = image.name.removesuffix(IMAGE_SUFFIX)
+            if not (settings.workspaces_dir / slot).exists():
+                log.info("removing a leftover workspace image", slot=slot)
+                image.unlink(missing_ok=True)
+    stale = time.time() - _STALE_PROBE_S
+    for probe in settings.run_dir.glob(f"{PROBE_PREFIX}*"):
+        if probe.name.endswith(IMAGE_SUFFIX) or probe.lstat().st_mtime > stale:
+            continue
+        release(probe, probe.with_name(probe.name + IMAGE_SUFFIX))
 
 
 async def _remove_dead_instances(manager: SessionManager) -> None:

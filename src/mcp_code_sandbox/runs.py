@@ -16,6 +16,7 @@ from typing import BinaryIO
 
 import structlog
 
+from mcp_code_sandbox import quota
 from mcp_code_sandbox.agent.budget import Budget
 from mcp_code_sandbox.agent_client import AgentClient, Display, Outcome
 from mcp_code_sandbox.backends.base import RunnerImage
@@ -163,8 +164,9 @@ async def run(
     # The spool (an unnamed temp file) is only made once the output passes the budget.
     capture = OutputCapture(settings.stream_bytes, _open_spool)
     progress = asyncio.create_task(_report_progress(capture, started, on_progress))
-    try:
-        outcome = await executor.execute(
+
+    def execute() -> Awaitable[Outcome]:
+        return executor.execute(
             language=request.language,
             code=request.code,
             timeout_s=timeout_s,
@@ -172,6 +174,13 @@ async def run(
             on_stream=capture.add,
             budget=Budget(settings.max_result_bytes, settings.max_images),
         )
+
+    try:
+        if manager.quota.filesystem:
+            outcome = await execute()  # the workspace's own filesystem is the limit
+        else:
+            done, stopped = await quota.guarded(session.workspace, execute)
+            outcome = done or _stopped(stopped or "")
     except SandboxFailed as exc:
         if runner is not None:
             raise  # the runner was replaced once already; nothing was lost but this call
@@ -214,16 +223,16 @@ def _check_ready(session: Session, language: str) -> None:
         )
 
 
-def _over_quota(after: Snapshot, quota: int) -> str | None:
-    # Code may write past the quota (only single files are capped, by RLIMIT_FSIZE); the
-    # server's own writes (uploads, saved output) then fail with quota_exceeded.
+def _over_quota(after: Snapshot, limit: int) -> str | None:
+    # The workspace's filesystem (or the watch over the run) stopped the code near the
+    # quota; the server's own writes (uploads, saved output) fail with quota_exceeded.
     used = after.used_bytes
-    if used <= quota:
-        return None
-    return (
-        f"the workspace holds {used} bytes, more than its quota of {quota}: delete files "
-        "in /mnt/data, or packages installed in /mnt/data/.packages (uploads fail until then)"
-    )
+    return None if used <= limit else quota.over_quota_message(used, limit)
+
+
+def _stopped(why: str) -> Outcome:
+    error = {"name": "QuotaExceeded", "value": why, "traceback": ""}
+    return Outcome("error", None, None, error, None, False)
 
 
 def _join(first: str | None, second: str | None) -> str | None:

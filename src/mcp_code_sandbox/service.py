@@ -258,7 +258,10 @@ class SandboxService:
                 "max_timeout_s": self.settings.max_exec_timeout_s,
                 "max_output_bytes": self.settings.max_output_bytes,
                 "max_result_bytes": self.settings.max_result_bytes,
-                "enforcement": self.backend.enforcement(),
+                "enforcement": {
+                    **self.backend.enforcement(),
+                    "workspace": "kernel" if self.sessions.quota.filesystem else "checked",
+                },
             },
         }
         out = []

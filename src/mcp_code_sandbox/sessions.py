@@ -5,8 +5,9 @@ Semantics:
   name is a different session, and one owner never learns of another's (same error as a
   session that does not exist).
 - A session is registered synchronously when first named, so two concurrent first calls
-  with the same new id get one session. Its workspace is made at once; its sandbox only
-  when code first runs (uploads need no sandbox).
+  with the same new id get one session. Its workspace is made by the first call that
+  holds its lock (in a worker thread: with a filesystem per workspace that is a mount);
+  its sandbox only when code first runs (uploads need no sandbox).
 - Calls to one session run one at a time in arrival order (``asyncio.Lock`` is FIFO); a
   call that waits longer than its own timeout fails with ``session_busy``.
 - ``last_active`` moves at the start and end of every call; the reaper closes sessions
@@ -44,7 +45,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from mcp_code_sandbox import registry
+from mcp_code_sandbox import quota, registry
 from mcp_code_sandbox.agent_client import AgentClient
 from mcp_code_sandbox.backends.base import (
     Backend,
@@ -58,10 +59,12 @@ from mcp_code_sandbox.errors import MaxSessions, SandboxFailed, SessionBusy, Ses
 from mcp_code_sandbox.ids import mint_session_id, session_key, validate_session_id
 from mcp_code_sandbox.liveness import process_mark
 from mcp_code_sandbox.metrics import EndReason, Metrics
+from mcp_code_sandbox.quota import QuotaMode
 from mcp_code_sandbox.recovery import recover
 from mcp_code_sandbox.settings import Settings
 from mcp_code_sandbox.uids import UidLease, uid_pool
 from mcp_code_sandbox.workspace import Workspace
+from mcp_code_sandbox.workspace.volume import IMAGE_SUFFIX, Volume, image_bytes
 
 __all__ = ["Session", "SessionManager"]
 
@@ -94,6 +97,9 @@ class Session:
     runners: dict[str, RunnerSandbox] = field(default_factory=dict)
     runs: int = 0
     closed: bool = False
+    #: The workspace exists (with its filesystem mounted, if it has one): made by the
+    #: first call holding the lock, in a worker thread (a mount takes 20-30 ms).
+    workspace_made: bool = False
     #: The host uid of its sandboxes, held for its whole life; ``None``: the backend's
     #: shared uid.
     uid_lease: UidLease | None = None
@@ -125,6 +131,8 @@ class SessionManager:
         self._instance = f"{os.getpid()}-{os.urandom(4).hex()}"
         self._reaper: asyncio.Task[None] | None = None
         self._closed = False
+        #: How the workspace quota binds sandboxes here; decided in :meth:`start`.
+        self.quota = QuotaMode(False, "not started")
         #: Host uids, one per session, when the backend can use them.
         self.uids = uid_pool(settings) if backend.per_sandbox_uids else None
 
@@ -134,6 +142,8 @@ class SessionManager:
         self.settings.run_dir.mkdir(parents=True, exist_ok=True)
         self.settings.workspaces_dir.mkdir(parents=True, exist_ok=True)
         (self.settings.run_dir / f"{self._instance}.pid").write_text(process_mark())
+        self.quota = await asyncio.to_thread(quota.choose, self.settings, self.backend)
+        log.info("workspace quota", enforced=self.quota.describe())
         if self.uids is not None:
             await asyncio.to_thread(self.uids.open)
         await recover(self)
@@ -199,6 +209,7 @@ class SessionManager:
             created_wall=record.created_at,
             sandbox=sandbox,
             agent=AgentClient(sandbox.channel),
+            workspace_made=True,  # its filesystem outlived the old server, still mounted
             uid_lease=uid_lease,
         )
         self._sessions[(record.owner, record.session_id)] = session
@@ -232,12 +243,21 @@ class SessionManager:
         try:
             if session.closed:  # closed while this call waited in the queue
                 raise SessionNotFound(f"session {session.id} was closed while this call waited")
+            if not session.workspace_made:
+                await self._make_workspace(session)
             self._touch(session)
             yield Acquired(session, created, notice)
         finally:
             if not session.closed:
                 self._touch(session)
             session.lock.release()
+
+    async def _make_workspace(self, session: Session) -> None:
+        await asyncio.to_thread(session.workspace.create)
+        if session.closed:  # closed meanwhile: its destroy may have run before the mount
+            await asyncio.to_thread(session.workspace.destroy)
+            raise SessionNotFound(f"session {session.id} was closed while it was being made")
+        session.workspace_made = True
 
     def _touch(self, session: Session) -> None:
         session.last_active = time.monotonic()
@@ -307,7 +327,6 @@ class SessionManager:
             session = Session(session_id, owner, key, slot, workspace, now, now, time.time())
             session.uid_lease = lease
             self._save(session, force=True)  # before the workspace: see ``registry``
-            workspace.create()
         except BaseException:
             registry.remove_record(self.settings.sessions_dir, slot)  # then the uid is free
             if lease is not None:
@@ -329,7 +348,12 @@ class SessionManager:
             self.settings.workspaces_dir / slot,
             quota_bytes=self.settings.workspace_quota_bytes,
             owner=self.backend.workspace_owner if uid is None else (uid, uid),
+            volume=self._volume(slot) if self.quota.filesystem else None,
         )
+
+    def _volume(self, slot: str) -> Volume:
+        image = self.settings.volumes_dir / f"{slot}{IMAGE_SUFFIX}"
+        return Volume(image, image_bytes(self.settings.workspace_quota_bytes))
 
     def tombstone(self, owner: str, session_id: str, reason: str) -> None:
         self._tombstones[(owner, session_id)] = (

@@ -121,6 +121,11 @@ class Settings(BaseSettings):
     max_output_bytes: Size = 100 * 1024
     max_code_bytes: Size = 100 * 1024
     workspace_quota_bytes: Size = 1024**3
+    #: How the quota binds the sandbox. ``filesystem``: each workspace is a loop-mounted
+    #: filesystem of the quota's size (root only; the server refuses to start without
+    #: it). ``checked``: the server watches the workspace during runs and checks it after
+    #: them (a run can overshoot briefly). ``auto``: ``filesystem`` where it works here.
+    workspace_quota_mode: Literal["auto", "filesystem", "checked"] = "auto"
     max_image_bytes: Size = 1024**2
     max_images: int = Field(4, ge=0, le=64)
     max_read_bytes: Size = 1024**2
@@ -309,6 +314,11 @@ class Settings(BaseSettings):
     @property
     def workspaces_dir(self) -> Path:
         return self.state_dir / "workspaces"
+
+    @property
+    def volumes_dir(self) -> Path:
+        """The workspaces' filesystem images (``workspace_quota_mode`` filesystem)."""
+        return self.state_dir / "volumes"
 
     @property
     def sessions_dir(self) -> Path:

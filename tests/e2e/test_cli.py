@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -37,6 +38,10 @@ def test_doctor_says_what_is_enforced(make_settings: Callable[..., Settings]) ->
     out = proc.stdout.lower()
     for word in ("namespace", "seccomp", "memory", "pids", "cpu", "network", "runtime"):
         assert word in out, word
+    if os.geteuid() == 0:  # root with loop devices (CI, this suite's hosts)
+        assert "workspace quota: filesystem (a loop-mounted ext4 image" in proc.stdout
+    checked = cli(make_settings(), "doctor", SANDBOX_WORKSPACE_QUOTA_MODE="checked")
+    assert "workspace quota: checked during and after runs" in checked.stdout
 
 
 def test_doctor_fails_without_a_backend(make_settings: Callable[..., Settings]) -> None:

@@ -48,7 +48,9 @@ for bin_dir in ('/mnt/data/.packages/python/bin', '/mnt/data/.packages/node/node
 #: The sandbox must start again for its agent to look for interpreters anew: the
 #: attacker's code ends its own agent (the kernel's parent), and the next call gets a
 #: new sandbox on the same workspace.
-END_AGENT = "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)"
+#: The agent is the sandbox's pid 1 (bwrap --as-pid-1; no init on docker): SIGKILL from
+#: inside its pid namespace does not reach it, but its own SIGTERM handler ends it.
+END_AGENT = "import os, signal\nos.kill(os.getppid(), signal.SIGTERM)"
 
 
 async def _runtimes(client: Any) -> str:

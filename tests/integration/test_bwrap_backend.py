@@ -177,6 +177,30 @@ async def test_no_stray_fds(sandbox: BwrapSandbox) -> None:
     assert set(out.split()) <= {"0", "1", "2"}
 
 
+async def test_the_agent_is_pid_1_and_reaps_orphans(sandbox: BwrapSandbox) -> None:
+    # bwrap --as-pid-1: no bwrap init beside the agent. Orphans (a double fork) come to
+    # the agent, which collects them when their SIGCHLD arrives: no zombie stays.
+    orphans = "for i in 1 2 3 4 5; do (sleep 0.1 &); done; sleep 1; true"
+    await run(sandbox, orphans, "bash")
+    code = (
+        "import os, time\n"
+        "def zombies():\n"
+        "    found = []\n"
+        "    for p in filter(str.isdigit, os.listdir('/proc')):\n"
+        "        try:\n"
+        "            stat = open(f'/proc/{p}/stat').read()\n"
+        "        except OSError:\n"
+        "            continue\n"
+        "        if stat[stat.rfind(')') + 2] == 'Z':\n"
+        "            found.append(p)\n"
+        "    return found\n"
+        "print(os.getppid(), open('/proc/1/cmdline').read().split('\\0')[:5], zombies())\n"
+    )
+    out, _, _ = await run(sandbox, code)
+    assert out.startswith("1 ") and "mcs_agent" in out, out
+    assert out.rstrip().endswith("[]"), out
+
+
 async def test_cgroup_files_show_limits(sandbox: BwrapSandbox, bwrap_backend: BwrapBackend) -> None:
     assert sandbox.cgroup is not None, bwrap_backend.cgroups.reasons
     files = {

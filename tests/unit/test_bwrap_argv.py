@@ -55,6 +55,7 @@ def test_isolation_flags() -> None:
     for flag in (
         "--unshare-user",
         "--unshare-pid",
+        "--as-pid-1",  # the agent, not bwrap's dumpable init, is pid 1
         "--unshare-net",
         "--unshare-ipc",
         "--unshare-uts",

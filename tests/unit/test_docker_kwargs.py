@@ -20,6 +20,7 @@ from mcp_code_sandbox.backends.docker import (
     container_kwargs,
     map_docker_error,
 )
+from mcp_code_sandbox.backends.seccomp import docker_seccomp_opt
 from mcp_code_sandbox.errors import BackendUnavailable, SandboxFailed
 from mcp_code_sandbox.settings import docker_environ, load_settings
 
@@ -50,15 +51,20 @@ def test_isolation() -> None:
     k = kwargs()
     assert k["network_mode"] == "none"
     assert k["cap_drop"] == ["ALL"]
-    assert k["security_opt"] == ["no-new-privileges"]
+    assert k["security_opt"] == ["no-new-privileges", docker_seccomp_opt()]
     assert k["read_only"] is True
     assert k["user"] == f"{0x7000_0001}:{0x7000_0001}"  # the session's own uid
-    assert k["init"] is True
+    assert k["init"] is False  # the agent is pid 1: no dumpable init beside it
     assert k["auto_remove"] is False
     assert k["detach"] is True
     assert k["stdin_open"] is False and k["tty"] is False
     assert k["image"] == "img:1"
     assert "privileged" not in k and "cap_add" not in k
+
+
+def test_runsc_gets_no_seccomp_profile() -> None:
+    # gVisor ignores it (without --oci-seccomp), and its own kernel is the wall.
+    assert kwargs("runsc")["security_opt"] == ["no-new-privileges"]
 
 
 def test_without_a_uid_of_its_own_the_servers_but_never_root() -> None:

@@ -17,6 +17,7 @@ from mcp_code_sandbox.backends.docker_runner import (
     runner_from_labels,
     runner_kwargs,
 )
+from mcp_code_sandbox.backends.seccomp import docker_seccomp_opt
 from mcp_code_sandbox.settings import load_settings
 
 RUBY = {"sandbox.runner": "true", "sandbox.language": "ruby"}
@@ -276,7 +277,8 @@ def test_runner_keeps_the_sandbox_hardening() -> None:
     assert k["network_mode"] == "none"
     assert k["cap_drop"] == ["ALL"]
     assert k["read_only"] is True
-    assert k["security_opt"] == ["no-new-privileges"]
+    assert k["security_opt"] == ["no-new-privileges", docker_seccomp_opt()]
+    assert k["init"] is True  # its main process is a shell that reaps nothing
     # The session's own uid, as its main container's: they share the workspace.
     assert k["user"] == f"{0x7000_0009}:{0x7000_0009}"
     assert k["mem_limit"] == k["memswap_limit"] == 512 << 20

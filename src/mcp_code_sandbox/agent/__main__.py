@@ -10,12 +10,22 @@ containers inherit no fds). A path that is not there yet, or refuses, is retried
 ``CONNECT_WAIT_S``; after that the agent exits 1 with one line on stderr. With
 ``--connect`` the agent also survives the host going away: it reconnects to the same path
 for ``--reconnect-s`` seconds (see :mod:`.hostlink`).
+
+The first thing the agent does is make itself non-dumpable. User code runs under the
+agent's uid, and to the kernel "same uid, dumpable" means "may ptrace": it could open
+``/proc/<agent>/mem`` read-write, reopen the agent's fds through ``/proc/<agent>/fd`` and
+read its environ, and so forge frames on the host channel or write into the host's log.
+Non-dumpable, those files belong to root and every ptrace-mode access check fails. The
+flag lives in the process's memory map: the kernel and programs the agent starts get a
+fresh, dumpable one at exec, as they should (they are the user's).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
+import os
 import sys
 
 from .config import AgentConfig
@@ -25,6 +35,7 @@ from .protocol import write_frame
 from .supervisor import AgentExit, Supervisor
 
 CONNECT_WAIT_S = 10.0
+_PR_SET_DUMPABLE = 4
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -44,7 +55,21 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def make_undumpable() -> None:
+    """``prctl(PR_SET_DUMPABLE, 0)``; raises ``OSError``: an agent that user code could
+    reach into does not start (there is no ``prctl`` in the standard library but ctypes)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"prctl(PR_SET_DUMPABLE, 0) failed: errno {code}")
+
+
 def main(argv: list[str] | None = None) -> int:
+    try:
+        make_undumpable()
+    except OSError as exc:
+        print(f"agent: {exc}", file=sys.stderr)
+        return 1
     args = _parse(argv)
     if args.connect is None:
         channel: int = args.channel_fd
@@ -58,12 +83,28 @@ def main(argv: list[str] | None = None) -> int:
         config = AgentConfig.from_json(args.config)
         link = HostLink(channel, args.connect, args.reconnect_s)
         supervisor = Supervisor(link, args.workdir, config, args.plain)
+        if args.connect is not None:  # up to here, errors explain a failed start
+            _stdio_to_null()
         return supervisor.serve()
     except AgentExit as exit_:  # e.g. SIGTERM before the loop started
         return exit_.code
     except (KernelStartError, ValueError, OSError) as exc:
         _report(channel, f"agent failed: {type(exc).__name__}: {exc}")
         return 1
+
+
+def _stdio_to_null() -> None:
+    """Before any user code runs, fds 0-2 become /dev/null: from here on everything goes
+    over the channel.
+
+    With ``--connect`` (docker) they are the container's log pipes. Linux keeps them from
+    user code (the agent is not dumpable), but gVisor lets a process of the same uid
+    reopen another's pipes through ``/proc/<pid>/fd`` regardless: nothing of the
+    engine's should be there to reopen."""
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.close(null)
 
 
 def _report(channel: int, message: str) -> None:

@@ -2,7 +2,8 @@
 
 Every child runs in its own session and process group, with stdin from /dev/null and
 fd 1 / fd 2 on pipes the supervisor reads without blocking. A child's exit is noticed
-through a pidfd when the kernel offers one, else by polling (see ``Child.pidfd``).
+by SIGCHLD (the supervisor's wake-up socket), not by a pidfd: the sandbox's seccomp filter
+denies ``pidfd_open``, since a pidfd is what ``pidfd_getfd`` steals fds with.
 """
 
 from __future__ import annotations
@@ -80,11 +81,6 @@ class Child:
         self.stderr = OutputPipe(os.dup(proc.stderr.fileno()), "stderr")
         proc.stdout.close()
         proc.stderr.close()
-        #: Readable once the child exited; ``None`` where pidfd_open is missing (old
-        #: kernels, gVisor): the supervisor then polls ``returncode`` on a short tick.
-        self.pidfd: int | None = None
-        with contextlib.suppress(OSError, AttributeError):
-            self.pidfd = os.pidfd_open(proc.pid)
 
     @property
     def pipes(self) -> tuple[OutputPipe, OutputPipe]:
@@ -107,9 +103,6 @@ class Child:
     def close(self) -> None:
         for pipe in self.pipes:
             pipe.close()
-        if self.pidfd is not None:
-            os.close(self.pidfd)
-            self.pidfd = None
 
 
 def spawn(

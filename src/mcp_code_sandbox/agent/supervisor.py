@@ -1,9 +1,12 @@
 """The supervisor: the agent's main process, between the host channel and the runs.
 
 One thread, one ``selectors`` loop over the host channel, the kernel's control socket,
-the stdout/stderr pipes of the kernel and of a running program, and the pidfds that say
-a child exited. It enforces deadlines (SIGINT, then after ``GRACE_S`` SIGKILL and a fresh
-kernel), notices a kernel that died by itself, and restarts it.
+the stdout/stderr pipes of the kernel and of a running program, and a wake-up socket that
+SIGCHLD writes to (``signal.set_wakeup_fd``): a child that exits wakes the loop at once,
+with no polling tick (and no pidfd, which the sandbox's seccomp filter denies). As pid 1
+(``bwrap --as-pid-1``, a container without an init) the same wake-up collects the
+orphans user code leaves behind. It enforces deadlines (SIGINT, then after ``GRACE_S``
+SIGKILL and a fresh kernel), notices a kernel that died by itself, and restarts it.
 
 Output attribution: bytes on the kernel's pipes belong to the current run when that run
 is Python; a program's pipes belong to its run. Output written when no run is in the
@@ -27,6 +30,7 @@ import os
 import selectors
 import shutil
 import signal
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -52,11 +56,6 @@ from .runs import (
 )
 
 __all__ = ["AgentExit", "Supervisor"]
-
-#: Loop tick while some child has no pidfd and its exit must be polled.
-POLL_S = 0.05
-#: As pid 1, how often exited orphans are collected (and the loop's longest sleep).
-REAP_S = 1.0
 
 
 def _python_version() -> str:
@@ -87,7 +86,8 @@ class Supervisor:
         self._scratch: str | None = None
         #: The kernel died between runs: the next Python run reports ``state_lost``.
         self._state_lost_pending = False
-        self._next_reap = 0.0
+        #: SIGCHLD arrived since the children were last looked at.
+        self._child_signalled = False
         #: The latest ``execution_count`` the kernel reported; 0 for a fresh kernel.
         self._execution_count = 0
         #: The environment the backend gave us, before the session's packages join it:
@@ -95,6 +95,9 @@ class Supervisor:
         self._base_env = dict(os.environ)
         # Before any child starts: they all inherit where the session's packages are.
         os.environ.update(packages.environ(workdir, os.environ))
+        # Before any child starts, so that no exit goes unnoticed.
+        self._wakeup = _sigchld_wakeup()
+        self._sel.register(self._wakeup, selectors.EVENT_READ, self._on_sigchld)
         self._kernel = self._start_kernel(meanwhile=self._find_programs)
 
     # -- lifecycle -------------------------------------------------------------------
@@ -129,8 +132,10 @@ class Supervisor:
             # An earlier callback may have closed this fd, and a new kernel reused it.
             if self._sel.get_map().get(key.fd) is key:
                 callback()
-        self._poll_children()
-        self._reap()
+        if self._child_signalled:
+            self._child_signalled = False
+            self._poll_children()
+            self._reap()
         self._check_deadline()
         self._reconnect()
         if self._run is None and self._queue:
@@ -142,12 +147,6 @@ class Supervisor:
         if run is not None:
             due = run.kill_at if run.reason is not None else run.deadline
             ticks.append(max(0.0, (due or 0.0) - time.monotonic()))
-            if run.child is not None and run.child.pidfd is None:
-                ticks.append(POLL_S)
-        if self._kernel.child.pidfd is None:
-            ticks.append(POLL_S)
-        if os.getpid() == 1:
-            ticks.append(REAP_S)
         if self._link.fd is None:
             ticks.append(max(0.0, self._link.retry_at - time.monotonic()))
         return min(ticks) if ticks else None
@@ -290,7 +289,7 @@ class Supervisor:
             return
         run.child = child
         self._run = run
-        self._watch(child, self._on_program_exit)
+        self._watch(child)
 
     def _finish(self, message: dict[str, Any]) -> None:
         """End the current run: drain its output, send ``done``, forget the run."""
@@ -368,7 +367,7 @@ class Supervisor:
 
     def _start_kernel(self, meanwhile: Callable[[], None] | None = None) -> KernelProcess:
         kernel = start_kernel(self._workdir, self._config, self._plain, meanwhile)
-        self._watch(kernel.child, self._on_kernel_exit)
+        self._watch(kernel.child)
         self._sel.register(kernel.control, selectors.EVENT_READ, self._on_control)
         return kernel
 
@@ -424,7 +423,7 @@ class Supervisor:
             if data is not None:  # else over the run's budget: dropped as it arrives
                 self._send({"ev": "display", "id": self._run.id,
                             "source": str(message.get("source")), "data": data})  # fmt: skip
-        with contextlib.suppress(OSError):  # a dead kernel is noticed by its pidfd
+        with contextlib.suppress(OSError):  # a dead kernel is noticed by its SIGCHLD
             self._kernel.send({"op": "ack"})
 
     def _on_kernel_exit(self) -> None:
@@ -445,15 +444,13 @@ class Supervisor:
 
     # -- child bookkeeping -----------------------------------------------------------
 
-    def _watch(self, child: Child, on_exit: Callable[[], None]) -> None:
+    def _watch(self, child: Child) -> None:
         for pipe in child.pipes:
             self._sel.register(pipe.fd, selectors.EVENT_READ, self._reader(child, pipe))
-        if child.pidfd is not None:
-            self._sel.register(child.pidfd, selectors.EVENT_READ, on_exit)
 
     def _unwatch(self, child: Child) -> None:
-        for fd in (*(p.fd for p in child.pipes if not p.closed), child.pidfd):
-            if fd is not None and fd in self._sel.get_map():
+        for fd in (p.fd for p in child.pipes if not p.closed):
+            if fd in self._sel.get_map():
                 self._sel.unregister(fd)
 
     def _reader(self, child: Child, pipe: OutputPipe) -> Callable[[], None]:
@@ -469,21 +466,26 @@ class Supervisor:
 
         return on_readable
 
+    def _on_sigchld(self) -> None:
+        """The wake-up socket is readable: empty it; the step then looks at the children."""
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self._wakeup, 4096):
+                pass
+        self._child_signalled = True
+
     def _reap(self) -> None:
-        if os.getpid() != 1 or time.monotonic() < self._next_reap:
+        if os.getpid() != 1:
             return
-        self._next_reap = time.monotonic() + REAP_S
         keep = [self._kernel.child.pid]
         if self._run is not None and self._run.child is not None:
             keep.append(self._run.child.pid)
         reap_orphans(keep)
 
     def _poll_children(self) -> None:
-        """For children without a pidfd: notice their exit on the tick."""
-        if self._kernel.child.pidfd is None:
-            self._on_kernel_exit()
+        """After a SIGCHLD: has the kernel or the running program exited?"""
+        self._on_kernel_exit()
         run = self._run
-        if run is not None and run.child is not None and run.child.pidfd is None:
+        if run is not None and run.child is not None:
             self._on_program_exit()
 
 
@@ -512,3 +514,24 @@ def _within_budget(
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise AgentExit(0)
+
+
+def _on_sigchld(signum: int, frame: FrameType | None) -> None:
+    """Nothing: the C-level handler has written to the wake-up fd already."""
+
+
+def _sigchld_wakeup() -> int:
+    """The read end of a channel that gets a byte whenever SIGCHLD arrives.
+
+    Python's C signal handler writes the signal number to the wake-up fd the moment the
+    signal arrives, so a select() already sleeping wakes, and one about to sleep finds the
+    byte: no exit is missed, and nothing polls. Only the handler needs installing (SIGCHLD
+    is ignored by default); exec resets it, so the children are unaffected. A socketpair,
+    not a pipe: gVisor lets user code reopen the agent's pipes through /proc (a socket
+    cannot be reopened), and stealing these bytes would hide a program's exit."""
+    read_end, write_end = socket.socketpair()
+    read_end.setblocking(False)
+    write_end.setblocking(False)
+    signal.signal(signal.SIGCHLD, _on_sigchld)
+    signal.set_wakeup_fd(write_end.detach(), warn_on_full_buffer=False)
+    return read_end.detach()

@@ -101,7 +101,7 @@ class Limits:
     pids: int
     tmp_bytes: int
     #: The largest single file the sandbox may write (RLIMIT_FSIZE); the workspace's total
-    #: is checked by the session manager, which knows the quota.
+    #: is bound by its own filesystem, or watched by the session manager (:mod:`..quota`).
     file_bytes: int
 
 
@@ -337,10 +337,17 @@ class Backend(abc.ABC):
         up the fence after all."""
         return f"the {self.name} backend has no network support"
 
+    def workspace_mounts_unseen(self) -> str | None:
+        """Why a filesystem the server mounts on a workspace directory would not be what
+        the sandbox sees there, or ``None`` when it would (the sandbox is made from this
+        host's view of the directory). Called once at start, by :func:`..quota.choose`."""
+        return None
+
     @abc.abstractmethod
     def enforcement(self) -> dict[str, Enforcement]:
         """How each limit is enforced: keys ``memory``, ``cpu``, ``pids``, ``tmp``,
-        ``file_size``, ``network``. For ``doctor`` and ``list_runtimes``."""
+        ``file_size``, ``network``. For ``doctor`` and ``list_runtimes`` (which adds
+        ``workspace``: the session manager decides that one, see :mod:`..quota`)."""
 
     def runtime_info(self) -> dict[str, dict[str, Any]]:
         """Per language: ``version``, ``packages`` {name: version}, ``image`` (or None).

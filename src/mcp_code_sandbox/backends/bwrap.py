@@ -232,6 +232,10 @@ def build_bwrap_argv(
         "--gid",
         str(SANDBOX_GID),
         "--unshare-pid",
+        # The agent is pid 1, not bwrap's own init: that init is dumpable, holds bwrap's
+        # stderr (the host's log pipe) and its /proc/1/mem opens read-write for user code
+        # of the same uid. The agent is not dumpable, and reaps orphans itself.
+        "--as-pid-1",
         "--unshare-ipc",
         "--unshare-uts",
         "--unshare-cgroup-try",

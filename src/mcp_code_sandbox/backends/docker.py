@@ -1,10 +1,12 @@
 """The Docker backend: one long-running container per sandbox, via docker-py.
 
 The engine is whatever ``DOCKER_HOST`` names (Docker, Podman's compatible socket); the
-runtime is ``runc`` or ``runsc`` (gVisor). The container's main process is the agent
-(under ``tini``, ``init=True``, which reaps what user code orphans), so the interpreter
-lives exactly as long as the container. :func:`container_kwargs` builds the whole
-``containers.create`` call and is unit-tested without an engine.
+runtime is ``runc`` or ``runsc`` (gVisor). The container's main process is the agent, as
+pid 1 (no engine init: the agent reaps what user code orphans, and unlike tini it is not
+dumpable), so the interpreter lives exactly as long as the container. Under runc the
+container runs under our seccomp profile (``seccomp.docker_seccomp_profile``).
+:func:`container_kwargs` builds the whole ``containers.create`` call and is unit-tested
+without an engine.
 
 The channel is a Unix socket, not the container's stdin/stdout. Per sandbox the server
 makes a run dir (``<state_dir>/run/<key>-<random>/``) holding a socket it listens on,
@@ -197,6 +199,16 @@ class DockerBackend(Backend):
         return await self._call(self._connect)
 
     # -- the seam ------------------------------------------------------------------------
+
+    def workspace_mounts_unseen(self) -> str | None:
+        # The engine resolves a bind's source in its own mount namespace: a mount made by
+        # a server in a container, or on another host, is not there.
+        if self.settings.docker_host_state_dir is not None:
+            return "the server runs in a container (SANDBOX_DOCKER_HOST_STATE_DIR is set)"
+        host = self._environment.get("DOCKER_HOST", "")
+        if host and not host.startswith("unix://"):
+            return f"the Docker engine may be on another host (DOCKER_HOST={host})"
+        return None
 
     def enforcement(self) -> dict[str, Enforcement]:
         return {

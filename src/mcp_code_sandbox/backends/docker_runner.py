@@ -192,6 +192,7 @@ def runner_kwargs(
     kwargs["entrypoint"] = list(KEEPALIVE[:1])
     kwargs["command"] = list(KEEPALIVE[1:])
     kwargs["working_dir"] = WORKSPACE_DIR
+    kwargs["init"] = True  # the keep-alive shell reaps nothing: tini does
     kwargs["labels"] = {**kwargs["labels"], LABEL_RUNNER: runner.language}
     return kwargs
 

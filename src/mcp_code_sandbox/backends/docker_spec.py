@@ -31,6 +31,7 @@ from mcp_code_sandbox.backends.base import (
     agent_argv,
     sandbox_env,
 )
+from mcp_code_sandbox.backends.seccomp import docker_seccomp_opt
 from mcp_code_sandbox.errors import BackendUnavailable, SandboxError, SandboxFailed
 from mcp_code_sandbox.liveness import process_alive, read_mark
 from mcp_code_sandbox.settings import Settings
@@ -57,6 +58,7 @@ __all__ = [
     "probe_engine",
     "same_host",
     "sandbox_ids",
+    "security_opt",
     "server_path",
     "uid_from_label",
 ]
@@ -177,7 +179,10 @@ def container_kwargs(
         },
         "hostname": "sandbox",
         "runtime": settings.docker_runtime,
-        "init": True,
+        # No init: the agent is pid 1 and reaps orphans itself. An engine-injected init
+        # (tini) would be a dumpable process of the sandbox uid holding the container's
+        # log pipes, whose /proc/1/mem user code could open read-write.
+        "init": False,
         "detach": True,
         # The channel is the socket: stdin stays /dev/null, as the agent expects.
         "stdin_open": False,
@@ -186,7 +191,7 @@ def container_kwargs(
         "network_mode": network if spec.network else "none",
         **networked,
         "cap_drop": ["ALL"],
-        "security_opt": ["no-new-privileges"],
+        "security_opt": security_opt(settings.docker_runtime),
         "read_only": True,
         "tmpfs": {"/tmp": f"size={limits.tmp_bytes},mode=1777"},  # noqa: S108 - in the sandbox
         "mem_limit": limits.memory_bytes,
@@ -210,6 +215,16 @@ def container_kwargs(
         # User code can reopen the agent's stderr through /proc: cap what the engine keeps.
         "log_config": LogConfig(type="json-file", config={"max-size": "1m", "max-file": "1"}),
     }
+
+
+def security_opt(runtime: str) -> list[str]:
+    """``no-new-privileges``, and under runc our seccomp profile (the same deny-list as
+    bwrap's; it replaces the engine's default, which allows io_uring, ptrace, AF_VSOCK and
+    AF_NETLINK on some engines). gVisor ignores a container's seccomp profile unless runsc
+    runs with ``--oci-seccomp``, and its own kernel is the wall: runsc gets none."""
+    if runtime == "runsc":
+        return ["no-new-privileges"]
+    return ["no-new-privileges", docker_seccomp_opt()]
 
 
 def map_docker_error(exc: BaseException, *, image: str, runtime: str) -> SandboxError:

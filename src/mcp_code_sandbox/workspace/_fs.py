@@ -25,6 +25,7 @@ __all__ = [
     "Budget",
     "EntryType",
     "closing_fd",
+    "counted_bytes",
     "describe",
     "entry_type",
     "iso_utc",
@@ -79,6 +80,15 @@ def describe(dir_fd: int, name: str) -> str:
         (stat.S_ISBLK, "a block device"),
     )
     return next((what for test, what in kinds if test(mode)), "a special file")
+
+
+def counted_bytes(st: os.stat_result) -> int:
+    """What a regular file counts towards the quota: its size, or the blocks it holds
+    when those are more (``fallocate`` with ``FALLOC_FL_KEEP_SIZE`` allocates disk
+    without growing the size). Less one block of slack, so that rounding a small file up
+    to a whole block does not count: a file of 60 bytes counts 60."""
+    allocated = st.st_blocks * 512 - st.st_blksize
+    return max(st.st_size, allocated)
 
 
 def iso_utc(mtime_ns: int) -> str:

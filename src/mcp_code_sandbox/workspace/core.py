@@ -27,9 +27,9 @@ from mcp_code_sandbox.workspace._fs import (
     FILE_FLAGS,
     Budget,
     closing_fd,
+    counted_bytes,
     describe,
     iso_utc,
-    remove_tree,
     walk,
 )
 from mcp_code_sandbox.workspace.mime import guess_mime, is_text_mime
@@ -42,6 +42,7 @@ from mcp_code_sandbox.workspace.results import (
     Stamp,
     make_entry,
 )
+from mcp_code_sandbox.workspace.volume import Volume, release
 
 __all__ = ["HEAD_BYTES", "HIDDEN_DIRS", "OUTPUTS_DIR", "Workspace", "measure"]
 
@@ -61,7 +62,12 @@ class Workspace:
     """A session's files: the host directory ``root`` that the sandbox sees as /mnt/data."""
 
     def __init__(
-        self, root: Path, *, quota_bytes: int, owner: tuple[int, int] | None = None
+        self,
+        root: Path,
+        *,
+        quota_bytes: int,
+        owner: tuple[int, int] | None = None,
+        volume: Volume | None = None,
     ) -> None:
         if quota_bytes <= 0:
             raise InvalidArgument(f"quota_bytes must be positive, not {quota_bytes}")
@@ -69,23 +75,31 @@ class Workspace:
         self.quota_bytes = quota_bytes
         #: Host uid/gid given every directory and file the server creates; None: ours.
         self.owner = owner
+        #: The filesystem of its own mounted at ``root`` (the quota binds the sandbox);
+        #: ``None``: ``root`` is a plain directory and the quota is checked (:mod:`..quota`).
+        self.volume = volume
 
     # --- life cycle ------------------------------------------------------------------------
 
     def create(self) -> None:
-        """Create ``root`` (mode 0o700, given to ``owner``); an existing directory is kept."""
+        """Create ``root`` (mode 0o700, given to ``owner``), with its ``volume`` mounted
+        on it; an existing directory (and mount) is kept. Blocks (20-30 ms with a volume):
+        call it in a worker thread."""
         with _fs_errors("."):
             self.root.parent.mkdir(parents=True, exist_ok=True)
             # An existing directory is a server restart re-attaching to a session: keep it.
             with suppress(FileExistsError):
                 os.mkdir(self.root, 0o700)
+            if self.volume is not None:
+                self.volume.create(self.root)
             with closing_fd(os.open(self.root, DIR_FLAGS)) as fd:
                 self._adopt(fd, 0o700)
 
     def destroy(self) -> None:
-        """Remove ``root`` and everything in it, following no link; a no-op when gone."""
+        """Unmount and delete the volume, then remove ``root`` and everything in it,
+        following no link; a no-op when gone."""
         with _fs_errors("."):
-            remove_tree(self.root)
+            release(self.root, self.volume.image if self.volume else None)
 
     # --- files -----------------------------------------------------------------------------
 
@@ -190,18 +204,22 @@ class Workspace:
         package): only the snapshot after a run needs it, for the quota."""
         budget = Budget(limit)
         files: dict[str, Stamp] = {}
+        # Blocks a file holds beyond its size (fallocate with KEEP_SIZE) count too.
+        preallocated = 0
         with _fs_errors("."), closing_fd(self._open_root()) as root:
             for path, st in walk(root, "", recursive=True, budget=budget, skip=HIDDEN_DIRS):
                 if stat.S_ISREG(st.st_mode):
                     files[path] = Stamp(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+                    preallocated += counted_bytes(st) - st.st_size
             hidden = (
                 sum(self._hidden_usage(root, name) for name in HIDDEN_DIRS) if count_hidden else 0
             )
-        return Snapshot(files, budget.truncated, hidden)
+        return Snapshot(files, budget.truncated, hidden + preallocated if count_hidden else 0)
 
     def usage_bytes(self, limit: int = 200_000) -> int:
-        """Sum of regular file sizes; a lower bound when there are more than ``limit``
-        entries (the sandbox's own writes are capped by the backend, not by this)."""
+        """Bytes the regular files hold (:func:`._fs.counted_bytes`: their sizes, or
+        their allocated blocks when more); a lower bound when there are more than
+        ``limit`` entries."""
         with _fs_errors("."), closing_fd(self._open_root()) as root:
             return self._usage(root, limit)
 
@@ -332,7 +350,7 @@ class Workspace:
 
     def _usage(self, root: int, limit: int) -> int:
         walked = walk(root, "", recursive=True, budget=Budget(limit))
-        return sum(st.st_size for _, st in walked if stat.S_ISREG(st.st_mode))
+        return sum(counted_bytes(st) for _, st in walked if stat.S_ISREG(st.st_mode))
 
     def _install(
         self, dir_fd: int, name: str, data: bytes | BinaryIO, shown: str, *, overwrite: bool

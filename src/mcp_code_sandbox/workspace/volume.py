@@ -1,0 +1,179 @@
+"""A size-limited filesystem per workspace: a sparse ext4 image loop-mounted at its root.
+
+Why: the quota must bind the sandbox, not only the server's own writes. A workspace that
+is a mount of its own filesystem cannot hold more than that filesystem's size, whatever
+the code in it does (``fallocate``, many files, package installs), and every backend gets
+that for free: bwrap binds the workspace directory, Docker (runc and runsc) bind-mounts it
+at ``/mnt/data``, and both see the mounted filesystem.
+
+Layout and life cycle. The image is ``<state_dir>/volumes/<slot>.img``, next to the
+workspace (never inside it: the sandbox must not reach its own image). :meth:`Volume.create`
+makes it (sparse: the host pays only for what is written), formats it (``mkfs.ext4``: no
+journal, no blocks reserved for root, inode tables not zeroed: a new sparse file reads as
+zeros anyway, and ``noinit_itable`` keeps the kernel from writing them out later) and
+mounts it ``nosuid,nodev`` (not ``noexec``: users run scripts from their workspace) with
+``discard``, so that deleting files in the sandbox gives the host its disk back. All of
+that takes 20-30 ms, and unmounting and deleting 15-25 ms (this project's test host).
+``mount -o loop`` sets the loop device to clear itself on the last unmount, so unmounting
+frees the device too.
+:func:`release` unmounts (lazily when something still holds it), deletes the image, then
+the directory: in that order, so that a server killed half-way leaves a workspace
+directory, which the next start finds and releases again (see :mod:`..recovery`).
+
+Semantics: the image is a little larger than the quota (:func:`image_bytes`), so that the
+files the quota allows fit next to the filesystem's own metadata; the server still checks
+the quota by the bytes in files after every run and before every upload. ``lost+found``
+is removed (nothing ever runs ``fsck`` on a workspace: it is deleted with its session).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from mcp_code_sandbox.errors import InternalError
+from mcp_code_sandbox.workspace._fs import remove_tree
+
+__all__ = ["IMAGE_SUFFIX", "PROBE_PREFIX", "Volume", "image_bytes", "mounted", "probe", "release"]
+
+IMAGE_SUFFIX = ".img"
+#: Names of :func:`probe`'s mount points (its image: the same name plus the suffix).
+PROBE_PREFIX = ".mcs-probe-"
+#: The smallest image ``mkfs.ext4`` makes a usable filesystem of (it fails below ~256 KiB).
+MIN_IMAGE_BYTES = 1 << 20
+#: Bytes of file data per inode (``mkfs -i``): enough inodes for package trees of small
+#: files, while the inode tables (256 bytes each) cost ~3 % of the image.
+BYTES_PER_INODE = 8192
+_TIMEOUT_S = 60.0
+_SBIN = "/usr/sbin:/sbin:/usr/bin:/bin"
+_MOUNT_OPTIONS = "loop,nosuid,nodev,noatime,discard,noinit_itable"
+
+
+def image_bytes(quota_bytes: int) -> int:
+    """Size of the image for ``quota_bytes`` of files: the quota plus the metadata that
+    ``mkfs.ext4`` takes from it (inode tables, bitmaps, the root directory), so that the
+    quota's worth of data fits; rounded up to whole 64 KiB."""
+    metadata = quota_bytes * 256 // BYTES_PER_INODE + quota_bytes // 32 + (512 << 10)
+    size = max(MIN_IMAGE_BYTES, quota_bytes + metadata)
+    return -(-size // 65536) * 65536
+
+
+@dataclass(frozen=True)
+class Volume:
+    """The filesystem of one workspace: ``image`` (a file), mounted at the workspace root."""
+
+    image: Path
+    size_bytes: int
+
+    def create(self, root: Path) -> None:
+        """Make, format and mount the image at ``root`` (an existing empty directory).
+
+        A ``root`` that is already a mount point is kept as it is: a restarted server
+        re-attaching a session whose filesystem outlived the old server."""
+        if mounted(root):
+            return
+        self.image.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            with open(self.image, "wb") as out:
+                out.truncate(self.size_bytes)
+            _run("mkfs.ext4", *mkfs_args(self.image))
+            _run("mount", "-t", "ext4", "-o", _MOUNT_OPTIONS, str(self.image), str(root))
+            (root / "lost+found").rmdir()
+        except BaseException:
+            release(root, self.image, keep_root=True)
+            raise
+
+
+def mkfs_args(image: Path) -> list[str]:
+    """``mkfs.ext4`` arguments for a workspace image: quiet, forced (a file, not a
+    device), no journal (a crash loses the session anyway), nothing reserved for root,
+    inode tables left for the kernel to zero when first used."""
+    return [
+        "-q",
+        "-F",
+        "-m",
+        "0",
+        "-i",
+        str(BYTES_PER_INODE),
+        "-O",
+        "^has_journal,^resize_inode",
+        "-E",
+        "lazy_itable_init=1,nodiscard",
+        str(image),
+    ]
+
+
+def release(root: Path, image: Path | None, *, keep_root: bool = False) -> None:
+    """Unmount ``root`` if it is a mount point, delete ``image``, then ``root`` with what
+    is in it (unless ``keep_root``). No-op for what is gone; never follows links."""
+    if mounted(root):
+        try:
+            _run("umount", str(root))
+        except InternalError:
+            # Busy (a process still has a file open in it): detach it now, the kernel
+            # frees the filesystem and its loop device when the last user is gone.
+            _run("umount", "--lazy", str(root))
+    if image is not None:
+        image.unlink(missing_ok=True)
+    if not keep_root:
+        remove_tree(root)
+
+
+def mounted(path: Path) -> bool:
+    """Is ``path`` (a directory, not a link) a mount point?"""
+    try:
+        return not path.is_symlink() and os.path.ismount(path)
+    except OSError:
+        return False
+
+
+def probe(directory: Path) -> str | None:
+    """Why per-workspace filesystems cannot be made here, or ``None`` when they can.
+
+    Real, not guessed: makes, mounts and releases a small image in ``directory`` (~50 ms),
+    since root without ``CAP_SYS_ADMIN`` (a container) or without loop devices fails
+    only at the mount."""
+    if os.geteuid() != 0:
+        return "the server is not root (mounting a filesystem needs CAP_SYS_ADMIN)"
+    for tool in ("mkfs.ext4", "mount", "umount"):
+        if _which(tool) is None:
+            return f"{tool} is not installed (apt-get install e2fsprogs mount)"
+    if not Path("/dev/loop-control").exists():
+        return "the host has no loop devices (/dev/loop-control)"
+    directory.mkdir(parents=True, exist_ok=True)
+    root = Path(tempfile.mkdtemp(prefix=PROBE_PREFIX, dir=directory))
+    volume = Volume(root.with_name(root.name + IMAGE_SUFFIX), MIN_IMAGE_BYTES)
+    try:
+        volume.create(root)
+    except InternalError as exc:
+        return exc.message
+    finally:
+        release(root, volume.image)
+    return None
+
+
+def _which(tool: str) -> str | None:
+    # A service's PATH often lacks the sbin directories, where these tools live.
+    return shutil.which(tool) or shutil.which(tool, path=_SBIN)
+
+
+def _run(tool: str, *args: str) -> None:
+    argv = [_which(tool) or tool, *args]
+    try:
+        done = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=_TIMEOUT_S,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise InternalError(f"{tool} failed: {exc}") from None
+    if done.returncode != 0:
+        detail = (done.stderr or done.stdout).strip()[-300:] or f"exit {done.returncode}"
+        raise InternalError(f"{tool} failed: {detail}")

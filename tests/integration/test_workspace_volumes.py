@@ -1,0 +1,110 @@
+"""Workspace filesystems (``workspace_quota_mode`` filesystem, a root server) leave nothing
+behind: no mount, no loop device, no image, after a close, an expiry, a shutdown, or a
+server killed with SIGKILL (the next start releases what it does not re-attach; a docker
+session it re-attaches keeps its filesystem and files).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp import Client
+
+from mcp_code_sandbox.settings import Settings
+
+from ..conftest import MakeService, each_backend
+from ..e2e.conftest import http_server_process
+
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="mounting a workspace filesystem needs root"),
+]
+
+
+def mounts(state_dir: Path) -> list[str]:
+    """Mount points under ``state_dir`` (mountinfo escapes spaces; ours have none)."""
+    with open("/proc/self/mountinfo") as info:
+        points = [line.split()[4] for line in info]
+    return [p for p in points if p.startswith(str(state_dir))]
+
+
+def loops(state_dir: Path) -> list[str]:
+    """Loop devices backed by a file under ``state_dir`` (deleted ones too)."""
+    listed = subprocess.run(
+        ["losetup", "--list", "--noheadings", "--output", "NAME,BACK-FILE"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    return [line for line in listed.splitlines() if str(state_dir) in line]
+
+
+def images(settings: Settings) -> list[Path]:
+    return sorted(settings.volumes_dir.glob("*.img")) if settings.volumes_dir.is_dir() else []
+
+
+def nothing_left(settings: Settings) -> None:
+    assert mounts(settings.state_dir) == []
+    assert loops(settings.state_dir) == []
+    assert images(settings) == []
+    assert not any(settings.workspaces_dir.iterdir())
+
+
+async def new_session(svc: Any, session_id: str) -> Path:
+    await svc.upload_file("local", "a.txt", b"hi", session_id=session_id, overwrite=False)
+    [session] = svc.sessions.with_id(session_id)
+    root: Path = session.workspace.root
+    assert str(root) in mounts(svc.settings.state_dir)
+    assert len(loops(svc.settings.state_dir)) == 1
+    return root
+
+
+@pytest.mark.bwrap
+async def test_close_expiry_and_shutdown_release_the_filesystem(
+    make_service: MakeService,
+) -> None:
+    async with make_service(workspace_quota_bytes=8 << 20, session_ttl_m=0.01) as svc:
+        settings = svc.settings
+        assert svc.sessions.quota.filesystem
+        await new_session(svc, "closed")
+        await svc.close_session("local", "closed")
+        nothing_left(settings)
+        await new_session(svc, "expired")
+        await asyncio.sleep(1.0)  # past the TTL of 0.6 s
+        await svc.sessions.reap()
+        nothing_left(settings)
+        await new_session(svc, "left-at-shutdown")
+    nothing_left(settings)
+
+
+@each_backend
+async def test_a_killed_servers_filesystems_are_released_or_kept(
+    make_settings: Callable[..., Settings], backend: str
+) -> None:
+    """SIGKILL leaves the mount; the next server releases it (bwrap), or re-attaches
+    the session with its filesystem and files (docker), and ends it cleanly later."""
+    settings = make_settings(workspace_quota_bytes=8 << 20)
+    with http_server_process(settings) as (base, proc):
+        async with Client(f"{base}/mcp", mode="legacy") as client:  # type: ignore[arg-type]
+            ran = await client.call_tool(
+                "run_code", {"session_id": "s", "code": "open('kept.txt', 'w').write('hi')"}
+            )
+            assert not ran.is_error, ran
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert len(mounts(settings.state_dir)) == 1 and len(images(settings)) == 1
+    with http_server_process(settings) as (base, proc):
+        if backend == "bwrap":
+            nothing_left(settings)  # its sandbox died with the server: nothing to keep
+        else:
+            assert len(mounts(settings.state_dir)) == 1  # the container still uses it
+            async with Client(f"{base}/mcp", mode="legacy") as client:  # type: ignore[arg-type]
+                again = await client.call_tool(
+                    "run_code", {"session_id": "s", "code": "print(open('kept.txt').read())"}
+                )
+            assert not again.is_error and again.structured_content["stdout"] == "hi\n", again
+    nothing_left(settings)
