@@ -160,7 +160,8 @@ async def run(
         executor, notice = RunnerClient(manager, session, runner, request.network), None
     # A notice here means the previous sandbox had died: its variables are gone.
     replaced = notice is not None
-    before = await asyncio.to_thread(session.workspace.snapshot)
+    threads = manager.threads  # blocking work, bounded per owner (never the event loop)
+    before = await threads.run(session.owner, session.workspace.snapshot)
     # The spool (an unnamed temp file) is only made once the output passes the budget.
     capture = OutputCapture(settings.stream_bytes, _open_spool)
     progress = asyncio.create_task(_report_progress(capture, started, on_progress))
@@ -189,10 +190,9 @@ async def run(
         outcome = _lost(str(exc))
     finally:
         progress.cancel()
-        full_output = await asyncio.to_thread(capture.finish)
-    full_path = await _save_full_output(session, full_output, run_name)
-    after = await asyncio.to_thread(session.workspace.snapshot, count_hidden=True)
-    changes = session.workspace.diff(before, after)
+        full_output = await threads.run(session.owner, capture.finish)
+    full_path = await _save_full_output(manager, session, full_output, run_name)
+    after, changes = await threads.run(session.owner, _changes_since, session, before)
     notice = _join(notice, _over_quota(after, settings.workspace_quota_bytes))
     lost_said = replaced and not outcome.state_lost  # the notice says what was lost
     outcome.state_lost = outcome.state_lost or replaced
@@ -200,7 +200,7 @@ async def run(
         session, request, outcome, capture, full_path, changes, started, notice, lost_said
     )
     report.files_partial = before.truncated or after.truncated
-    report.image_files = await asyncio.to_thread(_read_images, session, changes, settings)
+    report.image_files = await threads.run(session.owner, _read_images, session, changes, settings)
     _audit(session, request, report, capture)
     manager.metrics.run_finished(report.language, report.status, report.duration_ms / 1000)
     return report
@@ -255,12 +255,20 @@ async def _report_progress(
             await on_progress(elapsed, capture.tail() or f"running for {elapsed:.0f} s")
 
 
-async def _save_full_output(session: Session, data: bytes | None, run_name: str) -> str | None:
+def _changes_since(session: Session, before: Snapshot) -> tuple[Snapshot, list[Change]]:
+    after = session.workspace.snapshot(count_hidden=True)
+    return after, session.workspace.diff(before, after)
+
+
+async def _save_full_output(
+    manager: SessionManager, session: Session, data: bytes | None, run_name: str
+) -> str | None:
     if data is None:
         return None
     rel = f".outputs/{run_name}.txt"
+    write = session.workspace.write_file
     try:
-        await asyncio.to_thread(session.workspace.write_file, rel, data, overwrite=True)
+        await manager.threads.run(session.owner, write, rel, data, overwrite=True)
     except QuotaExceeded:
         return None
     return rel

@@ -21,6 +21,7 @@ from mcp_code_sandbox.errors import (
     InvalidArgument,
     NetworkNotAllowed,
     SandboxError,
+    SessionNotFound,
     UnsupportedLanguage,
     UploadTooLarge,
 )
@@ -61,6 +62,8 @@ class SandboxService:
         self.backend = backend
         self.metrics = Metrics(backend.name)
         self.sessions = SessionManager(settings, backend, self.metrics)
+        #: Blocking work (file I/O, walks, images) goes here, never on the event loop.
+        self.threads = self.sessions.threads
         #: Runner images by language (docker), as last discovered; see ``refresh_runners``.
         self.runners: dict[str, RunnerImage] = {}
         #: What ``backend.runtime_info()`` said at the latest refresh, and the languages
@@ -179,6 +182,11 @@ class SandboxService:
                 report = await runs.run(
                     self.sessions, held.session, request, timeout, on_progress, runner
                 )
+                if held.session.closed:  # close_session landed during the run: it is gone
+                    raise SessionNotFound(
+                        f"session {held.session.id} was closed while this call ran; its "
+                        "files and variables are gone"
+                    )
         except UnsupportedLanguage:  # this sandbox lacks the interpreter: do the server's?
             await self.probe.get(again=True)
             await self._languages_changed(before)
@@ -209,7 +217,10 @@ class SandboxService:
         async with self.sessions.acquire(
             owner, session_id, create=True, wait_s=self.settings.exec_timeout_s
         ) as held:
-            info: FileInfo = held.session.workspace.write_file(filename, data, overwrite=overwrite)
+            write = held.session.workspace.write_file  # a quota walk, then the write
+            info: FileInfo = await self.threads.run(
+                owner, write, filename, data, overwrite=overwrite
+            )
         return Upload(held.session.id, info.path, info.size_bytes, held.created, held.notice)
 
     async def read_file(
@@ -221,7 +232,8 @@ class SandboxService:
         async with self.sessions.acquire(
             owner, session_id, create=False, wait_s=self.settings.exec_timeout_s
         ) as held:
-            return held.session.workspace.read_file(path, offset=offset, max_bytes=limit)
+            read = held.session.workspace.read_file
+            return await self.threads.run(owner, read, path, offset=offset, max_bytes=limit)
 
     async def list_files(
         self, owner: str, session_id: str, path: str, *, recursive: bool, limit: int = 10000
@@ -229,7 +241,8 @@ class SandboxService:
         async with self.sessions.acquire(
             owner, session_id, create=False, wait_s=self.settings.exec_timeout_s
         ) as held:
-            return held.session.workspace.list_files(path, recursive=recursive, limit=limit)
+            listing = held.session.workspace.list_files
+            return await self.threads.run(owner, listing, path, recursive=recursive, limit=limit)
 
     async def close_session(self, owner: str, session_id: str) -> None:
         await self.sessions.close(owner, session_id)

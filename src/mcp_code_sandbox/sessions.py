@@ -31,6 +31,17 @@ Semantics:
   workspace is given to it), keeps it for its whole life (every sandbox and runner of the
   session runs as it), records it, and lets it go after its record is removed. A
   re-attached session gets the uid its record names back, or is not re-attached.
+- Ending a session (close, expiry, shutdown) first marks it closed (queued calls then
+  fail with ``session_not_found``, and no call starts a sandbox for it any more), stops
+  its sandbox (which ends a running cell), waits, bounded, for the call in flight and for
+  any sandbox start in flight, stops whatever those left, and only then removes the
+  workspace: a close that returns ``ok`` leaves no sandbox running. A start is never
+  cancelled half-way (docker-py's calls run on in their threads, and what they create
+  would be lost): it runs to its end, and a sandbox made for a closed session, or for a
+  call that was cancelled meanwhile, is stopped at once.
+- One session's failure never stops the others' cleanup: a backend step that fails is
+  logged, the rest is still freed, and what remains is retried at every reaper pass.
+  The reaper catches everything but its cancellation, and is started again if it dies.
 """
 
 from __future__ import annotations
@@ -40,8 +51,9 @@ import contextlib
 import os
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import structlog
 
@@ -63,6 +75,7 @@ from mcp_code_sandbox.quota import QuotaMode
 from mcp_code_sandbox.recovery import recover
 from mcp_code_sandbox.settings import Settings
 from mcp_code_sandbox.uids import UidLease, uid_pool
+from mcp_code_sandbox.workers import WorkerThreads
 from mcp_code_sandbox.workspace import Workspace
 from mcp_code_sandbox.workspace.volume import IMAGE_SUFFIX, Volume, image_bytes
 
@@ -73,6 +86,10 @@ log = structlog.get_logger("mcp_code_sandbox.sessions")
 _TOMBSTONES = 10_000
 #: Longest a session's on-disk ``last_active`` lags behind the truth (see above).
 RECORD_EVERY_S = 10.0
+#: How long ending a session waits for its call in flight and its sandbox starts in
+#: flight (a start is bounded by the backend's own timeouts, well below this).
+END_WAIT_S = 120.0
+_T = TypeVar("_T")
 
 
 @dataclass(eq=False)
@@ -97,6 +114,10 @@ class Session:
     runners: dict[str, RunnerSandbox] = field(default_factory=dict)
     runs: int = 0
     closed: bool = False
+    #: Sandbox and runner starts in flight, and stops of what they made too late.
+    starting: set[asyncio.Task[Any]] = field(default_factory=set)
+    #: What a stop failed to free, retried until it goes (see ``SessionManager._release``).
+    unstopped: list[Sandbox | RunnerSandbox] = field(default_factory=list)
     #: The workspace exists (with its filesystem mounted, if it has one): made by the
     #: first call holding the lock, in a worker thread (a mount takes 20-30 ms).
     workspace_made: bool = False
@@ -126,10 +147,15 @@ class SessionManager:
         self.backend = backend
         self.metrics = metrics or Metrics(backend.name)
         self.metrics.track_sessions(self.count)
+        #: Where blocking work on sessions' files runs (never on the event loop).
+        self.threads = WorkerThreads(settings.worker_threads)
         self._sessions: dict[tuple[str, str], Session] = {}
         self._tombstones: OrderedDict[tuple[str, str], str] = OrderedDict()
         self._instance = f"{os.getpid()}-{os.urandom(4).hex()}"
         self._reaper: asyncio.Task[None] | None = None
+        #: Ended sessions that still hold something (a sandbox a stop failed to free,
+        #: files not removed): the reaper tries again at every pass.
+        self._unfinished: dict[str, Session] = {}
         self._closed = False
         #: How the workspace quota binds sandboxes here; decided in :meth:`start`.
         self.quota = QuotaMode(False, "not started")
@@ -147,7 +173,7 @@ class SessionManager:
         if self.uids is not None:
             await asyncio.to_thread(self.uids.open)
         await recover(self)
-        self._reaper = asyncio.create_task(self._reap_forever(), name="session-reaper")
+        self._start_reaper()
 
     async def aclose(self) -> None:
         """Stop every sandbox and delete every workspace; bounded by the backend's stops.
@@ -160,14 +186,24 @@ class SessionManager:
         self._closed = True
         if self._reaper is not None:
             self._reaper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reaper
+            await asyncio.wait({self._reaper})  # whatever it ended with, shutdown goes on
         sessions = list(self._sessions.values())
         self._sessions.clear()
         keep = self.settings.keep_sessions_on_shutdown and self.backend.reattaches
         end = self._leave if keep else self._destroy
-        await asyncio.gather(*(end(s) for s in sessions), return_exceptions=True)
-        await self.backend.aclose()
+        unfinished = list(self._unfinished.values())
+        # Each session on its own: one that fails is logged and the others still end.
+        for outcome in await asyncio.gather(
+            *(end(s) for s in sessions),
+            *(self._destroy(s) for s in unfinished),
+            return_exceptions=True,
+        ):
+            if isinstance(outcome, BaseException):
+                log.error("session not cleaned up at shutdown", error=repr(outcome))
+        try:
+            await self.backend.aclose()
+        except Exception:
+            log.exception("the backend did not close cleanly")
         (self.settings.run_dir / f"{self._instance}.pid").unlink(missing_ok=True)
 
     @property
@@ -385,8 +421,10 @@ class SessionManager:
         notice), so ``network=false`` always means no network at all.
 
         Returns a notice when a previous sandbox was lost (variables are gone then).
-        Called with the session's lock held.
+        Called with the session's lock held. Raises ``SessionNotFound`` when the session
+        was closed before or while its sandbox started (that sandbox is stopped then).
         """
+        _check_open(session)
         notice = None
         if session.sandbox is not None and session.sandbox.spec.network != network:
             await self._stop_sandbox(session)
@@ -413,8 +451,10 @@ class SessionManager:
                 session.key, session.owner, session.id, session.workspace, network, session.uid
             )
             with self.metrics.counting_backend_errors():
-                session.sandbox = await self.backend.create(spec)
-            session.agent = AgentClient(session.sandbox.channel)
+                sandbox = await self._create(
+                    session, lambda: self.backend.create(spec), self.backend.stop
+                )
+            session.sandbox, session.agent = sandbox, AgentClient(sandbox.channel)
         return session.agent, notice
 
     async def ensure_runner(
@@ -422,7 +462,9 @@ class SessionManager:
     ) -> RunnerSandbox:
         """The session's container of ``runner``, started on first use and again after a
         run had to kill it, when the language's image changed, or when this call's
-        ``network`` differs from the container's (runners keep no state). Lock held."""
+        ``network`` differs from the container's (runners keep no state). Lock held;
+        ``SessionNotFound`` as for :meth:`ensure_sandbox`."""
+        _check_open(session)
         current = session.runners.get(runner.language)
         if current is not None and (
             not current.usable or current.runner != runner or current.spec.network != network
@@ -434,14 +476,79 @@ class SessionManager:
                 session.key, session.owner, session.id, session.workspace, network, session.uid
             )
             with self.metrics.counting_backend_errors():
-                current = await self.backend.create_runner(spec, runner)
+                current = await self._create(
+                    session,
+                    lambda: self.backend.create_runner(spec, runner),
+                    self.backend.stop_runner,
+                )
             session.runners[runner.language] = current
         return current
 
+    async def _create(
+        self,
+        session: Session,
+        create: Callable[[], Awaitable[_T]],
+        stop: Callable[[_T], Awaitable[None]],
+    ) -> _T:
+        """Run a backend's ``create`` to its end for ``session`` and hand its sandbox to
+        the caller, who installs it in the session before awaiting anything else.
+
+        The start runs in a task of its own, shielded: this call's cancellation does not
+        cut it short (what it made would be lost), and ending the session waits for it
+        (``session.starting``). Whoever learns first that the sandbox is not wanted (the
+        session closed, or this call cancelled) stops it: the start itself when that was
+        known before it ended, this call when it finds the session closed on waking up.
+        A start that a cancelled call left running is waited for first: two sandboxes of
+        one session never start at once (they share names, e.g. bwrap's cgroups).
+        """
+        if session.starting:
+            await asyncio.wait(set(session.starting), timeout=END_WAIT_S)
+            _check_open(session)
+        abandoned = False
+
+        async def start() -> _T:
+            made = await create()
+            if session.closed or abandoned:
+                await _stop_logged(stop, made, session)
+                if abandoned:
+                    raise asyncio.CancelledError
+                raise SessionNotFound(_closed_while(session, "its sandbox started"))
+            return made
+
+        task = self._track(session, start())
+        try:
+            made = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if not task.done():
+                abandoned = True  # the start stops what it makes
+            elif not task.cancelled() and task.exception() is None:
+                self._track(session, _stop_logged(stop, task.result(), session))
+            raise
+        if session.closed:  # closed between the start's end and this call's turn
+            await _stop_logged(stop, made, session)
+            raise SessionNotFound(_closed_while(session, "its sandbox started"))
+        return made
+
+    def _track(self, session: Session, work: Awaitable[_T]) -> asyncio.Task[_T]:
+        """A task for ``work`` that ending ``session`` waits for; its outcome, if nobody
+        awaits it, is retrieved (and logged when it is a failure)."""
+        task: asyncio.Task[_T] = asyncio.ensure_future(work)
+        session.starting.add(task)
+
+        def done(task: asyncio.Task[_T]) -> None:
+            session.starting.discard(task)
+            exc = None if task.cancelled() else task.exception()
+            if exc is not None and not isinstance(exc, SessionNotFound):
+                # The caller, if still there, has it too: this is for the unawaited.
+                log.debug("a sandbox start ended in an error", session=session.id, error=repr(exc))
+
+        task.add_done_callback(done)
+        return task
+
     async def drop_runner(self, session: Session, language: str) -> None:
         runner = session.runners.pop(language, None)
-        if runner is not None:
-            await self.backend.stop_runner(runner)
+        if runner is not None and not await _stop_logged(self.backend.stop_runner, runner, session):
+            session.unstopped.append(runner)  # ending the session tries again
 
     def _spec(
         self,
@@ -473,27 +580,38 @@ class SessionManager:
 
     async def _stop_sandbox(self, session: Session) -> None:
         sandbox, session.sandbox, session.agent = session.sandbox, None, None
-        if sandbox is not None:
-            await self.backend.stop(sandbox)
+        if sandbox is not None and not await _stop_logged(self.backend.stop, sandbox, session):
+            session.unstopped.append(sandbox)  # ending the session tries again
 
     # -- closing ---------------------------------------------------------------------------
 
     async def close(self, owner: str, session_id: str) -> None:
+        """End the session now: see the module docstring for what waits for what.
+
+        Raises ``SandboxFailed`` (the session is closed all the same) saying precisely
+        what could not be freed; the reaper keeps trying."""
         validate_session_id(session_id)
         session = self._sessions.get((owner, session_id))
         if session is None:
             raise SessionNotFound(f"no session {session_id!r} (already closed, or never existed)")
-        await self._expire(session, f"session {session_id} was closed", "closed")
+        remains = await self._expire(session, f"session {session_id} was closed", "closed")
+        if remains:
+            raise SandboxFailed(
+                f"session {session_id} is closed, but " + "; ".join(remains) + ". The server "
+                "tries again every few seconds and at its next start; nothing to do here"
+            )
 
-    async def _expire(self, session: Session, reason: str, why: EndReason) -> None:
+    async def _expire(self, session: Session, reason: str, why: EndReason) -> list[str]:
+        """End ``session``; what could not be freed (in words; empty: nothing)."""
         if self._sessions.get((session.owner, session.id)) is not session:
-            return
+            return []
         del self._sessions[(session.owner, session.id)]
         self.metrics.session_ended(why)
         session.closed = True
         self.tombstone(session.owner, session.id, reason)
-        await self._destroy(session)
+        remains = await self._destroy(session)
         log.info("session ended", owner=session.owner, session=session.id, reason=reason)
+        return remains
 
     async def _leave(self, session: Session) -> None:
         """Shut down without ending ``session``: its record is brought up to date, its
@@ -509,25 +627,94 @@ class SessionManager:
             session.uid_lease.release()  # reserved by its record for the next server
         log.info("session left for the next server", owner=session.owner, session=session.id)
 
-    async def _destroy(self, session: Session) -> None:
+    async def _destroy(self, session: Session) -> list[str]:
+        """Stop everything of ``session`` and remove its files; what remains, in words.
+
+        Never raises for a backend's or the disk's failure: the session is then kept in
+        ``_unfinished`` and this runs again at the reaper's next pass. Idempotent."""
         session.closed = True
-        await self._stop_sandbox(session)
-        for language in list(session.runners):
-            await self.drop_runner(session, language)
-        await asyncio.to_thread(session.workspace.destroy)
-        registry.remove_record(self.settings.sessions_dir, session.slot)
-        if session.uid_lease is not None:
-            session.uid_lease.release()  # after the record: see ``uids``
+        await self._release(session)  # ends a running cell: its call returns soon
+        await self._settle(session)
+        remains = await self._release(session, retry=False)  # what those calls left
+        try:
+            await asyncio.to_thread(session.workspace.destroy)
+        except Exception as exc:
+            log.error("cannot remove a session's files", session=session.id, error=repr(exc))
+            remains.append(f"its files in {session.workspace.root} could not be removed ({exc})")
+        else:
+            registry.remove_record(self.settings.sessions_dir, session.slot)
+            if session.uid_lease is not None:
+                session.uid_lease.release()  # after the record: see ``uids``
+        if remains:
+            self._unfinished[session.slot] = session
+        else:
+            self._unfinished.pop(session.slot, None)
+        return remains
+
+    async def _settle(self, session: Session) -> None:
+        """Wait (bounded) until no call holds ``session`` and no start is in flight."""
+        try:
+            async with asyncio.timeout(END_WAIT_S):
+                async with session.lock:  # FIFO: the calls queued before fail at once
+                    pass
+                while session.starting:
+                    await asyncio.wait(set(session.starting))
+        except TimeoutError:
+            log.error(
+                "a call or sandbox start of an ended session is still in flight; "
+                "what it starts will be stopped when it ends",
+                session=session.id,
+                waited_s=END_WAIT_S,
+            )
+
+    async def _release(self, session: Session, *, retry: bool = True) -> list[str]:
+        """Stop the session's sandbox and runners; those that a stop failed to free (in
+        words). A failed stop is logged, kept in ``unstopped`` and tried again next time
+        (``retry``: this time too)."""
+        held: list[Sandbox | RunnerSandbox] = []
+        if retry:
+            held, session.unstopped = session.unstopped, []
+        if session.sandbox is not None:
+            held.append(session.sandbox)
+        held.extend(session.runners.values())
+        session.sandbox, session.agent = None, None
+        session.runners.clear()
+        for thing in held:
+            stop: Any = (
+                self.backend.stop if isinstance(thing, Sandbox) else self.backend.stop_runner
+            )
+            if not await _stop_logged(stop, thing, session):
+                session.unstopped.append(thing)
+        return [
+            f"its sandbox {thing.backend_id} could not be stopped" for thing in session.unstopped
+        ]
+
+    def _start_reaper(self) -> None:
+        self._reaper = asyncio.create_task(self._reap_forever(), name="session-reaper")
+        self._reaper.add_done_callback(self._reaper_ended)
+
+    def _reaper_ended(self, task: asyncio.Task[None]) -> None:
+        """The reaper catches every failure, so this is for one it did not foresee: with
+        no reaper, no session of any owner would expire again."""
+        if self._closed or task.cancelled():
+            return
+        log.error("the session reaper died; starting it again", error=repr(task.exception()))
+        self._start_reaper()
 
     async def _reap_forever(self) -> None:
         ttl = self.settings.session_ttl_m * 60
         interval = max(0.5, min(15.0, ttl / 4))
         while True:
             await asyncio.sleep(interval)
-            await self.reap()
+            try:
+                await self.reap()
+            except Exception:  # reap isolates sessions; this is the last guard
+                log.exception("a reaper pass failed; the next one tries again")
 
     async def reap(self) -> None:
-        """Close sessions idle past the TTL or past their max lifetime (not mid-call)."""
+        """Close sessions idle past the TTL or past their max lifetime (not mid-call),
+        and try again to free what earlier ends left. Each session on its own: one
+        that fails is logged and tried again at the next pass."""
         now = time.monotonic()
         ttl = self.settings.session_ttl_m * 60
         lifetime = self.settings.session_max_lifetime_h * 3600
@@ -535,18 +722,33 @@ class SessionManager:
             if session.lock.locked():
                 continue
             if now - session.last_active > ttl:
-                await self._expire(
-                    session,
-                    f"session {session.id} expired after {self.settings.session_ttl_m:g} min idle",
-                    "idle",
+                reason = (
+                    f"session {session.id} expired after {self.settings.session_ttl_m:g} min idle"
                 )
+                await self._isolated(session, self._expire(session, reason, "idle"))
             elif now - session.created_at > lifetime:
-                await self._expire(
-                    session,
+                reason = (
                     f"session {session.id} reached its maximum lifetime of "
-                    f"{self.settings.session_max_lifetime_h:g} h",
-                    "lifetime",
+                    f"{self.settings.session_max_lifetime_h:g} h"
                 )
+                await self._isolated(session, self._expire(session, reason, "lifetime"))
+        for session in list(self._unfinished.values()):
+            await self._isolated(session, self._destroy(session))
+
+    async def _isolated(self, session: Session, end: Awaitable[list[str]]) -> None:
+        try:
+            remains = await end
+        except Exception:
+            log.exception("ending a session failed", owner=session.owner, session=session.id)
+            self._unfinished[session.slot] = session
+            return
+        if remains:
+            log.warning(
+                "an ended session still holds resources; trying again at the next pass",
+                owner=session.owner,
+                session=session.id,
+                remains=remains,
+            )
 
     def with_id(self, session_id: str) -> list[Session]:
         """The live sessions named ``session_id``, of every owner (a download link names
@@ -562,3 +764,26 @@ class SessionManager:
 
 def _gone_suffix(tombstone: str | None) -> str:
     return f" ({tombstone})" if tombstone else ""
+
+
+def _closed_while(session: Session, what: str) -> str:
+    return (
+        f"session {session.id} was closed while {what}; its sandbox was stopped. "
+        "run_code or upload_file without session_id starts a new one"
+    )
+
+
+def _check_open(session: Session) -> None:
+    if session.closed:
+        raise SessionNotFound(_closed_while(session, "this call waited"))
+
+
+async def _stop_logged(stop: Callable[[_T], Awaitable[None]], thing: _T, session: Session) -> bool:
+    """``stop(thing)``; False (logged) when it failed. Backends' stops should never raise:
+    this is the manager's guard for one that does."""
+    try:
+        await stop(thing)
+    except Exception:
+        log.exception("cannot stop a sandbox", owner=session.owner, session=session.id)
+        return False
+    return True

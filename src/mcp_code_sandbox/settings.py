@@ -134,6 +134,8 @@ class Settings(BaseSettings):
     #: 1 MiB that the official MCP client accepts in one server-sent event; what does not
     #: fit is cut and the result says so (``server/fit.py``).
     max_result_bytes: Size = Field(512 * 1024, ge=64 * 1024)
+    #: Threads for blocking work (walks, file I/O, images); one owner uses at most half.
+    worker_threads: int = Field(8, ge=2, le=256)
 
     allow_network: bool = False
     pass_through_env: NameList = Field(default_factory=list)

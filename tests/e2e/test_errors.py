@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from mcp import Client, StdioServerParameters
+from mcp import Client, MCPError, StdioServerParameters
 
 from mcp_code_sandbox.backends import create_backend
 from mcp_code_sandbox.server.app import build_server
@@ -172,10 +172,10 @@ async def test_artifact_too_large(inproc: Client) -> None:
         },
     )
     assert not made.is_error
-    assert_error(
-        await inproc.call_tool("read_file", {"session_id": sid, "path": "blob.bin"}),
-        "artifact_too_large",
-    )
+    # read_file pages it (see test_hostile_loop); a resource read has no pages: refused.
+    with pytest.raises(MCPError, match=r"^artifact_too_large: .*read_file") as refused:
+        await inproc.read_resource(f"sandbox://{sid}/blob.bin")
+    assert refused.value.data["error_code"] == "artifact_too_large"
 
 
 async def test_quota_exceeded(make_settings: Callable[..., Settings]) -> None:

@@ -180,14 +180,44 @@ class _Response:
         self.url = "http://docker/x"
 
 
+def api_error(status: int, explanation: str) -> docker.errors.APIError:
+    """What docker-py raises for an engine's HTTP error (see its
+    ``create_api_error_from_http_exception``), on a hand-made response."""
+    cls = docker.errors.APIError
+    if status == 404:
+        is_image = "no such image" in explanation.lower()
+        cls = docker.errors.ImageNotFound if is_image else docker.errors.NotFound
+    return cls(
+        f"{status} error",
+        response=_Response(status),  # type: ignore[arg-type]
+        explanation=explanation,
+    )
+
+
+def version_error(cause: BaseException) -> docker.errors.DockerException:
+    """What ``docker.from_env`` raises when it cannot ask the engine its API version."""
+    try:
+        try:
+            raise cause
+        except Exception as e:
+            raise docker.errors.DockerException(
+                f"Error while fetching server API version: {e}"
+            ) from e
+    except docker.errors.DockerException as wrapped:
+        return wrapped
+
+
 def test_engine_down_is_backend_unavailable() -> None:
     for exc in (
-        docker.errors.DockerException(
-            "Error while fetching server API version: ('Connection aborted.', "
-            "FileNotFoundError(2, 'No such file or directory'))"
+        version_error(
+            requests.exceptions.ConnectionError(
+                "('Connection aborted.', FileNotFoundError(2, 'No such file or directory'))"
+            )
         ),
+        version_error(FileNotFoundError(2, "No such file or directory")),
         requests.exceptions.ConnectionError("Connection refused"),
         requests.exceptions.ReadTimeout("read timed out"),
+        ConnectionRefusedError(111, "Connection refused"),
     ):
         error = mapped(exc)
         assert isinstance(error, BackendUnavailable), exc
@@ -195,28 +225,58 @@ def test_engine_down_is_backend_unavailable() -> None:
 
 
 def test_image_missing_says_how_to_build_it() -> None:
-    error = mapped(docker.errors.ImageNotFound("No such image: img:1"))
+    error = mapped(api_error(404, "No such image: img:1"))
     assert isinstance(error, BackendUnavailable)
     assert "img:1" in error.message and "mcp-code-sandbox image build" in error.message
 
 
-def test_unknown_runtime_is_backend_unavailable() -> None:
-    exc = docker.errors.APIError(
-        "500 Server Error",
-        response=_Response(500),  # type: ignore[arg-type]
-        explanation="Unknown runtime specified runsc",
+def test_runtime_words_in_an_engine_error_are_not_a_missing_runtime() -> None:
+    # Issue 10: a container that fails inside runc says "runtime" and "runc"; that is a
+    # failed sandbox, not an engine without the runtime.
+    failed_start = api_error(
+        500,
+        "failed to create task for container: failed to create shim task: OCI runtime "
+        "create failed: runc create failed: unable to start container process: error "
+        "during container init: open /proc/sys/x: permission denied: unknown",
     )
-    error = mapped(exc, runtime="runsc")
-    assert isinstance(error, BackendUnavailable)
-    assert "SANDBOX_DOCKER_RUNTIME=runc" in error.message
+    error = mapped(failed_start, runtime="runc")
+    assert isinstance(error, SandboxFailed)
+    assert "has no runtime" not in error.message
+    assert "HTTP 500" in error.message and "runc create failed" in error.message
+    # Nor does an engine's refusal that merely names one become one.
+    error = mapped(api_error(400, "unknown or invalid runtime name: runsc"), runtime="runsc")
+    assert isinstance(error, SandboxFailed) and "HTTP 400" in error.message
+
+
+def test_engine_errors_are_mapped_by_type_and_status() -> None:
+    gone = mapped(api_error(404, "No such container: 0123abc"))
+    assert isinstance(gone, SandboxFailed) and "no such object" in gone.message
+    refused = mapped(api_error(409, "Conflict. The container name is already in use"))
+    assert isinstance(refused, SandboxFailed) and "refused (HTTP 409)" in refused.message
+    failed = mapped(api_error(503, "Service Unavailable"))
+    assert isinstance(failed, SandboxFailed) and "failed (HTTP 503)" in failed.message
+    # An APIError is an OSError (requests' HTTPError is an IOError): still the engine's
+    # answer, not an engine that does not answer, even wrapped.
+    assert isinstance(mapped(api_error(500, "Connection reset")), SandboxFailed)
+    assert isinstance(mapped(version_error(api_error(500, "boom"))), SandboxFailed)
+    # Words in a message without a cause are not a cause.
+    plain = docker.errors.DockerException("Error while fetching server API version: Connection")
+    assert isinstance(mapped(plain), SandboxFailed)
+
+
+def test_a_missing_runtime_is_asked_of_the_engine() -> None:
+    registered = {"runc": {"path": "runc"}, "io.containerd.runc.v2": {"path": "runc"}}
+    assert docker_spec.runtime_missing("runc", registered) is None
+    missing = docker_spec.runtime_missing("runsc", registered)
+    assert isinstance(missing, BackendUnavailable)
+    assert (
+        "no runtime 'runsc'" in missing.message and "SANDBOX_DOCKER_RUNTIME=runc" in missing.message
+    )
+    assert "io.containerd.runc.v2, runc" in missing.message
 
 
 def test_refused_create_is_sandbox_failed_with_the_engine_reason() -> None:
-    exc = docker.errors.APIError(
-        "400 Client Error",
-        response=_Response(400),  # type: ignore[arg-type]
-        explanation="invalid mount config for type bind: bind source path does not exist",
-    )
+    exc = api_error(400, "invalid mount config for type bind: bind source path does not exist")
     error = mapped(exc)
     assert isinstance(error, SandboxFailed)
     assert "bind source path does not exist" in error.message

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import abc
 import asyncio
-from collections.abc import Callable, Collection, Mapping
+import logging
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -62,6 +63,7 @@ __all__ = [
     "SandboxSpec",
     "agent_argv",
     "sandbox_env",
+    "stop_step",
 ]
 
 WORKSPACE_DIR = "/mnt/data"
@@ -288,8 +290,10 @@ class Backend(abc.ABC):
         """Stop ``sandbox`` and free what the backend holds for it (processes, cgroups).
 
         Called by the session manager on close, expiry and shutdown. Escalates (ask the
-        agent, SIGTERM, SIGKILL) with bounded waits; never raises for a sandbox that is
-        already gone.
+        agent, SIGTERM, SIGKILL) with bounded waits. Never raises for one sandbox's
+        failure (whatever its code did to its host-side parts, or a sandbox already
+        gone): each step runs under :func:`stop_step`, which logs what fails, so the
+        steps after it still free what they can.
         """
 
     @abc.abstractmethod
@@ -437,3 +441,12 @@ def agent_argv(
         "--config",
         json.dumps(config, separators=(",", ":")),
     ]
+
+
+async def stop_step(key: str, what: str, step: Awaitable[None]) -> None:
+    """Await one step of a backend's ``stop``, logging (never raising) what goes wrong, so
+    that the steps after it still free what they can."""
+    try:
+        await step
+    except Exception:
+        logging.getLogger(__name__).exception("sandbox %s: cannot %s", key, what)

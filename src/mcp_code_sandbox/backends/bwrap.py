@@ -40,12 +40,13 @@ import signal
 import socket
 import subprocess
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mcp_code_sandbox.agent.protocol import ProtocolError
-from mcp_code_sandbox.backends import bwrap_net, cgroups
+from mcp_code_sandbox.backends import bwrap_net, cgroups, streams
 from mcp_code_sandbox.backends.base import (
     AGENT_LIB_DIR,
     AGENT_MODULE,
@@ -64,6 +65,7 @@ from mcp_code_sandbox.backends.base import (
     SandboxSpec,
     agent_argv,
     sandbox_env,
+    stop_step,
 )
 from mcp_code_sandbox.backends.netfilter import Iptables, slirp_rules
 from mcp_code_sandbox.backends.seccomp import build_seccomp_bpf
@@ -87,6 +89,8 @@ log = logging.getLogger(__name__)
 READY_TIMEOUT_S = 30.0
 _STDERR_TAIL = 20
 _STDERR_LOG_LINES = 200
+#: The longest stderr line logged (longer ones are cut, and the rest of them dropped).
+_STDERR_LINE_BYTES = 500
 #: Where the root launcher stages the bind sources, on a tmpfs private to its mount
 #: namespace: any directory the unprivileged uid can traverse would do.
 _STAGE = "/tmp"  # noqa: S108
@@ -405,7 +409,7 @@ class BwrapSandbox(Sandbox):
         channel: Channel,
         proc: asyncio.subprocess.Process,
         cgroup: cgroups.CgroupHandle | None,
-        stderr: deque[str],
+        stderr: deque[bytes],
         stderr_task: asyncio.Task[None],
         net: SandboxNet | None = None,
     ) -> None:
@@ -422,16 +426,25 @@ class BwrapSandbox(Sandbox):
         return self.proc.returncode is None
 
 
-async def _log_stderr(stream: asyncio.StreamReader, key: str, tail: deque[str]) -> None:
+async def _log_stderr(stream: asyncio.StreamReader, key: str, tail: deque[bytes]) -> None:
+    """Log the sandbox's stderr, bounded and escaped (see :mod:`.streams`), and keep its
+    tail (raw, escaped when used) for the error of a failed start. Never raises: anything
+    in the sandbox that holds this fd can write to it, and a dead reader would fail the
+    sandbox's ``stop``."""
     logged = 0
-    while line := await stream.readline():
-        text = line.decode("utf-8", "replace").rstrip()[:500]
-        tail.append(text)
+
+    def on_line(line: bytes, cut: bool) -> None:
+        nonlocal logged
+        tail.append(line + b" [line cut]" if cut else line)
         logged += 1
+        # One bounded line per record, named as the sandbox's: escaped, it cannot end the
+        # record and start one that looks like the server's own.
         if logged <= _STDERR_LOG_LINES:
-            log.warning("sandbox %s: %s", key, text)
+            log.warning("sandbox %s stderr: %s", key, streams.escape_line(tail[-1]))
         elif logged == _STDERR_LOG_LINES + 1:
-            log.warning("sandbox %s: further stderr is not logged", key)
+            log.warning("sandbox %s stderr: further lines are not logged", key)
+
+    await streams.read_lines(stream, _STDERR_LINE_BYTES, on_line)
 
 
 class BwrapBackend(Backend):
@@ -607,7 +620,7 @@ class BwrapBackend(Backend):
             for fd in (child_fd, *data_fds):
                 os.close(fd)
         reader, writer = await asyncio.open_connection(sock=parent)
-        tail: deque[str] = deque(maxlen=_STDERR_TAIL)
+        tail: deque[bytes] = deque(maxlen=_STDERR_TAIL)
         assert proc.stderr is not None
         task = asyncio.create_task(_log_stderr(proc.stderr, spec.key, tail))
         sandbox = BwrapSandbox(spec, Channel(reader, writer), proc, cgroup, tail, task, net)
@@ -638,26 +651,19 @@ class BwrapBackend(Backend):
         raise SandboxFailed("the sandbox exited before its agent was ready" + _tail(sandbox))
 
     async def stop(self, sandbox: Sandbox) -> None:
+        """Every step is tried, whatever the one before did: a step that fails is logged
+        and the rest still free what they can (the session manager must be able to close
+        any number of sessions, whatever one sandbox did to its own host-side parts)."""
         assert isinstance(sandbox, BwrapSandbox)
-        proc = sandbox.proc
-        if proc.returncode is None:
-            with contextlib.suppress(OSError, ProtocolError, RuntimeError):
-                await asyncio.wait_for(sandbox.channel.send({"op": "shutdown"}), 0.5)
-            for sig, wait in ((None, 1.0), (signal.SIGTERM, 2.0), (signal.SIGKILL, 5.0)):
-                if sig is not None:
-                    with contextlib.suppress(ProcessLookupError):
-                        proc.send_signal(sig)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(proc.wait(), wait)
-                    break
-        sandbox.channel.close()
+        key = sandbox.spec.key
+        await stop_step(key, "end its processes", _end_process(sandbox))
+        await stop_step(key, "close its channel", _sync(sandbox.channel.close))
         if sandbox.net is not None:
-            await sandbox.net.close()
-        if sandbox.cgroup is not None and not await asyncio.to_thread(sandbox.cgroup.remove):
-            log.warning("sandbox %s: cgroup %s not removed", sandbox.spec.key, sandbox.cgroup.dirs)
+            await stop_step(key, "stop its network", sandbox.net.close())
+        if sandbox.cgroup is not None:
+            await stop_step(key, "remove its cgroup", _remove_cgroup(key, sandbox.cgroup))
         sandbox._stderr_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await sandbox._stderr_task
+        await stop_step(key, "end its stderr reader", _reaped(sandbox._stderr_task))
 
     async def aclose(self) -> None:
         # The OUTPUT rules are shared by every server on this host (one group for all
@@ -686,8 +692,41 @@ class BwrapBackend(Backend):
                 await asyncio.to_thread(handle.remove)
 
 
+async def _sync(fn: Callable[[], object]) -> None:
+    fn()
+
+
+async def _end_process(sandbox: BwrapSandbox) -> None:
+    """Ask the agent, then SIGTERM, then SIGKILL, each with a bounded wait."""
+    proc = sandbox.proc
+    if proc.returncode is not None:
+        return
+    with contextlib.suppress(OSError, ProtocolError, RuntimeError, TimeoutError):
+        await asyncio.wait_for(sandbox.channel.send({"op": "shutdown"}), 0.5)
+    for sig, wait in ((None, 1.0), (signal.SIGTERM, 2.0), (signal.SIGKILL, 5.0)):
+        if sig is not None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(sig)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(proc.wait(), wait)
+            return
+
+
+async def _remove_cgroup(key: str, cgroup: cgroups.CgroupHandle) -> None:
+    if not await asyncio.to_thread(cgroup.remove):
+        log.warning("sandbox %s: cgroup %s not removed", key, cgroup.dirs)
+
+
+async def _reaped(task: asyncio.Task[None]) -> None:
+    """Wait for a cancelled helper task and raise what it raised (for ``stop_step`` to log);
+    a cancellation of the caller still goes through."""
+    await asyncio.wait({task})
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        raise exc
+
+
 def _tail(sandbox: BwrapSandbox) -> str:
-    lines = list(sandbox.stderr_tail)
+    lines = [streams.escape_line(line) for line in sandbox.stderr_tail]
     return (":\n" + "\n".join(lines)) if lines else " (no output on stderr)"
 
 

@@ -80,6 +80,9 @@ def build_slirp_argv(slirp: str, pid: int, ready_fd: int, exit_fd: int) -> list[
     ]
 
 
+_STATUS_MAX_BYTES = 4096
+
+
 def read_child_pid(fd: int, timeout_s: float) -> int:
     """The sandbox's first pid from bwrap's ``--json-status-fd`` ``fd`` (blocking, bounded).
 
@@ -98,6 +101,8 @@ def read_child_pid(fd: int, timeout_s: float) -> int:
         if not chunk:
             raise SandboxFailed("bwrap exited before it reported the sandbox's pid")
         seen += chunk
+        if len(seen) > _STATUS_MAX_BYTES:  # bwrap's first write is a few dozen bytes
+            raise SandboxFailed("bwrap's status is not what bwrap writes")
     return int(match.group(1))
 
 

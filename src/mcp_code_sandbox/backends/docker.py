@@ -78,6 +78,7 @@ from mcp_code_sandbox.backends.base import (
     RunnerSandbox,
     Sandbox,
     SandboxSpec,
+    stop_step,
 )
 from mcp_code_sandbox.backends.docker_channel import (
     DockerSandbox,
@@ -112,6 +113,7 @@ from mcp_code_sandbox.backends.docker_spec import (
     instance_alive,
     map_docker_error,
     probe_engine,
+    runtime_missing,
     sandbox_ids,
     server_path,
     uid_from_label,
@@ -166,6 +168,8 @@ class DockerBackend(Backend):
         #: Why labelled images were left out, as last logged (logged again on a change).
         self._skipped: list[str] = []
         self._networks = SandboxNetworks(self.instance, self._call)
+        #: The engine said it has ``settings.docker_runtime`` (asked until it does).
+        self._runtime_ok = False
 
     # -- calling the engine ------------------------------------------------------------
 
@@ -197,6 +201,23 @@ class DockerBackend(Backend):
 
     async def client(self) -> Any:
         return await self._call(self._connect)
+
+    async def _require_runtime(self, client: Any) -> None:
+        """Raise ``BackendUnavailable`` when the engine lacks the configured runtime.
+
+        Asked of the engine (its info lists the registered runtimes), because a create
+        without it fails with a message that cannot be told apart, except by its words,
+        from a container that failed in the runtime (see ``map_docker_error``). An engine
+        whose info lists no runtimes at all is not second-guessed."""
+        if self._runtime_ok:
+            return
+        info = await self._call(client.info)
+        registered = info.get("Runtimes") if isinstance(info, dict) else None
+        if isinstance(registered, dict):
+            missing = runtime_missing(self.settings.docker_runtime, registered)
+            if missing is not None:
+                raise missing
+        self._runtime_ok = True
 
     # -- the seam ------------------------------------------------------------------------
 
@@ -253,6 +274,7 @@ class DockerBackend(Backend):
         sandbox_ids(spec)  # refuses, before anything is made, to run a sandbox as root
         client = await self.client()
         await self._call(client.images.get, self.image)
+        await self._require_runtime(client)
         network = await self._network(client, spec)
         run_dir, listener = await asyncio.to_thread(self._listen, spec)
         kwargs = container_kwargs(
@@ -298,15 +320,22 @@ class DockerBackend(Backend):
         )
 
     async def stop(self, sandbox: Sandbox) -> None:
+        # Each step is tried whatever the one before did (see ``stop_step``).
         assert isinstance(sandbox, DockerSandbox)
+        key = sandbox.spec.key
+        await stop_step(key, "ask its agent to exit", self._ask_exit(sandbox))
+        await stop_step(key, "close its channel", _sync(sandbox.close))
+        await stop_step(
+            key, "stop its container", self._call_unless_gone(sandbox.container.stop, timeout=2)
+        )
+        await stop_step(key, "remove it", self._discard(sandbox.container, sandbox.run_dir))
+
+    async def _ask_exit(self, sandbox: DockerSandbox) -> None:
         if sandbox.is_alive():
             with contextlib.suppress(OSError, ProtocolError, RuntimeError, TimeoutError):
                 await asyncio.wait_for(sandbox.channel.send({"op": "shutdown"}), 0.5)
             with contextlib.suppress(SandboxError):
                 await self._call(sandbox.container.wait, timeout=1)
-        sandbox.close()
-        await self._call_unless_gone(sandbox.container.stop, timeout=2)
-        await self._discard(sandbox.container, sandbox.run_dir)
 
     async def _discard(self, container: Any, run_dir: Path | None) -> None:
         """Remove a container and its run dir; never raises (it may be gone already)."""
@@ -460,6 +489,7 @@ class DockerBackend(Backend):
                 f"the image {runner.image} that offered {runner.language!r} is gone; "
                 "list_runtimes shows what is offered now"
             ) from None
+        await self._require_runtime(client)
         run_dir = await asyncio.to_thread(
             make_run_dir, self.settings.run_dir, f"{spec.key}-{runner.language}"
         )
@@ -485,7 +515,9 @@ class DockerBackend(Backend):
 
     async def stop_runner(self, sandbox: RunnerSandbox) -> None:
         assert isinstance(sandbox, DockerRunner)
-        await self._discard(sandbox.container, sandbox.run_dir)
+        await stop_step(
+            sandbox.spec.key, "remove its runner", self._discard(sandbox.container, sandbox.run_dir)
+        )
 
     async def aclose(self) -> None:
         if self._client is not None:
@@ -498,6 +530,10 @@ class DockerBackend(Backend):
                 with contextlib.suppress(Exception):
                     await asyncio.to_thread(client.close)
         self._client = self._exec_client = None
+
+
+async def _sync(fn: Callable[[], object]) -> None:
+    fn()
 
 
 def _mount_source(attrs: Mapping[str, Any], destination: str) -> Path | None:

@@ -29,6 +29,7 @@ from typing import Any
 from mcp_code_sandbox.agent.protocol import ProtocolError
 from mcp_code_sandbox.backends.base import Channel, Sandbox, SandboxSpec
 from mcp_code_sandbox.backends.docker_spec import SOCKET_NAME
+from mcp_code_sandbox.backends.streams import escape_control
 from mcp_code_sandbox.errors import SandboxError, SandboxFailed
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _LOG_TAIL = 20
+_LOG_TAIL_BYTES = 4000
 Call = Callable[..., Awaitable[Any]]
 
 
@@ -194,5 +196,8 @@ async def log_tail(container: Any, call: Call) -> str:
         raw = await call(container.logs, tail=_LOG_TAIL)
     except SandboxError:
         return " (its log could not be read)"
-    text = bytes(raw).decode("utf-8", "replace").strip()
-    return (":\n" + text[-4000:]) if text else " (nothing in its log)"
+    # The log is the sandbox's to write (bounded by the engine's max-size): its last
+    # bytes only, each line with its control characters escaped.
+    text = bytes(raw)[-_LOG_TAIL_BYTES:].decode("utf-8", "replace").strip()
+    lines = [escape_control(line) for line in text.splitlines()]
+    return (":\n" + "\n".join(lines)) if lines else " (nothing in its log)"

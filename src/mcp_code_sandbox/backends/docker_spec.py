@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,7 @@ __all__ = [
     "instance_alive",
     "map_docker_error",
     "probe_engine",
+    "runtime_missing",
     "same_host",
     "sandbox_ids",
     "security_opt",
@@ -228,33 +229,63 @@ def security_opt(runtime: str) -> list[str]:
 
 
 def map_docker_error(exc: BaseException, *, image: str, runtime: str) -> SandboxError:
-    """docker-py's (and requests') exceptions → our tree. The one place that does it."""
-    unreachable = BackendUnavailable(
-        f"the Docker engine does not answer ({_short(exc)}): start Docker, "
-        "or set SANDBOX_BACKEND=bwrap"
-    )
+    """docker-py's (and requests') exceptions → our tree. The one place that does it.
+
+    By type and HTTP status, never by words in the engine's message: that text is the
+    engine's (and, for a container that fails to start, partly the sandbox's), and the
+    same words appear in unrelated errors ("OCI runtime create failed: runc create
+    failed: ..." is not a missing runtime). Whether the engine has ``runtime`` at all is
+    asked of the engine instead (:func:`runtime_missing`, before a create)."""
     if isinstance(exc, docker.errors.ImageNotFound):
         return BackendUnavailable(
             f"the sandbox image {image} is missing: build it: mcp-code-sandbox image build"
         )
+    if isinstance(exc, docker.errors.NotFound):
+        return SandboxFailed(f"the Docker engine has no such object: {_short(exc)}")
     if isinstance(exc, docker.errors.APIError):
-        text = str(exc.explanation or exc)
-        if "runtime" in text.lower() and runtime in text:
-            return BackendUnavailable(
-                f"the Docker engine has no runtime {runtime!r} ({_short(exc)}): register it "
-                "in /etc/docker/daemon.json, or set SANDBOX_DOCKER_RUNTIME=runc"
-            )
-        return SandboxFailed(f"the Docker engine refused: {_short(exc)}")
-    if isinstance(exc, requests.exceptions.ConnectionError | requests.exceptions.Timeout):
-        return unreachable
-    if isinstance(exc, OSError):  # from _probe_engine
-        return unreachable
+        status = exc.status_code
+        if status is not None and status >= 500:
+            return SandboxFailed(f"the Docker engine failed (HTTP {status}): {_short(exc)}")
+        return SandboxFailed(f"the Docker engine refused (HTTP {status}): {_short(exc)}")
+    if _unreachable(exc):
+        return BackendUnavailable(
+            f"the Docker engine does not answer ({_short(exc)}): start Docker, "
+            "or set SANDBOX_BACKEND=bwrap"
+        )
     if isinstance(exc, docker.errors.DockerException):
-        # What docker.from_env raises when no engine answers at DOCKER_HOST.
-        if "server API version" in str(exc) or "Connection" in str(exc):
-            return unreachable
         return SandboxFailed(f"docker: {_short(exc)}")
     return SandboxFailed(f"docker: {type(exc).__name__}: {_short(exc)}")
+
+
+def _unreachable(exc: BaseException) -> bool:
+    """No engine at the other end: a connection or timeout error of requests, an
+    ``OSError`` (from :func:`probe_engine`), or docker-py's wrapper of one of those
+    (``docker.from_env`` raises ``DockerException`` "from" the connection error)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, docker.errors.APIError):
+            return False  # the engine answered (an APIError is an OSError too: first)
+        if isinstance(
+            current,
+            requests.exceptions.ConnectionError | requests.exceptions.Timeout | OSError,
+        ):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def runtime_missing(runtime: str, registered: Collection[str]) -> BackendUnavailable | None:
+    """The error for an engine whose ``info()["Runtimes"]`` (``registered``) lacks
+    ``runtime``; ``None`` when it has it."""
+    if runtime in registered:
+        return None
+    return BackendUnavailable(
+        f"the Docker engine has no runtime {runtime!r} (it has: "
+        f"{', '.join(sorted(registered)) or 'none'}): register it in "
+        "/etc/docker/daemon.json, or set SANDBOX_DOCKER_RUNTIME=runc"
+    )
 
 
 def _short(exc: BaseException) -> str:

@@ -11,17 +11,18 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from mcp import MCPError
 from mcp.server import MCPServer
 from mcp.server.context import ServerMiddleware
-from mcp.server.mcpserver.exceptions import ResourceError
 from mcp.server.subscriptions import InMemorySubscriptionBus
-from mcp_types import ToolAnnotations
+from mcp_types import INTERNAL_ERROR, ToolAnnotations
 
 from mcp_code_sandbox import __version__
 from mcp_code_sandbox.errors import SandboxError
 from mcp_code_sandbox.metrics import Metrics
 from mcp_code_sandbox.server.auth import ServerAuth, current_owner
 from mcp_code_sandbox.server.notify import ToolListNotifier, advertise_tools_changed
+from mcp_code_sandbox.server.reads import blob_page_bytes, whole_file
 from mcp_code_sandbox.server.tools import ToolSet
 from mcp_code_sandbox.service import SandboxService
 from mcp_code_sandbox.settings import Settings
@@ -97,9 +98,11 @@ def descriptions(
             )
         ),
         "read_file": (
-            "Read a file from a session's /mnt/data: text comes back as text (page with "
-            "offset and max_bytes), images as images, other files as an embedded resource "
-            f"up to {_size(settings.max_read_bytes)}."
+            "Read a file from a session's /mnt/data, a page at a time: text comes back as "
+            f"text (pages of up to {_size(settings.max_read_bytes)}), images as images, "
+            "other files as base64 in an embedded resource (pages of up to "
+            f"{_size(blob_page_bytes(settings.max_read_bytes))}). A page that does not "
+            "reach the end has next_offset: pass it as offset to get the rest."
         ),
         "list_files": "List files under a directory of a session's /mnt/data. A long "
         "listing comes in pages: call again with offset=next_offset until it is null.",
@@ -212,18 +215,24 @@ def _add_file_resource(mcp: MCPServer[Any], service: SandboxService) -> None:
     @mcp.resource(
         "sandbox://{session_id}/{+path}",
         name="workspace_file",
-        description="A file in a session's /mnt/data",
+        description="A file in a session's /mnt/data (whole; larger files: read_file pages)",
     )
     async def workspace_file(session_id: str, path: str) -> str | bytes:
+        owner = current_owner()
+        limit = service.settings.max_read_bytes
         try:
-            read = await service.read_file(
-                current_owner(), session_id, path, offset=0, max_bytes=None
-            )
+            read = await service.read_file(owner, session_id, path, offset=0, max_bytes=None)
+            url = service.downloads.url(owner, session_id, read.path) if service.downloads else None
+            return whole_file(read, limit, url)
         except SandboxError as exc:
-            raise ResourceError(str(exc)) from None
-        if read.is_text:
-            return read.data.decode("utf-8", "replace")
-        return read.data
+            # A protocol error whose data carries our code, as _meta does for tools.
+            uri = f"sandbox://{session_id}/{path}"
+            data = {"uri": uri, "error_code": exc.code, **_plain_details(exc)}
+            raise MCPError(INTERNAL_ERROR, str(exc), data) from None
+
+
+def _plain_details(error: SandboxError) -> dict[str, str | int]:
+    return {k: v for k, v in error.details.items() if isinstance(v, str | int)}
 
 
 def _error_counter(metrics: Metrics) -> ServerMiddleware[Any]:

@@ -17,10 +17,10 @@ with the HTTP status of the code.
 
 from __future__ import annotations
 
-import asyncio
+import os
 import tempfile
-from collections.abc import Awaitable, Callable, Iterator
-from typing import BinaryIO
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, BinaryIO
 from urllib.parse import quote
 
 from starlette.requests import Request
@@ -58,6 +58,8 @@ _STATUS = {
 
 #: The owner a request's bearer token names; ``None``: missing or wrong.
 Authenticate = Callable[[Request], Awaitable[str | None]]
+#: ``await run(fn, *args)``: ``fn`` in the worker threads of the file's owner.
+InThread = Callable[..., Awaitable[Any]]
 
 
 def file_routes(
@@ -75,11 +77,16 @@ def file_routes(
         ]
         if not matches:
             return _plain(403, "this link is not valid, or has expired")
+        session = matches[0]
+
+        async def in_thread(fn: Callable[..., Any], *args: Any) -> Any:
+            return await service.threads.run(session.owner, fn, *args)
+
         try:
-            source, info = matches[0].workspace.open_file(path)
+            source, info = await in_thread(session.workspace.open_file, path)
         except SandboxError:
             return _plain(404, "no such file")
-        return _stream(source, info.size_bytes, info.mime_type, path, request)
+        return _stream(source, info.size_bytes, info.mime_type, path, request, in_thread)
 
     async def upload(request: Request) -> Response:
         owner = await authenticate(request)
@@ -100,7 +107,7 @@ def file_routes(
                 size += len(chunk)
                 if size > limit:
                     return _error(too_large)
-                await asyncio.to_thread(spool.write, chunk)
+                await service.threads.run(owner, spool.write, chunk)
             spool.seek(0)
             try:
                 done = await service.upload_file(
@@ -127,7 +134,9 @@ def file_routes(
     ]
 
 
-def _stream(source: BinaryIO, size: int, mime_type: str, path: str, request: Request) -> Response:
+def _stream(
+    source: BinaryIO, size: int, mime_type: str, path: str, request: Request, run: InThread
+) -> Response:
     wanted = parse_range(request.headers.get("range"), size)
     headers = {
         **_SAFE_HEADERS,
@@ -147,18 +156,24 @@ def _stream(source: BinaryIO, size: int, mime_type: str, path: str, request: Req
         source.close()
         return Response(status_code=status, headers=headers, media_type=mime_type)
     return StreamingResponse(
-        _chunks(source, start, end), status_code=status, headers=headers, media_type=mime_type
+        _chunks(source, start, end, run), status_code=status, headers=headers, media_type=mime_type
     )
 
 
-def _chunks(source: BinaryIO, start: int, end: int) -> Iterator[bytes]:
-    """The bytes ``[start, end)`` of the open file; a file that shrank ends early."""
-    with source:
-        source.seek(start)
-        left = end - start
-        while left > 0 and (chunk := source.read(min(CHUNK, left))):
-            left -= len(chunk)
+async def _chunks(source: BinaryIO, start: int, end: int, run: InThread) -> AsyncIterator[bytes]:
+    """The bytes ``[start, end)`` of the open file, each chunk read in the owner's worker
+    threads (a slot per chunk, so a slow download holds none); a file that shrank ends
+    early."""
+    try:
+        offset = start
+        while offset < end:
+            chunk = await run(os.pread, source.fileno(), min(CHUNK, end - offset), offset)
+            if not chunk:
+                break
+            offset += len(chunk)
             yield chunk
+    finally:
+        source.close()
 
 
 def _attachment(name: str) -> str:

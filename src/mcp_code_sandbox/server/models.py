@@ -92,6 +92,8 @@ class ReadFileResult(BaseModel):
     next_offset: int | None = None
     encoding: Literal["text", "image", "resource"]
     download_url: str | None = None
+    #: Why an image came back as bytes rather than as an image (no preview).
+    notice: str | None = None
 
 
 class FileEntryOut(BaseModel):

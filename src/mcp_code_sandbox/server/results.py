@@ -24,7 +24,7 @@ from mcp_types import (
 from pydantic import BaseModel
 
 from mcp_code_sandbox.errors import SandboxError
-from mcp_code_sandbox.images import fit_image
+from mcp_code_sandbox.images import MAX_PIXELS, fit_image
 from mcp_code_sandbox.runs import RunReport
 from mcp_code_sandbox.sanitize import clean_text, escape_name
 from mcp_code_sandbox.server.fit import Fitted, fit_result
@@ -63,7 +63,9 @@ def run_result(
     report: RunReport, settings: Settings, link: Callable[[str], str] | None = None
 ) -> CallToolResult:
     """RunResult JSON + one image block per figure/image (within budget) + file links;
-    ``link`` makes each file's ``download_url`` (none when ``None``)."""
+    ``link`` makes each file's ``download_url`` (none when ``None``).
+
+    Blocking (it decodes and re-encodes images): call it in a worker thread."""
     images: list[ImageContent] = []
     skipped = report.cut.get("images_dropped", 0)  # by the agent, past the same limits
     candidates = [
@@ -91,9 +93,10 @@ def run_result(
     notice = report.notice
     if skipped:
         more = (
-            f"{skipped} more image(s) not shown (limit {settings.max_images} per result "
-            f"and {per_image} bytes each); they are in /mnt/data or can "
-            "be saved there with savefig"
+            f"{skipped} more image(s) not shown (limit {settings.max_images} per result, "
+            f"{per_image} bytes each, and images over {MAX_PIXELS} pixels "
+            "are not decoded for a preview); they are in /mnt/data or can be saved there "
+            "with savefig"
         )
         notice = f"{notice}. {more}" if notice else more
     files = report.files[:MAX_FILES_LISTED]

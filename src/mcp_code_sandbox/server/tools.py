@@ -9,17 +9,15 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
-import json
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, ParamSpec
 
 import structlog
 from mcp.server.mcpserver import Context
-from mcp_types import CallToolResult, ContentBlock, ImageContent, TextContent
+from mcp_types import CallToolResult
 from pydantic import Field
 
 from mcp_code_sandbox.errors import (
-    ArtifactTooLarge,
     InternalError,
     InvalidArgument,
     InvalidContent,
@@ -33,14 +31,10 @@ from mcp_code_sandbox.sanitize import clean_text, escape_name
 from mcp_code_sandbox.server import models
 from mcp_code_sandbox.server.auth import current_owner
 from mcp_code_sandbox.server.fit import fit_count
-from mcp_code_sandbox.server.results import (
-    embedded_blob,
-    error_result,
-    file_uri,
-    run_result,
-    structured_result,
-)
+from mcp_code_sandbox.server.reads import no_preview, page_result
+from mcp_code_sandbox.server.results import error_result, run_result, structured_result
 from mcp_code_sandbox.service import SandboxService
+from mcp_code_sandbox.workspace import ListResult
 
 __all__ = ["ToolSet"]
 
@@ -128,7 +122,9 @@ class ToolSet:
         report = await self.service.run_code(
             owner, request, session_id, on_progress=_progress_sink(ctx)
         )
-        return run_result(report, self.settings, self._links(owner, report.session_id))
+        # Shaping decodes and re-encodes images: blocking work, in the owner's threads.
+        links = self._links(owner, report.session_id)
+        return await self.service.threads.run(owner, run_result, report, self.settings, links)
 
     @tool_errors
     async def upload_file(
@@ -141,9 +137,12 @@ class ToolSet:
         session_id: SessionArg = None,
         overwrite: Annotated[bool, Field(description="Replace an existing file")] = False,
     ) -> Annotated[CallToolResult, models.UploadResult]:
-        data = self._decode_content(content_base64, content_text)
+        owner = current_owner()
+        # Up to max_upload_bytes of base64 to decode: a worker thread's job.
+        decode = self._decode_content
+        data = await self.service.threads.run(owner, decode, content_base64, content_text)
         up = await self.service.upload_file(
-            current_owner(), filename, data, session_id=session_id, overwrite=overwrite
+            owner, filename, data, session_id=session_id, overwrite=overwrite
         )
         return structured_result(
             models.UploadResult(
@@ -177,70 +176,37 @@ class ToolSet:
         self,
         session_id: RequiredSession,
         path: Annotated[str, Field(description="Path relative to /mnt/data")],
-        offset: Annotated[int, Field(description="Byte offset to start at (text paging)")] = 0,
+        offset: Annotated[
+            int, Field(description="Byte offset to start at: 0, then the next_offset of a page")
+        ] = 0,
         max_bytes: Annotated[int | None, Field(description="Most bytes to return")] = None,
     ) -> Annotated[CallToolResult, models.ReadFileResult]:
         owner = current_owner()
         read = await self.service.read_file(
             owner, session_id, path, offset=offset, max_bytes=max_bytes
         )
-        shown = escape_name(read.path)  # how listings show it, and how it is given back
-        uri = file_uri(session_id, shown)
         link = self._links(owner, session_id)
-        url = link(shown) if link else None
-        whole = offset == 0 and read.eof
-        block: ContentBlock
-        room = self.settings.max_result_bytes - READ_META_BYTES  # the page and its meta
-        if read.mime_type in IMAGE_MIME_TYPES and whole:
-            cap = min(self.settings.max_image_bytes, room * 3 // 4)  # base64: 4/3
-            fitted = fit_image(read.data, read.mime_type, cap)
-            if fitted is None:
-                return self._too_large(shown, read.size_bytes, url)
-            block = ImageContent(
-                type="image", data=base64.b64encode(fitted[0]).decode(), mime_type=fitted[1]
-            )
-            encoding, returned = "image", len(read.data)
-        elif read.is_text:
-            text, returned = _text_page(read.data, read.eof, room)
-            block = TextContent(type="text", text=text)
-            encoding = "text"
-        elif whole and len(read.data) <= self._blob_bytes():
-            block = embedded_blob(uri, read.data, read.mime_type)
-            encoding, returned = "resource", len(read.data)
-        else:
-            return self._too_large(shown, read.size_bytes, url)
-        end = offset + returned
-        eof = end >= read.size_bytes
-        meta = models.ReadFileResult(
-            session_id=session_id,
-            path=shown,
-            mime_type=read.mime_type,
-            size_bytes=read.size_bytes,
-            offset=offset,
-            returned_bytes=returned,
-            eof=eof,
-            next_offset=None if eof else end,
-            encoding=encoding,  # type: ignore[arg-type]
-            download_url=url,
+        # The page, its meta and their text copy within the result budget (server/fit.py).
+        limit = min(self.settings.max_read_bytes, self.settings.max_result_bytes)
+        preview, notice = None, None
+        if read.mime_type in IMAGE_MIME_TYPES and offset == 0:
+            room = limit - READ_META_BYTES
+            budget = min(self.settings.max_image_bytes, room * 3 // 4)  # base64: 4/3
+            if read.eof:  # decoding is blocking work: a worker thread's
+                preview = await self.service.threads.run(
+                    owner, fit_image, read.data, read.mime_type, budget
+                )
+            if preview is None:
+                notice = no_preview(read, budget)
+        return page_result(
+            read,
+            session_id,
+            max_read_bytes=limit,
+            preview=preview,
+            notice=notice,
+            # Names as listings show them, and as clients give them back (sanitize).
+            download_url=link(escape_name(read.path)) if link else None,
         )
-        return structured_result(meta, [block])
-
-    def _too_large(self, path: str, size: int, url: str | None) -> CallToolResult:
-        where = f"download it from {url}" if url else "download it over HTTP"
-        details = {"download_url": url} if url else {}
-        return error_result(
-            ArtifactTooLarge(
-                f"{path} is {size} bytes of binary data, more than one result can carry "
-                f"({self._blob_bytes()} bytes); process it with run_code, or "
-                f"{where}",
-                **details,
-            )
-        )
-
-    def _blob_bytes(self) -> int:
-        """The largest binary file read_file embeds whole (base64 in the result budget)."""
-        room = self.settings.max_result_bytes - READ_META_BYTES
-        return min(self.settings.max_read_bytes, room * 3 // 4)
 
     def _links(self, owner: str, session_id: str) -> Callable[[str], str] | None:
         """Download links to ``session_id``'s files, when the HTTP server serves them."""
@@ -260,29 +226,16 @@ class ToolSet:
         ] = 0,
     ) -> Annotated[CallToolResult, models.ListFilesResult]:
         # The same bounded walk every time (sorted, so the same entries in the same
-        # order while the files stay put), paged by offset within the result budget.
+        # order while the files stay put), paged by offset within the result budget;
+        # shaping 10,000 entries takes a quarter of a second: not on the event loop.
+        owner = current_owner()
         listing = await self.service.list_files(
-            current_owner(), session_id, path, recursive=recursive, limit=LIST_WALK
+            owner, session_id, path, recursive=recursive, limit=LIST_WALK
         )
-        rest = listing.entries[offset:]
-        entries = [
-            models.FileEntryOut(**{**vars(e), "path": escape_name(e.path)})
-            for e in rest[:LIST_PAGE]
-        ]
-
-        def page(count: int) -> CallToolResult:
-            more = count < len(rest)
-            return structured_result(
-                models.ListFilesResult(
-                    session_id=session_id,
-                    path=path,
-                    entries=entries[:count],
-                    truncated=more or listing.truncated,
-                    next_offset=offset + count if more and count else None,
-                )
-            )
-
-        return fit_count(page, len(entries), self.settings.max_result_bytes)
+        budget = self.settings.max_result_bytes
+        return await self.service.threads.run(
+            owner, _listing_page, session_id, path, listing, offset, budget
+        )
 
     @tool_errors
     async def close_session(
@@ -297,6 +250,30 @@ class ToolSet:
         return structured_result(models.RuntimesResult(runtimes=runtimes))
 
 
+def _listing_page(
+    session_id: str, path: str, listing: ListResult, offset: int, budget: int
+) -> CallToolResult:
+    """One page of ``listing`` from ``offset``: as many entries as fit in ``budget``."""
+    rest = listing.entries[offset:]
+    entries = [
+        models.FileEntryOut(**{**vars(e), "path": escape_name(e.path)}) for e in rest[:LIST_PAGE]
+    ]
+
+    def page(count: int) -> CallToolResult:
+        more = count < len(rest)
+        return structured_result(
+            models.ListFilesResult(
+                session_id=session_id,
+                path=path,
+                entries=entries[:count],
+                truncated=more or listing.truncated,
+                next_offset=offset + count if more and count else None,
+            )
+        )
+
+    return fit_count(page, len(entries), budget)
+
+
 def _progress_sink(ctx: Context[Any, Any]) -> Callable[[float, str], Awaitable[None]] | None:
     meta = ctx.request_context.meta or {}
     if meta.get("progress_token") is None:
@@ -306,27 +283,3 @@ def _progress_sink(ctx: Context[Any, Any]) -> Callable[[float, str], Awaitable[N
         await ctx.report_progress(elapsed, None, clean_text(message))
 
     return report
-
-
-def _text_page(data: bytes, eof: bool, room: int) -> tuple[str, int]:
-    """A page of text whose JSON form fits in ``room`` bytes (escapes can make it up to
-    six times the text): shorter pages until it does; ``next_offset`` says where to go on."""
-    page = data[:room]
-    while True:
-        text, returned = _utf8_prefix(page, eof and len(page) == len(data))
-        if len(page) <= 4096 or len(json.dumps(text, ensure_ascii=False).encode()) <= room:
-            return text, returned
-        page = page[: len(page) // 2]
-
-
-def _utf8_prefix(data: bytes, eof: bool) -> tuple[str, int]:
-    """Decode a page of text, leaving a multi-byte character cut by the page end for the
-    next page (so paging never garbles text)."""
-    if not eof:
-        for cut in range(0, 4):
-            try:
-                end = len(data) - cut
-                return data[:end].decode("utf-8"), end
-            except UnicodeDecodeError:
-                continue
-    return data.decode("utf-8", "replace"), len(data)
