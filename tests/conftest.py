@@ -146,6 +146,32 @@ def _unmount_below(path: Path) -> None:
 
 
 @pytest.fixture
+def host_uid() -> Iterator[int | None]:
+    """For tests that start sandboxes without a session manager: a host uid leased as the
+    manager would lease one (``uids``), for backends with ``per_sandbox_uids``; ``None``
+    when the tests do not run as root (no backend can use one then)."""
+    from mcp_code_sandbox.uids import uid_pool
+
+    if os.geteuid() != 0:
+        yield None
+        return
+    lease = uid_pool(load_settings(environ={})).lease(f"test {os.getpid()}")
+    try:
+        yield lease.uid
+    finally:
+        lease.release()
+
+
+def sandbox_owner(backend: Any, uid: int | None) -> tuple[int, int] | None:
+    """Who must own a workspace that ``backend`` runs a sandbox of ``uid`` on."""
+    if backend.per_sandbox_uids:
+        assert uid is not None, "request the host_uid fixture"
+        return uid, uid
+    owner: tuple[int, int] | None = backend.workspace_owner
+    return owner
+
+
+@pytest.fixture
 def make_settings(state_dir: Path, backend: str) -> Callable[..., Settings]:
     chosen = backend_settings(backend)
 

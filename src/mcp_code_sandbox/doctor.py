@@ -15,14 +15,16 @@ from typing import NamedTuple, TextIO
 
 from mcp_code_sandbox.backends import cgroups
 from mcp_code_sandbox.backends.base import Backend
-from mcp_code_sandbox.backends.bwrap import HOST_SANDBOX_UID, BwrapBackend
+from mcp_code_sandbox.backends.bwrap import BwrapBackend
 from mcp_code_sandbox.backends.seccomp import build_seccomp_bpf
-from mcp_code_sandbox.errors import BackendUnavailable
+from mcp_code_sandbox.errors import BackendUnavailable, SandboxError
 from mcp_code_sandbox.runtime_env import runtime_status
 from mcp_code_sandbox.settings import Settings
+from mcp_code_sandbox.uids import UidLease, uid_pool
 
 __all__ = ["Check", "check_bwrap", "run_doctor"]
 
+_NOBODY = 65534
 _NAMESPACES = ("user", "pid", "net", "ipc", "uts", "cgroup-try")
 _USERNS_FIX = (
     "enable unprivileged user namespaces: sysctl kernel.unprivileged_userns_clone=1 "
@@ -39,7 +41,8 @@ class Check(NamedTuple):
     fix: str | None = None
 
 
-def _bwrap_run(bwrap: str, *args: str) -> subprocess.CompletedProcess[str]:
+def _bwrap_run(bwrap: str, uid: int | None, *args: str) -> subprocess.CompletedProcess[str]:
+    """``bwrap`` with ``args`` around ``/usr/bin/true``, as ``uid`` (root: as a sandbox)."""
     argv = [
         bwrap,
         *args,
@@ -61,11 +64,11 @@ def _bwrap_run(bwrap: str, *args: str) -> subprocess.CompletedProcess[str]:
         "/dev",
         "/usr/bin/true",
     ]
-    if os.geteuid() == 0:
+    if uid is not None:
         argv = [
             "/usr/bin/setpriv",
-            f"--reuid={HOST_SANDBOX_UID}",
-            f"--regid={HOST_SANDBOX_UID}",
+            f"--reuid={uid}",
+            f"--regid={uid}",
             "--clear-groups",
             "--",
             *argv,
@@ -75,9 +78,9 @@ def _bwrap_run(bwrap: str, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _try(bwrap: str, name: str, args: list[str], fix: str) -> Check:
+def _try(bwrap: str, uid: int | None, name: str, args: list[str], fix: str) -> Check:
     try:
-        done = _bwrap_run(bwrap, *args)
+        done = _bwrap_run(bwrap, uid, *args)
     except (OSError, subprocess.SubprocessError) as exc:
         return Check(name, False, str(exc), fix)
     if done.returncode == 0:
@@ -85,7 +88,7 @@ def _try(bwrap: str, name: str, args: list[str], fix: str) -> Check:
     return Check(name, False, done.stderr.strip()[-300:] or f"exit {done.returncode}", fix)
 
 
-def _bwrap_checks(bwrap: str) -> list[Check]:
+def _bwrap_checks(bwrap: str, uid: int | None) -> list[Check]:
     try:
         version = subprocess.run(
             [bwrap, "--version"], capture_output=True, text=True, timeout=10, check=False
@@ -93,7 +96,7 @@ def _bwrap_checks(bwrap: str) -> list[Check]:
     except (OSError, subprocess.SubprocessError) as exc:
         version = f"unknown ({exc})"
     checks = [Check("bwrap", True, f"{bwrap}: {version}")]
-    userns = _try(bwrap, "user namespaces", ["--unshare-user"], _USERNS_FIX)
+    userns = _try(bwrap, uid, "user namespaces", ["--unshare-user"], _USERNS_FIX)
     checks.append(userns)
     if not userns.ok:
         return checks
@@ -101,6 +104,7 @@ def _bwrap_checks(bwrap: str) -> list[Check]:
         checks.append(
             _try(
                 bwrap,
+                uid,
                 f"namespace {ns}",
                 ["--unshare-user", f"--unshare-{ns}"],
                 "a kernel with this namespace type",
@@ -109,6 +113,7 @@ def _bwrap_checks(bwrap: str) -> list[Check]:
     checks.append(
         _try(
             bwrap,
+            uid,
             "--disable-userns",
             ["--unshare-user", "--disable-userns"],
             "bubblewrap >= 0.8 (apt-get install bubblewrap from a newer release)",
@@ -193,6 +198,19 @@ def _node_check(settings: Settings) -> Check:
     return Check("javascript/typescript", True, f"Node.js {node.node}, bun {node.bun}; {packages}")
 
 
+def uid_range_detail(settings: Settings) -> tuple[str, str | None]:
+    """The range of sandbox uids and where they are leased, for the uid checks; and why
+    no uid can be leased here (``None`` when one can)."""
+    pool = uid_pool(settings)
+    skipped = f", {pool.skipped} of them skipped (ids of this host's users)" if pool.skipped else ""
+    detail = f"host uids {pool.describe()}{skipped}, leased in {pool.directory}"
+    try:
+        pool.open()
+    except SandboxError as exc:
+        return detail, exc.message
+    return detail, None
+
+
 def workspace_quota_check(settings: Settings, backend: Backend) -> Check:
     """How the workspace quota binds ``backend``'s sandboxes here (both backends)."""
     from mcp_code_sandbox import quota
@@ -204,14 +222,33 @@ def workspace_quota_check(settings: Settings, backend: Backend) -> Check:
     return Check("workspace quota", True, mode.describe())
 
 
-def _uid_check() -> Check:
-    if os.geteuid() == 0:
+def _uid_check(settings: Settings) -> Check:
+    name = "per-sandbox uids"
+    if os.geteuid() != 0:
         return Check(
-            "sandbox uid",
-            True,
-            f"server is root: sandboxes run as host uid {HOST_SANDBOX_UID} (setpriv)",
-        )
-    return Check("sandbox uid", True, f"sandboxes run as the server's uid {os.geteuid()}")
+            name, False,
+            f"no (server not root): every sandbox runs as the server's uid {os.geteuid()}, "
+            "so per-user limits like inotify instances are shared by all sandboxes",
+            "run the server as root",
+        )  # fmt: skip
+    detail, why_not = uid_range_detail(settings)
+    if why_not is not None:
+        return Check(name, False, f"{detail}: {why_not}", "set SANDBOX_UID_LEASE_DIR")
+    return Check(
+        name, True,
+        f"yes: each sandbox drops to a host uid of its own (setpriv), uid 1000 inside; "
+        f"{detail}",
+    )  # fmt: skip
+
+
+def _check_uid(settings: Settings) -> UidLease | None:
+    """As root, a uid to run the checks' bwrap as (leased like a session's); else None."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        return uid_pool(settings).lease(f"doctor {os.getpid()}")
+    except SandboxError:
+        return None  # the uid check says why; the others run as nobody
 
 
 def check_bwrap(settings: Settings) -> list[Check]:
@@ -220,14 +257,20 @@ def check_bwrap(settings: Settings) -> list[Check]:
     if bwrap is None:
         checks = [Check("bwrap", False, "bwrap not found on PATH", "apt-get install bubblewrap")]
     else:
-        checks = _bwrap_checks(bwrap)
+        lease = _check_uid(settings)
+        uid = lease.uid if lease else (_NOBODY if os.geteuid() == 0 else None)
+        try:
+            checks = _bwrap_checks(bwrap, uid)
+        finally:
+            if lease is not None:
+                lease.release()
     return [
         *checks,
         _seccomp_check(),
         *_cgroup_checks(),
         _runtime_check(settings),
         _node_check(settings),
-        _uid_check(),
+        _uid_check(settings),
         workspace_quota_check(settings, BwrapBackend(settings)),
         _bwrap_network_check(settings),
     ]

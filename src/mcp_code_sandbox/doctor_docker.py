@@ -7,6 +7,7 @@ cgroups for every container, whatever the host's cgroup version.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import docker
@@ -72,7 +73,41 @@ def _engine_checks(client: Any, settings: Settings, where: str) -> list[Check]:
     ))  # fmt: skip
     checks.append(_network_check(settings))
     checks.append(_quota_check(settings))
+    checks.append(uid_check(settings, info.get("SecurityOptions") or []))
     return checks
+
+
+def uid_check(settings: Settings, security_options: list[str]) -> Check:
+    """How the containers' host uids keep per-user kernel limits per sandbox."""
+    from mcp_code_sandbox.doctor import uid_range_detail
+    from mcp_code_sandbox.uids import can_chown
+
+    name = "per-sandbox uids"
+    runtime = settings.docker_runtime
+    gvisor = "; under gVisor per-user limits are each sandbox kernel's own anyway"
+    remapped = [o for o in security_options if "name=userns" in o or "name=rootless" in o]
+    if remapped:
+        return Check(
+            name, False,
+            f"the engine remaps uids ({', '.join(remapped)}): not supported, the server's "
+            "workspace files would not be the sandboxes'",
+            "use an engine without userns-remap, or SANDBOX_BACKEND=bwrap",
+        )  # fmt: skip
+    if not can_chown():
+        uid = os.geteuid()
+        detail = (
+            f"no (server cannot chown: not root, no CAP_CHOWN): every container runs as "
+            f"the server's uid {uid}, so per-user limits like inotify instances are "
+            "shared by all sandboxes"
+        )
+        if runtime == "runsc":
+            return Check(name, True, detail + gvisor)
+        return Check(name, False, detail, "run the server as root, or with CAP_CHOWN")
+    detail, why_not = uid_range_detail(settings)
+    if why_not is not None:
+        return Check(name, False, f"{detail}: {why_not}", "set SANDBOX_UID_LEASE_DIR")
+    how = f"yes: each session's containers run as a host uid of its own ({runtime}); {detail}"
+    return Check(name, True, how + (gvisor if runtime == "runsc" else ""))
 
 
 def seccomp_check(runtime: str, security_options: list[str]) -> Check:

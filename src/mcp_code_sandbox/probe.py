@@ -24,6 +24,7 @@ import structlog
 from mcp_code_sandbox.backends.base import Backend, Limits, SandboxSpec
 from mcp_code_sandbox.errors import SandboxError
 from mcp_code_sandbox.settings import Settings
+from mcp_code_sandbox.uids import UidPool
 from mcp_code_sandbox.workspace import Workspace, remove_tree
 
 __all__ = ["RETRY_S", "RuntimeProbe", "clean_languages"]
@@ -56,8 +57,12 @@ class RuntimeProbe:
         backend: Backend,
         limits: Callable[[], Limits],
         known: Collection[str],
+        uids: UidPool | None = None,
     ) -> None:
+        """``uids``: the session manager's pool, when the backend runs each sandbox as a
+        host uid of its own (the probe's sandbox too: never as root, never a tenant's)."""
         self._settings = settings
+        self._uids = uids
         self._backend = backend
         self._limits = limits
         self._known = tuple(known)
@@ -90,15 +95,30 @@ class RuntimeProbe:
 
     async def _probe(self) -> dict[str, str] | None:
         key = "probe-" + secrets.token_hex(8)
+        # Not a path: no record reserves it if this server dies with the probe running.
+        lease = None if self._uids is None else self._uids.lease(f"probe {key}")
+        uid = None if lease is None else lease.uid
+        try:
+            return await self._probe_as(key, uid)
+        finally:
+            if lease is not None:
+                lease.release()
+
+    async def _probe_as(self, key: str, uid: int | None) -> dict[str, str] | None:
         workspace = Workspace(
             self._settings.state_dir / "probe" / key,
             quota_bytes=self._settings.workspace_quota_bytes,
-            owner=self._backend.workspace_owner,
+            owner=self._backend.workspace_owner if uid is None else (uid, uid),
         )
         await asyncio.to_thread(workspace.create)
         try:
             spec = SandboxSpec(
-                key=key, owner="", session_id=key, workspace=workspace.root, limits=self._limits()
+                key=key,
+                owner="",
+                session_id=key,
+                workspace=workspace.root,
+                limits=self._limits(),
+                uid=uid,
             )
             sandbox = await self._backend.create(spec)
             try:

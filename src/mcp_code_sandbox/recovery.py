@@ -90,14 +90,18 @@ async def _carry_out(manager: SessionManager, plan: registry.Plan) -> None:
 async def _reattach(
     manager: SessionManager, record: registry.SessionRecord, leftover: Leftover
 ) -> bool:
+    lease = None
     try:
+        lease = await manager.reclaim_uid(record)
         sandbox = await manager.backend.reattach(leftover, manager.spec_for(record))
     except SandboxError as exc:
         log.warning("re-attach failed", session=record.session_id, error=exc.message)
         sandbox = None
     if sandbox is None:
+        if lease is not None:
+            lease.release()  # the record goes next (``_forget``), and the uid is free
         return False
-    manager.adopt(record, sandbox)
+    manager.adopt(record, sandbox, lease)
     return True
 
 

@@ -2,8 +2,10 @@
 
 The registry must survive a SIGKILL of the server, so it is not only in memory: one small
 JSON file per session at ``<state_dir>/sessions/<slot>.json`` (owner, session id, key,
-slot, the server instance holding it, wall-clock creation and last activity; no secrets,
-no code), plus the sandboxes' own labels (:class:`~.backends.base.Leftover`).
+slot, the server instance holding it, wall-clock creation and last activity, the host uid
+its sandbox runs as; no secrets, no code), plus the sandboxes' own labels
+(:class:`~.backends.base.Leftover`). A record also reserves its uid while it exists
+(:mod:`.uids`).
 
 Layout. A session's workspace is ``<state_dir>/workspaces/<slot>``, where ``slot`` is its
 key plus 8 random hex digits: fixed for the session's whole life (a restarted server finds
@@ -18,7 +20,7 @@ record. Order: the record is written before the workspace is made and removed af
 deleted, so a workspace directory without a record is always garbage.
 
 Semantics of :func:`plan_recovery`: a leftover sandbox is re-attached when a record of a
-dead server claims its workspace, owner, id and key, it runs, and the session is within
+dead server claims its workspace, owner, id, key and uid, it runs, and the session is within
 its idle TTL and max lifetime (by the recorded wall-clock times); at most ``max_sessions``,
 the most recently active first. Every other leftover of a dead server is removed, and so
 is every dead server's record (with its workspace) that is not re-attached.
@@ -46,6 +48,8 @@ __all__ = [
     "load_records",
     "new_slot",
     "plan_recovery",
+    "record_path",
+    "recorded_uid",
     "remove_record",
     "write_record",
 ]
@@ -71,6 +75,19 @@ class SessionRecord:
     #: Wall-clock seconds (``time.time()``): they must mean the same in the next process.
     created_at: float
     last_active: float
+    #: The host uid (and gid) of the session's sandboxes, leased from :mod:`.uids`;
+    #: ``None`` when its backend runs every sandbox as one shared uid.
+    uid: int | None = None
+
+
+def record_path(directory: Path, slot: str) -> Path:
+    return directory / f"{slot}{_SUFFIX}"
+
+
+def recorded_uid(path: Path) -> int | None:
+    """The uid the record at ``path`` holds; ``None`` when there is no valid record."""
+    record = _parse(path)
+    return None if record is None else record.uid
 
 
 def write_record(directory: Path, record: SessionRecord) -> None:
@@ -79,12 +96,12 @@ def write_record(directory: Path, record: SessionRecord) -> None:
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as out:
         json.dump(asdict(record), out, separators=(",", ":"))
-    os.replace(tmp, directory / f"{record.slot}{_SUFFIX}")
+    os.replace(tmp, record_path(directory, record.slot))
 
 
 def remove_record(directory: Path, slot: str) -> None:
     with contextlib.suppress(FileNotFoundError):
-        (directory / f"{slot}{_SUFFIX}").unlink()
+        record_path(directory, slot).unlink()
 
 
 def load_records(directory: Path) -> list[SessionRecord]:
@@ -120,6 +137,7 @@ def _parse(path: Path) -> SessionRecord | None:
             instance=str(raw["instance"]),
             created_at=float(raw["created_at"]),
             last_active=float(raw["last_active"]),
+            uid=_uid(raw.get("uid")),
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -128,6 +146,14 @@ def _parse(path: Path) -> SessionRecord | None:
     if match is None or match.group(1) != record.key or path.name != record.slot + _SUFFIX:
         return None
     return record
+
+
+def _uid(value: object) -> int | None:
+    if value is None:
+        return None
+    if type(value) is not int or value <= 0:
+        raise ValueError(f"not a uid: {value!r}")
+    return value
 
 
 def list_slots(workspaces_dir: Path) -> set[str]:
@@ -178,8 +204,8 @@ def plan_recovery(
             and leftover.runner is None  # a runner holds nothing but the workspace's files
             and slot not in candidates
             and leftover.running
-            and (leftover.owner, leftover.session_id, leftover.key)
-            == (record.owner, record.session_id, record.key)
+            and (leftover.owner, leftover.session_id, leftover.key, leftover.uid)
+            == (record.owner, record.session_id, record.key, record.uid)
             and _expiry(record, now, ttl_s, lifetime_s) is None
         ):
             candidates[record.slot] = (record, leftover)

@@ -72,7 +72,9 @@ class SandboxService:
         #: sandboxes lack it (``"available": false``, or not listed): a backend that says
         #: nothing about a language is not taken to lack it.
         self._info: dict[str, dict[str, Any]] = {}
-        self.probe = RuntimeProbe(settings, backend, self.sessions.limits, RUNTIMES)
+        self.probe = RuntimeProbe(
+            settings, backend, self.sessions.limits, RUNTIMES, self.sessions.uids
+        )
         #: Called with the new language list whenever it changes (the MCP layer tells
         #: its clients that the tool list changed: run_code's language enum is in it).
         self.on_languages_changed: list[LanguagesChanged] = []

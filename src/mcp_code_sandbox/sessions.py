@@ -26,6 +26,11 @@ Semantics:
   its sandboxes died with their server, so only their workspaces and records remain).
 - Shutdown (``aclose``) is not a crash: it stops every sandbox and deletes every
   workspace and record.
+- Where the backend can run each sandbox as a host uid of its own, every session leases
+  one (:mod:`.uids`) when it is registered, before its record and workspace exist (the
+  workspace is given to it), keeps it for its whole life (every sandbox and runner of the
+  session runs as it), records it, and lets it go after its record is removed. A
+  re-attached session gets the uid its record names back, or is not re-attached.
 - Ending a session (close, expiry, shutdown) first marks it closed (queued calls then
   fail with ``session_not_found``, and no call starts a sandbox for it any more), stops
   its sandbox (which ends a running cell), waits, bounded, for the call in flight and for
@@ -69,6 +74,7 @@ from mcp_code_sandbox.metrics import EndReason, Metrics
 from mcp_code_sandbox.quota import QuotaMode
 from mcp_code_sandbox.recovery import recover
 from mcp_code_sandbox.settings import Settings
+from mcp_code_sandbox.uids import UidLease, uid_pool
 from mcp_code_sandbox.workers import WorkerThreads
 from mcp_code_sandbox.workspace import Workspace
 from mcp_code_sandbox.workspace.volume import IMAGE_SUFFIX, Volume, image_bytes
@@ -115,6 +121,13 @@ class Session:
     #: The workspace exists (with its filesystem mounted, if it has one): made by the
     #: first call holding the lock, in a worker thread (a mount takes 20-30 ms).
     workspace_made: bool = False
+    #: The host uid of its sandboxes, held for its whole life; ``None``: the backend's
+    #: shared uid.
+    uid_lease: UidLease | None = None
+
+    @property
+    def uid(self) -> int | None:
+        return None if self.uid_lease is None else self.uid_lease.uid
 
 
 @dataclass(frozen=True)
@@ -146,6 +159,8 @@ class SessionManager:
         self._closed = False
         #: How the workspace quota binds sandboxes here; decided in :meth:`start`.
         self.quota = QuotaMode(False, "not started")
+        #: Host uids, one per session, when the backend can use them.
+        self.uids = uid_pool(settings) if backend.per_sandbox_uids else None
 
     # -- lifecycle of the manager -------------------------------------------------------
 
@@ -155,6 +170,8 @@ class SessionManager:
         (self.settings.run_dir / f"{self._instance}.pid").write_text(process_mark())
         self.quota = await asyncio.to_thread(quota.choose, self.settings, self.backend)
         log.info("workspace quota", enforced=self.quota.describe())
+        if self.uids is not None:
+            await asyncio.to_thread(self.uids.open)
         await recover(self)
         self._start_reaper()
 
@@ -194,8 +211,26 @@ class SessionManager:
         """This server process's name in records and pid files (``<pid>-<random>``)."""
         return self._instance
 
-    def adopt(self, record: registry.SessionRecord, sandbox: Sandbox) -> None:
-        """Register a session a dead server left, with its re-attached ``sandbox``.
+    async def reclaim_uid(self, record: registry.SessionRecord) -> UidLease | None:
+        """The uid of a dead server's session that is about to be re-attached, leased
+        again; ``None`` when the backend uses no per-session uids. Raises
+        ``SandboxFailed`` when the session cannot have it back (another server holds it,
+        or the record names none): its sandbox runs as that uid, so it is not re-attached."""
+        if self.uids is None:
+            return None
+        holder = str(registry.record_path(self.settings.sessions_dir, record.slot))
+        lease = None
+        if record.uid is not None:
+            lease = await asyncio.to_thread(self.uids.reclaim, record.uid, holder)
+        if lease is None:
+            raise SandboxFailed(f"the host uid {record.uid} of the session is not free")
+        return lease
+
+    def adopt(
+        self, record: registry.SessionRecord, sandbox: Sandbox, uid_lease: UidLease | None
+    ) -> None:
+        """Register a session a dead server left, with its re-attached ``sandbox`` and
+        its uid (:meth:`reclaim_uid`).
 
         Called by :func:`.recovery.recover` at start; the record becomes this server's."""
         mono, wall = time.monotonic(), time.time()
@@ -204,20 +239,22 @@ class SessionManager:
             record.owner,
             record.key,
             record.slot,
-            self._workspace(record.slot),
+            self._workspace(record.slot, record.uid),
             created_at=mono - (wall - record.created_at),
             last_active=mono - (wall - record.last_active),
             created_wall=record.created_at,
             sandbox=sandbox,
             agent=AgentClient(sandbox.channel),
             workspace_made=True,  # its filesystem outlived the old server, still mounted
+            uid_lease=uid_lease,
         )
         self._sessions[(record.owner, record.session_id)] = session
         self._save(session, force=True)  # now ours: a later start must leave it alone
         log.info("session re-attached", owner=record.owner, session=record.session_id)
 
     def spec_for(self, record: registry.SessionRecord) -> SandboxSpec:
-        return self._spec(record.key, record.owner, record.session_id, self._workspace(record.slot))
+        workspace = self._workspace(record.slot, record.uid)
+        return self._spec(record.key, record.owner, record.session_id, workspace, uid=record.uid)
 
     # -- acquiring sessions -----------------------------------------------------------
 
@@ -276,6 +313,7 @@ class SessionManager:
             instance=self._instance,
             created_at=session.created_wall,
             last_active=wall - (now - session.last_active),
+            uid=session.uid,
         )
         try:
             registry.write_record(self.settings.sessions_dir, record)
@@ -319,20 +357,33 @@ class SessionManager:
         key = session_key(owner, session_id)
         slot = registry.new_slot(key)
         now = time.monotonic()
-        workspace = self._workspace(slot)
-        session = Session(session_id, owner, key, slot, workspace, now, now, time.time())
-        self._save(session, force=True)  # before the workspace: see ``registry``
+        lease = self._lease_uid(slot)
+        try:
+            workspace = self._workspace(slot, None if lease is None else lease.uid)
+            session = Session(session_id, owner, key, slot, workspace, now, now, time.time())
+            session.uid_lease = lease
+            self._save(session, force=True)  # before the workspace: see ``registry``
+        except BaseException:
+            registry.remove_record(self.settings.sessions_dir, slot)  # then the uid is free
+            if lease is not None:
+                lease.release()
+            raise
         self._sessions[(owner, session_id)] = session
         self.metrics.session_created()
         log.info("session created", owner=owner, session=session_id)
         return session
 
-    def _workspace(self, slot: str) -> Workspace:
-        quota_bytes = self.settings.workspace_quota_bytes
+    def _lease_uid(self, slot: str) -> UidLease | None:
+        if self.uids is None:
+            return None
+        return self.uids.lease(str(registry.record_path(self.settings.sessions_dir, slot)))
+
+    def _workspace(self, slot: str, uid: int | None) -> Workspace:
+        """``uid``: the session's own (its workspace's owner), else the backend's shared."""
         return Workspace(
             self.settings.workspaces_dir / slot,
-            quota_bytes=quota_bytes,
-            owner=self.backend.workspace_owner,
+            quota_bytes=self.settings.workspace_quota_bytes,
+            owner=self.backend.workspace_owner if uid is None else (uid, uid),
             volume=self._volume(slot) if self.quota.filesystem else None,
         )
 
@@ -396,7 +447,9 @@ class SessionManager:
                 "Files in /mnt/data are kept; variables and imports from before are gone"
             )
         if session.sandbox is None or session.agent is None:
-            spec = self._spec(session.key, session.owner, session.id, session.workspace, network)
+            spec = self._spec(
+                session.key, session.owner, session.id, session.workspace, network, session.uid
+            )
             with self.metrics.counting_backend_errors():
                 sandbox = await self._create(
                     session, lambda: self.backend.create(spec), self.backend.stop
@@ -419,7 +472,9 @@ class SessionManager:
             await self.drop_runner(session, runner.language)
             current = None
         if current is None:
-            spec = self._spec(session.key, session.owner, session.id, session.workspace, network)
+            spec = self._spec(
+                session.key, session.owner, session.id, session.workspace, network, session.uid
+            )
             with self.metrics.counting_backend_errors():
                 current = await self._create(
                     session,
@@ -496,7 +551,13 @@ class SessionManager:
             session.unstopped.append(runner)  # ending the session tries again
 
     def _spec(
-        self, key: str, owner: str, session_id: str, workspace: Workspace, network: bool = False
+        self,
+        key: str,
+        owner: str,
+        session_id: str,
+        workspace: Workspace,
+        network: bool = False,
+        uid: int | None = None,
     ) -> SandboxSpec:
         return SandboxSpec(
             key=key,
@@ -506,6 +567,7 @@ class SessionManager:
             limits=self.limits(),
             network=network,
             env=self._pass_through_env(),
+            uid=uid,
         )
 
     async def restart_sandbox(self, session: Session) -> None:
@@ -561,6 +623,8 @@ class SessionManager:
         sandbox, session.sandbox, session.agent = session.sandbox, None, None
         if sandbox is not None:
             await self.backend.detach(sandbox)
+        if session.uid_lease is not None:
+            session.uid_lease.release()  # reserved by its record for the next server
         log.info("session left for the next server", owner=session.owner, session=session.id)
 
     async def _destroy(self, session: Session) -> list[str]:
@@ -579,6 +643,8 @@ class SessionManager:
             remains.append(f"its files in {session.workspace.root} could not be removed ({exc})")
         else:
             registry.remove_record(self.settings.sessions_dir, session.slot)
+            if session.uid_lease is not None:
+                session.uid_lease.release()  # after the record: see ``uids``
         if remains:
             self._unfinished[session.slot] = session
         else:

@@ -178,6 +178,14 @@ class Settings(BaseSettings):
     #: Where ``setup`` builds the sandbox runtime env (a venv, later node); by default
     #: ``<state_dir>/runtime`` (filled in by ``_derive_paths``).
     runtime_dir: Path = Path()
+    #: Host uids kept for sandboxes, one per session (``uids``): ``uid_range_start`` ..
+    #: ``uid_range_start + uid_range_size - 1``, used as gids too; by default a band no
+    #: user, useradd subuid range or systemd container range gets. Below 2^31.
+    uid_range_start: int = Field(0x7000_0000, ge=65_536, lt=2**31 - 1)
+    uid_range_size: int = Field(65_536, ge=1, le=2**24)
+    #: Host-wide directory of the uid leases, shared by every server on this host (a
+    #: server in a container: bind-mount the host's). Only the server's user may write it.
+    uid_lease_dir: Path = Path("/run/mcp-code-sandbox/uids")
     #: The state dir as the Docker engine sees it. Semantics: ``None`` (the default)
     #: means the engine sees ``state_dir`` at the same path (the server runs on the
     #: engine's host, or the state dir is bind-mounted at the same path on both sides).
@@ -258,6 +266,16 @@ class Settings(BaseSettings):
             raise ValueError(
                 "exec_timeout_s must not be larger than max_exec_timeout_s "
                 f"({self.exec_timeout_s} > {self.max_exec_timeout_s})"
+            )
+        if self.uid_range_start + self.uid_range_size > 2**31 - 1:
+            raise ValueError(
+                "SANDBOX_UID_RANGE_START + SANDBOX_UID_RANGE_SIZE must stay below 2^31 - 1 "
+                "(larger ids read as negative to some tools)"
+            )
+        if self.uid_range_size < self.max_sessions:
+            raise ValueError(
+                f"SANDBOX_UID_RANGE_SIZE ({self.uid_range_size}) must be at least "
+                f"SANDBOX_MAX_SESSIONS ({self.max_sessions}): every session needs a uid"
             )
         if self.oauth_issuer is None:
             if self.oauth_audience is not None or self.oauth_required_scopes:

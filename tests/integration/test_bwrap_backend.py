@@ -20,6 +20,8 @@ from mcp_code_sandbox.backends.base import Limits, SandboxSpec
 from mcp_code_sandbox.backends.bwrap import BwrapBackend, BwrapSandbox
 from mcp_code_sandbox.settings import Settings
 
+from ..conftest import sandbox_owner
+
 pytestmark = pytest.mark.bwrap
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,20 +34,25 @@ def bwrap_backend(make_settings: Callable[..., Settings]) -> BwrapBackend:
 
 
 @pytest.fixture
-async def sandbox(bwrap_backend: BwrapBackend) -> AsyncIterator[BwrapSandbox]:
-    box = await start(bwrap_backend, "t1")
+async def sandbox(bwrap_backend: BwrapBackend, host_uid: int | None) -> AsyncIterator[BwrapSandbox]:
+    box = await start(bwrap_backend, "t1", host_uid)
     try:
         yield box
     finally:
         await bwrap_backend.stop(box)
 
 
-async def start(backend: BwrapBackend, key: str, limits: Limits = LIMITS) -> BwrapSandbox:
+async def start(
+    backend: BwrapBackend, key: str, uid: int | None, limits: Limits = LIMITS
+) -> BwrapSandbox:
     workspace = backend.settings.state_dir / "workspaces" / key
     workspace.mkdir(parents=True)
-    if backend.workspace_owner:
-        os.chown(workspace, *backend.workspace_owner)
-    spec = SandboxSpec(key=key, owner="local", session_id=key, workspace=workspace, limits=limits)
+    if (owner := sandbox_owner(backend, uid)) is not None:
+        os.chown(workspace, *owner)
+    uid = uid if backend.per_sandbox_uids else None
+    spec = SandboxSpec(
+        key=key, owner="local", session_id=key, workspace=workspace, limits=limits, uid=uid
+    )
     box = await backend.create(spec)
     assert isinstance(box, BwrapSandbox)
     return box
@@ -208,8 +215,8 @@ async def test_cgroup_files_show_limits(sandbox: BwrapSandbox, bwrap_backend: Bw
     assert sandbox.proc.pid in sandbox.cgroup.pids()
 
 
-async def test_memory_limit(bwrap_backend: BwrapBackend) -> None:
-    box = await start(bwrap_backend, "mem")
+async def test_memory_limit(bwrap_backend: BwrapBackend, host_uid: int | None) -> None:
+    box = await start(bwrap_backend, "mem", host_uid)
     try:
         code = "b = bytearray(600 << 20)\nb[::4096] = b'x' * len(b[::4096])\nprint('ALLOCATED')"
         out, _, done = await run(box, code, timeout_s=30)
@@ -220,8 +227,8 @@ async def test_memory_limit(bwrap_backend: BwrapBackend) -> None:
         await bwrap_backend.stop(box)
 
 
-async def test_fork_bomb_is_bounded(bwrap_backend: BwrapBackend) -> None:
-    box = await start(bwrap_backend, "bomb")
+async def test_fork_bomb_is_bounded(bwrap_backend: BwrapBackend, host_uid: int | None) -> None:
+    box = await start(bwrap_backend, "bomb", host_uid)
     try:
         _, _, done = await run(box, "bomb() { bomb | bomb & }; bomb; sleep 3", "bash", timeout_s=8)
         assert done["status"] in ("ok", "error", "timeout")
@@ -231,8 +238,8 @@ async def test_fork_bomb_is_bounded(bwrap_backend: BwrapBackend) -> None:
     assert not box.is_alive()
 
 
-async def test_stop_kills_everything(bwrap_backend: BwrapBackend) -> None:
-    box = await start(bwrap_backend, "stop")
+async def test_stop_kills_everything(bwrap_backend: BwrapBackend, host_uid: int | None) -> None:
+    box = await start(bwrap_backend, "stop", host_uid)
     await run(box, "sleep 300 & setsid sleep 300 & echo started", "bash")
     assert box.cgroup is not None
     dirs = list(box.cgroup.dirs)

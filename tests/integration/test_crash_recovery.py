@@ -22,10 +22,12 @@ from mcp import Client
 
 from mcp_code_sandbox.backends.base import SandboxSpec
 from mcp_code_sandbox.backends.docker import DockerBackend, DockerSandbox
-from mcp_code_sandbox.backends.docker_spec import LABEL_KEY
+from mcp_code_sandbox.backends.docker_spec import LABEL_KEY, LABEL_UID
 from mcp_code_sandbox.runs import RunRequest
 from mcp_code_sandbox.service import SandboxService
 from mcp_code_sandbox.settings import Settings, docker_environ
+from mcp_code_sandbox.uids import uid_pool
+from tests.conftest import sandbox_owner
 from tests.e2e.conftest import http_server_process
 from tests.integration.test_docker_backend import LIMITS, gone
 from tests.integration.test_docker_backend import settings as settings
@@ -79,6 +81,15 @@ async def test_sigkilled_server_reattaches_on_restart(settings: Settings, engine
         proc.wait()
     [container] = ours(engine, settings)
     assert container.status == "running"  # the container outlived its server
+    container.reload()
+    # Its uid is reserved for it while the dead server's record exists: no one else's.
+    uid = before["uid"]
+    assert container.labels[LABEL_UID] == str(uid) and container.attrs["Config"]["User"] == (
+        f"{uid}:{uid}"
+    )
+    other = uid_pool(settings).lease("/elsewhere/another-session.json")
+    assert other.uid != uid
+    other.release()
     with http_server_process(settings) as (base, proc):
         async with Client(f"{base}/mcp", mode="legacy") as client:  # type: ignore[arg-type]
             again = structured(
@@ -92,11 +103,14 @@ async def test_sigkilled_server_reattaches_on_restart(settings: Settings, engine
         assert again["state_lost"] is False, again
         assert again["result"] == "42" and again["stdout"].strip() == "hi"
         assert again["execution_count"] == 2
-        assert (after["owner"], after["session_id"], after["slot"]) == (
+        assert (after["owner"], after["session_id"], after["slot"], after["uid"]) == (
             before["owner"],
             before["session_id"],
             before["slot"],
+            uid,
         )
+        # The new server holds the uid again: no one else can lease it.
+        assert uid_pool(settings).reclaim(uid, "/elsewhere/another-session.json") is None
         assert after["instance"] != before["instance"]
         assert [c.id for c in ours(engine, settings)] == [container.id]  # the same one
     # A clean shutdown is not a crash: nothing of the session remains.
@@ -145,6 +159,8 @@ class _DeadServer:
         for session in manager._sessions.values():
             assert isinstance(session.sandbox, DockerSandbox)
             session.sandbox.close()  # what the kernel does to a killed server's sockets
+            if session.uid_lease is not None:
+                session.uid_lease.release()  # and to its locks
         pidfile = manager.settings.run_dir / f"{manager.instance}.pid"
         pidfile.write_text("999999999")
         await manager.backend.aclose()
@@ -186,13 +202,17 @@ async def test_session_past_its_ttl_is_removed_at_start(
 
 
 async def test_container_without_a_record_is_removed_at_start(
-    settings: Settings, engine: Any, restarted: list[SandboxService]
+    settings: Settings, engine: Any, restarted: list[SandboxService], host_uid: int | None
 ) -> None:
     dead = DockerBackend(settings, docker_environ(), instance="gone-host-1-ab")
     workspace = settings.workspaces_dir / "not-a-slot"
     workspace.mkdir(parents=True)
-    os.chown(workspace, *dead.workspace_owner)  # type: ignore[misc]
-    spec = SandboxSpec(key="k", owner="", session_id="", workspace=workspace, limits=LIMITS)
+    if (owner := sandbox_owner(dead, host_uid)) is not None:
+        os.chown(workspace, *owner)
+    uid = host_uid if dead.per_sandbox_uids else None
+    spec = SandboxSpec(
+        key="k", owner="", session_id="", workspace=workspace, limits=LIMITS, uid=uid
+    )
     box = await dead.create(spec)
     assert isinstance(box, DockerSandbox)
     box.close()

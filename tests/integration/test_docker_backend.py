@@ -22,7 +22,7 @@ from mcp_code_sandbox.backends.base import Limits, SandboxSpec
 from mcp_code_sandbox.backends.docker import DockerBackend, DockerSandbox
 from mcp_code_sandbox.settings import Settings, docker_environ, load_settings
 
-from ..conftest import require_docker
+from ..conftest import require_docker, sandbox_owner
 
 pytestmark = pytest.mark.docker
 
@@ -58,10 +58,11 @@ def engine() -> Any:
     client.close()
 
 
-async def start(backend: DockerBackend, key: str, **spec: Any) -> DockerSandbox:
+async def start(backend: DockerBackend, key: str, uid: int | None, **spec: Any) -> DockerSandbox:
     workspace = backend.settings.state_dir / "workspaces" / key
     workspace.mkdir(parents=True)
-    os.chown(workspace, *backend.workspace_owner)  # type: ignore[misc]
+    if (owner := sandbox_owner(backend, uid)) is not None:
+        os.chown(workspace, *owner)
     box = await backend.create(
         SandboxSpec(
             key=key,
@@ -69,6 +70,7 @@ async def start(backend: DockerBackend, key: str, **spec: Any) -> DockerSandbox:
             session_id=f"id-{key}",
             workspace=workspace,
             limits=LIMITS,
+            uid=uid if backend.per_sandbox_uids else None,
             **spec,
         )
     )
@@ -77,8 +79,8 @@ async def start(backend: DockerBackend, key: str, **spec: Any) -> DockerSandbox:
 
 
 @pytest.fixture
-async def sandbox(backend: DockerBackend) -> AsyncIterator[DockerSandbox]:
-    box = await start(backend, "d1")
+async def sandbox(backend: DockerBackend, host_uid: int | None) -> AsyncIterator[DockerSandbox]:
+    box = await start(backend, "d1", host_uid)
     try:
         yield box
     finally:
@@ -113,8 +115,10 @@ def gone(engine: Any, container_id: str) -> bool:
     return False
 
 
-async def test_create_exec_stop_leaves_nothing(backend: DockerBackend, engine: Any) -> None:
-    box = await start(backend, "life")
+async def test_create_exec_stop_leaves_nothing(
+    backend: DockerBackend, engine: Any, host_uid: int | None
+) -> None:
+    box = await start(backend, "life", host_uid)
     assert box.ready["ev"] == "ready" and "python" in box.ready["languages"]
     _, done = await run(box, "1+1")
     assert done["status"] == "ok" and done["result"] == "2"
@@ -132,6 +136,7 @@ async def test_labels(sandbox: DockerSandbox, backend: DockerBackend, engine: An
     assert labels["mcp-code-sandbox.session"] == "id-d1"
     assert labels["mcp-code-sandbox.key"] == "d1"
     assert labels["mcp-code-sandbox.instance"] == backend.instance
+    assert labels["mcp-code-sandbox.uid"] == str(sandbox.spec.uid)
 
 
 async def test_limits_and_isolation_in_the_container_config(
@@ -151,7 +156,8 @@ async def test_limits_and_isolation_in_the_container_config(
     assert not host["Init"]  # the agent is pid 1, not tini (dumpable, holding the log)
     if backend.settings.docker_runtime == "runc":  # the engine took our profile
         assert any(opt.startswith("seccomp=") for opt in host["SecurityOpt"])
-    assert attrs["Config"]["User"] == "1000:1000"
+    uid = sandbox.spec.uid
+    assert attrs["Config"]["User"] == f"{uid}:{uid}" and uid is not None and uid > 65535
     assert attrs["State"]["Running"] is True
 
 
@@ -177,26 +183,28 @@ except OSError:
     stdout, done = await run(sandbox, code)
     assert done["status"] == "ok", done
     lines = stdout.splitlines()
-    assert lines[0] == "1000 1000 /mnt/data"
+    uid = sandbox.spec.uid
+    assert lines[0] == f"{uid} {uid} /mnt/data"  # the session's own host uid, not 1000
     assert lines[1:4] == ["refused 30"] * 3  # EROFS
     assert lines[4] == "['lo']"
     assert lines[5] == "network: no"
     made = sandbox.spec.workspace / "made-inside.txt"
     assert made.read_text() == "hello"
-    assert made.stat().st_uid == 1000
+    assert made.stat().st_uid == uid
 
 
 async def test_containers_of_a_dead_instance_are_leftovers(
-    backend: DockerBackend, sandbox: DockerSandbox, engine: Any
+    backend: DockerBackend, sandbox: DockerSandbox, engine: Any, host_uid: int | None
 ) -> None:
     # Another live server process on this host (here: this one) owns its containers.
     assert sandbox.backend_id not in {lo.backend_id for lo in await backend.list_leftovers()}
     dead = DockerBackend(backend.settings, docker_environ(), instance="gone-host-1-ab")
     try:
-        box = await start(dead, "old")
+        box = await start(dead, "old", host_uid)
         leftovers = {lo.backend_id: lo for lo in await backend.list_leftovers()}
         found = leftovers[box.backend_id]
         assert (found.key, found.owner, found.session_id) == ("old", "alice", "id-old")
+        assert found.uid == host_uid
         assert found.running
         await backend.remove_leftover(found)
         assert gone(engine, box.backend_id)

@@ -27,7 +27,7 @@ from mcp_code_sandbox.runs import RunRequest
 from mcp_code_sandbox.service import SandboxService
 from mcp_code_sandbox.settings import Settings
 
-from ..conftest import each_backend
+from ..conftest import each_backend, sandbox_owner
 from ..procs import containers
 
 LIMITS = Limits(memory_bytes=256 << 20, cpu=1.0, pids=64, tmp_bytes=8 << 20, file_bytes=64 << 20)
@@ -39,12 +39,15 @@ HOSTILE = (
 )
 
 
-async def bwrap_sandbox(backend: BwrapBackend, key: str) -> BwrapSandbox:
+async def bwrap_sandbox(backend: BwrapBackend, key: str, uid: int | None) -> BwrapSandbox:
     workspace = backend.settings.state_dir / "workspaces" / key
     workspace.mkdir(parents=True)
-    if backend.workspace_owner:
-        os.chown(workspace, *backend.workspace_owner)
-    spec = SandboxSpec(key=key, owner="local", session_id=key, workspace=workspace, limits=LIMITS)
+    if (owner := sandbox_owner(backend, uid)) is not None:
+        os.chown(workspace, *owner)
+    uid = uid if backend.per_sandbox_uids else None
+    spec = SandboxSpec(
+        key=key, owner="local", session_id=key, workspace=workspace, limits=LIMITS, uid=uid
+    )
     box = await backend.create(spec)
     assert isinstance(box, BwrapSandbox)
     return box
@@ -70,10 +73,12 @@ async def eventually(check: Callable[[], bool], timeout_s: float = 60) -> None:
 
 @pytest.mark.bwrap
 async def test_a_stderr_flood_neither_kills_the_reader_nor_the_stop(
-    make_settings: Callable[..., Settings], caplog: pytest.LogCaptureFixture
+    make_settings: Callable[..., Settings],
+    caplog: pytest.LogCaptureFixture,
+    host_uid: int | None,
 ) -> None:
     backend = BwrapBackend(make_settings())
-    box = await bwrap_sandbox(backend, "flood")
+    box = await bwrap_sandbox(backend, "flood", host_uid)
     caplog.set_level(logging.WARNING, logger="mcp_code_sandbox.backends.bwrap")
     await asyncio.to_thread(write_to_stderr_of, box.proc.pid, HOSTILE * 3)
     await eventually(lambda: sum(b"session ended" in line for line in box.stderr_tail) == 3)

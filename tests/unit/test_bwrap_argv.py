@@ -8,7 +8,6 @@ import pytest
 
 from mcp_code_sandbox.backends.base import Limits, SandboxSpec
 from mcp_code_sandbox.backends.bwrap import (
-    HOST_SANDBOX_UID,
     HostLayout,
     Mounts,
     NetFds,
@@ -146,7 +145,8 @@ def test_agent() -> None:
 
 
 def test_launcher_as_root_stages_and_drops_uid() -> None:
-    args = build_launcher_argv(11, ["/cg/a/cgroup.procs"], [("/srv/ws", "ws")], HOST_SANDBOX_UID)
+    uid = 0x7000_0005  # the session's own host uid
+    args = build_launcher_argv(11, ["/cg/a/cgroup.procs"], [("/srv/ws", "ws")], uid)
     assert args[:4] == ["/usr/bin/unshare", "--mount", "--propagation", "private"]
     assert args[args.index("mcs-launch") + 1 :][:6] == [
         "11",
@@ -158,8 +158,8 @@ def test_launcher_as_root_stages_and_drops_uid() -> None:
     ]
     assert args[-5:] == [
         "/usr/bin/setpriv",
-        f"--reuid={HOST_SANDBOX_UID}",
-        f"--regid={HOST_SANDBOX_UID}",
+        f"--reuid={uid}",
+        f"--regid={uid}",
         "--clear-groups",
         "--",
     ]

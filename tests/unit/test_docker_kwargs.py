@@ -36,6 +36,7 @@ def spec(**kw: Any) -> SandboxSpec:
         "workspace": Path("/var/lib/mcs/workspaces/i/k1"),
         "limits": LIMITS,
         "env": {"FOO": "bar"},
+        "uid": 0x7000_0001,
     }
     values.update(kw)
     return SandboxSpec(**values)
@@ -52,7 +53,7 @@ def test_isolation() -> None:
     assert k["cap_drop"] == ["ALL"]
     assert k["security_opt"] == ["no-new-privileges", docker_seccomp_opt()]
     assert k["read_only"] is True
-    assert k["user"] == "1000:1000"
+    assert k["user"] == f"{0x7000_0001}:{0x7000_0001}"  # the session's own uid
     assert k["init"] is False  # the agent is pid 1: no dumpable init beside it
     assert k["auto_remove"] is False
     assert k["detach"] is True
@@ -64,6 +65,25 @@ def test_isolation() -> None:
 def test_runsc_gets_no_seccomp_profile() -> None:
     # gVisor ignores it (without --oci-seccomp), and its own kernel is the wall.
     assert kwargs("runsc")["security_opt"] == ["no-new-privileges"]
+
+
+def test_without_a_uid_of_its_own_the_servers_but_never_root() -> None:
+    if os.geteuid() == 0:
+        with pytest.raises(SandboxFailed, match="never runs as root"):
+            kwargs(uid=None)
+    else:
+        k = kwargs(uid=None)
+        assert k["user"] == f"{os.geteuid()}:{os.getegid()}"
+        assert "mcp-code-sandbox.uid" not in k["labels"]
+
+
+def test_a_session_uid_is_the_containers_user_and_label() -> None:
+    k = kwargs(uid=0x7000_0003)
+    assert k["user"] == f"{0x7000_0003}:{0x7000_0003}"
+    assert k["labels"]["mcp-code-sandbox.uid"] == str(0x7000_0003)
+    assert docker_spec.uid_from_label(k["labels"]["mcp-code-sandbox.uid"]) == 0x7000_0003
+    for bad in (None, "", "-1", "1e9", "12345678901", "0x10"):
+        assert docker_spec.uid_from_label(bad) is None
 
 
 def test_network_only_when_the_spec_asks() -> None:
@@ -109,6 +129,7 @@ def test_labels() -> None:
         "mcp-code-sandbox.key": "k1",
         "mcp-code-sandbox.instance": "h-1-ab",
         "mcp-code-sandbox.rundir": "k1-abcd",
+        "mcp-code-sandbox.uid": str(0x7000_0001),
     }
 
 

@@ -35,6 +35,7 @@ def spec(s: Settings) -> SandboxSpec:
         workspace=s.workspaces_dir / "slot1",
         limits=LIMITS,
         env={},
+        uid=0x7000_0001,
     )
 
 

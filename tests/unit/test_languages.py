@@ -90,6 +90,7 @@ class _Backend:
     """Just what the service asks of a backend to decide its languages."""
 
     name = "stub"
+    per_sandbox_uids = False
 
     def __init__(self, info: dict[str, dict[str, Any]]) -> None:
         self.info = info

@@ -245,6 +245,7 @@ def kwargs(**kw: Any) -> dict[str, Any]:
         "workspace": WORKSPACE,
         "limits": LIMITS,
         "env": {"FOO": "bar"},
+        "uid": 0x7000_0009,
     }
     values.update(kw)
     settings = load_settings({}, environ={})
@@ -267,6 +268,7 @@ def test_runner_labels() -> None:
         "mcp-code-sandbox.instance": "h-1-ab",
         "mcp-code-sandbox.rundir": "k1-perl",
         "mcp-code-sandbox.runner": "perl",
+        "mcp-code-sandbox.uid": str(0x7000_0009),
     }
 
 
@@ -277,7 +279,8 @@ def test_runner_keeps_the_sandbox_hardening() -> None:
     assert k["read_only"] is True
     assert k["security_opt"] == ["no-new-privileges", docker_seccomp_opt()]
     assert k["init"] is True  # its main process is a shell that reaps nothing
-    assert k["user"] == "1000:1000"
+    # The session's own uid, as its main container's: they share the workspace.
+    assert k["user"] == f"{0x7000_0009}:{0x7000_0009}"
     assert k["mem_limit"] == k["memswap_limit"] == 512 << 20
     assert k["pids_limit"] == 128
     assert k["tmpfs"] == {"/tmp": f"size={64 << 20},mode=1777"}
@@ -297,6 +300,7 @@ def test_runner_mounts_the_workspace_and_its_own_run_dir() -> None:
 
 def test_runner_network_only_when_the_spec_asks() -> None:
     values: dict[str, Any] = {"key": "k1", "owner": "a", "session_id": "s", "network": True}
+    values["uid"] = 0x7000_0001
     spec = SandboxSpec(workspace=WORKSPACE, limits=LIMITS, **values)
     settings = load_settings({}, environ={})
     k = runner_kwargs(spec, settings, PERL, instance="h-1-ab", run_dir=RUN_DIR, network="mcs-n")

@@ -10,7 +10,14 @@ exceptions) to :class:`~mcp_code_sandbox.errors.BackendUnavailable` or
 Every backend lays the sandbox out the same way, so the agent and the tool descriptions
 can rely on it: the workspace at ``WORKSPACE_DIR`` (the working directory), the runtime
 environment's interpreter at ``SANDBOX_PYTHON``, the agent package at ``AGENT_LIB_DIR``,
-``/tmp`` a size-limited tmpfs, everything else read-only, uid/gid 1000, no capabilities.
+``/tmp`` a size-limited tmpfs, everything else read-only, no capabilities, uid/gid 1000
+inside where the backend can map ids (bwrap), else the sandbox's host uid itself (docker).
+
+Host uids: a backend that can run each sandbox as a host uid of its own says so with
+``per_sandbox_uids``; the session manager then leases one per session (:mod:`..uids`)
+and passes it in ``SandboxSpec.uid``, so per-user kernel limits (inotify instances and
+the like) are per sandbox. Otherwise every sandbox has the same one
+(``workspace_owner``).
 """
 
 from __future__ import annotations
@@ -116,6 +123,10 @@ class SandboxSpec:
     network: bool = False
     #: Environment of every process in the sandbox, on top of the backend's base env.
     env: Mapping[str, str] = field(default_factory=dict)
+    #: The host uid (and gid: the same number) the sandbox's processes run as, which owns
+    #: the workspace: the session's own (see ``Backend.per_sandbox_uids``). ``None``: the
+    #: backend's shared one (``Backend.workspace_owner``).
+    uid: int | None = None
 
 
 @dataclass(frozen=True)
@@ -138,6 +149,8 @@ class Leftover:
     #: The language of a runner's container (:class:`RunnerSandbox`): never re-attached,
     #: as it holds no state but the workspace's files.
     runner: str | None = None
+    #: The host uid it runs as, as recorded (``SandboxSpec.uid``); ``None``: none recorded.
+    uid: int | None = None
 
 
 class Channel:
@@ -254,8 +267,13 @@ class Backend(abc.ABC):
     name: str
     #: Whether :meth:`reattach` can take over a previous server's running sandboxes.
     reattaches: bool = False
-    #: Host uid/gid that sandbox processes have, which must own the workspace and every
-    #: file the server writes into it; ``None`` when that is the server's own uid.
+    #: Whether each sandbox can run as a host uid of its own (``SandboxSpec.uid``, which
+    #: the session manager then always sets). Semantics: true means the backend uses that
+    #: uid for the sandbox's processes and everything it hands them (sockets, files).
+    per_sandbox_uids: bool = False
+    #: Without ``per_sandbox_uids``: the host uid/gid all sandboxes share, which must own
+    #: the workspaces and every file the server writes into them; ``None`` when that is
+    #: the server's own uid.
     workspace_owner: tuple[int, int] | None = None
 
     @abc.abstractmethod

@@ -11,9 +11,12 @@ so the pid the server holds is bwrap's and bwrap's parent is the server, which
 2. As root: the launcher runs under ``unshare --mount --propagation private`` and
    bind-mounts the workspace, the venv, the node directory (when ``setup`` built one), the
    agent package and the base interpreter onto a
-   private tmpfs at ``/tmp``, then drops to ``HOST_SANDBOX_UID`` with ``setpriv``. The
-   unprivileged bwrap could not reach them at their real paths (``/root`` is 0700), and
-   ``--bind-fd`` fails once the uid changed. The mounts die with that namespace.
+   private tmpfs at ``/tmp``, then drops to the session's own host uid (``spec.uid``,
+   leased from :mod:`...uids`) with ``setpriv``. The unprivileged bwrap could not reach
+   them at their real paths (``/root`` is 0700), and ``--bind-fd`` fails once the uid
+   changed. The mounts die with that namespace. Not root, every sandbox runs as the
+   server's uid: an unprivileged user namespace can map no other, so per-user limits
+   (inotify instances) are then shared by all sandboxes (``doctor`` says so).
 3. bwrap builds the sandbox (:func:`build_bwrap_argv`) and starts the agent, which says
    ``ready`` on fd 3 (a socketpair; bwrap's stdout is /dev/null because in stdio mode the
    server's stdout is the MCP protocol; its stderr is logged, bounded).
@@ -71,7 +74,6 @@ from mcp_code_sandbox.runtime_env import runtime_status
 from mcp_code_sandbox.settings import Settings
 
 __all__ = [
-    "HOST_SANDBOX_UID",
     "BwrapBackend",
     "BwrapSandbox",
     "HostLayout",
@@ -84,9 +86,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: Host uid/gid of sandbox processes when the server is root: not in /etc/passwd, owns
-#: nothing on the host but the workspaces.
-HOST_SANDBOX_UID = 100_000
 READY_TIMEOUT_S = 30.0
 _STDERR_TAIL = 20
 _STDERR_LOG_LINES = 200
@@ -464,7 +463,9 @@ class BwrapBackend(Backend):
         self._cgroups: cgroups.CgroupSupport | None = None
         self._layout: HostLayout | None = None
         self._root = os.geteuid() == 0
-        self.workspace_owner = (HOST_SANDBOX_UID, HOST_SANDBOX_UID) if self._root else None
+        # As root each sandbox drops to its session's own host uid, mapped to 1000 inside;
+        # otherwise all run as the server's uid, the only one its user namespaces can map.
+        self.per_sandbox_uids = self._root
         self._compiled = False
         self._iptables = Iptables()
         #: Did this server start a slirp4netns (and so set the shared OUTPUT rules)?
@@ -558,6 +559,8 @@ class BwrapBackend(Backend):
 
     async def create(self, spec: SandboxSpec) -> Sandbox:
         bwrap = self._bwrap()
+        if self._root and spec.uid is None:  # never a sandbox as root
+            raise SandboxFailed("a sandbox of a server run as root needs a host uid of its own")
         if spec.network and (why := self.network_unavailable()) is not None:
             raise NetworkNotAllowed(f"network is not available on this host: {why}")
         if not self._compiled:
@@ -582,7 +585,7 @@ class BwrapBackend(Backend):
                 child_fd,
                 [str(f) for f in cgroup.procs_files] if cgroup else [],
                 stage,
-                HOST_SANDBOX_UID if self._root else None,
+                spec.uid if self._root else None,
             ) + build_bwrap_argv(
                 bwrap,
                 spec,

@@ -30,11 +30,21 @@ named to it by their host paths (``settings.docker_host_state_dir``; see
 compared with ours. The state dir must be a bind mount of that host dir: then the socket
 the server binds in a run dir is the very file the agent connects to, as on the host.
 
-The socket is owned by uid 1000 and mode 0600: in the container only the sandbox uid
-may connect, and on the host only root and uid 1000, which owns the workspaces anyway.
-``workspace_owner`` is (1000, 1000): the container's uid 1000 is the host's. A rootless
-or userns-remapped engine maps it elsewhere; that is not supported yet (files written by
-the server would not be the sandbox's).
+Uids. A server that can chown (root, or CAP_CHOWN as in ``deploy/compose.yaml``) runs
+each session's containers as the session's own host uid (``SandboxSpec.uid``, leased by
+the session manager from :mod:`..uids`; gid the same number), not the image's 1000: under
+runc the container's uids are the host's, and per-user kernel counters (inotify
+instances...) would otherwise be shared by every container and by the host's user 1000.
+Nothing in the sandbox needs a passwd entry (HOME is /tmp). The uid is recorded in the
+container's ``LABEL_UID``, so a re-attach or a leftover knows it. Under gVisor (runsc)
+per-user counters are the sandbox kernel's own anyway; its containers get their own uid
+all the same, so that no workspace file on the host belongs to a real user (uid 1000 is
+the first user on most hosts). A server that cannot chown runs every container as its
+own uid (shared counters; ``doctor`` says so). A rootless or userns-remapped engine maps
+uids elsewhere; that is not supported (the server's files would not be the sandbox's).
+
+The socket is owned by the sandbox's uid and mode 0600: only the sandbox may connect,
+and on the host only root too.
 
 docker-py's exceptions (and the ``requests`` ones it lets through when the engine goes
 away mid-call) are translated in :func:`.docker_spec.map_docker_error`, and nowhere else;
@@ -60,8 +70,6 @@ import docker.errors
 
 from mcp_code_sandbox.agent.protocol import ProtocolError
 from mcp_code_sandbox.backends.base import (
-    SANDBOX_GID,
-    SANDBOX_UID,
     WORKSPACE_DIR,
     Backend,
     Enforcement,
@@ -97,6 +105,7 @@ from mcp_code_sandbox.backends.docker_spec import (
     LABEL_RUN_DIR,
     LABEL_RUNNER,
     LABEL_SESSION,
+    LABEL_UID,
     container_kwargs,
     engine_ready,
     foreign,
@@ -105,11 +114,14 @@ from mcp_code_sandbox.backends.docker_spec import (
     map_docker_error,
     probe_engine,
     runtime_missing,
+    sandbox_ids,
     server_path,
+    uid_from_label,
 )
 from mcp_code_sandbox.errors import NetworkNotAllowed, SandboxError, SandboxFailed
 from mcp_code_sandbox.liveness import process_mark
 from mcp_code_sandbox.settings import Settings
+from mcp_code_sandbox.uids import can_chown
 
 __all__ = ["DockerBackend", "DockerSandbox", "container_kwargs", "engine_ready", "map_docker_error"]
 
@@ -127,7 +139,6 @@ _T = TypeVar("_T")
 class DockerBackend(Backend):
     name = "docker"
     reattaches = True
-    workspace_owner = (SANDBOX_UID, SANDBOX_GID)
 
     def __init__(
         self,
@@ -142,6 +153,9 @@ class DockerBackend(Backend):
         """
         self.settings = settings
         self.image = settings.image
+        # Handing a workspace to a session's uid takes CAP_CHOWN; without it, every
+        # container runs as the server's uid (``workspace_owner`` None: its own).
+        self.per_sandbox_uids = can_chown()
         self.instance = instance or (
             f"{socket.gethostname()}-{process_mark()}-{secrets.token_hex(4)}"
         )
@@ -257,11 +271,12 @@ class DockerBackend(Backend):
         return await self._networks.get(client)
 
     async def create(self, spec: SandboxSpec) -> Sandbox:
+        sandbox_ids(spec)  # refuses, before anything is made, to run a sandbox as root
         client = await self.client()
         await self._call(client.images.get, self.image)
         await self._require_runtime(client)
         network = await self._network(client, spec)
-        run_dir, listener = await asyncio.to_thread(self._listen, spec.key)
+        run_dir, listener = await asyncio.to_thread(self._listen, spec)
         kwargs = container_kwargs(
             spec,
             self.settings,
@@ -291,9 +306,9 @@ class DockerBackend(Backend):
             raise
         return sandbox
 
-    def _listen(self, key: str) -> tuple[Path, socket.socket]:
-        run_dir = make_run_dir(self.settings.run_dir, key)
-        return run_dir, bind_listener(run_dir)
+    def _listen(self, spec: SandboxSpec) -> tuple[Path, socket.socket]:
+        run_dir = make_run_dir(self.settings.run_dir, spec.key)
+        return run_dir, bind_listener(run_dir, sandbox_ids(spec))
 
     def _runsc_hint(self) -> str:
         if self.settings.docker_runtime != "runsc":
@@ -357,6 +372,7 @@ class DockerBackend(Backend):
                     running=container.status == "running",
                     workspace=self._bound_dir(container.attrs, WORKSPACE_DIR),
                     runner=labels.get(LABEL_RUNNER),
+                    uid=uid_from_label(labels.get(LABEL_UID)),
                 )
             )
         await self._networks.prune(client, ours_too=False)
@@ -395,7 +411,9 @@ class DockerBackend(Backend):
         if container.status != "running" or run_dir is None:
             return None
         try:
-            listener = await asyncio.to_thread(bind_listener, run_dir, replace=True)
+            listener = await asyncio.to_thread(
+                bind_listener, run_dir, sandbox_ids(spec), replace=True
+            )
         except SandboxError as exc:
             log.warning("cannot re-attach to %s: %s", leftover.backend_id, exc.message)
             return None
@@ -462,6 +480,7 @@ class DockerBackend(Backend):
         return runners
 
     async def create_runner(self, spec: SandboxSpec, runner: RunnerImage) -> RunnerSandbox:
+        sandbox_ids(spec)  # as in create
         client = await self.client()
         try:
             await self._call(client.images.get, runner.image_id)

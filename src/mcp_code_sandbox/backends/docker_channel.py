@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from mcp_code_sandbox.agent.protocol import ProtocolError
-from mcp_code_sandbox.backends.base import SANDBOX_GID, SANDBOX_UID, Channel, Sandbox, SandboxSpec
+from mcp_code_sandbox.backends.base import Channel, Sandbox, SandboxSpec
 from mcp_code_sandbox.backends.docker_spec import SOCKET_NAME
 from mcp_code_sandbox.backends.streams import escape_control
 from mcp_code_sandbox.errors import SandboxError, SandboxFailed
@@ -97,8 +97,9 @@ def run_dir_from_label(base: Path, name: str | None) -> Path | None:
     return base / name
 
 
-def bind_listener(run_dir: Path, *, replace: bool = False) -> socket.socket:
-    """A non-blocking listener on ``run_dir/agent.sock``, owned by the sandbox uid, 0600.
+def bind_listener(run_dir: Path, ids: tuple[int, int], *, replace: bool = False) -> socket.socket:
+    """A non-blocking listener on ``run_dir/agent.sock``, owned by the sandbox's ``ids``
+    (uid, gid), mode 0600: only the sandbox may connect (and root).
 
     ``replace`` first unlinks a socket a dead server left there (only a socket: anything
     else is refused, though the sandbox cannot write here, the mount being read-only).
@@ -116,7 +117,8 @@ def bind_listener(run_dir: Path, *, replace: bool = False) -> socket.socket:
         if replace:
             _unlink_socket(dir_fd)
         listener.bind(f"/proc/self/fd/{dir_fd}/{SOCKET_NAME}")
-        os.chown(SOCKET_NAME, SANDBOX_UID, SANDBOX_GID, dir_fd=dir_fd)
+        if ids != (os.geteuid(), os.getegid()):
+            os.chown(SOCKET_NAME, *ids, dir_fd=dir_fd)
         os.chmod(SOCKET_NAME, 0o600, dir_fd=dir_fd)
     except OSError as exc:
         listener.close()

@@ -13,9 +13,9 @@ call, with ``{file}`` replaced by the path of a file holding the code. The image
 ``/bin/sh`` and ``sleep``: its container's main process is a shell that waits, and every
 call is a ``docker exec`` into it. The container gets everything a session's main
 container gets (no network unless allowed, no capabilities, read-only root, the same
-limits, uid 1000) and the session's workspace at ``/mnt/data``, so the languages of one
-session share its files. The code file is written by the server into the runner's own
-run dir, bound read-only at ``/run/mcs``: never into the workspace.
+limits, the session's host uid) and the session's workspace at ``/mnt/data``, so the
+languages of one session share its files. The code file is written by the server into
+the runner's own run dir, bound read-only at ``/run/mcs``: never into the workspace.
 
 A timeout or a cancellation kills the container (an exec'd process cannot be signalled
 through the engine's API); the next call starts a new one. Runner languages keep no
@@ -36,8 +36,6 @@ from pathlib import Path
 from typing import Any
 
 from mcp_code_sandbox.backends.base import (
-    SANDBOX_GID,
-    SANDBOX_UID,
     WORKSPACE_DIR,
     ExecResult,
     RunnerImage,
@@ -48,6 +46,7 @@ from mcp_code_sandbox.backends.docker_spec import (
     CHANNEL_DIR,
     LABEL_RUNNER,
     container_kwargs,
+    sandbox_ids,
 )
 from mcp_code_sandbox.settings import Settings
 
@@ -231,7 +230,8 @@ class DockerRunner(RunnerSandbox):
     ) -> ExecResult:
         self._runs += 1
         name = f"code-{self._runs}{self.runner.suffix}"
-        await asyncio.to_thread(_write_code, self.run_dir, name, code)
+        ids = sandbox_ids(self.spec)
+        await asyncio.to_thread(_write_code, self.run_dir, name, code, ids)
         try:
             exec_id = (
                 await self._call(
@@ -244,7 +244,7 @@ class DockerRunner(RunnerSandbox):
                     tty=False,
                     environment=dict(env),
                     workdir=WORKSPACE_DIR,
-                    user=f"{SANDBOX_UID}:{SANDBOX_GID}",
+                    user="{}:{}".format(*ids),
                 )
             )["Id"]
             loop = asyncio.get_running_loop()
@@ -327,13 +327,14 @@ def _close_stream(stream: Any) -> None:
             connection.close()
 
 
-def _write_code(run_dir: Path, name: str, code: bytes) -> None:
+def _write_code(run_dir: Path, name: str, code: bytes, ids: tuple[int, int]) -> None:
     fd = os.open(run_dir / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
         view = memoryview(code)
         while view:
             view = view[os.write(fd, view) :]
-        os.fchown(fd, SANDBOX_UID, SANDBOX_GID)
+        if ids != (os.geteuid(), os.getegid()):
+            os.fchown(fd, *ids)
     finally:
         os.close(fd)
 

@@ -13,6 +13,7 @@ two views when the server runs in a container (``settings.docker_host_state_dir`
 from __future__ import annotations
 
 import json
+import os
 import socket
 from collections.abc import Collection, Mapping
 from pathlib import Path
@@ -25,8 +26,6 @@ from docker.types import LogConfig, Mount, Ulimit
 
 from mcp_code_sandbox.backends.base import (
     AGENT_LIB_DIR,
-    SANDBOX_GID,
-    SANDBOX_UID,
     WORKSPACE_DIR,
     SandboxSpec,
     agent_argv,
@@ -47,6 +46,7 @@ __all__ = [
     "LABEL_RUNNER",
     "LABEL_RUN_DIR",
     "LABEL_SESSION",
+    "LABEL_UID",
     "SOCKET_NAME",
     "container_kwargs",
     "engine_path",
@@ -58,8 +58,10 @@ __all__ = [
     "probe_engine",
     "runtime_missing",
     "same_host",
+    "sandbox_ids",
     "security_opt",
     "server_path",
+    "uid_from_label",
 ]
 
 _PREFIX = "mcp-code-sandbox"
@@ -74,6 +76,9 @@ LABEL_RUNNER = f"{_PREFIX}.runner"
 LABEL_NETWORK = f"{_PREFIX}.network"
 #: Name of the sandbox's run dir under ``settings.run_dir``, removed with the container.
 LABEL_RUN_DIR = f"{_PREFIX}.rundir"
+#: The session's own host uid that the container runs as (``SandboxSpec.uid``); absent
+#: when the containers run as the server's uid.
+LABEL_UID = f"{_PREFIX}.uid"
 #: Sysctls of every networked sandbox: no IPv6 inside (see ``docker_net``).
 IPV6_OFF = {
     "net.ipv6.conf.all.disable_ipv6": "1",
@@ -104,6 +109,29 @@ def server_path(path: Path, settings: Settings) -> Path | None:
         return settings.state_dir / path.relative_to(settings.docker_host_state_dir)
     except ValueError:
         return None
+
+
+def sandbox_ids(spec: SandboxSpec) -> tuple[int, int]:
+    """The uid and gid ``spec``'s containers run as: the session's own host uid, or,
+    without one (a server that cannot chown), the server's own, which owns the workspace,
+    unless that is root (``SandboxFailed``).
+    Under runc they are the host's ids; under gVisor the sandbox kernel's, and the files
+    it writes in the workspace get them on the host too."""
+    if spec.uid is not None:
+        return spec.uid, spec.uid
+    if os.geteuid() == 0:  # a root server without CAP_CHOWN, or a caller's slip
+        raise SandboxFailed(
+            "a sandbox never runs as root, and this one has no host uid of its own: a "
+            "server run as root needs CAP_CHOWN to give it one"
+        )
+    return os.geteuid(), os.getegid()
+
+
+def uid_from_label(value: str | None) -> int | None:
+    """The uid a container's ``LABEL_UID`` names; ``None`` when absent or not a uid."""
+    if not value or not value.isdigit() or len(value) > 10:
+        return None
+    return int(value)
 
 
 def container_kwargs(
@@ -137,7 +165,9 @@ def container_kwargs(
         # named mcs_agent.py would replace the agent. The agent's --workdir (default
         # /mnt/data) is where code runs.
         "working_dir": AGENT_LIB_DIR,
-        "user": f"{SANDBOX_UID}:{SANDBOX_GID}",
+        # Not the image's uid 1000: the session's own host uid, so per-user kernel
+        # counters (inotify instances...) are per sandbox; HOME is /tmp all the same.
+        "user": "{}:{}".format(*sandbox_ids(spec)),
         "environment": sandbox_env(spec.env),
         "labels": {
             LABEL_OWNER: spec.owner,
@@ -145,6 +175,7 @@ def container_kwargs(
             LABEL_KEY: spec.key,
             LABEL_INSTANCE: instance,
             LABEL_RUN_DIR: run_dir.name,
+            **({LABEL_UID: str(spec.uid)} if spec.uid is not None else {}),
             **({LABEL_NETWORK: "true"} if spec.network else {}),
         },
         "hostname": "sandbox",
