@@ -4,21 +4,18 @@ plain HTTP requests (status and headers) and the official MCP client (both eras)
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import time
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import Callable
 
 import httpx
 import pytest
-from mcp import Client, MCPError
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp import MCPError
 
 from mcp_code_sandbox.settings import Settings
 
 from .conftest import ERAS, http_server, http_server_process, initialize_request
+from .tenants import client_as, structured
 from .test_errors import assert_error
 
 pytestmark = [pytest.mark.e2e, pytest.mark.bwrap]
@@ -35,22 +32,6 @@ def post_mcp(base: str, authorization: str | None) -> httpx.Response:
     if authorization is not None:
         headers["Authorization"] = authorization
     return httpx.post(f"{base}/mcp", json=INITIALIZE, headers=headers, timeout=30)
-
-
-@contextlib.asynccontextmanager
-async def client_as(base: str, token: str, mode: str = "legacy") -> AsyncIterator[Client]:
-    """The official client, sending ``Authorization: Bearer <token>`` on every request."""
-    async with create_mcp_http_client(headers={"Authorization": f"Bearer {token}"}) as http:
-        transport = streamable_http_client(f"{base}/mcp", http_client=http)
-        async with Client(transport, mode=mode) as client:  # type: ignore[arg-type]
-            yield client
-
-
-def structured(result: Any) -> dict[str, Any]:
-    assert not result.is_error, result.content
-    data = result.structured_content
-    assert isinstance(data, dict)
-    return data
 
 
 def test_missing_or_wrong_token_gets_401(make_settings: Callable[..., Settings]) -> None:
