@@ -289,9 +289,9 @@ class SessionManager:
             session.lock.release()
 
     async def _make_workspace(self, session: Session) -> None:
-        await asyncio.to_thread(session.workspace.create)
+        await self.threads.run(session.owner, session.workspace.create)
         if session.closed:  # closed meanwhile: its destroy may have run before the mount
-            await asyncio.to_thread(session.workspace.destroy)
+            await self.threads.run(session.owner, session.workspace.destroy)
             raise SessionNotFound(f"session {session.id} was closed while it was being made")
         session.workspace_made = True
 
@@ -547,8 +547,15 @@ class SessionManager:
 
     async def drop_runner(self, session: Session, language: str) -> None:
         runner = session.runners.pop(language, None)
-        if runner is not None and not await _stop_logged(self.backend.stop_runner, runner, session):
-            session.unstopped.append(runner)  # ending the session tries again
+        if runner is not None:
+            await self._free(session, runner)
+
+    async def _free(self, session: Session, thing: Sandbox | RunnerSandbox) -> None:
+        """Stop a sandbox or runner of ``session``; one whose stop failed (logged) is kept
+        in ``unstopped``, and ending the session tries again."""
+        stop: Any = self.backend.stop if isinstance(thing, Sandbox) else self.backend.stop_runner
+        if not await _stop_logged(stop, thing, session):
+            session.unstopped.append(thing)
 
     def _spec(
         self,
@@ -580,8 +587,8 @@ class SessionManager:
 
     async def _stop_sandbox(self, session: Session) -> None:
         sandbox, session.sandbox, session.agent = session.sandbox, None, None
-        if sandbox is not None and not await _stop_logged(self.backend.stop, sandbox, session):
-            session.unstopped.append(sandbox)  # ending the session tries again
+        if sandbox is not None:
+            await self._free(session, sandbox)
 
     # -- closing ---------------------------------------------------------------------------
 
@@ -637,7 +644,7 @@ class SessionManager:
         await self._settle(session)
         remains = await self._release(session, retry=False)  # what those calls left
         try:
-            await asyncio.to_thread(session.workspace.destroy)
+            await self.threads.run(session.owner, session.workspace.destroy)
         except Exception as exc:
             log.error("cannot remove a session's files", session=session.id, error=repr(exc))
             remains.append(f"its files in {session.workspace.root} could not be removed ({exc})")
@@ -680,11 +687,7 @@ class SessionManager:
         session.sandbox, session.agent = None, None
         session.runners.clear()
         for thing in held:
-            stop: Any = (
-                self.backend.stop if isinstance(thing, Sandbox) else self.backend.stop_runner
-            )
-            if not await _stop_logged(stop, thing, session):
-                session.unstopped.append(thing)
+            await self._free(session, thing)
         return [
             f"its sandbox {thing.backend_id} could not be stopped" for thing in session.unstopped
         ]

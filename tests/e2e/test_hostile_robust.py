@@ -26,6 +26,7 @@ from mcp_code_sandbox.ids import session_key
 from mcp_code_sandbox.settings import Settings
 
 from ..conftest import each_backend
+from ..integration.test_robust_cleanup import write_to_stderr_of
 from ..procs import running
 from .tenants import MALLORY, Tenants, client_as, structured, two_tenants
 
@@ -49,16 +50,6 @@ def children(pid: int) -> set[int]:
         if int(stat[stat.rindex(")") + 2 :].split()[1]) == pid:
             found.add(int(entry))
     return found
-
-
-def write_to_stderr_of(pid: int, data: bytes) -> None:
-    fd = os.open(f"/proc/{pid}/fd/2", os.O_WRONLY)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-    finally:
-        os.close(fd)
 
 
 def cgroup_dirs(key: str) -> list[Path]:

@@ -20,37 +20,23 @@ from typing import Any
 import pytest
 
 from mcp_code_sandbox.backends import create_backend
-from mcp_code_sandbox.backends.base import Limits, Sandbox, SandboxSpec
+from mcp_code_sandbox.backends.base import Sandbox, SandboxSpec
 from mcp_code_sandbox.backends.bwrap import BwrapBackend, BwrapSandbox
 from mcp_code_sandbox.errors import SandboxFailed, SessionNotFound
 from mcp_code_sandbox.runs import RunRequest
 from mcp_code_sandbox.service import SandboxService
 from mcp_code_sandbox.settings import Settings
 
-from ..conftest import each_backend, sandbox_owner
+from ..conftest import each_backend
 from ..procs import containers
+from .test_bwrap_backend import start
 
-LIMITS = Limits(memory_bytes=256 << 20, cpu=1.0, pids=64, tmp_bytes=8 << 20, file_bytes=64 << 20)
 #: What a hostile line holds: terminal escapes (an OSC 52 clipboard write, a screen
 #: clear), a carriage return and NUL, then a newline and a line dressed as the server's.
 HOSTILE = (
     b"\x1b]52;c;SGVsbG8=\x07\x1b[2J\x1b[1;1H" + b"A" * 100_000 + b"\r\x00\n"
     b"2026-01-01T00:00:00Z [info] session ended  owner=victim\n"
 )
-
-
-async def bwrap_sandbox(backend: BwrapBackend, key: str, uid: int | None) -> BwrapSandbox:
-    workspace = backend.settings.state_dir / "workspaces" / key
-    workspace.mkdir(parents=True)
-    if (owner := sandbox_owner(backend, uid)) is not None:
-        os.chown(workspace, *owner)
-    uid = uid if backend.per_sandbox_uids else None
-    spec = SandboxSpec(
-        key=key, owner="local", session_id=key, workspace=workspace, limits=LIMITS, uid=uid
-    )
-    box = await backend.create(spec)
-    assert isinstance(box, BwrapSandbox)
-    return box
 
 
 def write_to_stderr_of(pid: int, data: bytes) -> None:
@@ -78,7 +64,7 @@ async def test_a_stderr_flood_neither_kills_the_reader_nor_the_stop(
     host_uid: int | None,
 ) -> None:
     backend = BwrapBackend(make_settings())
-    box = await bwrap_sandbox(backend, "flood", host_uid)
+    box = await start(backend, "flood", host_uid)
     caplog.set_level(logging.WARNING, logger="mcp_code_sandbox.backends.bwrap")
     await asyncio.to_thread(write_to_stderr_of, box.proc.pid, HOSTILE * 3)
     await eventually(lambda: sum(b"session ended" in line for line in box.stderr_tail) == 3)
