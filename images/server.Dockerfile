@@ -1,7 +1,7 @@
 # The server itself: `mcp-code-sandbox serve --transport http` on the docker backend, for a
 # container beside a Docker engine whose socket it mounts (deploy/compose.yaml runs it).
 #
-# Build it with `mcp-code-sandbox image build --server` (serverimage.py), which assembles
+# Build it with `mcp-code-sandbox image build --server` (provision/server_image.py), which assembles
 # the build context:
 #   requirements.txt  the project's dependencies, from pyproject.toml
 #   project/          pyproject.toml, README.md, src/ and images/ of the checkout

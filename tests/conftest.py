@@ -75,7 +75,7 @@ def docker_missing(runtime: str, image: str) -> str | None:
     Asked once per run: every Docker-parametrized test would otherwise probe the engine."""
     import docker
 
-    from mcp_code_sandbox.backends.docker import engine_ready
+    from mcp_code_sandbox.backends.docker.backend import engine_ready
 
     environment = docker_environ()
     where = environment.get("DOCKER_HOST", "the default socket")
@@ -150,7 +150,7 @@ def host_uid() -> Iterator[int | None]:
     """For tests that start sandboxes without a session manager: a host uid leased as the
     manager would lease one (``uids``), for backends with ``per_sandbox_uids``; ``None``
     when the tests do not run as root (no backend can use one then)."""
-    from mcp_code_sandbox.uids import uid_pool
+    from mcp_code_sandbox.sessions.uids import uid_pool
 
     if os.geteuid() != 0:
         yield None

@@ -56,7 +56,7 @@ def containers(instance: str) -> list[str]:
     """Ids of the containers, running or not, of the docker backend ``instance``."""
     import docker
 
-    from mcp_code_sandbox.backends.docker_spec import LABEL_INSTANCE
+    from mcp_code_sandbox.backends.docker.spec import LABEL_INSTANCE
     from mcp_code_sandbox.settings import docker_environ
 
     client = docker.from_env(environment=docker_environ(), timeout=30)

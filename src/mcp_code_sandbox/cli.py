@@ -123,7 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "image":
             return _image_build(settings, args)
         if args.command == "doctor":
-            from mcp_code_sandbox.doctor import run_doctor
+            from mcp_code_sandbox.doctor.report import run_doctor
 
             return run_doctor(settings)
         return _exec(settings, args)
@@ -156,7 +156,7 @@ def _serve(settings: Settings, transport: str) -> int:
 
 
 def _setup(settings: Settings, *, force: bool) -> int:
-    from mcp_code_sandbox.runtime_env import build_runtime
+    from mcp_code_sandbox.provision.venv import build_runtime
 
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
@@ -174,7 +174,7 @@ def _setup(settings: Settings, *, force: bool) -> int:
 def _image_build(settings: Settings, args: argparse.Namespace) -> int:
     import os
 
-    from mcp_code_sandbox.imagebuild import build_image, ca_bundle_from_env
+    from mcp_code_sandbox.provision.image import build_image, ca_bundle_from_env
 
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
@@ -203,7 +203,7 @@ def _exec(settings: Settings, args: argparse.Namespace) -> int:
 
 async def _exec_once(settings: Settings, code: str, language: str) -> int:
     from mcp_code_sandbox.backends import create_backend
-    from mcp_code_sandbox.runs import RunRequest
+    from mcp_code_sandbox.run.execute import RunRequest
     from mcp_code_sandbox.service import SandboxService
 
     service = SandboxService(settings, create_backend(settings))

@@ -14,9 +14,7 @@ from typing import Any, BinaryIO
 
 import structlog
 
-from mcp_code_sandbox import runs
 from mcp_code_sandbox.backends.base import Backend, RunnerImage
-from mcp_code_sandbox.downloads import UrlSigner
 from mcp_code_sandbox.errors import (
     InvalidArgument,
     NetworkNotAllowed,
@@ -26,9 +24,11 @@ from mcp_code_sandbox.errors import (
     UploadTooLarge,
 )
 from mcp_code_sandbox.metrics import Metrics
-from mcp_code_sandbox.probe import RuntimeProbe
-from mcp_code_sandbox.runtimes import RUNTIMES, runner_summary
-from mcp_code_sandbox.sessions import SessionManager
+from mcp_code_sandbox.run import execute
+from mcp_code_sandbox.run.languages import RUNTIMES, runner_summary
+from mcp_code_sandbox.run.probe import RuntimeProbe
+from mcp_code_sandbox.server.downloads import UrlSigner
+from mcp_code_sandbox.sessions.manager import SessionManager
 from mcp_code_sandbox.settings import Settings
 from mcp_code_sandbox.workspace import FileInfo, ListResult, ReadResult, measure
 
@@ -162,13 +162,13 @@ class SandboxService:
     async def run_code(
         self,
         owner: str,
-        request: runs.RunRequest,
+        request: execute.RunRequest,
         session_id: str | None = None,
-        on_progress: runs.ProgressSink | None = None,
-    ) -> runs.RunReport:
+        on_progress: execute.ProgressSink | None = None,
+    ) -> execute.RunReport:
         if request.language not in self.languages():
             await self.refresh_runners()  # an image built since the last look
-        timeout = runs.check_request(self.settings, request, self.languages())
+        timeout = execute.check_request(self.settings, request, self.languages())
         if request.network and (why := self.backend.network_unavailable()) is not None:
             raise NetworkNotAllowed(
                 f"network access is allowed by this server but not available: {why}"
@@ -179,7 +179,7 @@ class SandboxService:
             async with self.sessions.acquire(
                 owner, session_id, create=True, wait_s=timeout
             ) as held:
-                report = await runs.run(
+                report = await execute.run(
                     self.sessions, held.session, request, timeout, on_progress, runner
                 )
                 if held.session.closed:  # close_session landed during the run: it is gone

@@ -30,8 +30,8 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp_types import ImageContent
 
-from mcp_code_sandbox.backends.docker_spec import LABEL_INSTANCE, LABEL_SESSION
-from mcp_code_sandbox.serverimage import SERVER_TAG
+from mcp_code_sandbox.backends.docker.spec import LABEL_INSTANCE, LABEL_SESSION
+from mcp_code_sandbox.provision.server_image import SERVER_TAG
 from mcp_code_sandbox.settings import docker_environ
 
 from ..conftest import REPO, REQUIRE_DOCKER, docker_image, require_docker

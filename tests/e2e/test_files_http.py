@@ -19,7 +19,7 @@ import httpx
 import pytest
 from mcp import Client
 
-from mcp_code_sandbox.downloads import UrlSigner
+from mcp_code_sandbox.server.downloads import UrlSigner
 from mcp_code_sandbox.settings import Settings
 
 from .conftest import http_server

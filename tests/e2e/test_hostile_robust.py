@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from mcp_code_sandbox.ids import session_key
+from mcp_code_sandbox.sessions.ids import session_key
 from mcp_code_sandbox.settings import Settings
 
 from ..conftest import each_backend
@@ -139,7 +139,7 @@ def session_containers(settings: Settings, owner: str, sid: str, *, status: str 
     """Ids of the containers of ``owner``'s session ``sid`` (only those in ``status``)."""
     import docker
 
-    from mcp_code_sandbox.backends.docker_spec import LABEL_OWNER, LABEL_SESSION
+    from mcp_code_sandbox.backends.docker.spec import LABEL_OWNER, LABEL_SESSION
     from mcp_code_sandbox.settings import docker_environ
 
     client = docker.from_env(environment=docker_environ(), timeout=30)

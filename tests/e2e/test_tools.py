@@ -14,7 +14,7 @@ from mcp import Client, MCPError
 from mcp_types import ImageContent
 
 from mcp_code_sandbox.backends import create_backend
-from mcp_code_sandbox.runtimes import RUNTIMES
+from mcp_code_sandbox.run.languages import RUNTIMES
 from mcp_code_sandbox.server.app import build_server
 from mcp_code_sandbox.service import SandboxService
 from mcp_code_sandbox.settings import Settings

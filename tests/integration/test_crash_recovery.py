@@ -21,12 +21,12 @@ import pytest
 from mcp import Client
 
 from mcp_code_sandbox.backends.base import SandboxSpec
-from mcp_code_sandbox.backends.docker import DockerBackend, DockerSandbox
-from mcp_code_sandbox.backends.docker_spec import LABEL_KEY, LABEL_UID
-from mcp_code_sandbox.runs import RunRequest
+from mcp_code_sandbox.backends.docker.backend import DockerBackend, DockerSandbox
+from mcp_code_sandbox.backends.docker.spec import LABEL_KEY, LABEL_UID
+from mcp_code_sandbox.run.execute import RunRequest
 from mcp_code_sandbox.service import SandboxService
+from mcp_code_sandbox.sessions.uids import uid_pool
 from mcp_code_sandbox.settings import Settings, docker_environ
-from mcp_code_sandbox.uids import uid_pool
 from tests.conftest import sandbox_owner
 from tests.e2e.conftest import http_server_process
 from tests.integration.test_docker_backend import LIMITS, gone

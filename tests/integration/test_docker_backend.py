@@ -19,7 +19,7 @@ import docker.errors
 import pytest
 
 from mcp_code_sandbox.backends.base import Limits, SandboxSpec
-from mcp_code_sandbox.backends.docker import DockerBackend, DockerSandbox
+from mcp_code_sandbox.backends.docker.backend import DockerBackend, DockerSandbox
 from mcp_code_sandbox.settings import Settings, docker_environ, load_settings
 
 from ..conftest import require_docker, sandbox_owner

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from mcp_code_sandbox import runs
 from mcp_code_sandbox.backends import create_backend
-from mcp_code_sandbox.runs import RunRequest
+from mcp_code_sandbox.run import execute as runs
+from mcp_code_sandbox.run.execute import RunRequest
 from mcp_code_sandbox.service import SandboxService
 from mcp_code_sandbox.settings import Settings
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from mcp_code_sandbox.node_env import NPM_PACKAGES
-from mcp_code_sandbox.runs import RunRequest
+from mcp_code_sandbox.provision.node import NPM_PACKAGES
+from mcp_code_sandbox.run.execute import RunRequest
 
 from ..conftest import each_backend
 

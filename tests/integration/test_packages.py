@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import pytest
 
 from mcp_code_sandbox.errors import QuotaExceeded, SessionNotFound
-from mcp_code_sandbox.runs import RunReport, RunRequest
+from mcp_code_sandbox.run.execute import RunReport, RunRequest
 from mcp_code_sandbox.service import SandboxService
 
 from .. import labnet, pkgindex

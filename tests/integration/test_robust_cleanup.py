@@ -21,9 +21,9 @@ import pytest
 
 from mcp_code_sandbox.backends import create_backend
 from mcp_code_sandbox.backends.base import Sandbox, SandboxSpec
-from mcp_code_sandbox.backends.bwrap import BwrapBackend, BwrapSandbox
+from mcp_code_sandbox.backends.bwrap.backend import BwrapBackend, BwrapSandbox
 from mcp_code_sandbox.errors import SandboxFailed, SessionNotFound
-from mcp_code_sandbox.runs import RunRequest
+from mcp_code_sandbox.run.execute import RunRequest
 from mcp_code_sandbox.service import SandboxService
 from mcp_code_sandbox.settings import Settings
 
@@ -65,7 +65,7 @@ async def test_a_stderr_flood_neither_kills_the_reader_nor_the_stop(
 ) -> None:
     backend = BwrapBackend(make_settings())
     box = await start(backend, "flood", host_uid)
-    caplog.set_level(logging.WARNING, logger="mcp_code_sandbox.backends.bwrap")
+    caplog.set_level(logging.WARNING, logger="mcp_code_sandbox.backends.bwrap.backend")
     await asyncio.to_thread(write_to_stderr_of, box.proc.pid, HOSTILE * 3)
     await eventually(lambda: sum(b"session ended" in line for line in box.stderr_tail) == 3)
     # The reader is alive (main: it died on the first line past 64 KiB), and the stop

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from mcp_code_sandbox.errors import MaxSessions
-from mcp_code_sandbox.runs import RunRequest
+from mcp_code_sandbox.run.execute import RunRequest
+from mcp_code_sandbox.sessions.uids import uid_pool
 from mcp_code_sandbox.settings import Settings
-from mcp_code_sandbox.uids import uid_pool
 
 from ..conftest import MakeService, each_backend
 

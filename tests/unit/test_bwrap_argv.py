@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from mcp_code_sandbox.backends.base import Limits, SandboxSpec
-from mcp_code_sandbox.backends.bwrap import (
+from mcp_code_sandbox.backends.bwrap.backend import (
     HostLayout,
     Mounts,
     NetFds,

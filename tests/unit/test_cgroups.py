@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from mcp_code_sandbox.backends import cgroups
 from mcp_code_sandbox.backends.base import Limits
+from mcp_code_sandbox.backends.bwrap import cgroups
 
 LIMITS = Limits(memory_bytes=256 << 20, cpu=0.5, pids=64, tmp_bytes=1 << 20, file_bytes=1 << 20)
 

@@ -13,9 +13,9 @@ import docker.errors
 import pytest
 import requests
 
-from mcp_code_sandbox.backends import docker_spec
 from mcp_code_sandbox.backends.base import Limits, SandboxSpec
-from mcp_code_sandbox.backends.docker import (
+from mcp_code_sandbox.backends.docker import spec as docker_spec
+from mcp_code_sandbox.backends.docker.backend import (
     DockerBackend,
     container_kwargs,
     map_docker_error,

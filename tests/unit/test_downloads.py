@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mcp_code_sandbox.downloads import UrlSigner, load_secret, parse_range
+from mcp_code_sandbox.server.downloads import UrlSigner, load_secret, parse_range
 from mcp_code_sandbox.settings import load_settings
 
 

@@ -5,7 +5,7 @@ import pytest
 
 import mcp_code_sandbox.errors as errors_module
 from mcp_code_sandbox.errors import ERROR_CODES, InvalidSessionId, SandboxError
-from mcp_code_sandbox.ids import mint_session_id, session_key, validate_session_id
+from mcp_code_sandbox.sessions.ids import mint_session_id, session_key, validate_session_id
 
 DESIGN = Path(__file__).resolve().parents[3] / "shared" / "DESIGN.md"
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from mcp_code_sandbox import imagebuild
 from mcp_code_sandbox.errors import BackendUnavailable
-from mcp_code_sandbox.imagebuild import (
+from mcp_code_sandbox.provision import image as imagebuild
+from mcp_code_sandbox.provision.image import (
     LOCAL_BASE,
     AptSource,
     apt_sources,
@@ -22,7 +22,7 @@ from mcp_code_sandbox.imagebuild import (
     prepare_context,
     requirements_text,
 )
-from mcp_code_sandbox.runtime_env import PACKAGES, SESSION_SITE_PTH, TOOLS
+from mcp_code_sandbox.provision.venv import PACKAGES, SESSION_SITE_PTH, TOOLS
 
 DEB822 = """\
 # a comment before the stanza
@@ -186,7 +186,7 @@ def test_unreadable_ca_bundle_is_an_error(tmp_path: Path) -> None:
 
 
 def test_dockerfile_keeps_the_contract() -> None:
-    text = (Path(imagebuild.__file__).resolve().parents[2] / "images" / "Dockerfile").read_text()
+    text = (Path(imagebuild.__file__).resolve().parents[3] / "images" / "Dockerfile").read_text()
     assert "ARG BASE=python:3.11-slim" in text
     assert "FROM ${BASE} AS venv" in text
     assert 'sandbox.runner="true"' in text

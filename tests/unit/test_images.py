@@ -4,7 +4,7 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from mcp_code_sandbox.images import MAX_PIXELS, MAX_SIDE, fit_image
+from mcp_code_sandbox.server.media import MAX_PIXELS, MAX_SIDE, fit_image
 
 
 def _png(w: int, h: int, noisy: bool = True) -> bytes:

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from mcp_code_sandbox.agent import languages
-from mcp_code_sandbox.probe import clean_languages
-from mcp_code_sandbox.runtimes import RUNTIMES
+from mcp_code_sandbox.run.languages import RUNTIMES
+from mcp_code_sandbox.run.probe import clean_languages
 from mcp_code_sandbox.server.app import descriptions
 from mcp_code_sandbox.service import SandboxService
 from mcp_code_sandbox.settings import load_settings

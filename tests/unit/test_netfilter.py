@@ -8,11 +8,11 @@ import os
 
 import pytest
 
-from mcp_code_sandbox.backends.bwrap_net import build_slirp_argv, read_child_pid
-from mcp_code_sandbox.backends.docker_net import network_kwargs, new_bridge_name
+from mcp_code_sandbox.backends.bwrap.net import build_slirp_argv, read_child_pid
+from mcp_code_sandbox.backends.docker.net import network_kwargs, new_bridge_name
 from mcp_code_sandbox.backends.netfilter import COMMENT, SLIRP_GID, bridge_rules, slirp_rules
 from mcp_code_sandbox.errors import NetworkNotAllowed, SandboxFailed
-from mcp_code_sandbox.runs import RunRequest, check_request
+from mcp_code_sandbox.run.execute import RunRequest, check_request
 from mcp_code_sandbox.settings import load_settings
 
 
@@ -82,8 +82,8 @@ def test_network_needs_the_servers_permission() -> None:
 def test_network_age_from_the_engines_created_stamp() -> None:
     import time
 
-    from mcp_code_sandbox.backends.docker_net import _age_s
-    from mcp_code_sandbox.backends.docker_spec import same_host
+    from mcp_code_sandbox.backends.docker.net import _age_s
+    from mcp_code_sandbox.backends.docker.spec import same_host
 
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S.123456789Z", time.gmtime(time.time() - 120))
     assert 115 < _age_s({"Created": stamp}) < 130

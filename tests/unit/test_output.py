@@ -3,7 +3,7 @@
 import io
 from pathlib import Path
 
-from mcp_code_sandbox.output import MAX_SPOOL_BYTES, OutputCapture
+from mcp_code_sandbox.run.output import MAX_SPOOL_BYTES, OutputCapture
 
 
 def test_small_output_is_kept_whole() -> None:

@@ -10,8 +10,8 @@ from typing import Any
 
 from mcp_code_sandbox.backends.base import Limits, SandboxSpec
 from mcp_code_sandbox.errors import BackendUnavailable
-from mcp_code_sandbox.probe import RuntimeProbe
-from mcp_code_sandbox.runtimes import RUNTIMES
+from mcp_code_sandbox.run.languages import RUNTIMES
+from mcp_code_sandbox.run.probe import RuntimeProbe
 from mcp_code_sandbox.settings import load_settings
 
 

@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 
-from mcp_code_sandbox import quota
-from mcp_code_sandbox.backends.bwrap import BwrapBackend
-from mcp_code_sandbox.backends.docker import DockerBackend
+from mcp_code_sandbox.backends.bwrap.backend import BwrapBackend
+from mcp_code_sandbox.backends.docker.backend import DockerBackend
 from mcp_code_sandbox.errors import BackendUnavailable
+from mcp_code_sandbox.sessions import quota
 from mcp_code_sandbox.settings import Settings, load_settings
 from mcp_code_sandbox.workspace import Workspace
-from mcp_code_sandbox.workspace._fs import counted_bytes
+from mcp_code_sandbox.workspace.fs import counted_bytes
 from mcp_code_sandbox.workspace.volume import MIN_IMAGE_BYTES, image_bytes, mkfs_args
 
 MIB = 1 << 20

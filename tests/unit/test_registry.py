@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from mcp_code_sandbox.backends.base import Leftover
-from mcp_code_sandbox.registry import SLOT_PATTERN, Plan, SessionRecord, plan_recovery
+from mcp_code_sandbox.sessions.records import SLOT_PATTERN, Plan, SessionRecord, plan_recovery
 
 WORKSPACES = Path("/var/lib/mcs/workspaces")
 NOW = 1_700_000_000.0

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from mcp_code_sandbox.backends.base import Limits, RunnerImage, SandboxSpec
-from mcp_code_sandbox.backends.docker_runner import (
+from mcp_code_sandbox.backends.docker.runners import (
     KEEPALIVE,
     choose_runners,
     runner_from_labels,

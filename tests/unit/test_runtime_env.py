@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from mcp_code_sandbox import runtime_env as rt
 from mcp_code_sandbox.errors import BackendUnavailable
+from mcp_code_sandbox.provision import venv as rt
 from mcp_code_sandbox.settings import Settings, load_settings
 
 BASE = rt.BaseInterpreter(Path(sys.executable), Path(sys.base_prefix), "3.11.2")

@@ -8,11 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from mcp_code_sandbox import doctor, imagebuild, node_env
-from mcp_code_sandbox import runtime_env as rt
 from mcp_code_sandbox.backends.base import SANDBOX_NODE, SANDBOX_VENV, sandbox_env
-from mcp_code_sandbox.backends.bwrap import Mounts, build_bwrap_argv
-from mcp_code_sandbox.node_env import NodeBuildError, NodeRuntime
+from mcp_code_sandbox.backends.bwrap.backend import Mounts, build_bwrap_argv
+from mcp_code_sandbox.doctor import report as doctor
+from mcp_code_sandbox.provision import image as imagebuild
+from mcp_code_sandbox.provision import node as node_env
+from mcp_code_sandbox.provision import venv as rt
+from mcp_code_sandbox.provision.node import NodeBuildError, NodeRuntime
 from mcp_code_sandbox.settings import Settings, load_settings
 
 AVX2 = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 bmi2\n"
@@ -230,7 +232,7 @@ def test_sandbox_env_puts_node_after_the_venv() -> None:
 
 def test_bwrap_binds_node_only_when_provisioned() -> None:
     from mcp_code_sandbox.backends.base import Limits, SandboxSpec
-    from mcp_code_sandbox.backends.bwrap import HostLayout
+    from mcp_code_sandbox.backends.bwrap.backend import HostLayout
 
     limits = Limits(memory_bytes=1 << 29, cpu=1.0, pids=64, tmp_bytes=1 << 26, file_bytes=1 << 30)
     spec = SandboxSpec("k", "local", "s", Path("/w"), limits)
@@ -287,7 +289,7 @@ def test_node_env_is_standard_library_only() -> None:
 
 
 def test_bwrap_runtime_info_reports_node_without_a_sandbox(tmp_path: Path, npm: Path) -> None:
-    from mcp_code_sandbox.backends.bwrap import BwrapBackend
+    from mcp_code_sandbox.backends.bwrap.backend import BwrapBackend
 
     s = settings(tmp_path)
     info = BwrapBackend(s).runtime_info()

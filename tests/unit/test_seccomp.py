@@ -121,7 +121,7 @@ def test_cond_defaults() -> None:
 
 
 def test_doctor_says_runc_runs_under_our_profile() -> None:
-    from mcp_code_sandbox.doctor_docker import seccomp_check
+    from mcp_code_sandbox.doctor.docker import seccomp_check
 
     runc = seccomp_check("runc", ["name=seccomp,profile=default", "name=cgroupns"])
     assert runc.ok and "our profile" in runc.detail

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from mcp_code_sandbox import serverimage
 from mcp_code_sandbox.errors import BackendUnavailable
+from mcp_code_sandbox.provision import server_image as serverimage
 from mcp_code_sandbox.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -55,7 +55,7 @@ def test_context(tmp_path: Path) -> None:
 
 
 def test_a_wheel_install_has_no_checkout(tmp_path: Path) -> None:
-    fake = tmp_path / "site-packages" / "mcp_code_sandbox" / "serverimage.py"
+    fake = tmp_path / "site-packages" / "mcp_code_sandbox" / "provision" / "server_image.py"
     fake.parent.mkdir(parents=True)
     fake.write_text("")
     with pytest.raises(BackendUnavailable, match="source checkout"):

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from mcp_code_sandbox import registry
 from mcp_code_sandbox.errors import BackendUnavailable, MaxSessions
+from mcp_code_sandbox.sessions import records as registry
+from mcp_code_sandbox.sessions.uids import UidPool, taken_in
 from mcp_code_sandbox.settings import ConfigError, load_settings
-from mcp_code_sandbox.uids import UidPool, taken_in
 
 START = 0x7000_0000
 
@@ -115,7 +115,7 @@ def test_a_dead_process_frees_its_leases_and_a_live_one_keeps_them(tmp_path: Pat
         f"""
         import sys
         from pathlib import Path
-        from mcp_code_sandbox.uids import UidPool
+        from mcp_code_sandbox.sessions.uids import UidPool
         uids = UidPool(Path({str(tmp_path)!r}), {START}, 64, reserved=lambda h, u: False)
         held = [uids.lease(f"/other/{{i}}") for i in range(int(sys.argv[1]))]
         print(*(lease.uid for lease in held), flush=True)
@@ -144,7 +144,7 @@ def test_many_processes_leasing_at_once_never_share(tmp_path: Path) -> None:
         f"""
         import sys
         from pathlib import Path
-        from mcp_code_sandbox.uids import UidPool
+        from mcp_code_sandbox.sessions.uids import UidPool
         uids = UidPool(Path({str(tmp_path)!r}), {START}, 1000, reserved=lambda h, u: False)
         held = [uids.lease(f"/p/{{i}}") for i in range(40)]
         print(*(lease.uid for lease in held), flush=True)
@@ -237,8 +237,8 @@ def test_uid_in_the_plan_must_match_the_containers_label(tmp_path: Path) -> None
 @pytest.mark.skipif(os.geteuid() != 0, reason="gives a workspace to another uid")
 async def test_the_runtime_probe_runs_as_a_uid_of_its_own(tmp_path: Path) -> None:
     from mcp_code_sandbox.backends.base import Limits, SandboxSpec
-    from mcp_code_sandbox.probe import RuntimeProbe
-    from mcp_code_sandbox.runtimes import RUNTIMES
+    from mcp_code_sandbox.run.languages import RUNTIMES
+    from mcp_code_sandbox.run.probe import RuntimeProbe
 
     seen: list[tuple[SandboxSpec, int]] = []
 

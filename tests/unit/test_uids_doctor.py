@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from mcp_code_sandbox import doctor, doctor_docker, uids
+from mcp_code_sandbox.doctor import docker as doctor_docker
+from mcp_code_sandbox.doctor import report as doctor
+from mcp_code_sandbox.sessions import uids
 from mcp_code_sandbox.settings import Settings, load_settings
 
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import anyio
 import pytest
 
-from mcp_code_sandbox.workers import WorkerThreads
+from mcp_code_sandbox.sessions.workers import WorkerThreads
 
 
 class Gate:

@@ -57,7 +57,7 @@ class Program:
     argv: Callable[[str, str, str], list[str]]
     version_argv: tuple[str, ...]
     #: Its key in ``versions.json`` beside the interpreter's ``bin/`` (the sandbox's node
-    #: dir, :mod:`mcp_code_sandbox.node_env`), read instead of starting it to ask.
+    #: dir, :mod:`mcp_code_sandbox.provision.node`), read instead of starting it to ask.
     version_key: str | None = None
     #: The code is written to ``<scratch>/main<suffix>`` and the argv gets that path;
     #: ``None``: the argv gets the code itself.

@@ -45,7 +45,7 @@ from .hostlink import HostLink
 from .kernelproc import KernelProcess, start_kernel
 from .languages import available, command
 from .protocol import HEADER, MAX_FRAME_BYTES, ProtocolError, decode_body, write_frame
-from .runs import (
+from .run_state import (
     GRACE_S,
     Run,
     done,

@@ -15,11 +15,11 @@ __all__ = ["create_backend"]
 
 def create_backend(settings: Settings) -> Backend:
     if settings.backend in ("docker", "auto"):
-        from mcp_code_sandbox.backends.docker import DockerBackend, engine_ready
+        from mcp_code_sandbox.backends.docker.backend import DockerBackend, engine_ready
 
         environment = docker_environ()
         if settings.backend == "docker" or engine_ready(environment, settings.image):
             return DockerBackend(settings, environment)
-    from mcp_code_sandbox.backends.bwrap import BwrapBackend
+    from mcp_code_sandbox.backends.bwrap.backend import BwrapBackend
 
     return BwrapBackend(settings)

@@ -2,7 +2,7 @@
 
 A backend only starts, connects to, stops and lists sandboxes. It knows nothing of MCP,
 of files (the session manager and :mod:`mcp_code_sandbox.workspace` own those) or of the
-agent's messages (:mod:`mcp_code_sandbox.agent_client` speaks them over the channel a
+agent's messages (:mod:`mcp_code_sandbox.run.agent_client` speaks them over the channel a
 backend hands back). Each backend maps its own foreign errors (``OSError``, docker-py's
 exceptions) to :class:`~mcp_code_sandbox.errors.BackendUnavailable` or
 :class:`~mcp_code_sandbox.errors.SandboxFailed`, and lets nothing else out.
@@ -70,7 +70,7 @@ WORKSPACE_DIR = "/mnt/data"
 SANDBOX_VENV = "/opt/sandbox/venv"
 SANDBOX_PYTHON = f"{SANDBOX_VENV}/bin/python"
 #: Node.js and bun in ``bin/``, the npm packages of DESIGN.md §3 in ``node_modules/``,
-#: ``versions.json`` (:mod:`mcp_code_sandbox.node_env`). Absent when not provisioned.
+#: ``versions.json`` (:mod:`mcp_code_sandbox.provision.node`). Absent when not provisioned.
 SANDBOX_NODE = "/opt/sandbox/node"
 #: A symlink to ``SANDBOX_NODE/node_modules``: Node's ESM resolver (``import``) ignores
 #: ``NODE_PATH`` and only walks up from the importing file, so from ``/mnt/data`` or

@@ -1,6 +1,6 @@
 """``/files/{session_id}/{path}``: workspace files over plain HTTP (DESIGN §9).
 
-``GET`` serves a file to whoever holds a signed link (:mod:`mcp_code_sandbox.downloads`),
+``GET`` serves a file to whoever holds a signed link (:mod:`mcp_code_sandbox.server.downloads`),
 streamed, with single ``Range`` requests, as an attachment the browser must not sniff. A
 link that is tampered with, expired, or for a session that is gone gets the same 403;
 a valid link to a file that is gone (or is a link, a directory, a hard link: the
@@ -27,8 +27,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from mcp_code_sandbox.downloads import UrlSigner, parse_range
 from mcp_code_sandbox.errors import SandboxError, Unauthorized, UploadTooLarge
+from mcp_code_sandbox.server.downloads import UrlSigner, parse_range
 from mcp_code_sandbox.service import SandboxService
 
 __all__ = ["Authenticate", "file_routes"]

@@ -23,10 +23,10 @@ import json
 from mcp_types import CallToolResult, ContentBlock, ImageContent, TextContent
 
 from mcp_code_sandbox.errors import ArtifactTooLarge
-from mcp_code_sandbox.images import MAX_PIXELS
 from mcp_code_sandbox.sanitize import escape_name
 from mcp_code_sandbox.server import models
-from mcp_code_sandbox.server.results import embedded_blob, file_uri, structured_result
+from mcp_code_sandbox.server.media import MAX_PIXELS
+from mcp_code_sandbox.server.tool_results import embedded_blob, file_uri, structured_result
 from mcp_code_sandbox.workspace import ReadResult
 
 __all__ = ["Preview", "blob_page_bytes", "no_preview", "page_result", "whole_file"]

@@ -24,15 +24,15 @@ from mcp_code_sandbox.errors import (
     SandboxError,
     UploadTooLarge,
 )
-from mcp_code_sandbox.images import fit_image
-from mcp_code_sandbox.runs import IMAGE_MIME_TYPES, RunRequest
-from mcp_code_sandbox.runtimes import RUNTIMES
+from mcp_code_sandbox.run.execute import IMAGE_MIME_TYPES, RunRequest
+from mcp_code_sandbox.run.languages import RUNTIMES
 from mcp_code_sandbox.sanitize import clean_text, escape_name
 from mcp_code_sandbox.server import models
 from mcp_code_sandbox.server.auth import current_owner
 from mcp_code_sandbox.server.fit import fit_count
+from mcp_code_sandbox.server.media import fit_image
 from mcp_code_sandbox.server.reads import no_preview, page_result
-from mcp_code_sandbox.server.results import error_result, run_result, structured_result
+from mcp_code_sandbox.server.tool_results import error_result, run_result, structured_result
 from mcp_code_sandbox.service import SandboxService
 from mcp_code_sandbox.workspace import ListResult
 

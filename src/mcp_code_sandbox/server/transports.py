@@ -27,7 +27,6 @@ from starlette.applications import Starlette
 from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from mcp_code_sandbox.downloads import UrlSigner, load_secret
 from mcp_code_sandbox.server.app import build_server
 from mcp_code_sandbox.server.auth import (
     auth_configured,
@@ -36,6 +35,7 @@ from mcp_code_sandbox.server.auth import (
     is_loopback,
     owner_of_request,
 )
+from mcp_code_sandbox.server.downloads import UrlSigner, load_secret
 from mcp_code_sandbox.server.files_http import file_routes
 from mcp_code_sandbox.server.hosts import public_base_url, transport_security
 from mcp_code_sandbox.server.ops import ops_routes

@@ -36,17 +36,8 @@ Semantics:
   PNG, JPEG, GIF, WebP, PDF, ZIP, gzip and Parquet by their magic bytes.
 """
 
-from mcp_code_sandbox.workspace._fs import remove_tree
 from mcp_code_sandbox.workspace.core import HEAD_BYTES, OUTPUTS_DIR, Workspace, measure
-from mcp_code_sandbox.workspace.mime import (
-    OCTET_STREAM,
-    guess_mime,
-    is_text,
-    is_text_mime,
-    looks_like_text,
-)
-from mcp_code_sandbox.workspace.paths import join_parts, parse_path
-from mcp_code_sandbox.workspace.results import (
+from mcp_code_sandbox.workspace.entries import (
     Change,
     Entry,
     FileInfo,
@@ -56,6 +47,15 @@ from mcp_code_sandbox.workspace.results import (
     Stamp,
     diff,
 )
+from mcp_code_sandbox.workspace.fs import remove_tree
+from mcp_code_sandbox.workspace.mime import (
+    OCTET_STREAM,
+    guess_mime,
+    is_text,
+    is_text_mime,
+    looks_like_text,
+)
+from mcp_code_sandbox.workspace.paths import join_parts, parse_path
 
 __all__ = [
     "HEAD_BYTES",

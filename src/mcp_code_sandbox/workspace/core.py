@@ -21,8 +21,16 @@ from mcp_code_sandbox.errors import (
     QuotaExceeded,
     SandboxError,
 )
-from mcp_code_sandbox.workspace import results
-from mcp_code_sandbox.workspace._fs import (
+from mcp_code_sandbox.workspace import entries
+from mcp_code_sandbox.workspace.entries import (
+    FileInfo,
+    ListResult,
+    ReadResult,
+    Snapshot,
+    Stamp,
+    make_entry,
+)
+from mcp_code_sandbox.workspace.fs import (
     DIR_FLAGS,
     FILE_FLAGS,
     Budget,
@@ -34,14 +42,6 @@ from mcp_code_sandbox.workspace._fs import (
 )
 from mcp_code_sandbox.workspace.mime import guess_mime, is_text_mime
 from mcp_code_sandbox.workspace.paths import join_parts, parse_path
-from mcp_code_sandbox.workspace.results import (
-    FileInfo,
-    ListResult,
-    ReadResult,
-    Snapshot,
-    Stamp,
-    make_entry,
-)
 from mcp_code_sandbox.workspace.volume import Volume, release
 
 __all__ = ["HEAD_BYTES", "HIDDEN_DIRS", "OUTPUTS_DIR", "Workspace", "measure"]
@@ -224,9 +224,9 @@ class Workspace:
             return self._usage(root, limit)
 
     @staticmethod
-    def diff(before: Snapshot, after: Snapshot) -> list[results.Change]:
-        """:func:`~mcp_code_sandbox.workspace.results.diff`, for callers holding a workspace."""
-        return results.diff(before, after)
+    def diff(before: Snapshot, after: Snapshot) -> list[entries.Change]:
+        """:func:`~mcp_code_sandbox.workspace.entries.diff`, for callers holding a workspace."""
+        return entries.diff(before, after)
 
     # --- internals -------------------------------------------------------------------------
 

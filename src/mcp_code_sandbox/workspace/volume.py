@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mcp_code_sandbox.errors import InternalError
-from mcp_code_sandbox.workspace._fs import remove_tree
+from mcp_code_sandbox.workspace.fs import remove_tree
 
 __all__ = ["IMAGE_SUFFIX", "PROBE_PREFIX", "Volume", "image_bytes", "mounted", "probe", "release"]
 

@@ -14,7 +14,7 @@ Semantics:
   idle past the TTL or older than the max lifetime, never in the middle of a call.
 - Limits on new sessions: ``max_sessions`` in all, ``sessions_per_owner`` each.
 - A closed or expired id is remembered (bounded) so that reusing it says what was lost.
-- Every session has a record on disk (:mod:`mcp_code_sandbox.registry`) and a workspace
+- Every session has a record on disk (:mod:`mcp_code_sandbox.sessions.records`) and a workspace
   at ``workspaces_dir/<slot>``, so a server killed with SIGKILL can be followed by one
   that finds them. The record's ``last_active`` is rewritten at the start and end of a
   call but at most every ``RECORD_EVERY_S`` per session: one small file write per call
@@ -57,8 +57,6 @@ from typing import Any, TypeVar
 
 import structlog
 
-from mcp_code_sandbox import quota, registry
-from mcp_code_sandbox.agent_client import AgentClient
 from mcp_code_sandbox.backends.base import (
     Backend,
     Limits,
@@ -68,20 +66,22 @@ from mcp_code_sandbox.backends.base import (
     SandboxSpec,
 )
 from mcp_code_sandbox.errors import MaxSessions, SandboxFailed, SessionBusy, SessionNotFound
-from mcp_code_sandbox.ids import mint_session_id, session_key, validate_session_id
-from mcp_code_sandbox.liveness import process_mark
+from mcp_code_sandbox.host import process_mark
 from mcp_code_sandbox.metrics import EndReason, Metrics
-from mcp_code_sandbox.quota import QuotaMode
-from mcp_code_sandbox.recovery import recover
+from mcp_code_sandbox.run.agent_client import AgentClient
+from mcp_code_sandbox.sessions import quota, records
+from mcp_code_sandbox.sessions.ids import mint_session_id, session_key, validate_session_id
+from mcp_code_sandbox.sessions.quota import QuotaMode
+from mcp_code_sandbox.sessions.recovery import recover
+from mcp_code_sandbox.sessions.uids import UidLease, uid_pool
+from mcp_code_sandbox.sessions.workers import WorkerThreads
 from mcp_code_sandbox.settings import Settings
-from mcp_code_sandbox.uids import UidLease, uid_pool
-from mcp_code_sandbox.workers import WorkerThreads
 from mcp_code_sandbox.workspace import Workspace
 from mcp_code_sandbox.workspace.volume import IMAGE_SUFFIX, Volume, image_bytes
 
 __all__ = ["Session", "SessionManager"]
 
-log = structlog.get_logger("mcp_code_sandbox.sessions")
+log = structlog.get_logger("mcp_code_sandbox.sessions.manager")
 
 _TOMBSTONES = 10_000
 #: Longest a session's on-disk ``last_active`` lags behind the truth (see above).
@@ -211,14 +211,14 @@ class SessionManager:
         """This server process's name in records and pid files (``<pid>-<random>``)."""
         return self._instance
 
-    async def reclaim_uid(self, record: registry.SessionRecord) -> UidLease | None:
+    async def reclaim_uid(self, record: records.SessionRecord) -> UidLease | None:
         """The uid of a dead server's session that is about to be re-attached, leased
         again; ``None`` when the backend uses no per-session uids. Raises
         ``SandboxFailed`` when the session cannot have it back (another server holds it,
         or the record names none): its sandbox runs as that uid, so it is not re-attached."""
         if self.uids is None:
             return None
-        holder = str(registry.record_path(self.settings.sessions_dir, record.slot))
+        holder = str(records.record_path(self.settings.sessions_dir, record.slot))
         lease = None
         if record.uid is not None:
             lease = await asyncio.to_thread(self.uids.reclaim, record.uid, holder)
@@ -227,7 +227,7 @@ class SessionManager:
         return lease
 
     def adopt(
-        self, record: registry.SessionRecord, sandbox: Sandbox, uid_lease: UidLease | None
+        self, record: records.SessionRecord, sandbox: Sandbox, uid_lease: UidLease | None
     ) -> None:
         """Register a session a dead server left, with its re-attached ``sandbox`` and
         its uid (:meth:`reclaim_uid`).
@@ -252,7 +252,7 @@ class SessionManager:
         self._save(session, force=True)  # now ours: a later start must leave it alone
         log.info("session re-attached", owner=record.owner, session=record.session_id)
 
-    def spec_for(self, record: registry.SessionRecord) -> SandboxSpec:
+    def spec_for(self, record: records.SessionRecord) -> SandboxSpec:
         workspace = self._workspace(record.slot, record.uid)
         return self._spec(record.key, record.owner, record.session_id, workspace, uid=record.uid)
 
@@ -305,7 +305,7 @@ class SessionManager:
         if not force and now - session.saved_at < RECORD_EVERY_S:
             return
         wall = time.time()
-        record = registry.SessionRecord(
+        record = records.SessionRecord(
             owner=session.owner,
             session_id=session.id,
             key=session.key,
@@ -316,7 +316,7 @@ class SessionManager:
             uid=session.uid,
         )
         try:
-            registry.write_record(self.settings.sessions_dir, record)
+            records.write_record(self.settings.sessions_dir, record)
         except OSError as exc:  # a full disk must not fail the call; the next write retries
             log.warning("cannot write the session record", session=session.id, error=str(exc))
             return
@@ -355,7 +355,7 @@ class SessionManager:
 
     def _register(self, owner: str, session_id: str) -> Session:
         key = session_key(owner, session_id)
-        slot = registry.new_slot(key)
+        slot = records.new_slot(key)
         now = time.monotonic()
         lease = self._lease_uid(slot)
         try:
@@ -364,7 +364,7 @@ class SessionManager:
             session.uid_lease = lease
             self._save(session, force=True)  # before the workspace: see ``registry``
         except BaseException:
-            registry.remove_record(self.settings.sessions_dir, slot)  # then the uid is free
+            records.remove_record(self.settings.sessions_dir, slot)  # then the uid is free
             if lease is not None:
                 lease.release()
             raise
@@ -376,7 +376,7 @@ class SessionManager:
     def _lease_uid(self, slot: str) -> UidLease | None:
         if self.uids is None:
             return None
-        return self.uids.lease(str(registry.record_path(self.settings.sessions_dir, slot)))
+        return self.uids.lease(str(records.record_path(self.settings.sessions_dir, slot)))
 
     def _workspace(self, slot: str, uid: int | None) -> Workspace:
         """``uid``: the session's own (its workspace's owner), else the backend's shared."""
@@ -649,7 +649,7 @@ class SessionManager:
             log.error("cannot remove a session's files", session=session.id, error=repr(exc))
             remains.append(f"its files in {session.workspace.root} could not be removed ({exc})")
         else:
-            registry.remove_record(self.settings.sessions_dir, session.slot)
+            records.remove_record(self.settings.sessions_dir, session.slot)
             if session.uid_lease is not None:
                 session.uid_lease.release()  # after the record: see ``uids``
         if remains:

@@ -13,9 +13,10 @@ versions.json   {"node": "24.x.y", "bun": "1.x.y", "npm": ..., "packages": {...}
 
 Everything comes from the npm registry through an ``npm`` program, so the user's npm
 configuration (registry, proxy, CA file, auth) applies and no host name is written here.
-This module is standard library only and runs as a script too (``python3 node_env.py
-TARGET``): ``images/Dockerfile`` runs it in its build stage with Debian's npm, so the image
-and the bwrap runtime are built by the same code from the same lists.
+This module is standard library only and runs as a script too, copied into the image build
+context as ``node_env.py`` (``python3 node_env.py TARGET``): ``images/Dockerfile`` runs it
+in its build stage with Debian's npm, so the image and the bwrap runtime are built by the
+same code from the same lists.
 
 The tree is built in a sibling ``<target>.building`` and renamed in at the end: a failed
 build never leaves a half-filled directory in use. ``--ignore-scripts``: none of the

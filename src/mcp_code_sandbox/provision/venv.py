@@ -15,7 +15,7 @@ half-filled venv in use. A manifest records what was built; when it matches, ``s
 returns at once.
 
 Next to the venv, ``<runtime_dir>/node`` holds Node.js, bun and the npm packages
-(:mod:`mcp_code_sandbox.node_env`), fetched with the host's ``npm`` and mounted read-only
+(:mod:`mcp_code_sandbox.provision.node`), fetched with the host's ``npm`` and mounted read-only
 at ``SANDBOX_NODE``. It is optional: without npm, ``setup`` builds the Python part, says
 how to get JavaScript/TypeScript and succeeds. It is checked and built on its own, so a
 runtime from before it existed gains it on the next ``setup`` without a new venv; the
@@ -39,7 +39,7 @@ from typing import Any
 
 from mcp_code_sandbox.backends.base import SANDBOX_PYTHON
 from mcp_code_sandbox.errors import BackendUnavailable
-from mcp_code_sandbox.node_env import (
+from mcp_code_sandbox.provision.node import (
     NodeBuildError,
     NodeRuntime,
     build_node_dir,

@@ -80,7 +80,15 @@ from mcp_code_sandbox.backends.base import (
     SandboxSpec,
     stop_step,
 )
-from mcp_code_sandbox.backends.docker_channel import (
+from mcp_code_sandbox.backends.docker.net import SandboxNetworks
+from mcp_code_sandbox.backends.docker.runners import (
+    RUNNER_FILTER,
+    DockerRunner,
+    choose_runners,
+    listed_images,
+    runner_kwargs,
+)
+from mcp_code_sandbox.backends.docker.sandbox import (
     DockerSandbox,
     accept_agent,
     bind_listener,
@@ -88,15 +96,7 @@ from mcp_code_sandbox.backends.docker_channel import (
     run_dir_from_label,
     wait_ready,
 )
-from mcp_code_sandbox.backends.docker_net import SandboxNetworks
-from mcp_code_sandbox.backends.docker_runner import (
-    RUNNER_FILTER,
-    DockerRunner,
-    choose_runners,
-    listed_images,
-    runner_kwargs,
-)
-from mcp_code_sandbox.backends.docker_spec import (
+from mcp_code_sandbox.backends.docker.spec import (
     CHANNEL_DIR,
     LABEL_INSTANCE,
     LABEL_KEY,
@@ -119,9 +119,9 @@ from mcp_code_sandbox.backends.docker_spec import (
     uid_from_label,
 )
 from mcp_code_sandbox.errors import NetworkNotAllowed, SandboxError, SandboxFailed
-from mcp_code_sandbox.liveness import process_mark
+from mcp_code_sandbox.host import process_mark
+from mcp_code_sandbox.sessions.uids import can_chown
 from mcp_code_sandbox.settings import Settings
-from mcp_code_sandbox.uids import can_chown
 
 __all__ = ["DockerBackend", "DockerSandbox", "container_kwargs", "engine_ready", "map_docker_error"]
 

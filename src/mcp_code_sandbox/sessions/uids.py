@@ -52,8 +52,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mcp_code_sandbox import registry
 from mcp_code_sandbox.errors import BackendUnavailable, MaxSessions
+from mcp_code_sandbox.sessions import records
 from mcp_code_sandbox.settings import Settings
 
 __all__ = [
@@ -237,7 +237,7 @@ def uid_pool(settings: Settings) -> UidPool:
         start,
         size,
         reserved=lambda holder, uid: (
-            holder.startswith("/") and registry.recorded_uid(Path(holder)) == uid
+            holder.startswith("/") and records.recorded_uid(Path(holder)) == uid
         ),
         taken=taken_in(start, size),
     )

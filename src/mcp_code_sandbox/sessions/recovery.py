@@ -1,7 +1,7 @@
 """What a starting server does with what dead servers left: re-attach or remove.
 
 Called once by :meth:`.sessions.SessionManager.start`. The decision is the pure
-:func:`.registry.plan_recovery`; this module gathers its inputs (workspace dirs, records,
+:func:`.records.plan_recovery`; this module gathers its inputs (workspace dirs, records,
 the backend's leftovers) and carries it out. It holds an exclusive ``flock`` on
 ``run_dir/recovery.lock`` throughout, so two servers starting on one state dir never both
 re-attach, or both remove, one session: the second sees the first's rewritten records.
@@ -23,20 +23,20 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from mcp_code_sandbox import registry
 from mcp_code_sandbox.backends.base import Leftover
 from mcp_code_sandbox.errors import SandboxError
-from mcp_code_sandbox.liveness import process_alive, read_mark
+from mcp_code_sandbox.host import process_alive, read_mark
+from mcp_code_sandbox.sessions import records
 from mcp_code_sandbox.settings import Settings
 from mcp_code_sandbox.workspace import remove_tree
 from mcp_code_sandbox.workspace.volume import IMAGE_SUFFIX, PROBE_PREFIX, release
 
 if TYPE_CHECKING:
-    from mcp_code_sandbox.sessions import SessionManager
+    from mcp_code_sandbox.sessions.manager import SessionManager
 
 __all__ = ["alive", "recover"]
 
-log = structlog.get_logger("mcp_code_sandbox.sessions")
+log = structlog.get_logger("mcp_code_sandbox.sessions.manager")
 
 #: A probe's mount older than this is a dead server's (a probe takes ~0.1 s).
 _STALE_PROBE_S = 600.0
@@ -49,10 +49,10 @@ async def recover(manager: SessionManager) -> None:
         await asyncio.to_thread(fcntl.flock, lock_fd, fcntl.LOCK_EX)
         await _remove_dead_instances(manager)
         # Slots before records: a live server writes a record before making its workspace.
-        slots = await asyncio.to_thread(registry.list_slots, settings.workspaces_dir)
-        records = await asyncio.to_thread(registry.load_records, settings.sessions_dir)
-        plan = registry.plan_recovery(
-            records,
+        slots = await asyncio.to_thread(records.list_slots, settings.workspaces_dir)
+        saved = await asyncio.to_thread(records.load_records, settings.sessions_dir)
+        plan = records.plan_recovery(
+            saved,
             await manager.backend.list_leftovers(),
             slots,
             workspaces_dir=settings.workspaces_dir,
@@ -67,7 +67,7 @@ async def recover(manager: SessionManager) -> None:
         os.close(lock_fd)  # releases the lock
 
 
-async def _carry_out(manager: SessionManager, plan: registry.Plan) -> None:
+async def _carry_out(manager: SessionManager, plan: records.Plan) -> None:
     for leftover in plan.remove_leftovers:
         log.info("removing leftover sandbox", backend_id=leftover.backend_id)
         await manager.backend.remove_leftover(leftover)
@@ -88,7 +88,7 @@ async def _carry_out(manager: SessionManager, plan: registry.Plan) -> None:
 
 
 async def _reattach(
-    manager: SessionManager, record: registry.SessionRecord, leftover: Leftover
+    manager: SessionManager, record: records.SessionRecord, leftover: Leftover
 ) -> bool:
     lease = None
     try:
@@ -111,7 +111,7 @@ async def _forget(manager: SessionManager, slot: str) -> None:
     settings = manager.settings
     image = settings.volumes_dir / f"{slot}{IMAGE_SUFFIX}"
     await asyncio.to_thread(release, settings.workspaces_dir / slot, image)
-    registry.remove_record(settings.sessions_dir, slot)
+    records.remove_record(settings.sessions_dir, slot)
 
 
 def _sweep_volumes(settings: Settings) -> None:

@@ -28,7 +28,7 @@ from typing import Any
 
 from mcp_code_sandbox.agent.protocol import ProtocolError
 from mcp_code_sandbox.backends.base import Channel, Sandbox, SandboxSpec
-from mcp_code_sandbox.backends.docker_spec import SOCKET_NAME
+from mcp_code_sandbox.backends.docker.spec import SOCKET_NAME
 from mcp_code_sandbox.backends.streams import escape_control
 from mcp_code_sandbox.errors import SandboxError, SandboxFailed
 

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from mcp_code_sandbox.agent.protocol import ProtocolError
-from mcp_code_sandbox.backends import bwrap_net, cgroups, streams
+from mcp_code_sandbox.backends import streams
 from mcp_code_sandbox.backends.base import (
     AGENT_LIB_DIR,
     AGENT_MODULE,
@@ -67,10 +67,12 @@ from mcp_code_sandbox.backends.base import (
     sandbox_env,
     stop_step,
 )
+from mcp_code_sandbox.backends.bwrap import cgroups
+from mcp_code_sandbox.backends.bwrap import net as bwrap_net
 from mcp_code_sandbox.backends.netfilter import Iptables, slirp_rules
 from mcp_code_sandbox.backends.seccomp import build_seccomp_bpf
 from mcp_code_sandbox.errors import BackendUnavailable, NetworkNotAllowed, SandboxFailed
-from mcp_code_sandbox.runtime_env import runtime_status
+from mcp_code_sandbox.provision.venv import runtime_status
 from mcp_code_sandbox.settings import Settings
 
 __all__ = [

@@ -1,6 +1,6 @@
 """``doctor`` checks of the docker backend: the engine, its runtimes, the image.
 
-Output-free like :func:`mcp_code_sandbox.doctor.check_bwrap`: one :class:`Check` a fact.
+Output-free like :func:`mcp_code_sandbox.doctor.report.check_bwrap`: one :class:`Check` a fact.
 Limits need no checks of their own here: the engine enforces memory, CPU and pids with its
 cgroups for every container, whatever the host's cgroup version.
 """
@@ -12,11 +12,11 @@ from typing import Any
 
 import docker
 
-from mcp_code_sandbox.backends.docker_runner import RUNNER_FILTER, choose_runners, listed_images
-from mcp_code_sandbox.backends.docker_spec import foreign, probe_engine
+from mcp_code_sandbox.backends.docker.runners import RUNNER_FILTER, choose_runners, listed_images
+from mcp_code_sandbox.backends.docker.spec import foreign, probe_engine
 from mcp_code_sandbox.backends.seccomp import deny_rules
-from mcp_code_sandbox.doctor import Check
-from mcp_code_sandbox.runtimes import RUNTIMES
+from mcp_code_sandbox.doctor.report import Check
+from mcp_code_sandbox.run.languages import RUNTIMES
 from mcp_code_sandbox.settings import Settings, docker_environ
 
 __all__ = ["check_docker", "seccomp_check"]
@@ -79,8 +79,8 @@ def _engine_checks(client: Any, settings: Settings, where: str) -> list[Check]:
 
 def uid_check(settings: Settings, security_options: list[str]) -> Check:
     """How the containers' host uids keep per-user kernel limits per sandbox."""
-    from mcp_code_sandbox.doctor import uid_range_detail
-    from mcp_code_sandbox.uids import can_chown
+    from mcp_code_sandbox.doctor.report import uid_range_detail
+    from mcp_code_sandbox.sessions.uids import can_chown
 
     name = "per-sandbox uids"
     runtime = settings.docker_runtime
@@ -129,15 +129,15 @@ def seccomp_check(runtime: str, security_options: list[str]) -> Check:
 
 
 def _quota_check(settings: Settings) -> Check:
-    from mcp_code_sandbox.backends.docker import DockerBackend
-    from mcp_code_sandbox.doctor import workspace_quota_check
+    from mcp_code_sandbox.backends.docker.backend import DockerBackend
+    from mcp_code_sandbox.doctor.report import workspace_quota_check
 
     return workspace_quota_check(settings, DockerBackend(settings, docker_environ()))
 
 
 def _network_check(settings: Settings) -> Check:
-    from mcp_code_sandbox.backends.docker_net import SandboxNetworks
-    from mcp_code_sandbox.doctor import network_check
+    from mcp_code_sandbox.backends.docker.net import SandboxNetworks
+    from mcp_code_sandbox.doctor.report import network_check
 
     async def unused(*_: Any) -> Any:  # never called: only ``unavailable`` is asked
         raise NotImplementedError

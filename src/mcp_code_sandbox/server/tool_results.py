@@ -24,10 +24,10 @@ from mcp_types import (
 from pydantic import BaseModel
 
 from mcp_code_sandbox.errors import SandboxError
-from mcp_code_sandbox.images import MAX_PIXELS, fit_image
-from mcp_code_sandbox.runs import RunReport
+from mcp_code_sandbox.run.execute import RunReport
 from mcp_code_sandbox.sanitize import clean_text, escape_name
 from mcp_code_sandbox.server.fit import Fitted, fit_result
+from mcp_code_sandbox.server.media import MAX_PIXELS, fit_image
 from mcp_code_sandbox.server.models import DisplayOut, FileOut, RunError, RunResult
 from mcp_code_sandbox.settings import Settings
 

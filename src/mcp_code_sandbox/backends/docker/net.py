@@ -33,7 +33,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from mcp_code_sandbox.backends.docker_spec import (
+from mcp_code_sandbox.backends.docker.spec import (
     IPV6_OFF,
     LABEL_INSTANCE,
     LABEL_NETWORK,

@@ -12,12 +12,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from mcp_code_sandbox.agent.budget import Budget
-from mcp_code_sandbox.agent_client import Outcome
 from mcp_code_sandbox.backends.base import ExecResult, RunnerImage
 from mcp_code_sandbox.errors import SandboxFailed
+from mcp_code_sandbox.run.agent_client import Outcome
 
 if TYPE_CHECKING:
-    from mcp_code_sandbox.sessions import Session, SessionManager
+    from mcp_code_sandbox.sessions.manager import Session, SessionManager
 
 __all__ = ["RunnerClient"]
 

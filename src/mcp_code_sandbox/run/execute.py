@@ -16,9 +16,7 @@ from typing import BinaryIO
 
 import structlog
 
-from mcp_code_sandbox import quota
 from mcp_code_sandbox.agent.budget import Budget
-from mcp_code_sandbox.agent_client import AgentClient, Display, Outcome
 from mcp_code_sandbox.backends.base import RunnerImage
 from mcp_code_sandbox.errors import (
     CodeTooLarge,
@@ -30,11 +28,13 @@ from mcp_code_sandbox.errors import (
     SandboxFailed,
     UnsupportedLanguage,
 )
-from mcp_code_sandbox.output import OutputCapture
-from mcp_code_sandbox.probe import clean_languages
-from mcp_code_sandbox.runner_client import RunnerClient
-from mcp_code_sandbox.runtimes import RUNTIMES
-from mcp_code_sandbox.sessions import Session, SessionManager
+from mcp_code_sandbox.run.agent_client import AgentClient, Display, Outcome
+from mcp_code_sandbox.run.languages import RUNTIMES
+from mcp_code_sandbox.run.output import OutputCapture
+from mcp_code_sandbox.run.probe import clean_languages
+from mcp_code_sandbox.run.runner_client import RunnerClient
+from mcp_code_sandbox.sessions import quota
+from mcp_code_sandbox.sessions.manager import Session, SessionManager
 from mcp_code_sandbox.settings import FORBIDDEN_ENV, Settings
 from mcp_code_sandbox.workspace import Change, Snapshot
 

@@ -42,7 +42,7 @@ from mcp_code_sandbox.backends.base import (
     RunnerSandbox,
     SandboxSpec,
 )
-from mcp_code_sandbox.backends.docker_spec import (
+from mcp_code_sandbox.backends.docker.spec import (
     CHANNEL_DIR,
     LABEL_RUNNER,
     container_kwargs,

@@ -33,7 +33,7 @@ from mcp_code_sandbox.backends.base import (
 )
 from mcp_code_sandbox.backends.seccomp import docker_seccomp_opt
 from mcp_code_sandbox.errors import BackendUnavailable, SandboxError, SandboxFailed
-from mcp_code_sandbox.liveness import process_alive, read_mark
+from mcp_code_sandbox.host import process_alive, read_mark
 from mcp_code_sandbox.settings import Settings
 
 __all__ = [

@@ -23,13 +23,13 @@ import structlog
 
 from mcp_code_sandbox.backends.base import Backend, Limits, SandboxSpec
 from mcp_code_sandbox.errors import SandboxError
+from mcp_code_sandbox.sessions.uids import UidPool
 from mcp_code_sandbox.settings import Settings
-from mcp_code_sandbox.uids import UidPool
 from mcp_code_sandbox.workspace import Workspace, remove_tree
 
 __all__ = ["RETRY_S", "RuntimeProbe", "clean_languages"]
 
-log = structlog.get_logger("mcp_code_sandbox.probe")
+log = structlog.get_logger("mcp_code_sandbox.run.probe")
 
 #: After a failed probe (engine down, no image), how long before the next one may start.
 RETRY_S = 30.0

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
-from mcp_code_sandbox.workspace._fs import EntryType, entry_type, iso_utc
+from mcp_code_sandbox.workspace.fs import EntryType, entry_type, iso_utc
 from mcp_code_sandbox.workspace.mime import OCTET_STREAM, guess_mime
 
 __all__ = [

@@ -9,10 +9,10 @@ the mirror of the host's apt sources, imported as :data:`LOCAL_BASE`. A local ba
 pulled again: rebuilds reuse the engine's cached layers and never wait for a registry.
 
 The build context is assembled under ``<state_dir>/images/context``: the Dockerfile, a
-``requirements.txt`` generated from :data:`~mcp_code_sandbox.runtime_env.PACKAGES` (the one
-list of packages, shared with the bwrap runtime), ``node_env.py`` (the module that builds
-``/opt/sandbox/node``, run in a build stage with Debian's npm: the image needs no npm on the
-host), a copy of the agent package as ``mcs_agent/`` and ``build-ca/`` holding the CA
+``requirements.txt`` generated from :data:`~mcp_code_sandbox.provision.venv.PACKAGES` (the one
+list of packages, shared with the bwrap runtime), ``node_env.py`` (a copy of :mod:`.node`,
+which builds ``/opt/sandbox/node``, run in a build stage with Debian's npm: the image needs
+no npm on the host), a copy of the agent package as ``mcs_agent/`` and ``build-ca/`` holding the CA
 bundle, if any. The bundle only enters the build stages; the final stage copies the
 finished trees, never the bundle. The npm registry is the host's (``npm config get
 registry``, passed as the ``NPM_REGISTRY`` build argument) when the host has npm, else
@@ -43,7 +43,13 @@ from pathlib import Path
 from typing import Any
 
 from mcp_code_sandbox.errors import BackendUnavailable
-from mcp_code_sandbox.runtime_env import PACKAGES, SESSION_SITE_PTH, TOOLS, _run, _stderr_progress
+from mcp_code_sandbox.provision.venv import (
+    PACKAGES,
+    SESSION_SITE_PTH,
+    TOOLS,
+    _run,
+    _stderr_progress,
+)
 from mcp_code_sandbox.settings import Settings
 
 __all__ = [
@@ -263,9 +269,9 @@ def build_kwargs(
 
 
 def _dockerfile() -> Path:
-    here = Path(__file__).resolve().parent
+    pkg = Path(__file__).resolve().parents[1]  # mcp_code_sandbox/
     # A wheel carries it as package data; a checkout (editable install) has images/.
-    for candidate in (here / "_images" / "Dockerfile", here.parents[1] / "images" / "Dockerfile"):
+    for candidate in (pkg / "_images" / "Dockerfile", pkg.parents[1] / "images" / "Dockerfile"):
         if candidate.is_file():
             return candidate
     raise BackendUnavailable("images/Dockerfile is missing from this installation")
@@ -287,7 +293,8 @@ def copy_tree(source: Path, target: Path) -> None:
 
 def prepare_context(context: Path, ca_bundle: Path | None) -> None:
     """Fill ``context`` (emptied first) with what ``images/Dockerfile`` copies."""
-    from mcp_code_sandbox import agent, node_env
+    from mcp_code_sandbox import agent
+    from mcp_code_sandbox.provision import node as node_env
 
     shutil.rmtree(context, ignore_errors=True)
     context.mkdir(parents=True)
@@ -441,7 +448,7 @@ def build_image(
 ) -> BuildResult:
     """Build the sandbox image as ``tag`` (default ``settings.image``), or with ``server``
     the server's image (default :data:`.serverimage.SERVER_TAG`); see the module doc."""
-    from mcp_code_sandbox.serverimage import SERVER_TAG, prepare_server_context
+    from mcp_code_sandbox.provision.server_image import SERVER_TAG, prepare_server_context
 
     tag = tag or (SERVER_TAG if server else settings.image)
     work = settings.state_dir / "images"

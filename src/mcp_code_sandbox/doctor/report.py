@@ -13,14 +13,14 @@ import subprocess
 import sys
 from typing import NamedTuple, TextIO
 
-from mcp_code_sandbox.backends import cgroups
 from mcp_code_sandbox.backends.base import Backend
-from mcp_code_sandbox.backends.bwrap import BwrapBackend
+from mcp_code_sandbox.backends.bwrap import cgroups
+from mcp_code_sandbox.backends.bwrap.backend import BwrapBackend
 from mcp_code_sandbox.backends.seccomp import build_seccomp_bpf
 from mcp_code_sandbox.errors import BackendUnavailable, SandboxError
-from mcp_code_sandbox.runtime_env import runtime_status
+from mcp_code_sandbox.provision.venv import runtime_status
+from mcp_code_sandbox.sessions.uids import UidLease, uid_pool
 from mcp_code_sandbox.settings import Settings
-from mcp_code_sandbox.uids import UidLease, uid_pool
 
 __all__ = ["Check", "check_bwrap", "run_doctor"]
 
@@ -136,7 +136,7 @@ def network_check(settings: Settings, why_not: str | None, how: str) -> Check:
 
 
 def _bwrap_network_check(settings: Settings) -> Check:
-    from mcp_code_sandbox.backends.bwrap_net import network_unavailable
+    from mcp_code_sandbox.backends.bwrap.net import network_unavailable
     from mcp_code_sandbox.backends.netfilter import Iptables
 
     how = (
@@ -213,7 +213,7 @@ def uid_range_detail(settings: Settings) -> tuple[str, str | None]:
 
 def workspace_quota_check(settings: Settings, backend: Backend) -> Check:
     """How the workspace quota binds ``backend``'s sandboxes here (both backends)."""
-    from mcp_code_sandbox import quota
+    from mcp_code_sandbox.sessions import quota
 
     try:
         mode = quota.choose(settings, backend)
@@ -293,7 +293,7 @@ _DOCKER_ESSENTIAL = ("docker engine", "docker runtime", "docker seccomp", "docke
 def run_doctor(settings: Settings, out: TextIO = sys.stdout) -> int:
     """Print every check of each backend; exit status 1 when no backend can start a
     sandbox (or the one chosen by SANDBOX_BACKEND cannot), else 0."""
-    from mcp_code_sandbox.doctor_docker import check_docker
+    from mcp_code_sandbox.doctor.docker import check_docker
 
     usable: dict[str, bool] = {}
     for backend, checks, essential in (

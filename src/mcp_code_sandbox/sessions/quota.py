@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 __all__ = ["QuotaMode", "choose", "guarded", "over_quota_message"]
 
-log = structlog.get_logger("mcp_code_sandbox.sessions")
+log = structlog.get_logger("mcp_code_sandbox.sessions.manager")
 
 #: Shortest pause between two walks of a running session's workspace, and how many times
 #: the last walk's duration the pause is at least (a walk of a huge tree costs a worker

@@ -23,7 +23,7 @@ import tomllib
 from pathlib import Path
 
 from mcp_code_sandbox.errors import BackendUnavailable
-from mcp_code_sandbox.imagebuild import copy_ca_bundle, copy_tree
+from mcp_code_sandbox.provision.image import copy_ca_bundle, copy_tree
 
 __all__ = [
     "SERVER_DOCKERFILE",
@@ -39,7 +39,7 @@ SERVER_DOCKERFILE = "images/server.Dockerfile"
 
 def source_root(start: Path | None = None) -> Path:
     """The checkout this package runs from (an editable install), or an error."""
-    root = (start or Path(__file__)).resolve().parents[2]
+    root = (start or Path(__file__)).resolve().parents[3]  # src/mcp_code_sandbox/provision/
     if not (root / "pyproject.toml").is_file() or not (root / SERVER_DOCKERFILE).is_file():
         raise BackendUnavailable(
             "building the server image needs the project's source checkout "

@@ -1,0 +1,1 @@
+"""The Docker backend: container specs, the engine, the backend, sandboxes, networks, runners."""

@@ -1,0 +1,1 @@
+"""``mcp-code-sandbox doctor``: what the host enforces, check by check."""
