@@ -29,6 +29,7 @@ import signal
 import socket
 import sys
 import tempfile
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +42,10 @@ from mcp_code_sandbox.backends.base import (
     SandboxSpec,
 )
 from mcp_code_sandbox.errors import SandboxFailed
+from mcp_code_sandbox.service import SandboxService
+from mcp_code_sandbox.settings import Settings, load_settings
 
-__all__ = ["FakeBackend", "FakeSandbox"]
+__all__ = ["FakeBackend", "FakeSandbox", "fake_service", "fake_settings"]
 
 #: Generous: the machine running the tests may be loaded (an agent starts in ~0.1 s).
 READY_TIMEOUT_S = 30.0
@@ -236,3 +239,35 @@ async def _end(sandbox: FakeSandbox) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     sandbox.channel.close()
     shutil.rmtree(sandbox.scratch, ignore_errors=True)
+
+
+def fake_settings(state_dir: Path, **overrides: Any) -> Settings:
+    """Settings for a server on the fake backend: the quota ``checked`` (no loop mounts,
+    which need root and take tens of milliseconds a session)."""
+    values: dict[str, Any] = {
+        "state_dir": str(state_dir),
+        "workspace_quota_mode": "checked",
+        "exec_timeout_s": 20,
+    }
+    values.update(overrides)
+    return load_settings(values, environ={})
+
+
+@contextlib.asynccontextmanager
+async def fake_service(
+    state_dir: Path, backend: FakeBackend | None = None, **overrides: Any
+) -> AsyncIterator[SandboxService]:
+    """``async with fake_service(state_dir, **settings) as svc``: a started service on a
+    fake backend (``svc.backend``), closed on the way out. A backend made here has every
+    agent it started ended then too; one passed in is the caller's to end (``end_all``),
+    so that it can outlive the service (a server restart)."""
+    owned = backend is None
+    backend = backend or FakeBackend()
+    service = SandboxService(fake_settings(state_dir, **overrides), backend)
+    try:
+        await service.start()
+        yield service
+    finally:
+        await service.aclose()
+        if owned:
+            await backend.end_all()
