@@ -197,12 +197,12 @@ async def test_a_session_past_its_max_lifetime_ends(state_dir: Path) -> None:
 
 
 async def test_the_reaper_never_ends_a_session_mid_call(state_dir: Path) -> None:
-    async with fake_service(state_dir, session_ttl_m=0.001) as svc:  # 0.06 s
+    async with fake_service(state_dir, session_ttl_m=0.005) as svc:  # 0.3 s
         sid = (await run(svc, "import time")).session_id
-        running = run(svc, "time.sleep(0.5); 'done'", sid)
+        running = run(svc, "time.sleep(1); 'done'", sid)
         while not svc.sessions.with_id(sid)[0].lock.locked():
             await asyncio.sleep(0.01)
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.5)  # idle by the clock since the call began, but in a call
         await svc.sessions.reap()
         assert (await running).result == "'done'"
         assert svc.sessions.count() == 1  # and the call counted as activity

@@ -11,7 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from mcp import Client
-from mcp_types import CallToolResult, ImageContent, TextContent
+from mcp_types import (
+    BlobResourceContents,
+    CallToolResult,
+    EmbeddedResource,
+    ImageContent,
+    ResourceLink,
+    TextContent,
+)
 
 from mcp_code_sandbox.run.languages import RUNTIMES
 from mcp_code_sandbox.server.app import build_server
@@ -88,8 +95,8 @@ async def test_a_workflow_upload_run_list_read_close(state_dir: Path) -> None:
             False,
         )
         assert [(f["path"], f["change"]) for f in run["files"]] == [("out.txt", "created")]
-        links = [b for b in result.content if getattr(b, "type", None) == "resource_link"]
-        assert [str(b.uri) for b in links] == [f"sandbox://{sid}/out.txt"]  # type: ignore[attr-defined]
+        links = [str(b.uri) for b in result.content if isinstance(b, ResourceLink)]
+        assert links == [f"sandbox://{sid}/out.txt"]
         listing = data(await client.call_tool("list_files", {"session_id": sid}))
         assert sorted(e["path"] for e in listing["entries"] if e["type"] == "file") == [
             "in/data.csv",
@@ -135,8 +142,10 @@ async def test_binary_upload_and_a_paged_read(state_dir: Path) -> None:
         assert len(pages) >= 2 and "".join(pages) == text
         binary = await client.call_tool("read_file", {"session_id": sid, "path": "b.bin"})
         assert data(binary)["encoding"] == "resource"
-        resource = binary.content[1].resource  # type: ignore[union-attr]
-        assert base64.b64decode(resource.blob) == blob
+        block = binary.content[1]
+        assert isinstance(block, EmbeddedResource)
+        assert isinstance(block.resource, BlobResourceContents)
+        assert base64.b64decode(block.resource.blob) == blob
 
 
 async def test_images_a_run_writes_come_back_as_image_blocks(state_dir: Path) -> None:
