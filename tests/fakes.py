@@ -220,25 +220,27 @@ class FakeBackend(Backend):
 
 async def _end(sandbox: FakeSandbox) -> None:
     """Ask the agent to shut down, then SIGTERM, then SIGKILL its process group, each
-    with a bounded wait; then drop its channel and scratch directory. Idempotent."""
-    if sandbox.ended:
-        return
-    sandbox.ended = True
+    with a bounded wait; then drop its channel and scratch directory. Safe to call again,
+    also after a call that was cancelled half-way (a reaper pass cut short by shutdown)."""
     proc = sandbox.proc
-    if proc.returncode is None:
-        with contextlib.suppress(OSError, RuntimeError, TimeoutError):
-            await asyncio.wait_for(sandbox.channel.send({"op": "shutdown"}), 0.5)
-        for sig, wait in ((None, 2.0), (signal.SIGTERM, 2.0), (signal.SIGKILL, 5.0)):
-            if sig is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, sig)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(proc.wait(), wait)
-                break
-    with contextlib.suppress(ProcessLookupError):  # whatever it left in its group
-        os.killpg(proc.pid, signal.SIGKILL)
-    sandbox.channel.close()
-    shutil.rmtree(sandbox.scratch, ignore_errors=True)
+    try:
+        if proc.returncode is None:
+            with contextlib.suppress(OSError, RuntimeError, TimeoutError):
+                await asyncio.wait_for(sandbox.channel.send({"op": "shutdown"}), 0.5)
+            for sig, wait in ((None, 2.0), (signal.SIGTERM, 2.0), (signal.SIGKILL, 5.0)):
+                if sig is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, sig)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(proc.wait(), wait)
+                    break
+    finally:
+        if not sandbox.ended:  # whatever it left in its group; once reaped, never again
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            sandbox.ended = proc.returncode is not None
+        sandbox.channel.close()
+        shutil.rmtree(sandbox.scratch, ignore_errors=True)
 
 
 def fake_settings(state_dir: Path, **overrides: Any) -> Settings:

@@ -19,6 +19,7 @@ from mcp_code_sandbox.errors import (
 )
 from mcp_code_sandbox.run.execute import RunReport, RunRequest
 from mcp_code_sandbox.service import SandboxService
+from mcp_code_sandbox.settings import ConfigError, load_settings
 from tests.fakes import FakeBackend, fake_service
 
 
@@ -42,6 +43,11 @@ def workspace(svc: SandboxService, session_id: str) -> Path:
 def fake(svc: SandboxService) -> FakeBackend:
     assert isinstance(svc.backend, FakeBackend)
     return svc.backend
+
+
+def test_the_fake_backend_cannot_be_chosen_by_configuration() -> None:
+    with pytest.raises(ConfigError, match="SANDBOX_BACKEND"):
+        load_settings({"backend": "fake"}, environ={})
 
 
 # -- ids ------------------------------------------------------------------------------------
@@ -114,7 +120,7 @@ async def test_max_sessions_refuses_the_next_new_session(state_dir: Path) -> Non
 
 async def test_sessions_per_owner_limits_each_owner(state_dir: Path) -> None:
     async with fake_service(state_dir, max_sessions_per_owner=1) as svc:
-        await run(svc, "1", "mine", owner="alice")
+        await svc.upload_file("alice", "f", b"1", session_id="mine", overwrite=False)
         with pytest.raises(MaxSessions, match="you already have 1 sessions"):
             await run(svc, "1", "another", owner="alice")
         assert (await run(svc, "1", "theirs", owner="bob")).session_created is True
@@ -172,8 +178,8 @@ async def test_the_reaper_expires_idle_sessions_and_the_id_says_so(state_dir: Pa
     async with fake_service(state_dir, session_ttl_m=0.005) as svc:  # 0.3 s
         first = await run(svc, "x = 1", "idle")
         root = workspace(svc, "idle")
-        for _ in range(400):  # the reaper's own pass, every 0.5 s here
-            if svc.sessions.count() == 0:
+        for _ in range(400):  # the reaper's own pass (every 0.5 s here) ends it
+            if svc.sessions.count() == 0 and not root.exists() and not fake(svc).running():
                 break
             await asyncio.sleep(0.05)
         assert svc.sessions.count() == 0
