@@ -1,0 +1,275 @@
+"""A test-only :class:`Backend`: the REAL agent as a plain subprocess of the test, no walls.
+
+``FakeBackend`` starts ``python -m mcp_code_sandbox.agent`` (the very package the real
+backends mount into their sandboxes) on the host, over a socketpair, with the session's
+workspace directory as its working directory. So the host side (session manager, run path,
+tools) talks the real protocol to a real agent, and tests of that logic run in a fraction of
+a second, with no bubblewrap, no Docker, no runtime environment.
+
+It isolates NOTHING: the code runs as the test's own user with the test's view of the host
+(``/mnt/data`` does not exist; paths are relative to the workspace). It lives only under
+``tests/`` and no setting can select it (``backends.create_backend`` does not know it).
+Tests hand it to ``SandboxService`` / ``SessionManager`` directly.
+
+What a test can steer or observe: ``fail_creates`` (the next n creates raise
+``SandboxFailed``), ``created``/``stopped``/``removed`` (what the manager asked for),
+``planted`` (leftovers of a "dead server" for recovery), ``kill()`` (a sandbox dies under
+the manager). ``reattaches=True`` keeps detached sandboxes running and hands them back from
+``list_leftovers``/``reattach``, as Docker does across a server restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from mcp_code_sandbox.backends.base import (
+    Backend,
+    Channel,
+    Enforcement,
+    Leftover,
+    Sandbox,
+    SandboxSpec,
+)
+from mcp_code_sandbox.errors import SandboxFailed
+from mcp_code_sandbox.service import SandboxService
+from mcp_code_sandbox.settings import Settings, load_settings
+
+__all__ = ["FakeBackend", "FakeSandbox", "fake_service", "fake_settings"]
+
+#: Generous: the machine running the tests may be loaded (an agent starts in ~0.1 s).
+READY_TIMEOUT_S = 30.0
+#: Where the agent looks for bash/node/bun; tests rely on python (always) and bash.
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+class FakeSandbox(Sandbox):
+    """One agent process on the host; ``scratch`` is its private HOME/TMPDIR."""
+
+    def __init__(
+        self,
+        spec: SandboxSpec,
+        channel: Channel,
+        proc: asyncio.subprocess.Process,
+        scratch: Path,
+        ready: dict[str, Any],
+    ) -> None:
+        super().__init__(spec, channel, backend_id=f"fake-{proc.pid}")
+        self.proc = proc
+        self.scratch = scratch
+        #: The agent's ``ready`` message (languages, pid), as the real backends keep it.
+        self.ready = ready
+        #: ``_end`` ran: its process group is not signalled again (the pid may be reused).
+        self.ended = False
+
+    def is_alive(self) -> bool:
+        return self.proc.returncode is None
+
+
+class FakeBackend(Backend):
+    name = "fake"
+
+    def __init__(self, *, reattaches: bool = False, path: str = DEFAULT_PATH) -> None:
+        self.reattaches = reattaches
+        self._path = path
+        #: The next this-many ``create`` calls raise ``SandboxFailed`` (a start that fails).
+        self.fail_creates = 0
+        #: Every spec ``create`` was called with, in order (the probe's too).
+        self.created: list[SandboxSpec] = []
+        #: ``spec.key`` of every sandbox stopped.
+        self.stopped: list[str] = []
+        #: Leftovers a "dead server" left: ``list_leftovers`` reports them until removed.
+        self.planted: list[Leftover] = []
+        self.removed: list[Leftover] = []
+        self._detached: dict[str, FakeSandbox] = {}
+        self._all: list[FakeSandbox] = []
+
+    # -- the seam -------------------------------------------------------------------------
+
+    async def create(self, spec: SandboxSpec) -> Sandbox:
+        self.created.append(spec)
+        if self.fail_creates > 0:
+            self.fail_creates -= 1
+            raise SandboxFailed("the fake sandbox was told to fail its start")
+        return await self._start(spec)
+
+    async def stop(self, sandbox: Sandbox) -> None:
+        assert isinstance(sandbox, FakeSandbox)
+        self.stopped.append(sandbox.spec.key)
+        await _end(sandbox)
+
+    async def detach(self, sandbox: Sandbox) -> None:
+        if not self.reattaches:
+            await self.stop(sandbox)
+            return
+        assert isinstance(sandbox, FakeSandbox)
+        self._detached[sandbox.backend_id] = sandbox
+
+    async def reattach(self, leftover: Leftover, spec: SandboxSpec) -> Sandbox | None:
+        """A detached sandbox comes back as it was (same agent, same variables); a planted
+        one comes back as a fresh agent on the session's workspace (files kept)."""
+        detached = self._detached.pop(leftover.backend_id, None)
+        if detached is not None:
+            return detached if detached.is_alive() else None
+        if any(p.backend_id == leftover.backend_id for p in self.planted):
+            self.planted = [p for p in self.planted if p.backend_id != leftover.backend_id]
+            return await self._start(spec)
+        return None
+
+    async def list_leftovers(self) -> list[Leftover]:
+        kept = [
+            Leftover(
+                backend_id=s.backend_id,
+                key=s.spec.key,
+                owner=s.spec.owner,
+                session_id=s.spec.session_id,
+                running=s.is_alive(),
+                workspace=s.spec.workspace,
+                uid=s.spec.uid,
+            )
+            for s in self._detached.values()
+        ]
+        return [*kept, *self.planted]
+
+    async def remove_leftover(self, leftover: Leftover) -> None:
+        self.removed.append(leftover)
+        self.planted = [p for p in self.planted if p.backend_id != leftover.backend_id]
+        sandbox = self._detached.pop(leftover.backend_id, None)
+        if sandbox is not None:
+            await _end(sandbox)
+
+    def enforcement(self) -> dict[str, Enforcement]:
+        return dict.fromkeys(("memory", "cpu", "pids", "tmp", "file_size", "network"), "none")
+
+    # -- for tests --------------------------------------------------------------------------
+
+    async def kill(self, sandbox: Sandbox) -> None:
+        """The sandbox dies under the manager (as an OOM kill would end it)."""
+        assert isinstance(sandbox, FakeSandbox)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(sandbox.proc.pid, signal.SIGKILL)
+        await sandbox.proc.wait()
+
+    def running(self) -> list[FakeSandbox]:
+        """Sandboxes whose agent still runs (stopped and detached ones included)."""
+        return [s for s in self._all if s.is_alive()]
+
+    async def end_all(self) -> None:
+        """Test teardown: end every agent this backend started, detached ones too."""
+        self._detached.clear()
+        for sandbox in self._all:
+            await _end(sandbox)
+
+    # -- starting an agent ------------------------------------------------------------------
+
+    async def _start(self, spec: SandboxSpec) -> FakeSandbox:
+        scratch = Path(tempfile.mkdtemp(prefix="mcs-fake-"))
+        ours, theirs = socket.socketpair()
+        config = {"kill_strays": False, "pids": None, "file_bytes": spec.limits.file_bytes}
+        argv = [sys.executable, "-B", "-m", "mcp_code_sandbox.agent",
+                "--channel-fd", str(theirs.fileno()), "--workdir", str(spec.workspace),
+                "--config", json.dumps(config), "--plain"]  # fmt: skip
+        env = {
+            "PATH": self._path,
+            "HOME": str(scratch),
+            "TMPDIR": str(scratch),
+            "LANG": "C.UTF-8",
+            "MPLBACKEND": "Agg",
+            "PYTHONUNBUFFERED": "1",
+            **spec.env,
+        }
+        try:
+            with open(scratch / "agent.err", "wb") as err:
+                proc = await asyncio.create_subprocess_exec(
+                    *argv, pass_fds=[theirs.fileno()], env=env, cwd=spec.workspace,
+                    stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+                    stderr=err, start_new_session=True,
+                )  # fmt: skip
+        except OSError as exc:
+            ours.close()
+            shutil.rmtree(scratch, ignore_errors=True)
+            raise SandboxFailed(f"cannot start the fake agent: {exc}") from None
+        finally:
+            theirs.close()
+        reader, writer = await asyncio.open_connection(sock=ours)
+        channel = Channel(reader, writer)
+        sandbox = FakeSandbox(spec, channel, proc, scratch, {})
+        self._all.append(sandbox)
+        try:
+            message = await asyncio.wait_for(channel.receive(), READY_TIMEOUT_S)
+        except BaseException:
+            await _end(sandbox)
+            raise
+        if message is None or message.get("ev") != "ready":
+            stderr = (scratch / "agent.err").read_text(errors="replace")[-2000:]
+            await _end(sandbox)
+            raise SandboxFailed(f"the fake agent did not say ready: {message!r} {stderr}")
+        sandbox.ready = message
+        return sandbox
+
+
+async def _end(sandbox: FakeSandbox) -> None:
+    """Ask the agent to shut down, then SIGTERM, then SIGKILL its process group, each
+    with a bounded wait; then drop its channel and scratch directory. Safe to call again,
+    also after a call that was cancelled half-way (a reaper pass cut short by shutdown)."""
+    proc = sandbox.proc
+    try:
+        if proc.returncode is None:
+            with contextlib.suppress(OSError, RuntimeError, TimeoutError):
+                await asyncio.wait_for(sandbox.channel.send({"op": "shutdown"}), 0.5)
+            for sig, wait in ((None, 2.0), (signal.SIGTERM, 2.0), (signal.SIGKILL, 5.0)):
+                if sig is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, sig)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(proc.wait(), wait)
+                    break
+    finally:
+        if not sandbox.ended:  # whatever it left in its group; once reaped, never again
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            sandbox.ended = proc.returncode is not None
+        sandbox.channel.close()
+        shutil.rmtree(sandbox.scratch, ignore_errors=True)
+
+
+def fake_settings(state_dir: Path, **overrides: Any) -> Settings:
+    """Settings for a server on the fake backend: the quota ``checked`` (no loop mounts,
+    which need root and take tens of milliseconds a session)."""
+    values: dict[str, Any] = {
+        "state_dir": str(state_dir),
+        "workspace_quota_mode": "checked",
+        "exec_timeout_s": 20,
+    }
+    values.update(overrides)
+    return load_settings(values, environ={})
+
+
+@contextlib.asynccontextmanager
+async def fake_service(
+    state_dir: Path, backend: FakeBackend | None = None, **overrides: Any
+) -> AsyncIterator[SandboxService]:
+    """``async with fake_service(state_dir, **settings) as svc``: a started service on a
+    fake backend (``svc.backend``), closed on the way out. A backend made here has every
+    agent it started ended then too; one passed in is the caller's to end (``end_all``),
+    so that it can outlive the service (a server restart)."""
+    owned = backend is None
+    backend = backend or FakeBackend()
+    service = SandboxService(fake_settings(state_dir, **overrides), backend)
+    try:
+        await service.start()
+        yield service
+    finally:
+        await service.aclose()
+        if owned:
+            await backend.end_all()
