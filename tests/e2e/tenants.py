@@ -35,7 +35,7 @@ async def client_as(base: str, token: str, mode: str = "legacy") -> AsyncIterato
     """The official client, sending ``Authorization: Bearer <token>`` on every request."""
     async with create_mcp_http_client(headers={"Authorization": f"Bearer {token}"}) as http:
         transport = streamable_http_client(f"{base}/mcp", http_client=http)
-        async with Client(transport, mode=mode) as client:  # type: ignore[arg-type]
+        async with Client(transport, mode=mode) as client:
             yield client
 
 

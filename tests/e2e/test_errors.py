@@ -38,7 +38,7 @@ def assert_error(result: Any, code: str) -> str:
 async def new_session(client: Client) -> str:
     up = await client.call_tool("upload_file", {"filename": "a.txt", "content_text": "a"})
     assert not up.is_error, up.content
-    return str(up.structured_content["session_id"])  # type: ignore[index]
+    return str(up.structured_content["session_id"])
 
 
 async def test_invalid_argument_from_schema_and_from_us(inproc: Client) -> None:

@@ -162,16 +162,17 @@ async def test_hostile_results_fit_the_budget(make_settings: Callable[..., Setti
         await t.victim_is_fine()
 
         # 5. A run longer than ~15 s with progress: the answer is an SSE event.
-        progress: list[float] = []
+        progress_seen: list[float] = []
 
-        async def on_progress(done: float, total: float | None, message: str | None) -> None:
-            progress.append(done)
+        # Named as the SDK's ProgressFnT protocol names them.
+        async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+            progress_seen.append(progress)
 
         result = await t.mallory.call_tool(
             "run_code", {"code": LONG_BIG, **session}, progress_callback=on_progress
         )
         late = structured(result)
-        assert progress, "the server sent no progress: the response was not streamed"
+        assert progress_seen, "the server sent no progress: the response was not streamed"
         assert late["status"] == "ok" and late["result_truncated"] is True
         assert wire_bytes(result) <= BUDGET
         await t.victim_is_fine()

@@ -258,7 +258,7 @@ async def assert_whole_or_refused(client: Client, uri: str, digest: str) -> str:
 async def test_over_stdio_a_5_mb_binary_comes_whole_by_pages(
     stdio_params: StdioServerParameters, mode: str
 ) -> None:
-    async with Client(stdio_params, mode=mode) as client:  # type: ignore[arg-type]
+    async with Client(stdio_params, mode=mode) as client:
         sums = await make_files(client, "eda")
         seen = {
             path: await assert_whole_or_refused(client, f"sandbox://eda/{path}", sums[path])

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from mcp_code_sandbox.settings import Settings
+from mcp_code_sandbox.settings import Settings, load_settings
 
 from ..conftest import each_backend, each_runtime
 from .tenants import Tenants, structured, two_tenants
@@ -192,7 +192,7 @@ async def test_checked_mode_stops_the_run_and_refuses_writes(
 
 def test_host_bytes_counts_a_plain_directory(tmp_path: Path) -> None:
     """The measure the attack test relies on sees what a plain workspace holds."""
-    settings = Settings(state_dir=tmp_path)
+    settings = load_settings({"state_dir": tmp_path})
     ws = settings.workspaces_dir / "slot"
     ws.mkdir(parents=True)
     (ws / "f").write_bytes(b"x" * MIB)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from mcp_types import TextContent
 
 from mcp_code_sandbox.sessions.ids import session_key
 from mcp_code_sandbox.settings import Settings
@@ -193,7 +194,9 @@ async def test_a_close_during_a_sandbox_start_leaves_no_sandbox(
             assert await asyncio.to_thread(session_containers, settings, "mallory", sid) == []
         result = await asyncio.wait_for(run, 120)
         assert result.is_error, result.structured_content
-        text = result.content[0].text
+        block = result.content[0]
+        assert isinstance(block, TextContent)
+        text = block.text
         assert text.startswith("session_not_found:") and "was closed" in text, text
         await t.victim_is_fine()
     assert "Application shutdown complete" in t.log()

@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+from mcp_types import TextContent
 
 from mcp_code_sandbox.backends import create_backend
 from mcp_code_sandbox.errors import BackendUnavailable
@@ -176,7 +177,9 @@ async def test_terminal_sequences_and_control_characters_never_reach_a_client(
         # A name is given back as it was shown, and reaches the real file.
         for name in shown:
             got = await t.mallory.call_tool("read_file", {"session_id": "m", "path": name})
-            assert structured(got)["path"] == name and got.content[1].text == "x"
+            block = got.content[1]
+            assert structured(got)["path"] == name
+            assert isinstance(block, TextContent) and block.text == "x"
         url = next(f["download_url"] for f in ran["files"] if f["path"] == "bell\\x07.txt")
         async with httpx.AsyncClient() as http:
             assert (await http.get(url)).content == b"x"

@@ -95,9 +95,9 @@ async def test_metrics_count_sessions_runs_durations_and_errors(
         assert sample(before, "mcp_sandbox_tool_errors_total", code="session_not_found") == 0
         async with Client(f"{base}/mcp", mode=MODERN) as client:
             ok = await client.call_tool("run_code", {"code": "1 + 1"})
-            sid = ok.structured_content["session_id"]  # type: ignore[index]
+            sid = ok.structured_content["session_id"]
             failed = await client.call_tool("run_code", {"code": "1/0", "session_id": sid})
-            assert failed.structured_content["status"] == "error"  # type: ignore[index]
+            assert failed.structured_content["status"] == "error"
             during = scrape(base)
             missing = await client.call_tool("read_file", {"session_id": "nope", "path": "a"})
             assert missing.is_error
@@ -222,10 +222,10 @@ async def test_legacy_sse_transport_round_trip(make_settings: Callable[..., Sett
             tools = {tool.name for tool in (await client.list_tools()).tools}
             assert {"run_code", "upload_file", "read_file"} <= tools
             run = await client.call_tool("run_code", {"code": "x = 6 * 7\nx"})
-            assert run.structured_content["result"] == "42"  # type: ignore[index]
-            sid = run.structured_content["session_id"]  # type: ignore[index]
+            assert run.structured_content["result"] == "42"
+            sid = run.structured_content["session_id"]
             again = await client.call_tool("run_code", {"code": "x + 1", "session_id": sid})
-            assert again.structured_content["result"] == "43"  # type: ignore[index]
+            assert again.structured_content["result"] == "43"
         samples = scrape(base)
         assert sample(samples, "mcp_sandbox_runs_total", language="python", status="ok") == 2
         # A stream still open at shutdown ends without an ASGI error in the log (a raw

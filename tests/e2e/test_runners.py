@@ -111,7 +111,7 @@ async def test_a_runner_image_is_a_language_that_shares_the_workspace(
 
         tag = build_runner(PERL_LABELS)
         runtimes = (await client.call_tool("list_runtimes", {})).structured_content
-        perl = [r for r in runtimes["runtimes"] if r["language"] == "perl"]  # type: ignore[index]
+        perl = [r for r in runtimes["runtimes"] if r["language"] == "perl"]
         assert perl and perl[0]["image"] == tag and perl[0]["version"] == "5"
         assert perl[0]["stateful"] is False and perl[0]["backend"] == "docker"
         with anyio.fail_after(10):
@@ -138,7 +138,7 @@ async def test_a_runner_image_is_a_language_that_shares_the_workspace(
         assert back["result"] == "'from perl'"
         # The code file never lands in the workspace.
         listed = (await client.call_tool("list_files", {"session_id": sid})).structured_content
-        assert {e["path"] for e in listed["entries"]} == {"a.txt", "b.txt"}  # type: ignore[index]
+        assert {e["path"] for e in listed["entries"]} == {"a.txt", "b.txt"}
 
         # A failing program is a normal result with its exit code.
         failed = await call(client, session_id=sid, language="perl", code='die "boom\\n";')
@@ -225,7 +225,7 @@ async def test_listening_clients_of_the_2026_era_hear_the_change(
     make_settings: Callable[..., Settings], build_runner: Callable[[dict[str, str]], str]
 ) -> None:
     with http_server(make_settings()) as base:
-        async with Client(f"{base}/mcp", mode="2026-07-28") as client:  # type: ignore[arg-type]
+        async with Client(f"{base}/mcp", mode="2026-07-28") as client:
             async with client.listen(tools_list_changed=True) as events:
                 build_runner(PERL_LABELS)
                 await client.call_tool("list_runtimes", {})

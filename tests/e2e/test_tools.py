@@ -33,12 +33,16 @@ async def test_tools_schemas_and_annotations(inproc: Client) -> None:
     run = tools["run_code"]
     assert run.input_schema["properties"]["language"]["enum"] == list(RUNTIMES)
     assert run.input_schema["required"] == ["code"]
+    assert run.annotations is not None and run.description is not None
     assert run.annotations.open_world_hint is False  # network not allowed on this server
     assert run.annotations.read_only_hint is False
     for name in ("read_file", "list_files", "list_runtimes"):
-        assert tools[name].annotations.read_only_hint is True
-        assert tools[name].annotations.idempotent_hint is True
-    assert tools["close_session"].annotations.destructive_hint is True
+        annotations = tools[name].annotations
+        assert annotations is not None
+        assert annotations.read_only_hint is True
+        assert annotations.idempotent_hint is True
+    close_annotations = tools["close_session"].annotations
+    assert close_annotations is not None and close_annotations.destructive_hint is True
     assert "30 min" in run.description and "no network" in run.description
 
 
@@ -58,7 +62,7 @@ async def test_progress_is_reported_during_a_run(inproc: Client) -> None:
 
 async def test_cancellation_interrupts_the_run(inproc: Client) -> None:
     up = await inproc.call_tool("run_code", {"code": "kept = 'yes'"})
-    sid = up.structured_content["session_id"]  # type: ignore[index]
+    sid = up.structured_content["session_id"]
     with anyio.move_on_after(2):
         await inproc.call_tool(
             "run_code", {"session_id": sid, "code": "import time\ntime.sleep(120)\nkept = 'no'"}
@@ -67,13 +71,13 @@ async def test_cancellation_interrupts_the_run(inproc: Client) -> None:
     # interpreter's state intact (SIGINT, not a restart).
     with anyio.fail_after(20):
         after = await inproc.call_tool("run_code", {"session_id": sid, "code": "kept"})
-    assert after.structured_content["result"] == "'yes'"  # type: ignore[index]
-    assert after.structured_content["state_lost"] is False  # type: ignore[index]
+    assert after.structured_content["result"] == "'yes'"
+    assert after.structured_content["state_lost"] is False
 
 
 async def test_workspace_files_are_resources(inproc: Client) -> None:
     up = await inproc.call_tool("upload_file", {"filename": "d/notes.txt", "content_text": "hi"})
-    sid = up.structured_content["session_id"]  # type: ignore[index]
+    sid = up.structured_content["session_id"]
     templates = (await inproc.list_resource_templates()).resource_templates
     assert any(t.uri_template == "sandbox://{session_id}/{+path}" for t in templates)
     read = await inproc.read_resource(f"sandbox://{sid}/d/notes.txt")
@@ -103,7 +107,7 @@ for i in range(6):
     assert len(images) == 4
     for image in images:
         assert len(base64.b64decode(image.data)) <= 60_000
-    assert "2 more image(s) not shown" in result.structured_content["notice"]  # type: ignore[index]
+    assert "2 more image(s) not shown" in result.structured_content["notice"]
 
 
 async def test_rich_displays(inproc: Client) -> None:
@@ -115,7 +119,7 @@ async def test_rich_displays(inproc: Client) -> None:
         "print('after show')"
     )
     result = await inproc.call_tool("run_code", {"code": code})
-    data: dict[str, Any] = result.structured_content  # type: ignore[assignment]
+    data: dict[str, Any] = result.structured_content
     assert {"mime_type": "text/markdown", "text": "# Title"} in data["displays"]
     assert len([b for b in result.content if isinstance(b, ImageContent)]) == 1
     assert data["stdout"] == "after show\n"
@@ -125,7 +129,7 @@ async def test_errors_are_results_with_trimmed_tracebacks(inproc: Client) -> Non
     code = "open('partial.csv', 'w').write('a,b')\ndef f():\n    1/0\nf()"
     result = await inproc.call_tool("run_code", {"code": code})
     assert not result.is_error
-    data: dict[str, Any] = result.structured_content  # type: ignore[assignment]
+    data: dict[str, Any] = result.structured_content
     assert data["status"] == "error"
     assert [f["path"] for f in data["files"]] == ["partial.csv"]  # failed runs diff too
     assert data["error"]["name"] == "ZeroDivisionError"
@@ -136,7 +140,7 @@ async def test_errors_are_results_with_trimmed_tracebacks(inproc: Client) -> Non
 
 async def test_parallel_tool_calls_to_one_session_queue(inproc: Client) -> None:
     up = await inproc.call_tool("run_code", {"code": "log = []"})
-    sid = up.structured_content["session_id"]  # type: ignore[index]
+    sid = up.structured_content["session_id"]
     calls = [
         inproc.call_tool(
             "run_code",
@@ -147,12 +151,12 @@ async def test_parallel_tool_calls_to_one_session_queue(inproc: Client) -> None:
     results = await asyncio.gather(*calls)
     assert all(not r.is_error for r in results)
     final = await inproc.call_tool("run_code", {"session_id": sid, "code": "sorted(log) == log"})
-    assert final.structured_content["result"] == "True"  # type: ignore[index]
+    assert final.structured_content["result"] == "True"
 
 
 async def test_list_runtimes(inproc: Client) -> None:
     result = await inproc.call_tool("list_runtimes", {})
-    runtimes = {r["language"]: r for r in result.structured_content["runtimes"]}  # type: ignore[index]
+    runtimes = {r["language"]: r for r in result.structured_content["runtimes"]}
     assert list(runtimes) == list(RUNTIMES)
     assert all(runtimes[lang]["stateful"] is False for lang in ("javascript", "typescript", "bash"))
     python = runtimes["python"]

@@ -116,13 +116,13 @@ async def workflow(client: Client, http_base: str | None = None) -> None:
 
 @pytest.mark.parametrize("mode", ERAS)
 async def test_workflow_over_stdio(stdio_params: StdioServerParameters, mode: str) -> None:
-    async with Client(stdio_params, mode=mode) as client:  # type: ignore[arg-type]
+    async with Client(stdio_params, mode=mode) as client:
         await workflow(client)
 
 
 @pytest.mark.parametrize("mode", ERAS)
 async def test_workflow_over_http(http_base: str, mode: str) -> None:
-    async with Client(f"{http_base}/mcp", mode=mode) as client:  # type: ignore[arg-type]
+    async with Client(f"{http_base}/mcp", mode=mode) as client:
         await workflow(client, http_base)
 
 

@@ -68,7 +68,7 @@ def ours(engine: Any, settings: Settings) -> list[Any]:
 
 async def test_sigkilled_server_reattaches_on_restart(settings: Settings, engine: Any) -> None:
     with http_server_process(settings) as (base, proc):
-        async with Client(f"{base}/mcp", mode="legacy") as client:  # type: ignore[arg-type]
+        async with Client(f"{base}/mcp", mode="legacy") as client:
             first = structured(
                 await client.call_tool(
                     "run_code",
@@ -91,7 +91,7 @@ async def test_sigkilled_server_reattaches_on_restart(settings: Settings, engine
     assert other.uid != uid
     other.release()
     with http_server_process(settings) as (base, proc):
-        async with Client(f"{base}/mcp", mode="legacy") as client:  # type: ignore[arg-type]
+        async with Client(f"{base}/mcp", mode="legacy") as client:
             again = structured(
                 await client.call_tool(
                     "run_code",
@@ -123,7 +123,7 @@ async def test_a_clean_shutdown_can_leave_sessions_for_the_next_server(
 ) -> None:
     keep = {"SANDBOX_KEEP_SESSIONS_ON_SHUTDOWN": "true"}
     with http_server_process(settings, **keep) as (base, proc):
-        async with Client(f"{base}/mcp", mode="legacy") as client:  # type: ignore[arg-type]
+        async with Client(f"{base}/mcp", mode="legacy") as client:
             first = structured(
                 await client.call_tool("run_code", {"session_id": "deploy", "code": "y = 6"})
             )
@@ -132,7 +132,7 @@ async def test_a_clean_shutdown_can_leave_sessions_for_the_next_server(
     [container] = ours(engine, settings)
     assert container.status == "running" and len(records(settings)) == 1
     with http_server_process(settings) as (base, proc):  # the default again: end them
-        async with Client(f"{base}/mcp", mode="legacy") as client:  # type: ignore[arg-type]
+        async with Client(f"{base}/mcp", mode="legacy") as client:
             again = structured(
                 await client.call_tool("run_code", {"session_id": "deploy", "code": "y * 7"})
             )

@@ -184,7 +184,8 @@ async def test_the_reaper_is_started_again_if_it_dies(
     try:
         first = svc.sessions._reaper
         await eventually(lambda: len(passes) >= 3, timeout_s=30)
-        assert svc.sessions._reaper is not first and not svc.sessions._reaper.done()
+        reaper = svc.sessions._reaper
+        assert reaper is not None and reaper is not first and not reaper.done()
     finally:
         try:
             await svc.aclose()

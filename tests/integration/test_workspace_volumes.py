@@ -89,7 +89,7 @@ async def test_a_killed_servers_filesystems_are_released_or_kept(
     the session with its filesystem and files (docker), and ends it cleanly later."""
     settings = make_settings(workspace_quota_bytes=8 << 20)
     with http_server_process(settings) as (base, proc):
-        async with Client(f"{base}/mcp", mode="legacy") as client:  # type: ignore[arg-type]
+        async with Client(f"{base}/mcp", mode="legacy") as client:
             ran = await client.call_tool(
                 "run_code", {"session_id": "s", "code": "open('kept.txt', 'w').write('hi')"}
             )
@@ -102,7 +102,7 @@ async def test_a_killed_servers_filesystems_are_released_or_kept(
             nothing_left(settings)  # its sandbox died with the server: nothing to keep
         else:
             assert len(mounts(settings.state_dir)) == 1  # the container still uses it
-            async with Client(f"{base}/mcp", mode="legacy") as client:  # type: ignore[arg-type]
+            async with Client(f"{base}/mcp", mode="legacy") as client:
                 again = await client.call_tool(
                     "run_code", {"session_id": "s", "code": "print(open('kept.txt').read())"}
                 )

@@ -34,9 +34,9 @@ def runtime_python() -> str:
     explicit = os.environ.get("SANDBOX_TEST_RUNTIME_PYTHON")
     if explicit:
         return explicit
-    from mcp_code_sandbox.settings import Settings
+    from mcp_code_sandbox.settings import load_settings
 
-    path = Settings().runtime_dir / "venv" / "bin" / "python"
+    path = load_settings().runtime_dir / "venv" / "bin" / "python"
     if not path.exists():
         pytest.fail(
             f"no runtime Python with IPython at {path}: run `mcp-code-sandbox setup` or set "

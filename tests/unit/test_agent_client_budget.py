@@ -16,7 +16,9 @@ from mcp_code_sandbox.run.agent_client import AgentClient
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\0" * 100).decode()
 
 
-async def hostile_agent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> dict:
+async def hostile_agent(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> dict[str, Any]:
     channel = Channel(reader, writer)
     exec_message = await channel.receive()
     assert exec_message is not None

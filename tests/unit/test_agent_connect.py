@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from mcp_code_sandbox.agent.__main__ import connect
+from mcp_code_sandbox.agent.hostlink import connect
 from mcp_code_sandbox.agent.protocol import read_frame, write_frame
 
 SRC = Path(__file__).resolve().parents[2] / "src"

@@ -189,7 +189,7 @@ def api_error(status: int, explanation: str) -> docker.errors.APIError:
         cls = docker.errors.ImageNotFound if is_image else docker.errors.NotFound
     return cls(
         f"{status} error",
-        response=_Response(status),  # type: ignore[arg-type]
+        response=_Response(status),
         explanation=explanation,
     )
 

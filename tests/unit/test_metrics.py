@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from mcp_code_sandbox import __version__
 from mcp_code_sandbox import metrics as metrics_module
 from mcp_code_sandbox.errors import ERROR_CODES, BackendUnavailable, InvalidPath, SandboxFailed
 from mcp_code_sandbox.metrics import Metrics
@@ -56,7 +57,7 @@ def test_sessions_and_backend_errors() -> None:
     assert value(m, "mcp_sandbox_sessions_created_total") == 1
     assert value(m, "mcp_sandbox_sessions_ended_total", reason="idle") == 1
     assert value(m, "mcp_sandbox_sessions_ended_total", reason="closed") == 0
-    assert value(m, "mcp_sandbox_build_info", version=metrics_module.__version__, backend="docker")
+    assert value(m, "mcp_sandbox_build_info", version=__version__, backend="docker")
     for error in (BackendUnavailable("down"), SandboxFailed("died"), InvalidPath("no")):
         with pytest.raises(type(error)), m.counting_backend_errors():
             raise error

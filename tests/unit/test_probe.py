@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from mcp_code_sandbox.backends.base import Limits, SandboxSpec
+from mcp_code_sandbox.backends.base import Backend, Limits, SandboxSpec
 from mcp_code_sandbox.errors import BackendUnavailable
 from mcp_code_sandbox.run.languages import RUNTIMES
 from mcp_code_sandbox.run.probe import RuntimeProbe
@@ -48,8 +48,11 @@ def _limits() -> Limits:
 async def test_one_probe_serves_every_caller_and_its_workspace_goes(tmp_path: Path) -> None:
     backend = _Backend()
     probe = RuntimeProbe(
-        load_settings({"state_dir": str(tmp_path)}, environ={}), backend, _limits, RUNTIMES
-    )  # type: ignore[arg-type]
+        load_settings({"state_dir": str(tmp_path)}, environ={}),
+        cast(Backend, backend),  # the fake has only what the probe calls
+        _limits,
+        RUNTIMES,
+    )
     answers = await asyncio.gather(*(probe.get() for _ in range(20)))
     assert answers == [{"python": "3.11.2", "bash": "5.2.15"}] * 20  # no unknown language
     assert len(backend.created) == 1 and backend.stopped == 1
@@ -62,8 +65,11 @@ async def test_a_failed_probe_is_not_retried_at_once(tmp_path: Path) -> None:
     backend = _Backend()
     backend.fail = True
     probe = RuntimeProbe(
-        load_settings({"state_dir": str(tmp_path)}, environ={}), backend, _limits, RUNTIMES
-    )  # type: ignore[arg-type]
+        load_settings({"state_dir": str(tmp_path)}, environ={}),
+        cast(Backend, backend),  # the fake has only what the probe calls
+        _limits,
+        RUNTIMES,
+    )
     assert await probe.get() is None
     assert await probe.get() is None
     assert len(backend.created) == 1

@@ -151,14 +151,14 @@ def test_version_is_kept() -> None:
 
 
 def image(
-    name: str, image_id: str, created: float = 1_700_000_000, **labels: str
-) -> tuple[str, str, str, Mapping[str, str]]:
-    return name, image_id, created, {"sandbox.runner": "true", **labels}
+    name: str, image_id: str, created: float = 1_700_000_000, *, language: str
+) -> tuple[str, str, float, Mapping[str, str]]:
+    return name, image_id, created, {"sandbox.runner": "true", "sandbox.language": language}
 
 
 def test_default_image_is_skipped_silently() -> None:
     runners, skipped = choose_runners(
-        [image("sandbox:1", "sha256:default", **{"sandbox.language": "julia"})],
+        [image("sandbox:1", "sha256:default", language="julia")],
         default_image_id="sha256:default",
         taken=(),
     )
@@ -169,8 +169,8 @@ def test_default_image_is_skipped_silently() -> None:
 def test_language_taken_is_skipped_with_a_reason() -> None:
     runners, skipped = choose_runners(
         [
-            image("py:1", "sha256:p", **{"sandbox.language": "python"}),
-            image("ruby:3", "sha256:r", **{"sandbox.language": "ruby"}),
+            image("py:1", "sha256:p", language="python"),
+            image("ruby:3", "sha256:r", language="ruby"),
         ],
         default_image_id=None,
         taken=["python", "bash"],
@@ -183,7 +183,7 @@ def test_language_taken_is_skipped_with_a_reason() -> None:
 
 def test_bad_labels_are_skipped_with_the_reason() -> None:
     runners, skipped = choose_runners(
-        [image("bad:1", "sha256:b", **{"sandbox.language": "Ruby!"})],
+        [image("bad:1", "sha256:b", language="Ruby!")],
         default_image_id=None,
         taken=(),
     )
@@ -194,8 +194,8 @@ def test_bad_labels_are_skipped_with_the_reason() -> None:
 
 @pytest.mark.parametrize("newer_first", [False, True])
 def test_the_newer_of_two_images_for_one_language_wins(newer_first: bool) -> None:
-    old = image("ruby:old", "sha256:old", 1_700_000_000, **{"sandbox.language": "ruby"})
-    new = image("ruby:new", "sha256:new", 1_710_000_000, **{"sandbox.language": "ruby"})
+    old = image("ruby:old", "sha256:old", 1_700_000_000, language="ruby")
+    new = image("ruby:new", "sha256:new", 1_710_000_000, language="ruby")
     images = [new, old] if newer_first else [old, new]
     runners, skipped = choose_runners(images, default_image_id=None, taken=())
     assert runners["ruby"].image == "ruby:new"
@@ -207,9 +207,9 @@ def test_the_newer_of_two_images_for_one_language_wins(newer_first: bool) -> Non
 
 def test_three_images_for_one_language_keep_the_newest() -> None:
     images = [
-        image("r:b", "sha256:b", 1_701_000_000, **{"sandbox.language": "r"}),
-        image("r:c", "sha256:c", 1_702_000_000, **{"sandbox.language": "r"}),
-        image("r:a", "sha256:a", 1_700_000_000, **{"sandbox.language": "r"}),
+        image("r:b", "sha256:b", 1_701_000_000, language="r"),
+        image("r:c", "sha256:c", 1_702_000_000, language="r"),
+        image("r:a", "sha256:a", 1_700_000_000, language="r"),
     ]
     runners, skipped = choose_runners(images, default_image_id=None, taken=())
     assert runners["r"].image == "r:c"
@@ -218,7 +218,7 @@ def test_three_images_for_one_language_keep_the_newest() -> None:
 
 def test_results_are_sorted_by_language() -> None:
     images = [
-        image(f"{lang}:1", f"sha256:{lang}", **{"sandbox.language": lang})
+        image(f"{lang}:1", f"sha256:{lang}", language=lang)
         for lang in ("ruby", "julia", "perl", "c++")
     ]
     runners, skipped = choose_runners(images, default_image_id="sha256:other", taken=())

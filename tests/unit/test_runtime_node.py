@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -216,7 +217,7 @@ def test_setup_completes_an_old_runtime_without_a_new_venv(
         raise AssertionError("the venv was rebuilt")
 
     monkeypatch.setattr(rt, "_build_venv", no_venv_build)
-    monkeypatch.setattr(rt.shutil, "which", lambda name: str(npm) if name == "npm" else None)
+    monkeypatch.setattr(shutil, "which", lambda name: str(npm) if name == "npm" else None)
     status = rt.build_runtime(s, progress=lambda _: None)
     assert status.ok and status.node is not None
     manifest = json.loads((s.runtime_dir / "manifest.json").read_text())

@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import json
 import socket
+from typing import cast
 
 from mcp_code_sandbox.backends.seccomp import (
     DENIED_SYSCALLS,
@@ -73,7 +74,7 @@ def test_docker_profile_errnos() -> None:
     assert pidfd_open["errnoRet"] == errno.ENOSYS
     (ptrace,) = _profile_entries("ptrace")
     assert ptrace["errnoRet"] == errno.EPERM
-    assert {"io_uring_setup", "pidfd_getfd", "kcmp"} <= set(ptrace["names"])  # type: ignore[arg-type]
+    assert {"io_uring_setup", "pidfd_getfd", "kcmp"} <= set(cast(list[str], ptrace["names"]))
 
 
 def test_docker_profile_conditions_are_libseccomps() -> None:

@@ -89,10 +89,10 @@ def test_a_record_reserves_its_uid_after_its_server_let_go(tmp_path: Path) -> No
     lease = uids.lease("placeholder")
     holder = write_record(sessions, lease.uid)
     lease.release()
-    lease = uids.reclaim(lease.uid, holder)  # as recovery does, naming the record
-    assert lease is not None
-    uid = lease.uid
-    lease.release()  # the server died: its record still names the uid
+    reclaimed = uids.reclaim(lease.uid, holder)  # as recovery does, naming the record
+    assert reclaimed is not None
+    uid = reclaimed.uid
+    reclaimed.release()  # the server died: its record still names the uid
     assert uids.lease("/h/other").uid != uid  # reserved: nobody else takes it
     again = uids.reclaim(uid, holder)  # the next server on that state dir does
     assert again is not None and again.uid == uid
@@ -165,6 +165,7 @@ def test_many_processes_leasing_at_once_never_share(tmp_path: Path) -> None:
         assert proc.stdin is not None
         proc.stdin.close()
         assert proc.wait(timeout=30) == 0
+        assert proc.stdout is not None
         proc.stdout.close()
     assert len(seen) == 160 and len(set(seen)) == 160
 

@@ -5,6 +5,7 @@ as root, and the line only depends on those answers."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -21,14 +22,13 @@ def settings(tmp_path: Path, **values: str) -> Settings:
 
 @pytest.fixture
 def as_root(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(doctor.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
     monkeypatch.setattr(uids, "can_chown", lambda: True)
 
 
 @pytest.fixture
 def as_user(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(doctor.os, "geteuid", lambda: 1234)
-    monkeypatch.setattr(doctor_docker.os, "geteuid", lambda: 1234)
+    monkeypatch.setattr(os, "geteuid", lambda: 1234)  # the one os module doctor's both use
     monkeypatch.setattr(uids, "can_chown", lambda: False)
 
 

@@ -26,6 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .protocol import BudgetMessage
+
 __all__ = [
     "DEFAULT_IMAGES",
     "DEFAULT_RESULT_BYTES",
@@ -68,7 +70,8 @@ class Budget:
             images=_positive(raw.get("images"), DEFAULT_IMAGES, allow_zero=True),
         )
 
-    def to_message(self) -> dict[str, int]:
+    def to_message(self) -> BudgetMessage:
+        """``exec``'s ``budget``: the host sends it, the supervisor passes it to the kernel."""
         return {"result_bytes": self.result_bytes, "images": self.images}
 
 

@@ -20,7 +20,9 @@ Messages host → agent (key ``op``)::
 
 Messages agent → host (key ``ev``)::
 
-    {"ev": "ready", "languages": {name: version}, "ipython": bool, "pid": int}
+    {"ev": "ready", "languages": {name: version}, "ipython": bool, "pid": int,
+     "reattached": true, "execution_count": int}
+                                              (the last two only after a reconnect)
     {"ev": "stream", "id": int, "name": "stdout" | "stderr", "text": str}
     {"ev": "display", "id": int, "source": "figure" | "display",
      "data": {mime: str}}                     image/png is base64; text types are text
@@ -34,6 +36,12 @@ Messages agent → host (key ``ev``)::
 
     {"ev": "error", "message": str, "id": int | None}
                                               a host message the agent could not use
+
+The same shapes as :class:`typing.TypedDict` s below (:data:`HostMessage`,
+:data:`AgentEvent`): the sender builds them, so the type checker holds each side to this
+table. A receiver still checks every field it reads: a frame is only a claim (the host's
+peer runs hostile code; the agent's peer is the host, but a malformed frame is still
+answered with ``error``, not a crash).
 
 Exactly one ``done`` ends every ``exec``, after all of its ``stream`` and ``display``
 messages. ``state_lost`` is true only when the interpreter was restarted during this run
@@ -74,17 +82,140 @@ import json
 import os
 import socket
 import struct
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Literal, NotRequired, TypedDict
 
 __all__ = [
     "HEADER",
     "MAX_FRAME_BYTES",
+    "AgentEvent",
+    "BudgetMessage",
+    "CutReport",
+    "DisplayEvent",
+    "DoneEvent",
+    "ErrorDetail",
+    "ErrorEvent",
+    "ExecMessage",
     "FrameDecoder",
+    "HostMessage",
+    "InterruptMessage",
     "ProtocolError",
+    "ReadyEvent",
+    "ShutdownMessage",
+    "StreamEvent",
     "encode_frame",
     "read_frame",
     "write_frame",
 ]
+
+
+# -- host → agent ---------------------------------------------------------------------
+
+
+class BudgetMessage(TypedDict):
+    """``exec``'s ``budget``: what a Python run may send back (see :mod:`.budget`)."""
+
+    result_bytes: int
+    images: int
+
+
+class ExecMessage(TypedDict):
+    """Run one cell (Python) or program (other languages); answered by one ``done``."""
+
+    op: Literal["exec"]
+    id: int
+    code: str
+    language: NotRequired[str]  # default "python"
+    timeout_s: NotRequired[float]  # default 60
+    env: NotRequired[dict[str, str]]  # default none
+    budget: NotRequired[BudgetMessage]  # default Budget()
+
+
+class InterruptMessage(TypedDict):
+    """Stop run ``id``: SIGINT, then after the grace a kill and an interpreter restart."""
+
+    op: Literal["interrupt"]
+    id: int
+    reason: Literal["timeout", "cancelled"]
+
+
+class ShutdownMessage(TypedDict):
+    op: Literal["shutdown"]
+
+
+HostMessage = ExecMessage | InterruptMessage | ShutdownMessage
+
+
+# -- agent → host ---------------------------------------------------------------------
+
+
+class ReadyEvent(TypedDict):
+    """The agent's first message on every connection: its languages and versions."""
+
+    ev: Literal["ready"]
+    languages: dict[str, str]
+    ipython: bool
+    pid: int
+    #: Only on a connection the agent re-established (the docker backend's ``--connect``).
+    reattached: NotRequired[bool]
+    execution_count: NotRequired[int]
+
+
+class StreamEvent(TypedDict):
+    ev: Literal["stream"]
+    id: int
+    name: str  # "stdout" | "stderr"
+    text: str
+
+
+class DisplayEvent(TypedDict):
+    ev: Literal["display"]
+    id: int
+    source: str  # "figure" | "display"
+    data: dict[str, str]  # mime -> text; image/png base64
+
+
+class ErrorDetail(TypedDict):
+    """A run's error: ``traceback`` holds the cell's frames only; "" when there are none."""
+
+    name: str
+    value: str
+    traceback: str
+
+
+class CutReport(TypedDict, total=False):
+    """What the agent cut to keep a Python run within its budget (keys may be missing)."""
+
+    result: bool
+    error: bool
+    displays_dropped: int
+    displays_cut: int
+    images_dropped: int
+
+
+class DoneEvent(TypedDict):
+    """The end of run ``id``; see "Semantics" above for what each field means per language."""
+
+    ev: Literal["done"]
+    id: int
+    status: str  # "ok" | "error" | "timeout" | "cancelled"
+    exit_code: int | None
+    result: str | None
+    error: ErrorDetail | None
+    execution_count: int | None
+    state_lost: bool
+    cut: NotRequired[CutReport]
+
+
+class ErrorEvent(TypedDict):
+    """A host message the agent could not use (``id`` null: not about a run)."""
+
+    ev: Literal["error"]
+    message: str
+    id: int | None
+
+
+AgentEvent = ReadyEvent | StreamEvent | DisplayEvent | DoneEvent | ErrorEvent
 
 HEADER = struct.Struct(">I")
 #: One frame at most: room for a few large PNGs in base64 inside one display message.
@@ -95,7 +226,7 @@ class ProtocolError(Exception):
     """A frame was oversized, not JSON, not an object, or cut short by EOF."""
 
 
-def encode_frame(message: dict[str, Any]) -> bytes:
+def encode_frame(message: Mapping[str, Any]) -> bytes:
     # "replace": a lone surrogate (``raise ValueError("\ud800")``) must not make the
     # frame unencodable; it becomes "?".
     body = json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "replace")
@@ -170,7 +301,7 @@ def read_frame(fd: int) -> dict[str, Any] | None:
     return decode_body(body)
 
 
-def write_frame(fd: int | socket.socket, message: dict[str, Any]) -> None:
+def write_frame(fd: int | socket.socket, message: Mapping[str, Any]) -> None:
     """Blocking write of one whole message (callers serialise writers with a lock)."""
     data = memoryview(encode_frame(message))
     while data:

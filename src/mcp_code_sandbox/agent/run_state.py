@@ -17,6 +17,7 @@ from typing import Any
 
 from .budget import Budget, DisplayGate
 from .children import Child, describe_exit
+from .protocol import CutReport, DoneEvent, ErrorDetail
 
 __all__ = [
     "GRACE_S",
@@ -52,12 +53,13 @@ def done(
     *,
     exit_code: int | None = None,
     result: str | None = None,
-    error: dict[str, str] | None = None,
+    error: ErrorDetail | None = None,
     execution_count: int | None = None,
     state_lost: bool = False,
-    cut: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    message = {
+    cut: CutReport | None = None,
+) -> DoneEvent:
+    """The ``done`` message of run ``run_id``; the supervisor sends it (``cut``: Python only)."""
+    message: DoneEvent = {
         "ev": "done",
         "id": run_id,
         "status": status,
@@ -77,7 +79,7 @@ def program_exit_code(returncode: int) -> int:
     return returncode if returncode >= 0 else 128 - returncode
 
 
-def kernel_died_error(returncode: int, memory_bytes: int | None) -> dict[str, str]:
+def kernel_died_error(returncode: int, memory_bytes: int | None) -> ErrorDetail:
     value = f"the Python process {describe_exit(returncode)}"
     if returncode == -signal.SIGKILL:
         limit = f"{memory_bytes / 2**20:.0f} MiB" if memory_bytes else "the sandbox's memory limit"
@@ -86,7 +88,7 @@ def kernel_died_error(returncode: int, memory_bytes: int | None) -> dict[str, st
     return {"name": "KernelDied", "value": value, "traceback": ""}
 
 
-def killed_error(reason: str) -> dict[str, str]:
+def killed_error(reason: str) -> ErrorDetail:
     value = (
         f"the code did not stop within {GRACE_S:g} s of an interrupt ({reason}), so the "
         "Python process was restarted. Variables and imports are lost; files are kept."

@@ -35,7 +35,7 @@ import sys
 import time
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import Any, cast
 
 from . import packages
 from .budget import Budget, DisplayGate, cut_error, cut_text
@@ -44,7 +44,19 @@ from .config import AgentConfig, apply_limits
 from .hostlink import HostLink
 from .kernelproc import KernelProcess, start_kernel
 from .languages import available, command
-from .protocol import HEADER, MAX_FRAME_BYTES, ProtocolError, decode_body, write_frame
+from .protocol import (
+    HEADER,
+    MAX_FRAME_BYTES,
+    AgentEvent,
+    CutReport,
+    DoneEvent,
+    ErrorDetail,
+    ExecMessage,
+    ProtocolError,
+    ReadyEvent,
+    decode_body,
+    write_frame,
+)
 from .run_state import (
     GRACE_S,
     Run,
@@ -79,7 +91,7 @@ class Supervisor:
         self._plain = plain
         self._sel = selectors.DefaultSelector()
         self._inbox = bytearray()
-        self._queue: collections.deque[dict[str, Any]] = collections.deque()
+        self._queue: collections.deque[ExecMessage] = collections.deque()
         self._run: Run | None = None
         self._programs: dict[str, tuple[str, str]] = {}
         #: Private directory under /tmp for programs' code files; made at the first use.
@@ -120,10 +132,11 @@ class Supervisor:
         # (its packages) before it answered, so what it says is the tenant's to choose.
         languages = {"python": _python_version()}
         languages.update({name: version for name, (_, version) in self._programs.items()})
-        ready: dict[str, Any] = {"ev": "ready", "languages": languages,
-                                 "ipython": self._kernel.ipython, "pid": os.getpid()}  # fmt: skip
+        ready: ReadyEvent = {"ev": "ready", "languages": languages,
+                             "ipython": self._kernel.ipython, "pid": os.getpid()}  # fmt: skip
         if reattached:
-            ready.update(reattached=True, execution_count=self._execution_count)
+            ready["reattached"] = True
+            ready["execution_count"] = self._execution_count
         self._send(ready)
 
     def _step(self) -> None:
@@ -172,7 +185,7 @@ class Supervisor:
 
     # -- the host channel ------------------------------------------------------------
 
-    def _send(self, message: dict[str, Any]) -> None:
+    def _send(self, message: AgentEvent) -> None:
         if self._link.fd is None:
             return  # the host is away: there is nobody to tell
         try:
@@ -238,7 +251,8 @@ class Supervisor:
         if op == "exec":
             problem = exec_error(message, {"python", *self._programs})
             if problem is None:
-                self._queue.append(message)
+                # exec_error checked every field _start reads (budget: Budget.from_message).
+                self._queue.append(cast(ExecMessage, message))
             else:
                 self._error(problem, message.get("id"))
         elif op == "interrupt":
@@ -263,7 +277,7 @@ class Supervisor:
 
     # -- starting and ending runs ----------------------------------------------------
 
-    def _start(self, message: dict[str, Any]) -> None:
+    def _start(self, message: ExecMessage) -> None:
         timeout = float(message.get("timeout_s", 60))
         language = str(message.get("language", "python"))
         run = Run(message["id"], language, time.monotonic() + timeout)
@@ -284,14 +298,14 @@ class Supervisor:
             child = spawn(argv, cwd=self._workdir, env={**os.environ, **env},
                           preexec_fn=lambda: apply_limits(self._config))  # fmt: skip
         except OSError as exc:
-            error = {"name": type(exc).__name__, "value": str(exc), "traceback": ""}
+            error = ErrorDetail(name=type(exc).__name__, value=str(exc), traceback="")
             self._send(done(run.id, "error", error=error))
             return
         run.child = child
         self._run = run
         self._watch(child)
 
-    def _finish(self, message: dict[str, Any]) -> None:
+    def _finish(self, message: DoneEvent) -> None:
         """End the current run: drain its output, send ``done``, forget the run."""
         run = self._run
         assert run is not None
@@ -491,24 +505,37 @@ class Supervisor:
 
 def _within_budget(
     message: dict[str, Any], displays: DisplayGate
-) -> tuple[str | None, dict[str, str] | None, dict[str, Any]]:
+) -> tuple[str | None, ErrorDetail | None, CutReport]:
     """The kernel's result and error cut to the run's budget, and what was cut (the
     kernel's own account, checked, plus the supervisor's)."""
     limit = displays.budget.text_chars
     raw = message.get("result")
     result, result_cut = cut_text(raw, limit) if isinstance(raw, str) else (None, False)
-    error, error_cut = cut_error(message.get("error"), limit)
+    cut_detail, error_cut = cut_error(message.get("error"), limit)
+    error = (
+        None
+        if cut_detail is None
+        else ErrorDetail(
+            name=cut_detail["name"], value=cut_detail["value"], traceback=cut_detail["traceback"]
+        )
+    )
     raw_cut = message.get("cut")
     claimed: dict[str, Any] = raw_cut if isinstance(raw_cut, dict) else {}
-    cut: dict[str, Any] = {
-        "result": result_cut or claimed.get("result") is True,
-        "error": error_cut or claimed.get("error") is True,
-    }
-    for key, ours in displays.summary().items():
+    ours = displays.summary()
+
+    def counted(key: str) -> int:
         theirs = claimed.get(key)
         if isinstance(theirs, int) and not isinstance(theirs, bool) and theirs >= 0:
-            ours += theirs
-        cut[key] = ours
+            return ours[key] + theirs
+        return ours[key]
+
+    cut: CutReport = {
+        "result": result_cut or claimed.get("result") is True,
+        "error": error_cut or claimed.get("error") is True,
+        "displays_dropped": counted("displays_dropped"),
+        "displays_cut": counted("displays_cut"),
+        "images_dropped": counted("images_dropped"),
+    }
     return result, error, cut
 
 

@@ -165,7 +165,7 @@ class Channel:
         self._writer = writer
         self._send_lock = asyncio.Lock()
 
-    async def send(self, message: dict[str, Any]) -> None:
+    async def send(self, message: Mapping[str, Any]) -> None:
         async with self._send_lock:
             self._writer.write(encode_frame(message))
             await self._writer.drain()

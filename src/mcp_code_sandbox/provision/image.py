@@ -24,7 +24,7 @@ Debian's docker.io lacks. Its errors become :class:`BackendUnavailable` in
 :func:`_engine_errors`, and nowhere else. ``debootstrap`` and ``tar`` run as programs.
 
 ``build_image(..., server=True)`` builds the server's own image the same way (same base,
-same CA handling) from the context :func:`.serverimage.prepare_server_context` assembles.
+same CA handling) from the context :func:`.server_image.prepare_server_context` assembles.
 
 Semantics: progress lines go to ``progress`` (the CLI writes them to stderr), never stdout.
 """
@@ -42,14 +42,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mcp_code_sandbox import agent
 from mcp_code_sandbox.errors import BackendUnavailable
-from mcp_code_sandbox.provision.venv import (
-    PACKAGES,
-    SESSION_SITE_PTH,
-    TOOLS,
-    _run,
-    _stderr_progress,
+from mcp_code_sandbox.provision import node
+from mcp_code_sandbox.provision.common import (
+    Progress,
+    copy_ca_bundle,
+    copy_tree,
+    run_streaming,
+    stderr_progress,
 )
+from mcp_code_sandbox.provision.server_image import SERVER_TAG, prepare_server_context
+from mcp_code_sandbox.provision.venv import PACKAGES, SESSION_SITE_PTH, TOOLS
 from mcp_code_sandbox.settings import Settings
 
 __all__ = [
@@ -63,8 +67,6 @@ __all__ = [
     "build_kwargs",
     "ca_bundle_from_env",
     "choose_mirror",
-    "copy_ca_bundle",
-    "copy_tree",
     "debootstrap_argv",
     "find_mirror",
     "host_npm_config",
@@ -81,8 +83,6 @@ LOCAL_BASE = f"mcp-code-sandbox-base:{BOOTSTRAP_SUITE}"
 _DEBIAN_SUITES = frozenset({"bullseye", "bookworm", "trixie", "forky", "sid", "stable", "testing"})
 #: Environment variables naming a CA bundle, in the order they are consulted.
 _CA_VARIABLES = ("PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE")
-
-Progress = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -277,44 +277,17 @@ def _dockerfile() -> Path:
     raise BackendUnavailable("images/Dockerfile is missing from this installation")
 
 
-def copy_tree(source: Path, target: Path) -> None:
-    """Copy ``source`` to ``target`` without byte code, with fixed modes (0755, 0644)."""
-    # Fixed modes: the layer's cache key must not depend on the checkout's umask.
-    target.mkdir(mode=0o755)
-    for entry in sorted(source.iterdir()):
-        if entry.name == "__pycache__" or entry.suffix == ".pyc":
-            continue
-        if entry.is_dir():
-            copy_tree(entry, target / entry.name)
-        else:
-            (target / entry.name).write_bytes(entry.read_bytes())
-            (target / entry.name).chmod(0o644)
-
-
 def prepare_context(context: Path, ca_bundle: Path | None) -> None:
     """Fill ``context`` (emptied first) with what ``images/Dockerfile`` copies."""
-    from mcp_code_sandbox import agent
-    from mcp_code_sandbox.provision import node as node_env
-
     shutil.rmtree(context, ignore_errors=True)
     context.mkdir(parents=True)
     shutil.copyfile(_dockerfile(), context / "Dockerfile")
     (context / "requirements.txt").write_text(requirements_text(), encoding="utf-8")
     pth_name, pth_text = SESSION_SITE_PTH
     (context / pth_name).write_text(pth_text, encoding="utf-8")
-    (context / "node_env.py").write_bytes(Path(node_env.__file__).read_bytes())
+    (context / "node_env.py").write_bytes(Path(node.__file__).read_bytes())
     copy_tree(Path(agent.__file__).resolve().parent, context / "mcs_agent")
     copy_ca_bundle(context, ca_bundle)
-
-
-def copy_ca_bundle(context: Path, ca_bundle: Path | None) -> None:
-    """``context/build-ca/``: empty, or holding ``ca.pem`` (the Dockerfiles test ``-s``)."""
-    (context / "build-ca").mkdir()
-    if ca_bundle is not None:
-        try:
-            shutil.copyfile(ca_bundle, context / "build-ca" / "ca.pem")
-        except OSError as exc:
-            raise BackendUnavailable(f"cannot read the CA bundle {ca_bundle}: {exc}") from None
 
 
 @contextlib.contextmanager
@@ -379,7 +352,7 @@ def _bootstrap_base(client: Any, work: Path, progress: Progress, timings: dict[s
     progress(f"bootstrapping Debian {BOOTSTRAP_SUITE} from {mirror} into {rootfs}")
     started = time.monotonic()
     try:
-        _run(debootstrap_argv(rootfs, mirror), progress, "debootstrap")
+        run_streaming(debootstrap_argv(rootfs, mirror), progress, "debootstrap")
         for cache in ("var/cache/apt/archives", "var/lib/apt/lists"):
             for entry in (rootfs / cache).glob("*"):
                 if entry.is_file():
@@ -387,7 +360,7 @@ def _bootstrap_base(client: Any, work: Path, progress: Progress, timings: dict[s
         timings["debootstrap"] = time.monotonic() - started
         progress(f"importing it as {LOCAL_BASE}")
         started = time.monotonic()
-        _run(
+        run_streaming(
             ["tar", "-C", str(rootfs), "--numeric-owner", "-cf", str(tarball), "."], progress, "tar"
         )
         repository, _, tag = LOCAL_BASE.partition(":")
@@ -443,13 +416,11 @@ def build_image(
     base: str | None = None,
     ca_bundle: Path | None = None,
     tag: str | None = None,
-    progress: Progress = _stderr_progress,
+    progress: Progress = stderr_progress,
     server: bool = False,
 ) -> BuildResult:
     """Build the sandbox image as ``tag`` (default ``settings.image``), or with ``server``
-    the server's image (default :data:`.serverimage.SERVER_TAG`); see the module doc."""
-    from mcp_code_sandbox.provision.server_image import SERVER_TAG, prepare_server_context
-
+    the server's image (default :data:`.server_image.SERVER_TAG`); see the module doc."""
     tag = tag or (SERVER_TAG if server else settings.image)
     work = settings.state_dir / "images"
     context = work / ("server-context" if server else "context")

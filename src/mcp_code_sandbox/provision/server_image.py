@@ -2,7 +2,7 @@
 
 ``images/server.Dockerfile`` installs this project into a venv and serves MCP over HTTP
 on the docker backend; ``deploy/compose.yaml`` runs it beside a Docker engine, whose
-socket it mounts. :func:`.imagebuild.build_image` builds it exactly as it builds the
+socket it mounts. :func:`.image.build_image` builds it exactly as it builds the
 sandbox image (the same choice of base, local or bootstrapped with debootstrap, and the
 same CA bundle handling), from the context :func:`prepare_server_context` assembles:
 
@@ -23,7 +23,7 @@ import tomllib
 from pathlib import Path
 
 from mcp_code_sandbox.errors import BackendUnavailable
-from mcp_code_sandbox.provision.image import copy_ca_bundle, copy_tree
+from mcp_code_sandbox.provision.common import copy_ca_bundle, copy_tree
 
 __all__ = [
     "SERVER_DOCKERFILE",

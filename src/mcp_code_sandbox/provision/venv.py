@@ -39,6 +39,7 @@ from typing import Any
 
 from mcp_code_sandbox.backends.base import SANDBOX_PYTHON
 from mcp_code_sandbox.errors import BackendUnavailable
+from mcp_code_sandbox.provision.common import Progress, run_streaming, stderr_progress
 from mcp_code_sandbox.provision.node import (
     NodeBuildError,
     NodeRuntime,
@@ -92,12 +93,6 @@ SESSION_SITE_PTH = (
 )
 SYSTEM_PYTHON = Path("/usr/bin/python3")
 MIN_PYTHON = (3, 11)
-
-Progress = Callable[[str], None]
-
-
-def _stderr_progress(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
 
 
 @dataclass(frozen=True)
@@ -256,33 +251,10 @@ def choose_base_interpreter(
     )
 
 
-def _run(argv: list[str], progress: Progress, what: str) -> None:
-    """Run ``argv`` streaming its output lines to ``progress``; raise naming ``what``."""
-    tail: list[str] = []
-    try:
-        with subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            errors="replace",
-        ) as proc:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                progress("  " + line.rstrip())
-                tail = [*tail[-19:], line.rstrip()]
-            code = proc.wait()
-    except OSError as exc:
-        raise BackendUnavailable(f"{what} failed: {exc}") from None
-    if code != 0:
-        raise BackendUnavailable(f"{what} failed (exit {code}):\n" + "\n".join(tail))
-
-
 def _make_venv(base: BaseInterpreter, target: Path, progress: Progress) -> None:
     progress(f"creating venv with {base.executable} (Python {base.version})")
     try:
-        _run(
+        run_streaming(
             [str(base.executable), "-m", "venv", "--without-pip", str(target)],
             progress,
             "python3 -m venv",
@@ -310,7 +282,7 @@ def _pip_install(target: Path, progress: Progress) -> None:
         *PACKAGES,
         *TOOLS,
     ]
-    _run(argv, progress, "pip install")
+    run_streaming(argv, progress, "pip install")
 
 
 def _write_site_pth(target: Path) -> None:
@@ -396,7 +368,7 @@ def ensure_node(
     *,
     npm: str | None,
     force: bool = False,
-    progress: Progress = _stderr_progress,
+    progress: Progress = stderr_progress,
     cpuinfo: str | None = None,
 ) -> NodeRuntime | None:
     """Build ``<runtime_dir>/node`` with ``npm`` unless it is current; ``None`` without it.
@@ -431,7 +403,7 @@ def ensure_node(
 
 
 def build_runtime(
-    settings: Settings, *, force: bool = False, progress: Progress = _stderr_progress
+    settings: Settings, *, force: bool = False, progress: Progress = stderr_progress
 ) -> RuntimeStatus:
     """Build (or keep) the runtime environment; idempotent and fast when it is current."""
     base = choose_base_interpreter()

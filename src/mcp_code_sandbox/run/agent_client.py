@@ -16,12 +16,12 @@ import base64
 import binascii
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import anyio
 
 from mcp_code_sandbox.agent.budget import Budget, DisplayGate, cut_error, cut_text
-from mcp_code_sandbox.agent.protocol import ProtocolError
+from mcp_code_sandbox.agent.protocol import DisplayEvent, DoneEvent, HostMessage, ProtocolError
 from mcp_code_sandbox.backends.base import Channel
 from mcp_code_sandbox.errors import SandboxFailed
 
@@ -128,7 +128,7 @@ class AgentClient:
             # The agent is stuck or gone: the session manager replaces the sandbox.
             self.broken = True
 
-    async def _send(self, message: dict[str, Any]) -> None:
+    async def _send(self, message: HostMessage) -> None:
         try:
             await self._channel.send(message)
         except (OSError, ConnectionError) as exc:
@@ -147,13 +147,15 @@ class AgentClient:
                 raise SandboxFailed("the sandbox stopped while running the code")
             if message.get("id") != run_id:
                 continue  # late output of an earlier, abandoned run
+            # Typed below by what the agent claims to have sent: a hostile agent may send
+            # anything, so every field read is still checked (_Displays, _outcome).
             event = message.get("ev")
             if event == "stream":
                 on_stream(str(message.get("name")), str(message.get("text", "")))
             elif event == "display":
-                displays.add(message)
+                displays.add(cast(DisplayEvent, message))
             elif event == "done":
-                return _outcome(message, displays)
+                return _outcome(cast(DoneEvent, message), displays)
             elif event == "error":  # the agent refused this exec: no done follows
                 text, _ = cut_text(str(message.get("message")), displays.gate.budget.text_chars)
                 error = {"name": "AgentError", "value": text, "traceback": ""}
@@ -167,7 +169,7 @@ class _Displays:
         self.gate = DisplayGate(budget)
         self.kept: list[Display] = []
 
-    def add(self, message: dict[str, Any]) -> None:
+    def add(self, message: DisplayEvent) -> None:
         data = self.gate.admit(message.get("data"))
         if data is not None:
             self.kept.extend(_displays(str(message.get("source", "display")), data))
@@ -188,7 +190,7 @@ def _displays(source: str, data: dict[str, str]) -> list[Display]:
     return out
 
 
-def _outcome(message: dict[str, Any], displays: _Displays) -> Outcome:
+def _outcome(message: DoneEvent, displays: _Displays) -> Outcome:
     status = message.get("status")
     limit = displays.gate.budget.text_chars
     raw = message.get("result")
