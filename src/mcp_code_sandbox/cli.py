@@ -172,14 +172,13 @@ def _setup(settings: Settings, *, force: bool) -> int:
 
 
 def _image_build(settings: Settings, args: argparse.Namespace) -> int:
-    import os
-
-    from mcp_code_sandbox.provision.image import build_image, ca_bundle_from_env
+    from mcp_code_sandbox.provision.image import build_image
+    from mcp_code_sandbox.settings import ca_bundle_from_env
 
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    ca_bundle = args.ca_bundle or ca_bundle_from_env(os.environ)
+    ca_bundle = args.ca_bundle or ca_bundle_from_env()
     build_image(
         settings,
         base=args.base,

@@ -27,6 +27,7 @@ __all__ = [
     "FORBIDDEN_ENV",
     "ConfigError",
     "Settings",
+    "ca_bundle_from_env",
     "docker_environ",
     "load_settings",
     "parse_size",
@@ -392,3 +393,19 @@ def docker_environ(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """
     env = os.environ if environ is None else environ
     return {name: env[name] for name in _DOCKER_VARS if env.get(name)}
+
+
+_CA_VARIABLES = ("PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE")
+
+
+def ca_bundle_from_env(environ: Mapping[str, str] | None = None) -> Path | None:
+    """The CA bundle named by ``PIP_CERT``, ``SSL_CERT_FILE`` or ``REQUESTS_CA_BUNDLE``.
+
+    What ``image build`` copies into its build stages when ``--ca-bundle`` is not given:
+    like ``DOCKER_*``, these are the tools' own variables, not ``SANDBOX_`` settings.
+    """
+    env = os.environ if environ is None else environ
+    for name in _CA_VARIABLES:
+        if value := env.get(name):
+            return Path(value)
+    return None

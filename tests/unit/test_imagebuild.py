@@ -13,7 +13,6 @@ from mcp_code_sandbox.provision.image import (
     AptSource,
     apt_sources,
     build_kwargs,
-    ca_bundle_from_env,
     choose_mirror,
     debootstrap_argv,
     find_mirror,
@@ -23,6 +22,7 @@ from mcp_code_sandbox.provision.image import (
     requirements_text,
 )
 from mcp_code_sandbox.provision.venv import PACKAGES, SESSION_SITE_PTH, TOOLS
+from mcp_code_sandbox.settings import ca_bundle_from_env
 
 DEB822 = """\
 # a comment before the stanza

@@ -37,7 +37,7 @@ import re
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,7 +65,6 @@ __all__ = [
     "apt_sources",
     "build_image",
     "build_kwargs",
-    "ca_bundle_from_env",
     "choose_mirror",
     "debootstrap_argv",
     "find_mirror",
@@ -82,7 +81,6 @@ BOOTSTRAP_SUITE = "bookworm"
 LOCAL_BASE = f"mcp-code-sandbox-base:{BOOTSTRAP_SUITE}"
 _DEBIAN_SUITES = frozenset({"bullseye", "bookworm", "trixie", "forky", "sid", "stable", "testing"})
 #: Environment variables naming a CA bundle, in the order they are consulted.
-_CA_VARIABLES = ("PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE")
 
 
 @dataclass(frozen=True)
@@ -204,14 +202,6 @@ def find_mirror(apt_dir: Path = Path("/etc/apt"), suite: str = BOOTSTRAP_SUITE) 
             f"from; pass --base with an image that has Python >= 3.11 and its venv module"
         )
     return mirror
-
-
-def ca_bundle_from_env(environ: Mapping[str, str]) -> Path | None:
-    """The CA bundle named by ``PIP_CERT``, ``SSL_CERT_FILE`` or ``REQUESTS_CA_BUNDLE``."""
-    for name in _CA_VARIABLES:
-        if value := environ.get(name):
-            return Path(value)
-    return None
 
 
 def debootstrap_argv(target: Path, mirror: str, suite: str = BOOTSTRAP_SUITE) -> list[str]:
