@@ -12,7 +12,7 @@ the id is unknown to this owner; ``?overwrite=true`` to replace). The body is sp
 an unnamed temporary file as it arrives, never held in memory, and cut off with 413 at the
 upload limit; then the workspace checks the quota and writes it atomically, so a refused
 upload leaves nothing in the workspace. Errors are JSON ``{"error": code, "message": ...}``
-with the HTTP status of the code.
+with the HTTP status of the code (``SandboxError.http_status``).
 """
 
 from __future__ import annotations
@@ -40,21 +40,6 @@ _SAFE_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; sandbox",
 }
 
-
-#: HTTP status of each error code a PUT can meet; any other is a 500.
-_STATUS = {
-    "unauthorized": 401,
-    "invalid_session_id": 400,
-    "invalid_filename": 400,
-    "invalid_path": 400,
-    "invalid_argument": 400,
-    "file_exists": 409,
-    "session_busy": 409,
-    "upload_too_large": 413,
-    "quota_exceeded": 413,
-    "max_sessions": 429,
-    "backend_unavailable": 503,
-}
 
 #: The owner a request's bearer token names; ``None``: missing or wrong.
 Authenticate = Callable[[Request], Awaitable[str | None]]
@@ -186,7 +171,7 @@ def _attachment(name: str) -> str:
 def _error(error: SandboxError, headers: dict[str, str] | None = None) -> Response:
     return JSONResponse(
         {"error": error.code, "message": error.message},
-        status_code=_STATUS.get(error.code, 500),
+        status_code=error.http_status,
         headers={**_SAFE_HEADERS, **(headers or {})},
     )
 
