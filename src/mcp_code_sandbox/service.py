@@ -27,7 +27,6 @@ from mcp_code_sandbox.metrics import Metrics
 from mcp_code_sandbox.run import execute
 from mcp_code_sandbox.run.languages import RUNTIMES, runner_summary
 from mcp_code_sandbox.run.probe import RuntimeProbe
-from mcp_code_sandbox.server.downloads import UrlSigner
 from mcp_code_sandbox.sessions.manager import SessionManager
 from mcp_code_sandbox.settings import Settings
 from mcp_code_sandbox.workspace import FileInfo, ListResult, ReadResult, measure
@@ -78,9 +77,6 @@ class SandboxService:
         #: Called with the new language list whenever it changes (the MCP layer tells
         #: its clients that the tool list changed: run_code's language enum is in it).
         self.on_languages_changed: list[LanguagesChanged] = []
-        #: Signs download links for results; set by the HTTP app, which serves them
-        #: (``None`` over stdio: no links).
-        self.downloads: UrlSigner | None = None
         #: ``not_ready``'s latest answer and when it was had (monotonic); one probe at a
         #: time (the lock), its answer shared by everyone who waited for it.
         self._ready: tuple[float, str | None] | None = None

@@ -21,6 +21,7 @@ from mcp_code_sandbox import __version__
 from mcp_code_sandbox.errors import SandboxError
 from mcp_code_sandbox.metrics import Metrics
 from mcp_code_sandbox.server.auth import ServerAuth, current_owner
+from mcp_code_sandbox.server.downloads import UrlSigner
 from mcp_code_sandbox.server.notify import ToolListNotifier, advertise_tools_changed
 from mcp_code_sandbox.server.reads import blob_page_bytes, whole_file
 from mcp_code_sandbox.server.tools import ToolSet
@@ -142,11 +143,14 @@ def _other_languages(languages: list[str]) -> str:
     return text
 
 
-def build_server(service: SandboxService, auth: ServerAuth | None = None) -> MCPServer[Any]:
+def build_server(
+    service: SandboxService, auth: ServerAuth | None = None, signer: UrlSigner | None = None
+) -> MCPServer[Any]:
     """The MCP server for ``service``; the caller starts and closes the service.
 
     ``auth``: how HTTP callers authenticate (``auth.build_auth``); None for stdio and for
-    an unauthenticated HTTP server."""
+    an unauthenticated HTTP server. ``signer``: signs the download links results carry,
+    given by the HTTP app, which serves them (``None`` over stdio: no links)."""
     settings = service.settings
     bus = InMemorySubscriptionBus()
     mcp: MCPServer[Any] = MCPServer(
@@ -158,8 +162,8 @@ def build_server(service: SandboxService, auth: ServerAuth | None = None) -> MCP
         auth=None if auth is None else auth.settings,
         token_verifier=None if auth is None else auth.verifier,
     )
-    tools = ToolSet(service)
-    http_base = service.downloads.base_url if service.downloads else None
+    tools = ToolSet(service, signer)
+    http_base = signer.base_url if signer else None
     text = descriptions(settings, service.languages(), http_base)
 
     def hints(*, read_only: bool, destructive: bool, idempotent: bool) -> ToolAnnotations:
@@ -185,7 +189,7 @@ def build_server(service: SandboxService, auth: ServerAuth | None = None) -> MCP
     for fn, name, title, tool_hints in table:
         mcp.add_tool(fn, name=name, title=title, description=text[name], annotations=tool_hints)
     _set_languages(mcp, settings, service.languages())
-    _add_file_resource(mcp, service)
+    _add_file_resource(mcp, service, signer)
     notifier = ToolListNotifier(bus)
     advertise_tools_changed(mcp)
     mcp.middleware.append(notifier.middleware)
@@ -211,7 +215,9 @@ def _set_languages(mcp: MCPServer[Any], settings: Settings, languages: list[str]
     tool.description = descriptions(settings, languages)["run_code"]
 
 
-def _add_file_resource(mcp: MCPServer[Any], service: SandboxService) -> None:
+def _add_file_resource(
+    mcp: MCPServer[Any], service: SandboxService, signer: UrlSigner | None
+) -> None:
     @mcp.resource(
         "sandbox://{session_id}/{+path}",
         name="workspace_file",
@@ -222,7 +228,7 @@ def _add_file_resource(mcp: MCPServer[Any], service: SandboxService) -> None:
         limit = service.settings.max_read_bytes
         try:
             read = await service.read_file(owner, session_id, path, offset=0, max_bytes=None)
-            url = service.downloads.url(owner, session_id, read.path) if service.downloads else None
+            url = signer.url(owner, session_id, read.path) if signer else None
             return whole_file(read, limit, url)
         except SandboxError as exc:
             # A protocol error whose data carries our code, as _meta does for tools.

@@ -29,6 +29,7 @@ from mcp_code_sandbox.run.languages import RUNTIMES
 from mcp_code_sandbox.sanitize import clean_text, escape_name
 from mcp_code_sandbox.server import models
 from mcp_code_sandbox.server.auth import current_owner
+from mcp_code_sandbox.server.downloads import UrlSigner
 from mcp_code_sandbox.server.fit import fit_count
 from mcp_code_sandbox.server.media import fit_image
 from mcp_code_sandbox.server.reads import no_preview, page_result
@@ -82,11 +83,15 @@ def tool_errors(
 
 
 class ToolSet:
-    """The tools bound to one service; ``app.build_server`` registers them."""
+    """The tools bound to one service; ``app.build_server`` registers them.
 
-    def __init__(self, service: SandboxService) -> None:
+    ``signer`` signs the download links results carry: the HTTP app's, which serves them;
+    ``None`` over stdio (no links)."""
+
+    def __init__(self, service: SandboxService, signer: UrlSigner | None = None) -> None:
         self.service = service
         self.settings = service.settings
+        self.signer = signer
 
     @tool_errors
     async def run_code(
@@ -210,10 +215,9 @@ class ToolSet:
 
     def _links(self, owner: str, session_id: str) -> Callable[[str], str] | None:
         """Download links to ``session_id``'s files, when the HTTP server serves them."""
-        signer = self.service.downloads
-        if signer is None:
+        if self.signer is None:
             return None
-        return functools.partial(signer.url, owner, session_id)
+        return functools.partial(self.signer.url, owner, session_id)
 
     @tool_errors
     async def list_files(
