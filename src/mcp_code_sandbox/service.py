@@ -31,7 +31,7 @@ from mcp_code_sandbox.sessions.manager import SessionManager
 from mcp_code_sandbox.settings import Settings
 from mcp_code_sandbox.workspace import FileInfo, ListResult, ReadResult, measure
 
-__all__ = ["SandboxService", "Upload"]
+__all__ = ["Download", "SandboxService", "Upload"]
 
 log = structlog.get_logger("mcp_code_sandbox.service")
 
@@ -43,6 +43,16 @@ class Upload:
     size_bytes: int
     session_created: bool
     notice: str | None
+
+
+@dataclass(frozen=True)
+class Download:
+    """A workspace file opened for an HTTP download: its owner (whose worker threads read
+    it), the open file (the caller closes it) and what it was at open."""
+
+    owner: str
+    source: BinaryIO
+    info: FileInfo
 
 
 LanguagesChanged = Callable[[list[str]], Awaitable[None]]
@@ -230,6 +240,27 @@ class SandboxService:
         ) as held:
             read = held.session.workspace.read_file
             return await self.threads.run(owner, read, path, offset=offset, max_bytes=limit)
+
+    async def open_download(
+        self, session_id: str, path: str, signed_for: Callable[[str], bool]
+    ) -> Download | None:
+        """Open ``path`` of the session named ``session_id`` whose owner ``signed_for``
+        accepts, for ``/files`` downloads (a link names no owner: its signature tells
+        which of the sessions of that id it is for); ``None``: no such session.
+
+        The open (path checks, no symlink followed) happens under the session lock like
+        every other file call; the caller streams the open file after it is released,
+        so a slow download never holds the session. Raises what ``open_file`` raises."""
+        owners = [s.owner for s in self.sessions.with_id(session_id) if signed_for(s.owner)]
+        if not owners:
+            return None
+        owner = owners[0]
+        async with self.sessions.acquire(
+            owner, session_id, create=False, wait_s=self.settings.exec_timeout_s
+        ) as held:
+            opened = held.session.workspace.open_file
+            source, info = await self.threads.run(owner, opened, path)
+        return Download(owner, source, info)
 
     async def list_files(
         self, owner: str, session_id: str, path: str, *, recursive: bool, limit: int = 10000

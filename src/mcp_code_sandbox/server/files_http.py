@@ -1,6 +1,7 @@
 """``/files/{session_id}/{path}``: workspace files over plain HTTP (DESIGN §9).
 
 ``GET`` serves a file to whoever holds a signed link (:mod:`mcp_code_sandbox.server.downloads`),
+opened through the service under the session lock (``SandboxService.open_download``) and
 streamed, with single ``Range`` requests, as an attachment the browser must not sniff. A
 link that is tampered with, expired, or for a session that is gone gets the same 403;
 a valid link to a file that is gone (or is a link, a directory, a hard link: the
@@ -55,23 +56,23 @@ def file_routes(
         path = request.path_params["path"]
         expires = request.query_params.get("exp", "")
         signature = request.query_params.get("sig", "")
-        matches = [
-            session
-            for session in service.sessions.with_id(session_id)
-            if signer.valid(session.owner, session_id, path, expires, signature)
-        ]
-        if not matches:
-            return _plain(403, "this link is not valid, or has expired")
-        session = matches[0]
 
-        async def in_thread(fn: Callable[..., Any], *args: Any) -> Any:
-            return await service.threads.run(session.owner, fn, *args)
+        def signed_for(owner: str) -> bool:
+            return signer.valid(owner, session_id, path, expires, signature)
 
         try:
-            source, info = await in_thread(session.workspace.open_file, path)
+            opened = await service.open_download(session_id, path, signed_for)
         except SandboxError:
             return _plain(404, "no such file")
-        return _stream(source, info.size_bytes, info.mime_type, path, request, in_thread)
+        if opened is None:
+            return _plain(403, "this link is not valid, or has expired")
+        owner = opened.owner
+
+        async def in_thread(fn: Callable[..., Any], *args: Any) -> Any:
+            return await service.threads.run(owner, fn, *args)
+
+        info = opened.info
+        return _stream(opened.source, info.size_bytes, info.mime_type, path, request, in_thread)
 
     async def upload(request: Request) -> Response:
         owner = await authenticate(request)
