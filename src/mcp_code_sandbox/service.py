@@ -30,6 +30,7 @@ from mcp_code_sandbox.run.probe import RuntimeProbe
 from mcp_code_sandbox.sessions.manager import SessionManager
 from mcp_code_sandbox.settings import Settings
 from mcp_code_sandbox.workspace import FileInfo, ListResult, ReadResult, measure
+from mcp_code_sandbox.workspace.pages import Page, page_of, whole_file
 
 __all__ = ["Download", "SandboxService", "Upload"]
 
@@ -232,6 +233,9 @@ class SandboxService:
     async def read_file(
         self, owner: str, session_id: str, path: str, *, offset: int, max_bytes: int | None
     ) -> ReadResult:
+        """Up to ``max_bytes`` (at most ``max_read_bytes``) of ``path`` from ``offset``,
+        read under the session lock: the bytes :meth:`read_page` and
+        :meth:`read_resource` decide on (and what tests read directly)."""
         limit = self.settings.max_read_bytes if max_bytes is None else max_bytes
         if not 0 < limit <= self.settings.max_read_bytes:
             raise InvalidArgument(f"max_bytes must be between 1 and {self.settings.max_read_bytes}")
@@ -240,6 +244,26 @@ class SandboxService:
         ) as held:
             read = held.session.workspace.read_file
             return await self.threads.run(owner, read, path, offset=offset, max_bytes=limit)
+
+    async def read_page(
+        self, owner: str, session_id: str, path: str, *, offset: int, max_bytes: int | None
+    ) -> Page:
+        """``read_file``'s page, decided (text, image candidate or bytes; how many; the
+        next offset) so that the whole result fits in ``max_read_bytes`` and in
+        ``max_result_bytes``; the tool layer only shapes it (``server.reads``)."""
+        read = await self.read_file(owner, session_id, path, offset=offset, max_bytes=max_bytes)
+        budget = min(self.settings.max_read_bytes, self.settings.max_result_bytes)
+        # Decoding up to a page of text and sizing its JSON: a worker thread's job.
+        return await self.threads.run(owner, page_of, read, budget)
+
+    async def read_resource(
+        self, owner: str, session_id: str, path: str, link: Callable[[str], str] | None
+    ) -> str | bytes:
+        """A ``sandbox://`` resource: the whole file, or ``ArtifactTooLarge`` naming
+        ``read_file`` (and ``link(path)``, its download link, when given)."""
+        read = await self.read_file(owner, session_id, path, offset=0, max_bytes=None)
+        url = link(read.path) if link else None
+        return whole_file(read, self.settings.max_read_bytes, url)
 
     async def open_download(
         self, session_id: str, path: str, signed_for: Callable[[str], bool]

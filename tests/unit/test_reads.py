@@ -13,8 +13,9 @@ import pytest
 from mcp_types import CallToolResult, EmbeddedResource, TextContent
 
 from mcp_code_sandbox.errors import ArtifactTooLarge
-from mcp_code_sandbox.server.reads import blob_page_bytes, no_preview, page_result, whole_file
+from mcp_code_sandbox.server.reads import no_preview, page_result
 from mcp_code_sandbox.workspace import ReadResult, Workspace
+from mcp_code_sandbox.workspace.pages import blob_page_bytes, page_of, whole_file
 
 PAGE = 65536  # max_read_bytes in these tests
 BLOB = os.urandom(200_000)
@@ -31,7 +32,7 @@ def ws(tmp_path: Path) -> Workspace:
 
 def page(ws: Workspace, path: str, offset: int, max_bytes: int = PAGE) -> CallToolResult:
     read = ws.read_file(path, offset=offset, max_bytes=max_bytes)
-    return page_result(read, "s1", max_read_bytes=PAGE)
+    return page_result(page_of(read, PAGE), "s1")
 
 
 def meta(result: CallToolResult) -> dict[str, Any]:
@@ -119,7 +120,7 @@ def test_a_file_that_shrank_ends_the_paging() -> None:
     # Opened at 1,000 bytes, only 300 left when read: the short page is the last.
     read = ReadResult("a.bin", b"\1" * 300, 0, 300, 1000, True, "application/octet-stream",
                       False, "2026-01-01T00:00:00Z")  # fmt: skip
-    info = meta(page_result(read, "s1", max_read_bytes=PAGE))
+    info = meta(page_result(page_of(read, PAGE), "s1"))
     assert info["eof"] is True and info["next_offset"] is None
 
 

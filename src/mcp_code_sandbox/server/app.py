@@ -7,6 +7,7 @@ always what this server does.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -23,10 +24,10 @@ from mcp_code_sandbox.metrics import Metrics
 from mcp_code_sandbox.server.auth import ServerAuth, current_owner
 from mcp_code_sandbox.server.downloads import UrlSigner
 from mcp_code_sandbox.server.notify import ToolListNotifier, advertise_tools_changed
-from mcp_code_sandbox.server.reads import blob_page_bytes, whole_file
 from mcp_code_sandbox.server.tools import ToolSet
 from mcp_code_sandbox.service import SandboxService
 from mcp_code_sandbox.settings import Settings
+from mcp_code_sandbox.workspace.pages import blob_page_bytes
 
 __all__ = ["build_server", "descriptions"]
 
@@ -225,11 +226,9 @@ def _add_file_resource(
     )
     async def workspace_file(session_id: str, path: str) -> str | bytes:
         owner = current_owner()
-        limit = service.settings.max_read_bytes
+        link = functools.partial(signer.url, owner, session_id) if signer else None
         try:
-            read = await service.read_file(owner, session_id, path, offset=0, max_bytes=None)
-            url = signer.url(owner, session_id, read.path) if signer else None
-            return whole_file(read, limit, url)
+            return await service.read_resource(owner, session_id, path, link)
         except SandboxError as exc:
             # A protocol error whose data carries our code, as _meta does for tools.
             uri = f"sandbox://{session_id}/{path}"

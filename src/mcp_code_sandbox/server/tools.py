@@ -24,15 +24,14 @@ from mcp_code_sandbox.errors import (
     SandboxError,
     UploadTooLarge,
 )
-from mcp_code_sandbox.run.execute import IMAGE_MIME_TYPES, RunRequest
+from mcp_code_sandbox.run.execute import RunRequest
 from mcp_code_sandbox.run.languages import RUNTIMES
 from mcp_code_sandbox.sanitize import clean_text, escape_name
 from mcp_code_sandbox.server import models
 from mcp_code_sandbox.server.auth import current_owner
 from mcp_code_sandbox.server.downloads import UrlSigner
 from mcp_code_sandbox.server.fit import fit_count
-from mcp_code_sandbox.server.media import fit_image
-from mcp_code_sandbox.server.reads import no_preview, page_result
+from mcp_code_sandbox.server.reads import read_result
 from mcp_code_sandbox.server.tool_results import error_result, run_result, structured_result
 from mcp_code_sandbox.service import SandboxService
 from mcp_code_sandbox.workspace import ListResult
@@ -42,8 +41,6 @@ __all__ = ["ToolSet"]
 log = structlog.get_logger("mcp_code_sandbox.tools")
 P = ParamSpec("P")
 LANGUAGES = sorted(RUNTIMES)
-#: Room in a read_file result for everything but the page itself.
-READ_META_BYTES = 8 * 1024
 #: Directory entries one list_files walk reads (beyond: ``truncated``, narrow the path),
 #: and the most one page can hold before the result budget cuts it further.
 LIST_WALK = 50_000
@@ -187,31 +184,13 @@ class ToolSet:
         max_bytes: Annotated[int | None, Field(description="Most bytes to return")] = None,
     ) -> Annotated[CallToolResult, models.ReadFileResult]:
         owner = current_owner()
-        read = await self.service.read_file(
+        page = await self.service.read_page(
             owner, session_id, path, offset=offset, max_bytes=max_bytes
         )
-        link = self._links(owner, session_id)
-        # The page, its meta and their text copy within the result budget (server/fit.py).
-        limit = min(self.settings.max_read_bytes, self.settings.max_result_bytes)
-        preview, notice = None, None
-        if read.mime_type in IMAGE_MIME_TYPES and offset == 0:
-            room = limit - READ_META_BYTES
-            budget = min(self.settings.max_image_bytes, room * 3 // 4)  # base64: 4/3
-            if read.eof:  # decoding is blocking work: a worker thread's
-                preview = await self.service.threads.run(
-                    owner, fit_image, read.data, read.mime_type, budget
-                )
-            if preview is None:
-                notice = no_preview(read, budget)
-        return page_result(
-            read,
-            session_id,
-            max_read_bytes=limit,
-            preview=preview,
-            notice=notice,
-            # Names as listings show them, and as clients give them back (sanitize).
-            download_url=link(escape_name(read.path)) if link else None,
-        )
+        # Shaping may decode and re-encode an image: blocking work, in the owner's threads.
+        links = self._links(owner, session_id)
+        shape = read_result
+        return await self.service.threads.run(owner, shape, page, session_id, self.settings, links)
 
     def _links(self, owner: str, session_id: str) -> Callable[[str], str] | None:
         """Download links to ``session_id``'s files, when the HTTP server serves them."""
