@@ -165,31 +165,7 @@ def build_server(
     )
     tools = ToolSet(service, signer)
     http_base = signer.base_url if signer else None
-    text = descriptions(settings, service.languages(), http_base)
-
-    def hints(*, read_only: bool, destructive: bool, idempotent: bool) -> ToolAnnotations:
-        return ToolAnnotations(
-            read_only_hint=read_only, destructive_hint=destructive,
-            idempotent_hint=idempotent, open_world_hint=False,
-        )  # fmt: skip
-
-    readonly = hints(read_only=True, destructive=False, idempotent=True)
-    run_hints = hints(read_only=False, destructive=False, idempotent=False)
-    # The network is the only "open world" a run can reach, and only where it is allowed.
-    run_hints.open_world_hint = settings.allow_network
-    table: list[tuple[Callable[..., Any], str, str, ToolAnnotations]] = [
-        (tools.run_code, "run_code", "Run code", run_hints),
-        (tools.upload_file, "upload_file", "Upload a file",
-         hints(read_only=False, destructive=True, idempotent=True)),
-        (tools.read_file, "read_file", "Read a file", readonly),
-        (tools.list_files, "list_files", "List files", readonly),
-        (tools.close_session, "close_session", "Close a session",
-         hints(read_only=False, destructive=True, idempotent=False)),
-        (tools.list_runtimes, "list_runtimes", "List runtimes", readonly),
-    ]  # fmt: skip
-    for fn, name, title, tool_hints in table:
-        mcp.add_tool(fn, name=name, title=title, description=text[name], annotations=tool_hints)
-    _set_languages(mcp, settings, service.languages())
+    _register_tools(mcp, tools, service.languages(), http_base)
     _add_file_resource(mcp, service, signer)
     notifier = ToolListNotifier(bus)
     advertise_tools_changed(mcp)
@@ -198,22 +174,57 @@ def build_server(
     mcp.middleware.append(_argument_errors)
 
     async def languages_changed(languages: list[str]) -> None:
-        _set_languages(mcp, settings, languages)
+        _register_tools(mcp, tools, languages, http_base, again=True)
         await notifier.tools_changed()
 
     service.on_languages_changed.append(languages_changed)
     return mcp
 
 
-def _set_languages(mcp: MCPServer[Any], settings: Settings, languages: list[str]) -> None:
-    """Put ``languages`` into run_code's schema (the ``language`` enum) and description.
+def _hints(*, read_only: bool, destructive: bool, idempotent: bool) -> ToolAnnotations:
+    return ToolAnnotations(
+        read_only_hint=read_only, destructive_hint=destructive,
+        idempotent_hint=idempotent, open_world_hint=False,
+    )  # fmt: skip
 
+
+def _register_tools(
+    mcp: MCPServer[Any],
+    tools: ToolSet,
+    languages: list[str],
+    http_base: str | None,
+    *,
+    again: bool = False,
+) -> None:
+    """Register the six tools with ``languages`` in run_code's schema (the ``language``
+    enum) and description; ``again``: replace the ones registered before.
+
+    The SDK builds a tool's schema once, from its signature, at ``add_tool``: so run_code
+    is registered with the enum already in its signature (``ToolSet.run_code_tool``),
+    and all six again when the languages change, in the same order, through the SDK's
+    public ``remove_tool``/``add_tool`` (no await between them: no call sees a gap).
     The enum only advertises: a language not offered is refused by the service with
     ``unsupported_language``, whatever a client sends."""
-    tool = mcp._tool_manager.get_tool("run_code")  # no public setter
-    assert tool is not None
-    tool.parameters["properties"]["language"]["enum"] = list(languages)
-    tool.description = descriptions(settings, languages)["run_code"]
+    settings = tools.settings
+    text = descriptions(settings, languages, http_base)
+    readonly = _hints(read_only=True, destructive=False, idempotent=True)
+    run_hints = _hints(read_only=False, destructive=False, idempotent=False)
+    # The network is the only "open world" a run can reach, and only where it is allowed.
+    run_hints.open_world_hint = settings.allow_network
+    table: list[tuple[Callable[..., Any], str, str, ToolAnnotations]] = [
+        (tools.run_code_tool(languages), "run_code", "Run code", run_hints),
+        (tools.upload_file, "upload_file", "Upload a file",
+         _hints(read_only=False, destructive=True, idempotent=True)),
+        (tools.read_file, "read_file", "Read a file", readonly),
+        (tools.list_files, "list_files", "List files", readonly),
+        (tools.close_session, "close_session", "Close a session",
+         _hints(read_only=False, destructive=True, idempotent=False)),
+        (tools.list_runtimes, "list_runtimes", "List runtimes", readonly),
+    ]  # fmt: skip
+    for fn, name, title, tool_hints in table:
+        if again:
+            mcp.remove_tool(name)
+        mcp.add_tool(fn, name=name, title=title, description=text[name], annotations=tool_hints)
 
 
 def _add_file_resource(

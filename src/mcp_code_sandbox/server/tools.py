@@ -9,7 +9,8 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
-from collections.abc import Awaitable, Callable
+import inspect
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Annotated, Any, ParamSpec
 
 import structlog
@@ -25,7 +26,6 @@ from mcp_code_sandbox.errors import (
     UploadTooLarge,
 )
 from mcp_code_sandbox.run.execute import RunRequest
-from mcp_code_sandbox.run.languages import RUNTIMES
 from mcp_code_sandbox.sanitize import clean_text, escape_name
 from mcp_code_sandbox.server import models
 from mcp_code_sandbox.server.auth import current_owner
@@ -40,7 +40,6 @@ __all__ = ["ToolSet"]
 
 log = structlog.get_logger("mcp_code_sandbox.tools")
 P = ParamSpec("P")
-LANGUAGES = sorted(RUNTIMES)
 #: Directory entries one list_files walk reads (beyond: ``truncated``, narrow the path),
 #: and the most one page can hold before the result budget cuts it further.
 LIST_WALK = 50_000
@@ -53,6 +52,7 @@ SessionArg = Annotated[
         "pass your own id (letters, digits, . _ -) to create or reuse a named session."
     ),
 ]
+LANGUAGE_DESCRIPTION = "Language of the code (see list_runtimes)"
 RequiredSession = Annotated[str, Field(description="The session_id a previous result returned")]
 
 
@@ -97,11 +97,8 @@ class ToolSet:
         ctx: Context[Any, Any],
         language: Annotated[
             str,
-            # The enum is set by app.build_server and follows the runner images found.
-            Field(
-                description="Language of the code (see list_runtimes)",
-                json_schema_extra={"enum": LANGUAGES},
-            ),
+            # The enum is added by run_code_tool and follows the runner images found.
+            Field(description=LANGUAGE_DESCRIPTION),
         ] = "python",
         session_id: SessionArg = None,
         timeout_s: Annotated[float | None, Field(description="Wall-time limit in seconds")] = None,
@@ -127,6 +124,33 @@ class ToolSet:
         # Shaping decodes and re-encodes images: blocking work, in the owner's threads.
         links = self._links(owner, report.session_id)
         return await self.service.threads.run(owner, run_result, report, self.settings, links)
+
+    def run_code_tool(self, languages: Sequence[str]) -> Callable[..., Awaitable[CallToolResult]]:
+        """:meth:`run_code` as ``app.build_server`` registers it: the same tool, with
+        ``languages`` as the enum of its ``language`` argument.
+
+        The SDK builds a tool's input schema from the function's signature, once, at
+        ``add_tool``: the enum is put into that signature up front (and the tool
+        registered again when the languages change) instead of patching the schema."""
+        method = self.run_code
+
+        async def run_code(*args: Any, **kwargs: Any) -> CallToolResult:
+            return await method(*args, **kwargs)
+
+        enum = Annotated[
+            str, Field(description=LANGUAGE_DESCRIPTION, json_schema_extra={"enum": [*languages]})
+        ]
+        signature = inspect.signature(method, eval_str=True)
+        params = [
+            p.replace(annotation=enum) if p.name == "language" else p
+            for p in signature.parameters.values()
+        ]
+        run_code.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+        # What typing.get_type_hints reads (the SDK finds the Context argument with it).
+        run_code.__annotations__ = {p.name: p.annotation for p in params}
+        run_code.__annotations__["return"] = signature.return_annotation
+        run_code.__doc__ = method.__doc__
+        return run_code
 
     @tool_errors
     async def upload_file(
