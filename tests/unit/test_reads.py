@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mcp_types import CallToolResult, EmbeddedResource, TextContent
+from mcp_types import CallToolResult, EmbeddedResource, ImageContent, TextContent
 
 from mcp_code_sandbox.errors import ArtifactTooLarge
-from mcp_code_sandbox.server.reads import no_preview, page_result
+from mcp_code_sandbox.server.reads import no_preview, page_result, read_result
+from mcp_code_sandbox.settings import load_settings
 from mcp_code_sandbox.workspace import ReadResult, Workspace
 from mcp_code_sandbox.workspace.pages import blob_page_bytes, page_of, whole_file
 
@@ -149,3 +150,36 @@ def test_resources_are_whole_or_refused(ws: Workspace, tmp_path: Path) -> None:
     with pytest.raises(ArtifactTooLarge) as no_link:
         whole_file(read("blob.bin", max_bytes=PAGE), PAGE, None)
     assert "download" not in no_link.value.message and no_link.value.details == {}
+
+
+def png(side: int) -> bytes:
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.frombytes("RGB", (side, side), os.urandom(side * side * 3)).save(out, format="PNG")
+    return out.getvalue()
+
+
+def test_an_image_read_whole_is_a_preview_within_the_one_image_budget(ws: Workspace) -> None:
+    # The same shaper as run_code's images (tool_results.image_blocks) decides the size.
+    ws.write_file("plot.png", png(100), overwrite=False)  # about 30 KB
+    settings = load_settings({"max_image_bytes": 10_000}, environ={})
+    page = page_of(ws.read_file("plot.png", max_bytes=PAGE), PAGE)
+    assert page.wants_preview and page.image is not None
+    result = read_result(page, "s1", settings, None)
+    block = result.content[1]
+    assert isinstance(block, ImageContent) and len(base64.b64decode(block.data)) <= 10_000
+    assert meta(result)["encoding"] == "image" and meta(result)["eof"] is True
+    # Too small a budget for any preview: the page goes as bytes, and says why.
+    tiny = load_settings({"max_image_bytes": 10}, environ={})
+    refused = read_result(page, "s1", tiny, lambda p: f"https://x/{p}")
+    assert (
+        meta(refused)["encoding"] == "resource" and "at most 10 bytes" in meta(refused)["notice"]
+    )
+    assert meta(refused)["download_url"] == "https://x/plot.png"
+    # Not from its start: no preview is tried, and no notice either.
+    later = read_result(page_of(ws.read_file("plot.png", offset=1, max_bytes=PAGE), PAGE),
+                        "s1", settings, None)  # fmt: skip
+    assert meta(later)["encoding"] == "resource" and meta(later)["notice"] is None
