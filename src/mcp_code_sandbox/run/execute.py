@@ -40,7 +40,6 @@ from mcp_code_sandbox.workspace import Change, Snapshot
 from mcp_code_sandbox.workspace.mime import IMAGE_MIME_TYPES
 
 __all__ = [
-    "IMAGE_MIME_TYPES",
     "ImageFile",
     "RunReport",
     "RunRequest",
