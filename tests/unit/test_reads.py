@@ -175,9 +175,7 @@ def test_an_image_read_whole_is_a_preview_within_the_one_image_budget(ws: Worksp
     # Too small a budget for any preview: the page goes as bytes, and says why.
     tiny = load_settings({"max_image_bytes": 10}, environ={})
     refused = read_result(page, "s1", tiny, lambda p: f"https://x/{p}")
-    assert (
-        meta(refused)["encoding"] == "resource" and "at most 10 bytes" in meta(refused)["notice"]
-    )
+    assert meta(refused)["encoding"] == "resource" and "at most 10 bytes" in meta(refused)["notice"]
     assert meta(refused)["download_url"] == "https://x/plot.png"
     # Not from its start: no preview is tried, and no notice either.
     later = read_result(page_of(ws.read_file("plot.png", offset=1, max_bytes=PAGE), PAGE),
