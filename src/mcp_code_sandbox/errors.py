@@ -4,28 +4,31 @@ Every failure that reaches a client is a :class:`SandboxError` whose ``code`` is
 codes of DESIGN.md §7. The MCP layer turns it into ``isError: true`` with the text
 ``"<code>: <message>"`` and ``_meta.error_code``; the message says what to do next.
 
-    SandboxError
-    ├── InvalidArgument          invalid_argument
-    ├── InvalidSessionId         invalid_session_id
-    ├── SessionNotFound          session_not_found
-    ├── SessionBusy              session_busy
-    ├── MaxSessions              max_sessions
-    ├── InvalidFilename          invalid_filename
-    ├── InvalidPath              invalid_path
-    ├── NotFound                 not_found
-    ├── FileExists_              file_exists
-    ├── InvalidContent           invalid_content
-    ├── CodeTooLarge             code_too_large
-    ├── UploadTooLarge           upload_too_large
-    ├── ArtifactTooLarge         artifact_too_large
-    ├── QuotaExceeded            quota_exceeded
-    ├── UnsupportedLanguage      unsupported_language
-    ├── NetworkNotAllowed        network_not_allowed
-    ├── EnvNotAllowed            env_not_allowed
-    ├── BackendUnavailable       backend_unavailable
-    ├── SandboxFailed            sandbox_failed
-    ├── Unauthorized             unauthorized
-    └── InternalError            internal_error
+    SandboxError                                     HTTP status (``http_status``)
+    ├── InvalidArgument          invalid_argument      400
+    ├── InvalidSessionId         invalid_session_id    400
+    ├── SessionNotFound          session_not_found     500
+    ├── SessionBusy              session_busy          409
+    ├── MaxSessions              max_sessions          429
+    ├── InvalidFilename          invalid_filename      400
+    ├── InvalidPath              invalid_path          400
+    ├── NotFound                 not_found             500
+    ├── FileExists_              file_exists           409
+    ├── InvalidContent           invalid_content       500
+    ├── CodeTooLarge             code_too_large        500
+    ├── UploadTooLarge           upload_too_large      413
+    ├── ArtifactTooLarge         artifact_too_large    500
+    ├── QuotaExceeded            quota_exceeded        413
+    ├── UnsupportedLanguage      unsupported_language  500
+    ├── NetworkNotAllowed        network_not_allowed   500
+    ├── EnvNotAllowed            env_not_allowed       500
+    ├── BackendUnavailable       backend_unavailable   503
+    ├── SandboxFailed            sandbox_failed        500
+    ├── Unauthorized             unauthorized          401
+    └── InternalError            internal_error        500
+
+Each class carries the HTTP status an HTTP route answers its code with (``http_status``:
+the ``/files`` upload route), so no table in the server repeats the tree.
 
 Foreign errors (OSError from a backend, docker-py's exceptions, a broken agent frame) are
 translated into this tree at the boundary that sees them (the backend, the agent client),
@@ -67,6 +70,9 @@ class SandboxError(Exception):
     """Base of every error a client can see. ``code`` is the machine-readable part."""
 
     code: ClassVar[str] = "internal_error"
+    #: The HTTP status of this code where HTTP routes answer with it (``/files`` PUT):
+    #: 500 unless the code names a fault of the request (4xx) or a backend that is down.
+    http_status: ClassVar[int] = 500
 
     def __init__(self, message: str, **details: Any) -> None:
         super().__init__(message)
@@ -80,10 +86,12 @@ class SandboxError(Exception):
 
 class InvalidArgument(SandboxError):
     code = "invalid_argument"
+    http_status = 400
 
 
 class InvalidSessionId(SandboxError):
     code = "invalid_session_id"
+    http_status = 400
 
 
 class SessionNotFound(SandboxError):
@@ -92,18 +100,22 @@ class SessionNotFound(SandboxError):
 
 class SessionBusy(SandboxError):
     code = "session_busy"
+    http_status = 409
 
 
 class MaxSessions(SandboxError):
     code = "max_sessions"
+    http_status = 429
 
 
 class InvalidFilename(SandboxError):
     code = "invalid_filename"
+    http_status = 400
 
 
 class InvalidPath(SandboxError):
     code = "invalid_path"
+    http_status = 400
 
 
 class NotFound(SandboxError):
@@ -112,6 +124,7 @@ class NotFound(SandboxError):
 
 class FileExists_(SandboxError):
     code = "file_exists"
+    http_status = 409
 
 
 class InvalidContent(SandboxError):
@@ -124,6 +137,7 @@ class CodeTooLarge(SandboxError):
 
 class UploadTooLarge(SandboxError):
     code = "upload_too_large"
+    http_status = 413
 
 
 class ArtifactTooLarge(SandboxError):
@@ -132,6 +146,7 @@ class ArtifactTooLarge(SandboxError):
 
 class QuotaExceeded(SandboxError):
     code = "quota_exceeded"
+    http_status = 413
 
 
 class UnsupportedLanguage(SandboxError):
@@ -148,6 +163,7 @@ class EnvNotAllowed(SandboxError):
 
 class BackendUnavailable(SandboxError):
     code = "backend_unavailable"
+    http_status = 503
 
 
 class SandboxFailed(SandboxError):
@@ -156,6 +172,7 @@ class SandboxFailed(SandboxError):
 
 class Unauthorized(SandboxError):
     code = "unauthorized"
+    http_status = 401
 
 
 class InternalError(SandboxError):

@@ -27,12 +27,12 @@ from mcp_code_sandbox.metrics import Metrics
 from mcp_code_sandbox.run import execute
 from mcp_code_sandbox.run.languages import RUNTIMES, runner_summary
 from mcp_code_sandbox.run.probe import RuntimeProbe
-from mcp_code_sandbox.server.downloads import UrlSigner
 from mcp_code_sandbox.sessions.manager import SessionManager
 from mcp_code_sandbox.settings import Settings
 from mcp_code_sandbox.workspace import FileInfo, ListResult, ReadResult, measure
+from mcp_code_sandbox.workspace.pages import Page, page_of, whole_file
 
-__all__ = ["SandboxService", "Upload"]
+__all__ = ["Download", "SandboxService", "Upload"]
 
 log = structlog.get_logger("mcp_code_sandbox.service")
 
@@ -44,6 +44,16 @@ class Upload:
     size_bytes: int
     session_created: bool
     notice: str | None
+
+
+@dataclass(frozen=True)
+class Download:
+    """A workspace file opened for an HTTP download: its owner (whose worker threads read
+    it), the open file (the caller closes it) and what it was at open."""
+
+    owner: str
+    source: BinaryIO
+    info: FileInfo
 
 
 LanguagesChanged = Callable[[list[str]], Awaitable[None]]
@@ -78,9 +88,6 @@ class SandboxService:
         #: Called with the new language list whenever it changes (the MCP layer tells
         #: its clients that the tool list changed: run_code's language enum is in it).
         self.on_languages_changed: list[LanguagesChanged] = []
-        #: Signs download links for results; set by the HTTP app, which serves them
-        #: (``None`` over stdio: no links).
-        self.downloads: UrlSigner | None = None
         #: ``not_ready``'s latest answer and when it was had (monotonic); one probe at a
         #: time (the lock), its answer shared by everyone who waited for it.
         self._ready: tuple[float, str | None] | None = None
@@ -226,6 +233,9 @@ class SandboxService:
     async def read_file(
         self, owner: str, session_id: str, path: str, *, offset: int, max_bytes: int | None
     ) -> ReadResult:
+        """Up to ``max_bytes`` (at most ``max_read_bytes``) of ``path`` from ``offset``,
+        read under the session lock: the bytes :meth:`read_page` and
+        :meth:`read_resource` decide on (and what tests read directly)."""
         limit = self.settings.max_read_bytes if max_bytes is None else max_bytes
         if not 0 < limit <= self.settings.max_read_bytes:
             raise InvalidArgument(f"max_bytes must be between 1 and {self.settings.max_read_bytes}")
@@ -234,6 +244,47 @@ class SandboxService:
         ) as held:
             read = held.session.workspace.read_file
             return await self.threads.run(owner, read, path, offset=offset, max_bytes=limit)
+
+    async def read_page(
+        self, owner: str, session_id: str, path: str, *, offset: int, max_bytes: int | None
+    ) -> Page:
+        """``read_file``'s page, decided (text, image candidate or bytes; how many; the
+        next offset) so that the whole result fits in ``max_read_bytes`` and in
+        ``max_result_bytes``; the tool layer only shapes it (``server.reads``)."""
+        read = await self.read_file(owner, session_id, path, offset=offset, max_bytes=max_bytes)
+        budget = min(self.settings.max_read_bytes, self.settings.max_result_bytes)
+        # Decoding up to a page of text and sizing its JSON: a worker thread's job.
+        return await self.threads.run(owner, page_of, read, budget)
+
+    async def read_resource(
+        self, owner: str, session_id: str, path: str, link: Callable[[str], str] | None
+    ) -> str | bytes:
+        """A ``sandbox://`` resource: the whole file, or ``ArtifactTooLarge`` naming
+        ``read_file`` (and ``link(path)``, its download link, when given)."""
+        read = await self.read_file(owner, session_id, path, offset=0, max_bytes=None)
+        url = link(read.path) if link else None
+        return whole_file(read, self.settings.max_read_bytes, url)
+
+    async def open_download(
+        self, session_id: str, path: str, signed_for: Callable[[str], bool]
+    ) -> Download | None:
+        """Open ``path`` of the session named ``session_id`` whose owner ``signed_for``
+        accepts, for ``/files`` downloads (a link names no owner: its signature tells
+        which of the sessions of that id it is for); ``None``: no such session.
+
+        The open (path checks, no symlink followed) happens under the session lock like
+        every other file call; the caller streams the open file after it is released,
+        so a slow download never holds the session. Raises what ``open_file`` raises."""
+        owners = [s.owner for s in self.sessions.with_id(session_id) if signed_for(s.owner)]
+        if not owners:
+            return None
+        owner = owners[0]
+        async with self.sessions.acquire(
+            owner, session_id, create=False, wait_s=self.settings.exec_timeout_s
+        ) as held:
+            opened = held.session.workspace.open_file
+            source, info = await self.threads.run(owner, opened, path)
+        return Download(owner, source, info)
 
     async def list_files(
         self, owner: str, session_id: str, path: str, *, recursive: bool, limit: int = 10000

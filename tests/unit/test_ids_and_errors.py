@@ -28,6 +28,22 @@ def test_error_text_is_code_colon_message() -> None:
     assert isinstance(err, SandboxError)
 
 
+def test_each_code_carries_its_http_status() -> None:
+    # What /files answers a refused upload with, read from the tree (no table elsewhere).
+    statuses = {cls.code: cls.http_status for cls in SandboxError.__subclasses__()}
+    assert set(statuses) == set(ERROR_CODES)
+    expected = {
+        "unauthorized": 401, "invalid_session_id": 400, "invalid_filename": 400,
+        "invalid_path": 400, "invalid_argument": 400, "file_exists": 409,
+        "session_busy": 409, "upload_too_large": 413, "quota_exceeded": 413,
+        "max_sessions": 429, "backend_unavailable": 503,
+    }  # fmt: skip
+    assert statuses == {code: expected.get(code, 500) for code in ERROR_CODES}
+    # The tree drawn in the module's docstring says the same.
+    for code, status in statuses.items():
+        assert re.search(rf"{code}\s+{status}\n", errors_module.__doc__ or ""), code
+
+
 def test_minted_ids_are_unique_and_valid() -> None:
     ids = {mint_session_id() for _ in range(1000)}
     assert len(ids) == 1000

@@ -10,11 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mcp_types import CallToolResult, EmbeddedResource, TextContent
+from mcp_types import CallToolResult, EmbeddedResource, ImageContent, TextContent
 
 from mcp_code_sandbox.errors import ArtifactTooLarge
-from mcp_code_sandbox.server.reads import blob_page_bytes, no_preview, page_result, whole_file
+from mcp_code_sandbox.server.reads import no_preview, page_result, read_result
+from mcp_code_sandbox.settings import load_settings
 from mcp_code_sandbox.workspace import ReadResult, Workspace
+from mcp_code_sandbox.workspace.pages import blob_page_bytes, page_of, whole_file
 
 PAGE = 65536  # max_read_bytes in these tests
 BLOB = os.urandom(200_000)
@@ -31,7 +33,7 @@ def ws(tmp_path: Path) -> Workspace:
 
 def page(ws: Workspace, path: str, offset: int, max_bytes: int = PAGE) -> CallToolResult:
     read = ws.read_file(path, offset=offset, max_bytes=max_bytes)
-    return page_result(read, "s1", max_read_bytes=PAGE)
+    return page_result(page_of(read, PAGE), "s1")
 
 
 def meta(result: CallToolResult) -> dict[str, Any]:
@@ -119,7 +121,7 @@ def test_a_file_that_shrank_ends_the_paging() -> None:
     # Opened at 1,000 bytes, only 300 left when read: the short page is the last.
     read = ReadResult("a.bin", b"\1" * 300, 0, 300, 1000, True, "application/octet-stream",
                       False, "2026-01-01T00:00:00Z")  # fmt: skip
-    info = meta(page_result(read, "s1", max_read_bytes=PAGE))
+    info = meta(page_result(page_of(read, PAGE), "s1"))
     assert info["eof"] is True and info["next_offset"] is None
 
 
@@ -148,3 +150,34 @@ def test_resources_are_whole_or_refused(ws: Workspace, tmp_path: Path) -> None:
     with pytest.raises(ArtifactTooLarge) as no_link:
         whole_file(read("blob.bin", max_bytes=PAGE), PAGE, None)
     assert "download" not in no_link.value.message and no_link.value.details == {}
+
+
+def png(side: int) -> bytes:
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.frombytes("RGB", (side, side), os.urandom(side * side * 3)).save(out, format="PNG")
+    return out.getvalue()
+
+
+def test_an_image_read_whole_is_a_preview_within_the_one_image_budget(ws: Workspace) -> None:
+    # The same shaper as run_code's images (tool_results.image_blocks) decides the size.
+    ws.write_file("plot.png", png(100), overwrite=False)  # about 30 KB
+    settings = load_settings({"max_image_bytes": 10_000}, environ={})
+    page = page_of(ws.read_file("plot.png", max_bytes=PAGE), PAGE)
+    assert page.wants_preview and page.image is not None
+    result = read_result(page, "s1", settings, None)
+    block = result.content[1]
+    assert isinstance(block, ImageContent) and len(base64.b64decode(block.data)) <= 10_000
+    assert meta(result)["encoding"] == "image" and meta(result)["eof"] is True
+    # Too small a budget for any preview: the page goes as bytes, and says why.
+    tiny = load_settings({"max_image_bytes": 10}, environ={})
+    refused = read_result(page, "s1", tiny, lambda p: f"https://x/{p}")
+    assert meta(refused)["encoding"] == "resource" and "at most 10 bytes" in meta(refused)["notice"]
+    assert meta(refused)["download_url"] == "https://x/plot.png"
+    # Not from its start: no preview is tried, and no notice either.
+    later = read_result(page_of(ws.read_file("plot.png", offset=1, max_bytes=PAGE), PAGE),
+                        "s1", settings, None)  # fmt: skip
+    assert meta(later)["encoding"] == "resource" and meta(later)["notice"] is None

@@ -37,9 +37,9 @@ from mcp_code_sandbox.sessions import quota
 from mcp_code_sandbox.sessions.manager import Session, SessionManager
 from mcp_code_sandbox.settings import FORBIDDEN_ENV, Settings
 from mcp_code_sandbox.workspace import Change, Snapshot
+from mcp_code_sandbox.workspace.mime import IMAGE_MIME_TYPES
 
 __all__ = [
-    "IMAGE_MIME_TYPES",
     "ImageFile",
     "RunReport",
     "RunRequest",
@@ -50,8 +50,6 @@ __all__ = [
 
 audit = structlog.get_logger("mcp_code_sandbox.audit")
 
-#: Image files a run writes that come back as image blocks (what LLM APIs accept).
-IMAGE_MIME_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
 #: Image files larger than this are linked, not embedded (decoding them costs too much).
 MAX_IMAGE_FILE_BYTES = 20 * 1024 * 1024
 PROGRESS_EVERY_S = 2.0

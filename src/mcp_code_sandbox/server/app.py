@@ -7,6 +7,7 @@ always what this server does.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -21,11 +22,12 @@ from mcp_code_sandbox import __version__
 from mcp_code_sandbox.errors import SandboxError
 from mcp_code_sandbox.metrics import Metrics
 from mcp_code_sandbox.server.auth import ServerAuth, current_owner
+from mcp_code_sandbox.server.downloads import UrlSigner
 from mcp_code_sandbox.server.notify import ToolListNotifier, advertise_tools_changed
-from mcp_code_sandbox.server.reads import blob_page_bytes, whole_file
 from mcp_code_sandbox.server.tools import ToolSet
 from mcp_code_sandbox.service import SandboxService
 from mcp_code_sandbox.settings import Settings
+from mcp_code_sandbox.workspace.pages import blob_page_bytes
 
 __all__ = ["build_server", "descriptions"]
 
@@ -142,11 +144,14 @@ def _other_languages(languages: list[str]) -> str:
     return text
 
 
-def build_server(service: SandboxService, auth: ServerAuth | None = None) -> MCPServer[Any]:
+def build_server(
+    service: SandboxService, auth: ServerAuth | None = None, signer: UrlSigner | None = None
+) -> MCPServer[Any]:
     """The MCP server for ``service``; the caller starts and closes the service.
 
     ``auth``: how HTTP callers authenticate (``auth.build_auth``); None for stdio and for
-    an unauthenticated HTTP server."""
+    an unauthenticated HTTP server. ``signer``: signs the download links results carry,
+    given by the HTTP app, which serves them (``None`` over stdio: no links)."""
     settings = service.settings
     bus = InMemorySubscriptionBus()
     mcp: MCPServer[Any] = MCPServer(
@@ -158,34 +163,10 @@ def build_server(service: SandboxService, auth: ServerAuth | None = None) -> MCP
         auth=None if auth is None else auth.settings,
         token_verifier=None if auth is None else auth.verifier,
     )
-    tools = ToolSet(service)
-    http_base = service.downloads.base_url if service.downloads else None
-    text = descriptions(settings, service.languages(), http_base)
-
-    def hints(*, read_only: bool, destructive: bool, idempotent: bool) -> ToolAnnotations:
-        return ToolAnnotations(
-            read_only_hint=read_only, destructive_hint=destructive,
-            idempotent_hint=idempotent, open_world_hint=False,
-        )  # fmt: skip
-
-    readonly = hints(read_only=True, destructive=False, idempotent=True)
-    run_hints = hints(read_only=False, destructive=False, idempotent=False)
-    # The network is the only "open world" a run can reach, and only where it is allowed.
-    run_hints.open_world_hint = settings.allow_network
-    table: list[tuple[Callable[..., Any], str, str, ToolAnnotations]] = [
-        (tools.run_code, "run_code", "Run code", run_hints),
-        (tools.upload_file, "upload_file", "Upload a file",
-         hints(read_only=False, destructive=True, idempotent=True)),
-        (tools.read_file, "read_file", "Read a file", readonly),
-        (tools.list_files, "list_files", "List files", readonly),
-        (tools.close_session, "close_session", "Close a session",
-         hints(read_only=False, destructive=True, idempotent=False)),
-        (tools.list_runtimes, "list_runtimes", "List runtimes", readonly),
-    ]  # fmt: skip
-    for fn, name, title, tool_hints in table:
-        mcp.add_tool(fn, name=name, title=title, description=text[name], annotations=tool_hints)
-    _set_languages(mcp, settings, service.languages())
-    _add_file_resource(mcp, service)
+    tools = ToolSet(service, signer)
+    http_base = signer.base_url if signer else None
+    _register_tools(mcp, tools, service.languages(), http_base)
+    _add_file_resource(mcp, service, signer)
     notifier = ToolListNotifier(bus)
     advertise_tools_changed(mcp)
     mcp.middleware.append(notifier.middleware)
@@ -193,25 +174,62 @@ def build_server(service: SandboxService, auth: ServerAuth | None = None) -> MCP
     mcp.middleware.append(_argument_errors)
 
     async def languages_changed(languages: list[str]) -> None:
-        _set_languages(mcp, settings, languages)
+        _register_tools(mcp, tools, languages, http_base, again=True)
         await notifier.tools_changed()
 
     service.on_languages_changed.append(languages_changed)
     return mcp
 
 
-def _set_languages(mcp: MCPServer[Any], settings: Settings, languages: list[str]) -> None:
-    """Put ``languages`` into run_code's schema (the ``language`` enum) and description.
+def _hints(*, read_only: bool, destructive: bool, idempotent: bool) -> ToolAnnotations:
+    return ToolAnnotations(
+        read_only_hint=read_only, destructive_hint=destructive,
+        idempotent_hint=idempotent, open_world_hint=False,
+    )  # fmt: skip
 
+
+def _register_tools(
+    mcp: MCPServer[Any],
+    tools: ToolSet,
+    languages: list[str],
+    http_base: str | None,
+    *,
+    again: bool = False,
+) -> None:
+    """Register the six tools with ``languages`` in run_code's schema (the ``language``
+    enum) and description; ``again``: replace the ones registered before.
+
+    The SDK builds a tool's schema once, from its signature, at ``add_tool``: so run_code
+    is registered with the enum already in its signature (``ToolSet.run_code_tool``),
+    and all six again when the languages change, in the same order, through the SDK's
+    public ``remove_tool``/``add_tool`` (no await between them: no call sees a gap).
     The enum only advertises: a language not offered is refused by the service with
     ``unsupported_language``, whatever a client sends."""
-    tool = mcp._tool_manager.get_tool("run_code")  # no public setter
-    assert tool is not None
-    tool.parameters["properties"]["language"]["enum"] = list(languages)
-    tool.description = descriptions(settings, languages)["run_code"]
+    settings = tools.settings
+    text = descriptions(settings, languages, http_base)
+    readonly = _hints(read_only=True, destructive=False, idempotent=True)
+    run_hints = _hints(read_only=False, destructive=False, idempotent=False)
+    # The network is the only "open world" a run can reach, and only where it is allowed.
+    run_hints.open_world_hint = settings.allow_network
+    table: list[tuple[Callable[..., Any], str, str, ToolAnnotations]] = [
+        (tools.run_code_tool(languages), "run_code", "Run code", run_hints),
+        (tools.upload_file, "upload_file", "Upload a file",
+         _hints(read_only=False, destructive=True, idempotent=True)),
+        (tools.read_file, "read_file", "Read a file", readonly),
+        (tools.list_files, "list_files", "List files", readonly),
+        (tools.close_session, "close_session", "Close a session",
+         _hints(read_only=False, destructive=True, idempotent=False)),
+        (tools.list_runtimes, "list_runtimes", "List runtimes", readonly),
+    ]  # fmt: skip
+    for fn, name, title, tool_hints in table:
+        if again:
+            mcp.remove_tool(name)
+        mcp.add_tool(fn, name=name, title=title, description=text[name], annotations=tool_hints)
 
 
-def _add_file_resource(mcp: MCPServer[Any], service: SandboxService) -> None:
+def _add_file_resource(
+    mcp: MCPServer[Any], service: SandboxService, signer: UrlSigner | None
+) -> None:
     @mcp.resource(
         "sandbox://{session_id}/{+path}",
         name="workspace_file",
@@ -219,11 +237,9 @@ def _add_file_resource(mcp: MCPServer[Any], service: SandboxService) -> None:
     )
     async def workspace_file(session_id: str, path: str) -> str | bytes:
         owner = current_owner()
-        limit = service.settings.max_read_bytes
+        link = functools.partial(signer.url, owner, session_id) if signer else None
         try:
-            read = await service.read_file(owner, session_id, path, offset=0, max_bytes=None)
-            url = service.downloads.url(owner, session_id, read.path) if service.downloads else None
-            return whole_file(read, limit, url)
+            return await service.read_resource(owner, session_id, path, link)
         except SandboxError as exc:
             # A protocol error whose data carries our code, as _meta does for tools.
             uri = f"sandbox://{session_id}/{path}"

@@ -1,6 +1,7 @@
 """``/files/{session_id}/{path}``: workspace files over plain HTTP (DESIGN §9).
 
 ``GET`` serves a file to whoever holds a signed link (:mod:`mcp_code_sandbox.server.downloads`),
+opened through the service under the session lock (``SandboxService.open_download``) and
 streamed, with single ``Range`` requests, as an attachment the browser must not sniff. A
 link that is tampered with, expired, or for a session that is gone gets the same 403;
 a valid link to a file that is gone (or is a link, a directory, a hard link: the
@@ -12,7 +13,7 @@ the id is unknown to this owner; ``?overwrite=true`` to replace). The body is sp
 an unnamed temporary file as it arrives, never held in memory, and cut off with 413 at the
 upload limit; then the workspace checks the quota and writes it atomically, so a refused
 upload leaves nothing in the workspace. Errors are JSON ``{"error": code, "message": ...}``
-with the HTTP status of the code.
+with the HTTP status of the code (``SandboxError.http_status``).
 """
 
 from __future__ import annotations
@@ -41,21 +42,6 @@ _SAFE_HEADERS = {
 }
 
 
-#: HTTP status of each error code a PUT can meet; any other is a 500.
-_STATUS = {
-    "unauthorized": 401,
-    "invalid_session_id": 400,
-    "invalid_filename": 400,
-    "invalid_path": 400,
-    "invalid_argument": 400,
-    "file_exists": 409,
-    "session_busy": 409,
-    "upload_too_large": 413,
-    "quota_exceeded": 413,
-    "max_sessions": 429,
-    "backend_unavailable": 503,
-}
-
 #: The owner a request's bearer token names; ``None``: missing or wrong.
 Authenticate = Callable[[Request], Awaitable[str | None]]
 #: ``await run(fn, *args)``: ``fn`` in the worker threads of the file's owner.
@@ -70,23 +56,23 @@ def file_routes(
         path = request.path_params["path"]
         expires = request.query_params.get("exp", "")
         signature = request.query_params.get("sig", "")
-        matches = [
-            session
-            for session in service.sessions.with_id(session_id)
-            if signer.valid(session.owner, session_id, path, expires, signature)
-        ]
-        if not matches:
-            return _plain(403, "this link is not valid, or has expired")
-        session = matches[0]
 
-        async def in_thread(fn: Callable[..., Any], *args: Any) -> Any:
-            return await service.threads.run(session.owner, fn, *args)
+        def signed_for(owner: str) -> bool:
+            return signer.valid(owner, session_id, path, expires, signature)
 
         try:
-            source, info = await in_thread(session.workspace.open_file, path)
+            opened = await service.open_download(session_id, path, signed_for)
         except SandboxError:
             return _plain(404, "no such file")
-        return _stream(source, info.size_bytes, info.mime_type, path, request, in_thread)
+        if opened is None:
+            return _plain(403, "this link is not valid, or has expired")
+        owner = opened.owner
+
+        async def in_thread(fn: Callable[..., Any], *args: Any) -> Any:
+            return await service.threads.run(owner, fn, *args)
+
+        info = opened.info
+        return _stream(opened.source, info.size_bytes, info.mime_type, path, request, in_thread)
 
     async def upload(request: Request) -> Response:
         owner = await authenticate(request)
@@ -186,7 +172,7 @@ def _attachment(name: str) -> str:
 def _error(error: SandboxError, headers: dict[str, str] | None = None) -> Response:
     return JSONResponse(
         {"error": error.code, "message": error.message},
-        status_code=_STATUS.get(error.code, 500),
+        status_code=error.http_status,
         headers={**_SAFE_HEADERS, **(headers or {})},
     )
 

@@ -1,80 +1,79 @@
-"""Shape what ``read_file`` and the ``sandbox://`` resource return: bounded, never silently.
+"""Turn a decided ``read_file`` page (:mod:`mcp_code_sandbox.workspace.pages`) into MCP content.
 
-``read_file`` returns one page of a file: text as text, an image read whole as an image
-(its preview), anything else as base64 in an embedded resource. Every page says how many
-bytes it carries, whether the end was reached, and where the next page starts
-(``next_offset``), so any file can be fetched whole by paging, over stdio too.
-
-A base64 page is 4/3 the size of its bytes, so binary pages carry at most
-:func:`blob_page_bytes` (about three quarters of ``max_read_bytes``): the whole page, JSON
-and all, fits in ``max_read_bytes`` (the official client refuses a server-sent event over
-1 MiB, the default).
-
-A resource read has no paging: it returns the whole file or fails with
-``artifact_too_large``, naming ``read_file`` (and the download link over HTTP). It never
-returns the first part of a file as if it were all of it.
+The page is decided on the service side; here it becomes a text block, an image (its
+preview, made within the image budget by :func:`.tool_results.image_blocks`, the same
+shaper ``run_code`` uses) or an embedded resource, beside its structured meta.
 """
 
 from __future__ import annotations
 
-import base64
-import json
+from collections.abc import Callable
 
 from mcp_types import CallToolResult, ContentBlock, ImageContent, TextContent
 
-from mcp_code_sandbox.errors import ArtifactTooLarge
 from mcp_code_sandbox.sanitize import escape_name
 from mcp_code_sandbox.server import models
 from mcp_code_sandbox.server.media import MAX_PIXELS
-from mcp_code_sandbox.server.tool_results import embedded_blob, file_uri, structured_result
+from mcp_code_sandbox.server.tool_results import (
+    embedded_blob,
+    file_uri,
+    image_blocks,
+    structured_result,
+)
+from mcp_code_sandbox.settings import Settings
 from mcp_code_sandbox.workspace import ReadResult
+from mcp_code_sandbox.workspace.pages import Page
 
-__all__ = ["Preview", "blob_page_bytes", "no_preview", "page_result", "whole_file"]
+__all__ = ["READ_META_BYTES", "no_preview", "page_result", "read_result"]
 
-#: Room left in a page for everything but the base64: the structured result and its text
-#: copy, with a path of up to 4 KiB (JSON-escaped), the URI and the download link.
-_ENVELOPE = 64 * 1024
-#: An image's preview (bytes, MIME type) made from a whole read; ``None``: none was made.
-Preview = tuple[bytes, str]
+#: Room in a read_file result for everything but the page itself.
+READ_META_BYTES = 8 * 1024
 
 
-def blob_page_bytes(max_read_bytes: int) -> int:
-    """Most bytes in one binary page: its base64 and the page's JSON around it (path,
-    link, the structured copy) fit in ``max_read_bytes``."""
-    envelope = min(_ENVELOPE, max_read_bytes // 4)
-    return max(3, (max_read_bytes - envelope) // 4 * 3)
+def read_result(
+    page: Page, session_id: str, settings: Settings, link: Callable[[str], str] | None
+) -> CallToolResult:
+    """The ``read_file`` result for ``page``: an image candidate as its preview when one
+    fits, else the page as decided, with a notice saying why; ``link`` makes the
+    ``download_url`` (none when ``None``).
+
+    Blocking (it decodes and re-encodes images): call it in a worker thread."""
+    read = page.read
+    preview, notice = None, None
+    if page.wants_preview:
+        room = page.budget - READ_META_BYTES
+        candidates = [(page.image, read.mime_type)] if page.image is not None else []
+        shown = image_blocks(candidates, 1, settings.max_image_bytes, room * 3 // 4)
+        if shown.blocks:
+            preview = shown.blocks[0]
+        else:
+            notice = no_preview(read, shown.per_image)
+    # Names as listings show them, and as clients give them back (sanitize).
+    url = link(escape_name(read.path)) if link else None
+    return page_result(page, session_id, preview=preview, notice=notice, download_url=url)
 
 
 def page_result(
-    read: ReadResult,
+    page: Page,
     session_id: str,
     *,
-    max_read_bytes: int,
-    preview: Preview | None = None,
+    preview: ImageContent | None = None,
     notice: str | None = None,
     download_url: str | None = None,
 ) -> CallToolResult:
-    """The ``read_file`` result for ``read`` (read from ``read.offset``, at most the
-    page size the client asked for, itself at most ``max_read_bytes``)."""
+    """``page`` as MCP content: ``preview`` when given (the whole file, as an image),
+    else its text or its bytes in an embedded resource."""
+    read = page.read
     block: ContentBlock
     shown = escape_name(read.path)  # as listings show it, and as clients give it back
     if preview is not None:
-        data = base64.b64encode(preview[0]).decode()
-        block = ImageContent(type="image", data=data, mime_type=preview[1])
-        encoding, returned = "image", len(read.data)
-    elif read.is_text:
-        room = max_read_bytes - min(_ENVELOPE, max_read_bytes // 4)
-        text, returned = _text_page(read.data, read.eof, room)
-        block = TextContent(type="text", text=text)
-        encoding = "text"
+        block, encoding, returned, next_offset = preview, "image", len(read.data), None
+    elif page.text is not None:
+        block = TextContent(type="text", text=page.text)
+        encoding, returned, next_offset = "text", len(page.data), page.next_offset
     else:
-        page = read.data[: blob_page_bytes(max_read_bytes)]
-        block = embedded_blob(file_uri(session_id, shown), page, read.mime_type)
-        encoding, returned = "resource", len(page)
-    end = read.offset + returned
-    # The file may have shrunk since it was opened: a short read that is all returned is
-    # its end too (else a client would page at the same offset for ever).
-    eof = end >= read.size_bytes or (read.eof and returned == len(read.data))
+        block = embedded_blob(file_uri(session_id, shown), page.data, read.mime_type)
+        encoding, returned, next_offset = "resource", len(page.data), page.next_offset
     meta = models.ReadFileResult(
         session_id=session_id,
         path=shown,
@@ -82,8 +81,8 @@ def page_result(
         size_bytes=read.size_bytes,
         offset=read.offset,
         returned_bytes=returned,
-        eof=eof,
-        next_offset=None if eof else end,
+        eof=next_offset is None,
+        next_offset=next_offset,
         encoding=encoding,  # type: ignore[arg-type]
         download_url=download_url,
         notice=notice,
@@ -104,50 +103,3 @@ def no_preview(read: ReadResult, max_image_bytes: int) -> str:
         f"no preview of this image: {why}; its bytes come as base64, page by page "
         "(offset=next_offset); or look at it with run_code"
     )
-
-
-def whole_file(read: ReadResult, max_read_bytes: int, download_url: str | None) -> str | bytes:
-    """A resource's contents: all of ``read`` (read from the start, at most
-    ``max_read_bytes``), text as text when it decodes; ``ArtifactTooLarge`` when the file
-    is more than one read carries."""
-    if read.eof and read.is_text and len(read.data) <= max_read_bytes:
-        try:
-            return read.data.decode("utf-8")
-        except UnicodeDecodeError:
-            pass  # text at its start only: returned as bytes, unchanged, if they fit
-    blob = blob_page_bytes(max_read_bytes)
-    if read.eof and len(read.data) <= blob:
-        return read.data
-    limit = max_read_bytes if read.is_text else blob
-    where = f", or download it from {download_url}" if download_url else ""
-    details = {"download_url": download_url} if download_url else {}
-    raise ArtifactTooLarge(
-        f"'{read.path}' is {read.size_bytes} bytes, more than one resource read returns "
-        f"({limit} bytes); read it with read_file page by page (offset=next_offset){where}",
-        **details,
-    )
-
-
-def _text_page(data: bytes, eof: bool, room: int) -> tuple[str, int]:
-    """A page of text whose JSON form fits in ``room`` bytes (escapes can make it up to
-    six times the text): shorter pages until it does; ``next_offset`` says where to go on."""
-    page = data[:room]
-    while True:
-        text, returned = _utf8_prefix(page, eof and len(page) == len(data))
-        if len(page) <= 4096 or len(json.dumps(text, ensure_ascii=False).encode()) <= room:
-            return text, returned
-        page = page[: len(page) // 2]
-
-
-def _utf8_prefix(data: bytes, eof: bool) -> tuple[str, int]:
-    """Decode a page of text, leaving a multi-byte character cut by the page end for the
-    next page (so paging never garbles text). A page always advances: a page too small
-    for its first character is decoded with U+FFFD instead of returning nothing."""
-    if not eof:
-        for cut in range(0, min(4, len(data))):
-            try:
-                end = len(data) - cut
-                return data[:end].decode("utf-8"), end
-            except UnicodeDecodeError:
-                continue
-    return data.decode("utf-8", "replace"), len(data)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from mcp_types import (
@@ -31,7 +32,7 @@ from mcp_code_sandbox.server.media import MAX_PIXELS, fit_image
 from mcp_code_sandbox.server.models import DisplayOut, FileOut, RunError, RunResult
 from mcp_code_sandbox.settings import Settings
 
-__all__ = ["error_result", "file_uri", "run_result", "structured_result"]
+__all__ = ["Images", "error_result", "file_uri", "image_blocks", "run_result", "structured_result"]
 
 _PLAIN_RUN_FIELDS = frozenset(RunResult.model_fields) - {"notice", "error", "files", "displays"}
 #: Fields whose text a sandbox wrote (see :mod:`mcp_code_sandbox.sanitize`).
@@ -66,8 +67,6 @@ def run_result(
     ``link`` makes each file's ``download_url`` (none when ``None``).
 
     Blocking (it decodes and re-encodes images): call it in a worker thread."""
-    images: list[ImageContent] = []
-    skipped = report.cut.get("images_dropped", 0)  # by the agent, past the same limits
     candidates = [
         (d.data, d.mime_type)
         for d in report.displays
@@ -75,26 +74,14 @@ def run_result(
     ]
     candidates += [(f.data, f.mime_type) for f in report.image_files]
     # Images share half of the result budget (base64 is 4/3 of the bytes).
-    slots = max(min(len(candidates), settings.max_images), 1)
-    per_image = min(settings.max_image_bytes, settings.max_result_bytes * 3 // 8 // slots)
-    for data, mime in candidates:
-        if len(images) >= settings.max_images:
-            skipped += 1
-            continue
-        fitted = fit_image(data, mime, per_image)
-        if fitted is None:
-            skipped += 1
-            continue
-        images.append(
-            ImageContent(
-                type="image", data=base64.b64encode(fitted[0]).decode(), mime_type=fitted[1]
-            )
-        )
+    shown = image_blocks(candidates, settings.max_images, settings.max_image_bytes,
+                         settings.max_result_bytes * 3 // 8)  # fmt: skip
+    skipped = report.cut.get("images_dropped", 0) + shown.skipped  # the agent's: same limits
     notice = report.notice
     if skipped:
         more = (
             f"{skipped} more image(s) not shown (limit {settings.max_images} per result, "
-            f"{per_image} bytes each, and images over {MAX_PIXELS} pixels "
+            f"{shown.per_image} bytes each, and images over {MAX_PIXELS} pixels "
             "are not decoded for a preview); they are in /mnt/data or can be saved there "
             "with savefig"
         )
@@ -145,8 +132,41 @@ def run_result(
             if d.mime_type in _TEXT_DISPLAYS
         ],
     )
-    shaped = Fitted(model.model_dump(mode="json"), images, links)
+    shaped = Fitted(model.model_dump(mode="json"), shown.blocks, links)
     return fit_result(shaped, settings.max_result_bytes)
+
+
+@dataclass(frozen=True)
+class Images:
+    """What :func:`image_blocks` made: the blocks, how many candidates it left out, and
+    the bytes each image was allowed."""
+
+    blocks: list[ImageContent]
+    skipped: int
+    per_image: int
+
+
+def image_blocks(
+    candidates: Sequence[tuple[bytes, str]], max_images: int, max_image_bytes: int, room: int
+) -> Images:
+    """The one place images are budgeted, for every result that carries them (``run_code``
+    and ``read_file``): at most ``max_images`` of ``candidates`` (bytes, MIME type), each
+    downscaled to an equal share of ``room`` bytes and at most ``max_image_bytes``; a
+    candidate that cannot be made that small is skipped (counted, never cut).
+
+    Blocking (it decodes and re-encodes images): call it in a worker thread."""
+    slots = max(min(len(candidates), max_images), 1)
+    per_image = min(max_image_bytes, room // slots)
+    blocks: list[ImageContent] = []
+    skipped = 0
+    for data, mime in candidates:
+        fitted = fit_image(data, mime, per_image) if len(blocks) < max_images else None
+        if fitted is None:
+            skipped += 1
+            continue
+        encoded = base64.b64encode(fitted[0]).decode()
+        blocks.append(ImageContent(type="image", data=encoded, mime_type=fitted[1]))
+    return Images(blocks, skipped, per_image)
 
 
 def _budget_notice(report: RunReport, notice: str | None) -> str | None:

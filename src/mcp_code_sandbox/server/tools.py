@@ -9,7 +9,8 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
-from collections.abc import Awaitable, Callable
+import inspect
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Annotated, Any, ParamSpec
 
 import structlog
@@ -24,14 +25,13 @@ from mcp_code_sandbox.errors import (
     SandboxError,
     UploadTooLarge,
 )
-from mcp_code_sandbox.run.execute import IMAGE_MIME_TYPES, RunRequest
-from mcp_code_sandbox.run.languages import RUNTIMES
+from mcp_code_sandbox.run.execute import RunRequest
 from mcp_code_sandbox.sanitize import clean_text, escape_name
 from mcp_code_sandbox.server import models
 from mcp_code_sandbox.server.auth import current_owner
+from mcp_code_sandbox.server.downloads import UrlSigner
 from mcp_code_sandbox.server.fit import fit_count
-from mcp_code_sandbox.server.media import fit_image
-from mcp_code_sandbox.server.reads import no_preview, page_result
+from mcp_code_sandbox.server.reads import read_result
 from mcp_code_sandbox.server.tool_results import error_result, run_result, structured_result
 from mcp_code_sandbox.service import SandboxService
 from mcp_code_sandbox.workspace import ListResult
@@ -40,9 +40,6 @@ __all__ = ["ToolSet"]
 
 log = structlog.get_logger("mcp_code_sandbox.tools")
 P = ParamSpec("P")
-LANGUAGES = sorted(RUNTIMES)
-#: Room in a read_file result for everything but the page itself.
-READ_META_BYTES = 8 * 1024
 #: Directory entries one list_files walk reads (beyond: ``truncated``, narrow the path),
 #: and the most one page can hold before the result budget cuts it further.
 LIST_WALK = 50_000
@@ -55,6 +52,7 @@ SessionArg = Annotated[
         "pass your own id (letters, digits, . _ -) to create or reuse a named session."
     ),
 ]
+LANGUAGE_DESCRIPTION = "Language of the code (see list_runtimes)"
 RequiredSession = Annotated[str, Field(description="The session_id a previous result returned")]
 
 
@@ -82,11 +80,15 @@ def tool_errors(
 
 
 class ToolSet:
-    """The tools bound to one service; ``app.build_server`` registers them."""
+    """The tools bound to one service; ``app.build_server`` registers them.
 
-    def __init__(self, service: SandboxService) -> None:
+    ``signer`` signs the download links results carry: the HTTP app's, which serves them;
+    ``None`` over stdio (no links)."""
+
+    def __init__(self, service: SandboxService, signer: UrlSigner | None = None) -> None:
         self.service = service
         self.settings = service.settings
+        self.signer = signer
 
     @tool_errors
     async def run_code(
@@ -95,11 +97,8 @@ class ToolSet:
         ctx: Context[Any, Any],
         language: Annotated[
             str,
-            # The enum is set by app.build_server and follows the runner images found.
-            Field(
-                description="Language of the code (see list_runtimes)",
-                json_schema_extra={"enum": LANGUAGES},
-            ),
+            # The enum is added by run_code_tool and follows the runner images found.
+            Field(description=LANGUAGE_DESCRIPTION),
         ] = "python",
         session_id: SessionArg = None,
         timeout_s: Annotated[float | None, Field(description="Wall-time limit in seconds")] = None,
@@ -125,6 +124,33 @@ class ToolSet:
         # Shaping decodes and re-encodes images: blocking work, in the owner's threads.
         links = self._links(owner, report.session_id)
         return await self.service.threads.run(owner, run_result, report, self.settings, links)
+
+    def run_code_tool(self, languages: Sequence[str]) -> Callable[..., Awaitable[CallToolResult]]:
+        """:meth:`run_code` as ``app.build_server`` registers it: the same tool, with
+        ``languages`` as the enum of its ``language`` argument.
+
+        The SDK builds a tool's input schema from the function's signature, once, at
+        ``add_tool``: the enum is put into that signature up front (and the tool
+        registered again when the languages change) instead of patching the schema."""
+        method = self.run_code
+
+        async def run_code(*args: Any, **kwargs: Any) -> CallToolResult:
+            return await method(*args, **kwargs)
+
+        enum = Annotated[
+            str, Field(description=LANGUAGE_DESCRIPTION, json_schema_extra={"enum": [*languages]})
+        ]
+        signature = inspect.signature(method, eval_str=True)
+        params = [
+            p.replace(annotation=enum) if p.name == "language" else p
+            for p in signature.parameters.values()
+        ]
+        run_code.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+        # What typing.get_type_hints reads (the SDK finds the Context argument with it).
+        run_code.__annotations__ = {p.name: p.annotation for p in params}
+        run_code.__annotations__["return"] = signature.return_annotation
+        run_code.__doc__ = method.__doc__
+        return run_code
 
     @tool_errors
     async def upload_file(
@@ -182,38 +208,19 @@ class ToolSet:
         max_bytes: Annotated[int | None, Field(description="Most bytes to return")] = None,
     ) -> Annotated[CallToolResult, models.ReadFileResult]:
         owner = current_owner()
-        read = await self.service.read_file(
+        page = await self.service.read_page(
             owner, session_id, path, offset=offset, max_bytes=max_bytes
         )
-        link = self._links(owner, session_id)
-        # The page, its meta and their text copy within the result budget (server/fit.py).
-        limit = min(self.settings.max_read_bytes, self.settings.max_result_bytes)
-        preview, notice = None, None
-        if read.mime_type in IMAGE_MIME_TYPES and offset == 0:
-            room = limit - READ_META_BYTES
-            budget = min(self.settings.max_image_bytes, room * 3 // 4)  # base64: 4/3
-            if read.eof:  # decoding is blocking work: a worker thread's
-                preview = await self.service.threads.run(
-                    owner, fit_image, read.data, read.mime_type, budget
-                )
-            if preview is None:
-                notice = no_preview(read, budget)
-        return page_result(
-            read,
-            session_id,
-            max_read_bytes=limit,
-            preview=preview,
-            notice=notice,
-            # Names as listings show them, and as clients give them back (sanitize).
-            download_url=link(escape_name(read.path)) if link else None,
-        )
+        # Shaping may decode and re-encode an image: blocking work, in the owner's threads.
+        links = self._links(owner, session_id)
+        shape = read_result
+        return await self.service.threads.run(owner, shape, page, session_id, self.settings, links)
 
     def _links(self, owner: str, session_id: str) -> Callable[[str], str] | None:
         """Download links to ``session_id``'s files, when the HTTP server serves them."""
-        signer = self.service.downloads
-        if signer is None:
+        if self.signer is None:
             return None
-        return functools.partial(signer.url, owner, session_id)
+        return functools.partial(self.signer.url, owner, session_id)
 
     @tool_errors
     async def list_files(

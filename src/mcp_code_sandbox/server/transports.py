@@ -106,9 +106,8 @@ def build_http_app(service: SandboxService) -> Starlette:
     signer = UrlSigner(
         load_secret(settings), public_base_url(settings), settings.download_url_ttl_s
     )
-    service.downloads = signer
     auth = build_auth(settings)
-    mcp = build_server(service, auth)
+    mcp = build_server(service, auth, signer)
     body_limit = settings.max_upload_bytes * 4 // 3 + settings.max_code_bytes + 1024 * 1024
     security = transport_security(settings)
     mcp_app = mcp.streamable_http_app(transport_security=security, max_request_body_size=body_limit)

@@ -11,9 +11,19 @@ import codecs
 import mimetypes
 import posixpath
 
-__all__ = ["OCTET_STREAM", "guess_mime", "is_text", "is_text_mime", "looks_like_text"]
+__all__ = [
+    "IMAGE_MIME_TYPES",
+    "OCTET_STREAM",
+    "guess_mime",
+    "is_text",
+    "is_text_mime",
+    "looks_like_text",
+]
 
 OCTET_STREAM = "application/octet-stream"
+#: Images that come back as image blocks (what LLM APIs accept): a run's image files, and
+#: ``read_file`` of an image from its start.
+IMAGE_MIME_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
 
 # Only the default table: ``MimeTypes()`` starts from Python's own map, not the host's files.
 _DEFAULTS = mimetypes.MimeTypes()
