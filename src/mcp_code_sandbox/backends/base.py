@@ -69,7 +69,7 @@ class Limits:
     pids: int
     tmp_bytes: int
     #: The largest single file the sandbox may write (RLIMIT_FSIZE); the workspace's total
-    #: is bound by its own filesystem, or watched by the session manager (:mod:`..quota`).
+    #: is bound by its own filesystem, or watched by the session manager (``sessions.quota``).
     file_bytes: int
 
 

@@ -70,7 +70,8 @@ class RunnerSandbox(abc.ABC):
         env: Mapping[str, str],
         on_output: Callable[[str, str], None],
     ) -> ExecResult:
-        """Run ``code`` once, streaming ``(stream name, text)`` to ``on_output``.
+        """Run ``code`` once, streaming ``(stream name, text)`` to ``on_output``. Called
+        by the run path's runner client, once per call, with the session's lock held.
 
         On timeout or cancellation the process is killed (with the container, when the
         backend can kill nothing smaller; ``usable`` is then false). Raises

@@ -159,7 +159,7 @@ def env_args(spec: SandboxSpec) -> bytes:
 
 @dataclass(frozen=True)
 class NetFds:
-    """The fds of a sandbox with network (see :mod:`.bwrap_net`): where bwrap reports the
+    """The fds of a sandbox with network (see :mod:`.net`): where bwrap reports the
     sandbox's pid, where it waits for slirp4netns, and the sandbox's resolv.conf."""
 
     status_fd: int

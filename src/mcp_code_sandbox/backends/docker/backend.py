@@ -32,7 +32,7 @@ the server binds in a run dir is the very file the agent connects to, as on the 
 
 Uids. A server that can chown (root, or CAP_CHOWN as in ``deploy/compose.yaml``) runs
 each session's containers as the session's own host uid (``SandboxSpec.uid``, leased by
-the session manager from :mod:`..uids`; gid the same number), not the image's 1000: under
+the session manager from ``sessions.uids``; gid the same number), not the image's 1000: under
 runc the container's uids are the host's, and per-user kernel counters (inotify
 instances...) would otherwise be shared by every container and by the host's user 1000.
 Nothing in the sandbox needs a passwd entry (HOME is /tmp). The uid is recorded in the
@@ -65,7 +65,7 @@ import socket
 import time
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from mcp_code_sandbox.agent.protocol import ProtocolError
 from mcp_code_sandbox.backends.base import (
@@ -118,7 +118,6 @@ from mcp_code_sandbox.settings import Settings
 __all__ = ["DockerBackend", "DockerSandbox", "engine_ready"]
 
 log = logging.getLogger(__name__)
-_T = TypeVar("_T")
 
 READY_TIMEOUT_S = 30.0
 #: How long a restarted server waits for a surviving agent to reconnect: several of the
@@ -159,10 +158,7 @@ class DockerBackend(Backend, RunnerImages):
         self._runtime_info: dict[str, dict[str, Any]] | None = None
         #: Why labelled images were left out, as last logged (logged again on a change).
         self._skipped: list[str] = []
-        self._networks = SandboxNetworks(self.instance, self._call)
-
-    async def _call(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
-        return await self.engine.call(fn, *args, **kwargs)
+        self._networks = SandboxNetworks(self.instance, self.engine.call)
 
     async def client(self) -> Any:
         """The engine's client (made on first use). Called by this backend and tests."""
@@ -201,14 +197,14 @@ class DockerBackend(Backend, RunnerImages):
     async def check_ready(self) -> None:
         """The engine answers a ping and has the sandbox image."""
         client = await self.client()
-        await self._call(client.ping)
-        await self._call(client.images.get, self.image)
+        await self.engine.call(client.ping)
+        await self.engine.call(client.images.get, self.image)
 
     def _network_unavailable(self) -> str | None:
         return self._networks.unavailable(self.settings.docker_runtime)
 
     async def _network(self, client: Any, spec: SandboxSpec) -> str | None:
-        """The sandboxes' network when ``spec`` asks for one (fails closed, see docker_net)."""
+        """The sandboxes' network when ``spec`` asks for one (fails closed, see :mod:`.net`)."""
         if not spec.network:
             return None
         if (why := self._network_unavailable()) is not None:
@@ -218,7 +214,7 @@ class DockerBackend(Backend, RunnerImages):
     async def create(self, spec: SandboxSpec) -> Sandbox:
         sandbox_ids(spec)  # refuses, before anything is made, to run a sandbox as root
         client = await self.client()
-        await self._call(client.images.get, self.image)
+        await self.engine.call(client.images.get, self.image)
         await self.engine.require_runtime(client)
         network = await self._network(client, spec)
         run_dir, listener = await asyncio.to_thread(self._listen, spec)
@@ -232,10 +228,10 @@ class DockerBackend(Backend, RunnerImages):
         )
         container: Any = None
         try:
-            container = await self._call(client.containers.create, **kwargs)
-            await self._call(container.start)
+            container = await self.engine.call(client.containers.create, **kwargs)
+            await self.engine.call(container.start)
             channel, reader, peer = await accept_agent(
-                listener, container, self._call, READY_TIMEOUT_S, self._runsc_hint()
+                listener, container, self.engine.call, READY_TIMEOUT_S, self._runsc_hint()
             )
         except BaseException:
             listener.close()
@@ -245,7 +241,7 @@ class DockerBackend(Backend, RunnerImages):
         sandbox = DockerSandbox(spec, channel, container, run_dir)
         sandbox.reader, sandbox.peer = reader, peer
         try:
-            sandbox.ready = await wait_ready(sandbox, self._call, READY_TIMEOUT_S)
+            sandbox.ready = await wait_ready(sandbox, self.engine.call, READY_TIMEOUT_S)
         except BaseException:
             await self.stop(sandbox)
             raise
@@ -282,7 +278,7 @@ class DockerBackend(Backend, RunnerImages):
             with contextlib.suppress(OSError, ProtocolError, RuntimeError, TimeoutError):
                 await asyncio.wait_for(sandbox.channel.send({"op": "shutdown"}), 0.5)
             with contextlib.suppress(SandboxError):
-                await self._call(sandbox.container.wait, timeout=1)
+                await self.engine.call(sandbox.container.wait, timeout=1)
 
     async def _discard(self, container: Any, run_dir: Path | None) -> None:
         """Remove a container and its run dir; never raises (it may be gone already)."""
@@ -296,7 +292,7 @@ class DockerBackend(Backend, RunnerImages):
         # Sparse: the list endpoint's data only. Not sparse, docker-py inspects each
         # container after listing, and one removed in between (by another server, or a
         # test) would fail the whole start with "No such container".
-        found = await self._call(
+        found = await self.engine.call(
             client.containers.list, all=True, sparse=True, filters={"label": LABEL_INSTANCE}
         )
         leftovers = []
@@ -335,7 +331,7 @@ class DockerBackend(Backend, RunnerImages):
 
     def _bound_dir(self, attrs: Mapping[str, Any], destination: str) -> Path | None:
         """The directory bound at ``destination``, as this server sees it (see
-        ``docker_spec.server_path``); ``None`` when there is none or it is not ours."""
+        ``spec.server_path``); ``None`` when there is none or it is not ours."""
         source = _mount_source(attrs, destination)
         return None if source is None else server_path(source, self.settings)
 
@@ -349,7 +345,7 @@ class DockerBackend(Backend, RunnerImages):
         """
         client = await self.client()
         try:
-            container = await self._call(client.containers.get, leftover.backend_id)
+            container = await self.engine.call(client.containers.get, leftover.backend_id)
         except SandboxError:
             return None
         run_dir = run_dir_from_label(
@@ -367,7 +363,7 @@ class DockerBackend(Backend, RunnerImages):
         deadline = time.monotonic() + REATTACH_WAIT_S
         try:
             channel, reader, peer = await accept_agent(
-                listener, container, self._call, REATTACH_WAIT_S
+                listener, container, self.engine.call, REATTACH_WAIT_S
             )
         except SandboxError as exc:
             log.warning("cannot re-attach to %s: %s", leftover.backend_id, exc.message)
@@ -377,7 +373,9 @@ class DockerBackend(Backend, RunnerImages):
         sandbox = DockerSandbox(spec, channel, container, run_dir)
         sandbox.reader, sandbox.peer = reader, peer
         try:
-            ready = await wait_ready(sandbox, self._call, max(1.0, deadline - time.monotonic()))
+            ready = await wait_ready(
+                sandbox, self.engine.call, max(1.0, deadline - time.monotonic())
+            )
         except SandboxError as exc:
             log.warning("cannot re-attach to %s: %s", leftover.backend_id, exc.message)
             sandbox.close()
@@ -400,7 +398,7 @@ class DockerBackend(Backend, RunnerImages):
     async def remove_leftover(self, leftover: Leftover) -> None:
         client = await self.client()
         try:
-            container = await self._call(client.containers.get, leftover.backend_id)
+            container = await self.engine.call(client.containers.get, leftover.backend_id)
         except SandboxError:
             return  # gone already
         name = (container.labels or {}).get(LABEL_RUN_DIR)
@@ -412,9 +410,9 @@ class DockerBackend(Backend, RunnerImages):
         client = await self.client()
         # The list endpoint alone (docker-py's images.list inspects each image after
         # listing, and one removed in between would fail the whole discovery).
-        labelled = await self._call(client.api.images, filters=RUNNER_FILTER)
+        labelled = await self.engine.call(client.api.images, filters=RUNNER_FILTER)
         try:
-            default_id = (await self._call(client.images.get, self.image)).id
+            default_id = (await self.engine.call(client.images.get, self.image)).id
         except SandboxError:
             default_id = None  # create() says so; runners can still be offered
         runners, skipped = choose_runners(
@@ -430,7 +428,7 @@ class DockerBackend(Backend, RunnerImages):
         sandbox_ids(spec)  # as in create
         client = await self.client()
         try:
-            await self._call(client.images.get, runner.image_id)
+            await self.engine.call(client.images.get, runner.image_id)
         except SandboxError:
             raise SandboxFailed(
                 f"the image {runner.image} that offered {runner.language!r} is gone; "
@@ -446,13 +444,13 @@ class DockerBackend(Backend, RunnerImages):
         )
         container: Any = None
         try:
-            container = await self._call(client.containers.create, **kwargs)
-            await self._call(container.start)
+            container = await self.engine.call(client.containers.create, **kwargs)
+            await self.engine.call(container.start)
         except BaseException:
             await self._discard(container, run_dir)
             raise
         api = (await self.engine.exec_client()).api
-        return DockerRunner(spec, runner, container, run_dir, api=api, call=self._call)
+        return DockerRunner(spec, runner, container, run_dir, api=api, call=self.engine.call)
 
     async def stop_runner(self, sandbox: RunnerSandbox) -> None:
         assert isinstance(sandbox, DockerRunner)

@@ -266,7 +266,7 @@ def same_host(instance: str) -> bool:
 
 
 def instance_alive(instance: str, ours: str) -> bool:
-    """Is ``instance`` (``host-<pid>.<start>-random``, see :mod:`..liveness`) this server
+    """Is ``instance`` (``host-<pid>.<start>-random``, see :mod:`mcp_code_sandbox.host`) this server
     or another live one on this host?
 
     Servers sharing an engine must not remove each other's sandboxes. The start time

@@ -51,17 +51,17 @@ LABEL_OWNER = f"{_PREFIX}.owner"
 LABEL_SESSION = f"{_PREFIX}.session"
 LABEL_KEY = f"{_PREFIX}.key"
 LABEL_INSTANCE = f"{_PREFIX}.instance"
-#: On a runner's container (``docker_runner``): its language.
+#: On a runner's container (:mod:`.runners`): its language.
 LABEL_RUNNER = f"{_PREFIX}.runner"
 #: On a container: "true" when it is on the sandboxes' network. On that network: its
-#: bridge interface's name (see ``docker_net``).
+#: bridge interface's name (see :mod:`.net`).
 LABEL_NETWORK = f"{_PREFIX}.network"
 #: Name of the sandbox's run dir under ``settings.run_dir``, removed with the container.
 LABEL_RUN_DIR = f"{_PREFIX}.rundir"
 #: The session's own host uid that the container runs as (``SandboxSpec.uid``); absent
 #: when the containers run as the server's uid.
 LABEL_UID = f"{_PREFIX}.uid"
-#: Sysctls of every networked sandbox: no IPv6 inside (see ``docker_net``).
+#: Sysctls of every networked sandbox: no IPv6 inside (see :mod:`.net`).
 IPV6_OFF = {
     "net.ipv6.conf.all.disable_ipv6": "1",
     "net.ipv6.conf.default.disable_ipv6": "1",
@@ -127,7 +127,7 @@ def container_kwargs(
 ) -> dict[str, Any]:
     """Everything ``containers.create`` gets for one sandbox. Pure: no engine needed.
 
-    ``network``: the sandboxes' network (``docker_net``), required when ``spec.network``
+    ``network``: the sandboxes' network (:mod:`.net`), required when ``spec.network``
     and otherwise ignored: without it the container has none (``network_mode`` none)."""
     if spec.network and network is None:
         raise ValueError("a sandbox with network needs the sandboxes' network")
