@@ -37,6 +37,9 @@ from typing import Any
 
 from mcp import Client, StdioServerParameters
 
+from mcp_code_sandbox.backends.bwrap.argv import minimal_argv
+from mcp_code_sandbox.layout import SANDBOX_PYTHON, SANDBOX_VENV
+
 RUNTIME_DIR = Path(os.environ.get("SANDBOX_RUNTIME_DIR", "/var/lib/mcp-code-sandbox/runtime"))
 HERE = Path(__file__).resolve().parent
 BACKENDS = ("bwrap", "docker", "runsc")
@@ -657,33 +660,13 @@ def time_command(argv: list[str], runs: int) -> list[float]:
 def bwrap_baselines(runs: int) -> list[Row]:
     venv = RUNTIME_DIR / "venv"
     bwrap = shutil.which("bwrap") or "bwrap"
-    argv = [
+    # The backend's own probe command line (what doctor runs too), with the venv bound.
+    argv = minimal_argv(
         bwrap,
-        "--unshare-all",
-        "--die-with-parent",
-        "--ro-bind",
-        "/usr",
-        "/usr",
-        "--symlink",
-        "usr/bin",
-        "/bin",
-        "--symlink",
-        "usr/lib",
-        "/lib",
-        "--symlink",
-        "usr/lib64",
-        "/lib64",
-        "--proc",
-        "/proc",
-        "--dev",
-        "/dev",
-        "--ro-bind",
-        str(venv),
-        "/opt/sandbox/venv",
-        "/opt/sandbox/venv/bin/python",
-        "-c",
-        "print(1)",
-    ]
+        ["--unshare-all", "--die-with-parent"],
+        [SANDBOX_PYTHON, "-c", "print(1)"],
+        binds=["--ro-bind", str(venv), SANDBOX_VENV],
+    )
     return [
         Row(
             "bwrap",

@@ -36,10 +36,12 @@ from typing import Any
 from mcp_code_sandbox.backends.base import (
     Backend,
     Channel,
+    Description,
     Enforcement,
     Leftover,
     Sandbox,
     SandboxSpec,
+    wait_ready,
 )
 from mcp_code_sandbox.errors import SandboxFailed
 from mcp_code_sandbox.service import SandboxService
@@ -148,8 +150,16 @@ class FakeBackend(Backend):
         if sandbox is not None:
             await _end(sandbox)
 
-    def enforcement(self) -> dict[str, Enforcement]:
-        return dict.fromkeys(("memory", "cpu", "pids", "tmp", "file_size", "network"), "none")
+    def describe(self) -> Description:
+        """Nothing enforced; languages from the agent's ``ready`` (the server's probe)."""
+        none: Enforcement = "none"
+        return Description(
+            enforcement=dict.fromkeys(
+                ("memory", "cpu", "pids", "tmp", "file_size", "network"), none
+            ),
+            runtimes={},
+            network_unavailable="the fake backend has no network support",
+        )
 
     # -- for tests --------------------------------------------------------------------------
 
@@ -205,16 +215,16 @@ class FakeBackend(Backend):
         channel = Channel(reader, writer)
         sandbox = FakeSandbox(spec, channel, proc, scratch, {})
         self._all.append(sandbox)
+
+        async def not_ready(message: dict[str, Any] | None, timed_out: bool) -> str:
+            stderr = (scratch / "agent.err").read_text(errors="replace")[-2000:]
+            return f"the fake agent did not say ready ({timed_out=}): {message!r} {stderr}"
+
         try:
-            message = await asyncio.wait_for(channel.receive(), READY_TIMEOUT_S)
+            sandbox.ready = await wait_ready(sandbox, READY_TIMEOUT_S, not_ready)
         except BaseException:
             await _end(sandbox)
             raise
-        if message is None or message.get("ev") != "ready":
-            stderr = (scratch / "agent.err").read_text(errors="replace")[-2000:]
-            await _end(sandbox)
-            raise SandboxFailed(f"the fake agent did not say ready: {message!r} {stderr}")
-        sandbox.ready = message
         return sandbox
 
 

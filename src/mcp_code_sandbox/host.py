@@ -1,6 +1,7 @@
-"""Is a server process that left a mark (a pid file, a container label) still running?
+"""Facts about this host's processes: is a marked server still running, can we chown?
 
-A pid alone cannot say: pids are reused, and in a container they are reused at once, since
+A server process leaves a mark (a pid file, a container label); is it still running? A
+pid alone cannot say: pids are reused, and in a container they are reused at once, since
 every start of the server's container gives it the same pid (1, or 7 under an init). So a
 mark names the process by its pid and its start time (``/proc/<pid>/stat``, clock ticks
 since boot), and a process counts as the marked one only when both match. A mark without
@@ -10,8 +11,9 @@ a start time (one of a server before this) is judged by its pid alone.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
-__all__ = ["process_alive", "process_mark", "process_start", "read_mark"]
+__all__ = ["can_chown", "process_alive", "process_mark", "process_start", "read_mark"]
 
 
 def process_start(pid: int) -> int | None:
@@ -61,3 +63,14 @@ def process_alive(pid: int, start: int | None = None) -> bool:
     now = process_start(pid)
     # Unreadable (a /proc without it) is not evidence of a reuse: keep it alive.
     return now is None or now == start
+
+
+def can_chown() -> bool:
+    """Can this process give files to another uid (CAP_CHOWN in its effective set)?"""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("CapEff:"):
+                return bool(int(line.split()[1], 16) & 1)  # bit 0 is CAP_CHOWN
+    except (OSError, ValueError):
+        pass
+    return os.geteuid() == 0

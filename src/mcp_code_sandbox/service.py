@@ -14,7 +14,8 @@ from typing import Any, BinaryIO
 
 import structlog
 
-from mcp_code_sandbox.backends.base import Backend, RunnerImage
+from mcp_code_sandbox.backends.base import Backend, Enforcement
+from mcp_code_sandbox.backends.runner_images import RunnerImage, RunnerImages
 from mcp_code_sandbox.errors import (
     InvalidArgument,
     NetworkNotAllowed,
@@ -76,12 +77,14 @@ class SandboxService:
         self.threads = self.sessions.threads
         #: Runner images by language (docker), as last discovered; see ``refresh_runners``.
         self.runners: dict[str, RunnerImage] = {}
-        #: What ``backend.runtime_info()`` said at the latest refresh, and the languages
-        #: (with versions) the server's own probe sandbox listed (never a tenant's: see
+        #: What ``backend.describe()`` said of the runtimes at the latest refresh, and the
+        #: languages (with versions) the server's own probe sandbox listed (never a tenant's: see
         #: ``probe``). A built-in language is offered unless one of them says the
         #: sandboxes lack it (``"available": false``, or not listed): a backend that says
         #: nothing about a language is not taken to lack it.
         self._info: dict[str, dict[str, Any]] = {}
+        #: How the backend enforces each limit, as ``describe()`` said at that refresh.
+        self._enforcement: dict[str, Enforcement] = {}
         self.probe = RuntimeProbe(
             settings, backend, self.sessions.limits, RUNTIMES, self.sessions.uids
         )
@@ -117,13 +120,14 @@ class SandboxService:
         ``backend_unavailable`` anyway, and the list should not flap with it."""
         before = self.languages()
         try:
-            info = await asyncio.to_thread(self.backend.runtime_info)
+            description = await asyncio.to_thread(self.backend.describe)
         except SandboxError as exc:
             log.warning("runtime info not read", error=exc.message)
         else:
-            self._info = info
+            self._info, self._enforcement = description.runtimes, description.enforcement
+        images = self.backend if isinstance(self.backend, RunnerImages) else None
         try:
-            found = await self.backend.discover_runners(RUNTIMES.keys())
+            found = await images.discover_runners(RUNTIMES.keys()) if images else {}
         except SandboxError as exc:
             log.warning("runner images not listed", error=exc.message)
         else:
@@ -176,10 +180,12 @@ class SandboxService:
         if request.language not in self.languages():
             await self.refresh_runners()  # an image built since the last look
         timeout = execute.check_request(self.settings, request, self.languages())
-        if request.network and (why := self.backend.network_unavailable()) is not None:
-            raise NetworkNotAllowed(
-                f"network access is allowed by this server but not available: {why}"
-            )
+        if request.network:
+            why = (await asyncio.to_thread(self.backend.describe)).network_unavailable
+            if why is not None:
+                raise NetworkNotAllowed(
+                    f"network access is allowed by this server but not available: {why}"
+                )
         runner = None if request.language in RUNTIMES else self.runners[request.language]
         before = self.languages()
         try:
@@ -323,7 +329,7 @@ class SandboxService:
                 "max_output_bytes": self.settings.max_output_bytes,
                 "max_result_bytes": self.settings.max_result_bytes,
                 "enforcement": {
-                    **self.backend.enforcement(),
+                    **self._enforcement,
                     "workspace": "kernel" if self.sessions.quota.filesystem else "checked",
                 },
             },

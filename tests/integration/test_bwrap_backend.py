@@ -254,7 +254,7 @@ async def test_stop_kills_everything(bwrap_backend: BwrapBackend, host_uid: int 
 
 
 async def test_enforcement_and_leftovers(bwrap_backend: BwrapBackend) -> None:
-    enforcement = bwrap_backend.enforcement()
+    enforcement = bwrap_backend.describe().enforcement
     assert enforcement["network"] == "kernel" and enforcement["tmp"] == "kernel"
     assert set(enforcement) == {"memory", "cpu", "pids", "tmp", "file_size", "network"}
     assert all(

@@ -7,13 +7,15 @@ from pathlib import Path
 import pytest
 
 from mcp_code_sandbox.backends.base import Limits, SandboxSpec
-from mcp_code_sandbox.backends.bwrap.backend import (
+from mcp_code_sandbox.backends.bwrap.argv import (
     HostLayout,
     Mounts,
     NetFds,
     build_bwrap_argv,
     build_launcher_argv,
+    drop_uid_argv,
     env_args,
+    minimal_argv,
 )
 
 LIMITS = Limits(memory_bytes=512 << 20, cpu=1.0, pids=128, tmp_bytes=64 << 20, file_bytes=1 << 30)
@@ -181,3 +183,23 @@ def test_host_layout_probe(tmp_path: Path) -> None:
     assert layout.links == (("/bin", "usr/bin"),)
     assert layout.dirs == ("/lib64",)
     assert layout.etc == ("/etc/ssl",)
+
+
+def test_minimal_argv_is_the_probe_doctor_and_bench_run() -> None:
+    argv = minimal_argv("bwrap", ["--unshare-user"], ["/usr/bin/true"])
+    assert argv == [
+        "bwrap",
+        "--unshare-user",
+        "--ro-bind", "/usr", "/usr",
+        "--symlink", "usr/bin", "/bin",
+        "--symlink", "usr/lib", "/lib",
+        "--symlink", "usr/lib64", "/lib64",
+        "--proc", "/proc",
+        "--dev", "/dev",
+        "/usr/bin/true",
+    ]  # fmt: skip
+    assert drop_uid_argv(70000) == [
+        "/usr/bin/setpriv", "--reuid=70000", "--regid=70000", "--clear-groups", "--",
+    ]  # fmt: skip
+    launcher = build_launcher_argv(11, [], None, 70000)
+    assert launcher[-len(drop_uid_argv(70000)) :] == drop_uid_argv(70000)

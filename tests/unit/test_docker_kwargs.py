@@ -14,12 +14,11 @@ import pytest
 import requests
 
 from mcp_code_sandbox.backends.base import Limits, SandboxSpec
+from mcp_code_sandbox.backends.docker import engine as docker_engine
 from mcp_code_sandbox.backends.docker import spec as docker_spec
-from mcp_code_sandbox.backends.docker.backend import (
-    DockerBackend,
-    container_kwargs,
-    map_docker_error,
-)
+from mcp_code_sandbox.backends.docker.backend import DockerBackend
+from mcp_code_sandbox.backends.docker.engine import map_docker_error
+from mcp_code_sandbox.backends.docker.spec import container_kwargs
 from mcp_code_sandbox.backends.seccomp import docker_seccomp_opt
 from mcp_code_sandbox.errors import BackendUnavailable, SandboxFailed
 from mcp_code_sandbox.settings import docker_environ, load_settings
@@ -266,8 +265,8 @@ def test_engine_errors_are_mapped_by_type_and_status() -> None:
 
 def test_a_missing_runtime_is_asked_of_the_engine() -> None:
     registered = {"runc": {"path": "runc"}, "io.containerd.runc.v2": {"path": "runc"}}
-    assert docker_spec.runtime_missing("runc", registered) is None
-    missing = docker_spec.runtime_missing("runsc", registered)
+    assert docker_engine.runtime_missing("runc", registered) is None
+    missing = docker_engine.runtime_missing("runsc", registered)
     assert isinstance(missing, BackendUnavailable)
     assert (
         "no runtime 'runsc'" in missing.message and "SANDBOX_DOCKER_RUNTIME=runc" in missing.message
@@ -293,19 +292,21 @@ async def test_engine_down_at_create_is_backend_unavailable(tmp_path: Path) -> N
     backend = DockerBackend(settings, {"DOCKER_HOST": f"unix://{missing}"})
     with pytest.raises(BackendUnavailable, match="start Docker"):
         await backend.create(spec(workspace=tmp_path))
-    assert backend.runtime_info() == {}
-    assert not docker_spec.engine_ready({"DOCKER_HOST": f"unix://{missing}"}, "img:1")
+    assert backend.describe().runtimes == {}
+    assert not docker_engine.engine_ready({"DOCKER_HOST": f"unix://{missing}"}, "img:1")
 
 
 def test_enforcement() -> None:
     settings = load_settings({}, environ={})
-    enforced = DockerBackend(settings, {}).enforcement()
+    backend = DockerBackend(settings, {})
+    enforced = backend.describe().enforcement
+    backend.engine.close()
     assert {enforced[k] for k in ("memory", "cpu", "pids")} == {"cgroup"}
     assert enforced["network"] == "kernel"
 
 
 def test_instances_of_live_servers_on_this_host_are_not_leftovers() -> None:
-    alive = docker_spec.instance_alive
+    alive = docker_engine.instance_alive
     host = socket.gethostname()
     assert alive("mine", "mine")
     assert alive(f"{host}-{os.getpid()}-abcd", "mine")

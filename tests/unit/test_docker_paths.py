@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 
-from mcp_code_sandbox.backends.base import Limits, RunnerImage, SandboxSpec
+from mcp_code_sandbox.backends.base import Limits, SandboxSpec
 from mcp_code_sandbox.backends.docker.backend import DockerBackend
 from mcp_code_sandbox.backends.docker.runners import runner_kwargs
 from mcp_code_sandbox.backends.docker.spec import container_kwargs, engine_path, server_path
+from mcp_code_sandbox.backends.runner_images import RunnerImage
 from mcp_code_sandbox.settings import ConfigError, Settings, load_settings
 
 INSIDE = Path("/var/lib/mcp-code-sandbox")

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from mcp_code_sandbox.agent import languages
+from mcp_code_sandbox.backends.base import Description
 from mcp_code_sandbox.run.languages import RUNTIMES
 from mcp_code_sandbox.run.probe import clean_languages
 from mcp_code_sandbox.server.app import descriptions
@@ -95,11 +96,8 @@ class _Backend:
     def __init__(self, info: dict[str, dict[str, Any]]) -> None:
         self.info = info
 
-    def runtime_info(self) -> dict[str, dict[str, Any]]:
-        return self.info
-
-    async def discover_runners(self, builtin: Any) -> dict[str, Any]:
-        return {}
+    def describe(self) -> Description:
+        return Description(enforcement={}, runtimes=self.info, network_unavailable=None)
 
 
 async def test_languages_the_backend_or_an_agent_lacks_are_not_offered(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ import os
 import socket
 from pathlib import Path
 
-from mcp_code_sandbox.backends.docker.spec import instance_alive
+from mcp_code_sandbox.backends.docker.engine import instance_alive
 from mcp_code_sandbox.host import process_alive, process_mark, process_start, read_mark
 from mcp_code_sandbox.sessions.recovery import alive
 

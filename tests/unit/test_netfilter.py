@@ -82,8 +82,8 @@ def test_network_needs_the_servers_permission() -> None:
 def test_network_age_from_the_engines_created_stamp() -> None:
     import time
 
+    from mcp_code_sandbox.backends.docker.engine import same_host
     from mcp_code_sandbox.backends.docker.net import _age_s
-    from mcp_code_sandbox.backends.docker.spec import same_host
 
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S.123456789Z", time.gmtime(time.time() - 120))
     assert 115 < _age_s({"Created": stamp}) < 130

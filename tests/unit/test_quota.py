@@ -76,8 +76,8 @@ def test_a_server_in_a_container_cannot_mount_for_the_engine(tmp_path: Path) -> 
     mode = quota.choose(s, DockerBackend(s, {}))
     assert not mode.filesystem and "runs in a container" in (mode.why or "")
     remote = DockerBackend(settings(tmp_path), {"DOCKER_HOST": "tcp://10.0.0.1:2376"})
-    assert "another host" in (remote.workspace_mounts_unseen() or "")
-    assert DockerBackend(settings(tmp_path), {}).workspace_mounts_unseen() is None
+    assert "another host" in (remote.workspace_mounts_unseen or "")
+    assert DockerBackend(settings(tmp_path), {}).workspace_mounts_unseen is None
     forced = settings(
         tmp_path, backend="docker", docker_host_state_dir="/srv/state",
         workspace_quota_mode="filesystem",

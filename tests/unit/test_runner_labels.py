@@ -10,13 +10,10 @@ from typing import Any
 
 import pytest
 
-from mcp_code_sandbox.backends.base import Limits, RunnerImage, SandboxSpec
-from mcp_code_sandbox.backends.docker.runners import (
-    KEEPALIVE,
-    choose_runners,
-    runner_from_labels,
-    runner_kwargs,
-)
+from mcp_code_sandbox.backends.base import Limits, SandboxSpec
+from mcp_code_sandbox.backends.docker.labels import runner_from_labels
+from mcp_code_sandbox.backends.docker.runners import KEEPALIVE, choose_runners, runner_kwargs
+from mcp_code_sandbox.backends.runner_images import RunnerImage
 from mcp_code_sandbox.backends.seccomp import docker_seccomp_opt
 from mcp_code_sandbox.settings import load_settings
 

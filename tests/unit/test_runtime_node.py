@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from mcp_code_sandbox.backends.base import SANDBOX_NODE, SANDBOX_VENV, sandbox_env
-from mcp_code_sandbox.backends.bwrap.backend import Mounts, build_bwrap_argv
-from mcp_code_sandbox.doctor import report as doctor
+from mcp_code_sandbox.backends.bwrap.argv import Mounts, build_bwrap_argv
+from mcp_code_sandbox.doctor import bwrap as doctor
+from mcp_code_sandbox.layout import SANDBOX_NODE, SANDBOX_VENV, sandbox_env
 from mcp_code_sandbox.provision import image as imagebuild
 from mcp_code_sandbox.provision import node as node_env
 from mcp_code_sandbox.provision import venv as rt
@@ -233,7 +233,7 @@ def test_sandbox_env_puts_node_after_the_venv() -> None:
 
 def test_bwrap_binds_node_only_when_provisioned() -> None:
     from mcp_code_sandbox.backends.base import Limits, SandboxSpec
-    from mcp_code_sandbox.backends.bwrap.backend import HostLayout
+    from mcp_code_sandbox.backends.bwrap.argv import HostLayout
 
     limits = Limits(memory_bytes=1 << 29, cpu=1.0, pids=64, tmp_bytes=1 << 26, file_bytes=1 << 30)
     spec = SandboxSpec("k", "local", "s", Path("/w"), limits)
@@ -293,11 +293,11 @@ def test_bwrap_runtime_info_reports_node_without_a_sandbox(tmp_path: Path, npm: 
     from mcp_code_sandbox.backends.bwrap.backend import BwrapBackend
 
     s = settings(tmp_path)
-    info = BwrapBackend(s).runtime_info()
+    info = BwrapBackend(s).describe().runtimes
     assert info["javascript"] == info["typescript"] == {"available": False}
     s.runtime_dir.mkdir(parents=True)
     rt.ensure_node(s, npm=str(npm), progress=lambda _: None, cpuinfo=AVX2)
-    info = BwrapBackend(s).runtime_info()
+    info = BwrapBackend(s).describe().runtimes
     assert info["javascript"]["version"] == "24.1.0"
     assert info["typescript"]["version"] == "1.2.3"
     assert sorted(info["typescript"]["packages"]) == sorted(node_env.NPM_PACKAGES)

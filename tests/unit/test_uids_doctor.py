@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from mcp_code_sandbox import host
+from mcp_code_sandbox.doctor import bwrap as doctor
 from mcp_code_sandbox.doctor import docker as doctor_docker
-from mcp_code_sandbox.doctor import report as doctor
-from mcp_code_sandbox.sessions import uids
 from mcp_code_sandbox.settings import Settings, load_settings
 
 
@@ -23,13 +23,13 @@ def settings(tmp_path: Path, **values: str) -> Settings:
 @pytest.fixture
 def as_root(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(os, "geteuid", lambda: 0)
-    monkeypatch.setattr(uids, "can_chown", lambda: True)
+    monkeypatch.setattr(host, "can_chown", lambda: True)
 
 
 @pytest.fixture
 def as_user(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(os, "geteuid", lambda: 1234)  # the one os module doctor's both use
-    monkeypatch.setattr(uids, "can_chown", lambda: False)
+    monkeypatch.setattr(host, "can_chown", lambda: False)
 
 
 @pytest.mark.usefixtures("as_root")

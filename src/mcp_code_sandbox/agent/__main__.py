@@ -1,6 +1,6 @@
 """Entry point: ``python -m mcs_agent (--channel-fd N | --connect PATH) --config JSON``.
 
-The backend starts the agent this way (see ``backends.base.agent_argv``); on the host the
+The backend starts the agent this way (see ``mcp_code_sandbox.layout.agent_argv``); on the host the
 same package runs as ``python -m mcp_code_sandbox.agent``. fds 0-2 are whatever the
 backend gave (/dev/null): nothing is ever written there, everything goes over the channel.
 

@@ -1,6 +1,6 @@
 """``doctor`` checks of the docker backend: the engine, its runtimes, the image.
 
-Output-free like :func:`mcp_code_sandbox.doctor.report.check_bwrap`: one :class:`Check` a fact.
+Output-free like :func:`.bwrap.check_bwrap`: one :class:`.checks.Check` a fact.
 Limits need no checks of their own here: the engine enforces memory, CPU and pids with its
 cgroups for every container, whatever the host's cgroup version.
 """
@@ -12,14 +12,25 @@ from typing import Any
 
 import docker
 
-from mcp_code_sandbox.backends.docker.runners import RUNNER_FILTER, choose_runners, listed_images
-from mcp_code_sandbox.backends.docker.spec import foreign, probe_engine
+from mcp_code_sandbox import host
+from mcp_code_sandbox.backends.docker.backend import DockerBackend
+from mcp_code_sandbox.backends.docker.engine import foreign, probe_engine
+from mcp_code_sandbox.backends.docker.labels import RUNNER_FILTER, is_runner
+from mcp_code_sandbox.backends.docker.runners import choose_runners, listed_images
 from mcp_code_sandbox.backends.seccomp import deny_rules
-from mcp_code_sandbox.doctor.report import Check
+from mcp_code_sandbox.doctor.checks import (
+    Check,
+    network_check,
+    uid_range_detail,
+    workspace_quota_check,
+)
 from mcp_code_sandbox.run.languages import RUNTIMES
 from mcp_code_sandbox.settings import Settings, docker_environ
 
-__all__ = ["check_docker", "seccomp_check"]
+__all__ = ["ESSENTIAL", "check_docker", "seccomp_check", "uid_check"]
+
+#: Docker checks without which its sandboxes cannot start.
+ESSENTIAL = ("docker engine", "docker runtime", "docker seccomp", "docker image")
 
 _ENGINE_FIX = (
     "install and start an engine (scripts/docker-engine.sh on Debian/Ubuntu), set "
@@ -71,17 +82,15 @@ def _engine_checks(client: Any, settings: Settings, where: str) -> list[Check]:
         "docker limits", True,
         "memory, cpu and pids by the engine's cgroups; network only where allowed and asked for",
     ))  # fmt: skip
-    checks.append(_network_check(settings))
-    checks.append(_quota_check(settings))
+    backend = DockerBackend(settings, docker_environ())
+    checks.append(_network_check(backend, settings))
+    checks.append(_quota_check(backend, settings))
     checks.append(uid_check(settings, info.get("SecurityOptions") or []))
     return checks
 
 
 def uid_check(settings: Settings, security_options: list[str]) -> Check:
     """How the containers' host uids keep per-user kernel limits per sandbox."""
-    from mcp_code_sandbox.doctor.report import uid_range_detail
-    from mcp_code_sandbox.sessions.uids import can_chown
-
     name = "per-sandbox uids"
     runtime = settings.docker_runtime
     gvisor = "; under gVisor per-user limits are each sandbox kernel's own anyway"
@@ -93,7 +102,7 @@ def uid_check(settings: Settings, security_options: list[str]) -> Check:
             "workspace files would not be the sandboxes'",
             "use an engine without userns-remap, or SANDBOX_BACKEND=bwrap",
         )  # fmt: skip
-    if not can_chown():
+    if not host.can_chown():
         uid = os.geteuid()
         detail = (
             f"no (server cannot chown: not root, no CAP_CHOWN): every container runs as "
@@ -128,21 +137,15 @@ def seccomp_check(runtime: str, security_options: list[str]) -> Check:
     )  # fmt: skip
 
 
-def _quota_check(settings: Settings) -> Check:
-    from mcp_code_sandbox.backends.docker.backend import DockerBackend
-    from mcp_code_sandbox.doctor.report import workspace_quota_check
-
-    return workspace_quota_check(settings, DockerBackend(settings, docker_environ()))
+def _quota_check(backend: DockerBackend, settings: Settings) -> Check:
+    return workspace_quota_check(settings, backend)
 
 
-def _network_check(settings: Settings) -> Check:
-    from mcp_code_sandbox.backends.docker.net import SandboxNetworks
-    from mcp_code_sandbox.doctor.report import network_check
-
-    async def unused(*_: Any) -> Any:  # never called: only ``unavailable`` is asked
-        raise NotImplementedError
-
-    why_not = SandboxNetworks("doctor", unused).unavailable(settings.docker_runtime)
+def _network_check(backend: DockerBackend, settings: Settings) -> Check:
+    try:
+        why_not = backend.describe().network_unavailable
+    finally:
+        backend.engine.close()  # describe() may have opened a client
     how = (
         "outbound access on a bridge network of the server's with inter-container traffic "
         "off; INPUT rejects what comes from it to this host, DOCKER-USER 169.254.0.0/16; "
@@ -159,7 +162,7 @@ def _image_check(client: Any, image: str) -> Check:
             raise
         return Check("docker image", False, f"{image} is not built", "mcp-code-sandbox image build")
     languages = labels.get("sandbox.language", "?")
-    if labels.get("sandbox.runner") != "true":
+    if not is_runner(labels):
         return Check("docker image", False, f"{image} lacks the label sandbox.runner=true",
                      "rebuild it: mcp-code-sandbox image build")  # fmt: skip
     return Check("docker image", True, f"{image} (languages: {languages})")

@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mcp_code_sandbox.backends.base import SANDBOX_PYTHON
 from mcp_code_sandbox.errors import BackendUnavailable
+from mcp_code_sandbox.layout import SANDBOX_PYTHON
 from mcp_code_sandbox.provision.common import Progress, run_streaming, stderr_progress
 from mcp_code_sandbox.provision.node import (
     NodeBuildError,

@@ -17,7 +17,7 @@ from typing import BinaryIO
 import structlog
 
 from mcp_code_sandbox.agent.budget import Budget
-from mcp_code_sandbox.backends.base import RunnerImage
+from mcp_code_sandbox.backends.runner_images import RunnerImage
 from mcp_code_sandbox.errors import (
     CodeTooLarge,
     EnvNotAllowed,
@@ -206,9 +206,10 @@ async def run(
 
 def ready_languages(session: Session) -> dict[str, str] | None:
     """The languages (with versions) the session's agent said ``ready`` with, only the
-    known ones; ``None`` when unknown (no sandbox, or a backend whose sandboxes do not
-    keep the message). For this session's own messages only: never another owner's."""
-    return clean_languages(getattr(session.sandbox, "ready", None), RUNTIMES)
+    known ones; ``None`` when unknown (no sandbox, or a ready message without languages).
+    For this session's own messages only: never another owner's."""
+    sandbox = session.sandbox
+    return clean_languages(sandbox.ready if sandbox is not None else None, RUNTIMES)
 
 
 def _check_ready(session: Session, language: str) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mcp_code_sandbox.backends.base import RunnerImage
+from mcp_code_sandbox.backends.runner_images import RunnerImage
 
 __all__ = ["RUNTIMES", "Runtime", "runner_summary"]
 

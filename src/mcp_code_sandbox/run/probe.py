@@ -122,7 +122,7 @@ class RuntimeProbe:
             )
             sandbox = await self._backend.create(spec)
             try:
-                return clean_languages(getattr(sandbox, "ready", None), self._known)
+                return clean_languages(sandbox.ready, self._known)
             finally:
                 await self._backend.stop(sandbox)
         finally:

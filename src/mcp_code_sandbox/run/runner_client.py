@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from mcp_code_sandbox.agent.budget import Budget
-from mcp_code_sandbox.backends.base import ExecResult, RunnerImage
+from mcp_code_sandbox.backends.runner_images import ExecResult, RunnerImage
 from mcp_code_sandbox.errors import SandboxFailed
 from mcp_code_sandbox.run.agent_client import Outcome
 

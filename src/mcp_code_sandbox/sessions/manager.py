@@ -57,14 +57,8 @@ from typing import Any, TypeVar
 
 import structlog
 
-from mcp_code_sandbox.backends.base import (
-    Backend,
-    Limits,
-    RunnerImage,
-    RunnerSandbox,
-    Sandbox,
-    SandboxSpec,
-)
+from mcp_code_sandbox.backends.base import Backend, Limits, Sandbox, SandboxSpec
+from mcp_code_sandbox.backends.runner_images import RunnerImage, RunnerSandbox, runner_images_of
 from mcp_code_sandbox.errors import MaxSessions, SandboxFailed, SessionBusy, SessionNotFound
 from mcp_code_sandbox.host import process_mark
 from mcp_code_sandbox.metrics import EndReason, Metrics
@@ -478,8 +472,8 @@ class SessionManager:
             with self.metrics.counting_backend_errors():
                 current = await self._create(
                     session,
-                    lambda: self.backend.create_runner(spec, runner),
-                    self.backend.stop_runner,
+                    lambda: runner_images_of(self.backend).create_runner(spec, runner),
+                    runner_images_of(self.backend).stop_runner,
                 )
             session.runners[runner.language] = current
         return current
@@ -553,7 +547,11 @@ class SessionManager:
     async def _free(self, session: Session, thing: Sandbox | RunnerSandbox) -> None:
         """Stop a sandbox or runner of ``session``; one whose stop failed (logged) is kept
         in ``unstopped``, and ending the session tries again."""
-        stop: Any = self.backend.stop if isinstance(thing, Sandbox) else self.backend.stop_runner
+        stop: Any = (
+            self.backend.stop
+            if isinstance(thing, Sandbox)
+            else runner_images_of(self.backend).stop_runner
+        )
         if not await _stop_logged(stop, thing, session):
             session.unstopped.append(thing)
 

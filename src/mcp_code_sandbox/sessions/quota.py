@@ -72,7 +72,7 @@ def choose(settings: Settings, backend: Backend) -> QuotaMode:
     ``filesystem`` is asked for and cannot be had."""
     if settings.workspace_quota_mode == "checked":
         return QuotaMode(False, "SANDBOX_WORKSPACE_QUOTA_MODE=checked")
-    why = backend.workspace_mounts_unseen() or volume.probe(settings.run_dir)
+    why = backend.workspace_mounts_unseen or volume.probe(settings.run_dir)
     if why is None:
         return QuotaMode(True)
     if settings.workspace_quota_mode == "filesystem":

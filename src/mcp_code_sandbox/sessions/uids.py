@@ -60,7 +60,6 @@ __all__ = [
     "Reserved",
     "UidLease",
     "UidPool",
-    "can_chown",
     "taken_in",
     "uid_pool",
 ]
@@ -266,14 +265,3 @@ def _colon_lines(path: Path) -> list[list[str]]:
     except OSError:
         return []
     return [line.split(":") for line in text.splitlines() if line and not line.startswith("#")]
-
-
-def can_chown() -> bool:
-    """Can this process give files to another uid (CAP_CHOWN in its effective set)?"""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("CapEff:"):
-                return bool(int(line.split()[1], 16) & 1)  # bit 0 is CAP_CHOWN
-    except (OSError, ValueError):
-        pass
-    return os.geteuid() == 0

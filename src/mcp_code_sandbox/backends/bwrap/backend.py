@@ -17,9 +17,10 @@ so the pid the server holds is bwrap's and bwrap's parent is the server, which
    changed. The mounts die with that namespace. Not root, every sandbox runs as the
    server's uid: an unprivileged user namespace can map no other, so per-user limits
    (inotify instances) are then shared by all sandboxes (``doctor`` says so).
-3. bwrap builds the sandbox (:func:`build_bwrap_argv`) and starts the agent, which says
-   ``ready`` on fd 3 (a socketpair; bwrap's stdout is /dev/null because in stdio mode the
-   server's stdout is the MCP protocol; its stderr is logged, bounded).
+3. bwrap builds the sandbox (:func:`.argv.build_bwrap_argv`; both command lines are built
+   purely in :mod:`.argv`) and starts the agent, which says ``ready`` on fd 3 (a
+   socketpair; bwrap's stdout is /dev/null because in stdio mode the server's stdout is
+   the MCP protocol; its stderr is logged, bounded).
 
 Environment values go to bwrap as ``--setenv`` arguments read from a memfd
 (``--args FD``), never onto a command line (any host user can read those in ``ps``) nor
@@ -48,43 +49,36 @@ from typing import Any
 from mcp_code_sandbox.agent.protocol import ProtocolError
 from mcp_code_sandbox.backends import streams
 from mcp_code_sandbox.backends.base import (
-    AGENT_LIB_DIR,
-    AGENT_MODULE,
-    SANDBOX_GID,
-    SANDBOX_NODE,
-    SANDBOX_NODE_MODULES_LINK,
-    SANDBOX_UID,
-    SANDBOX_VENV,
-    SESSION_NODE_MODULES_LINK,
-    WORKSPACE_DIR,
     Backend,
     Channel,
+    Description,
     Enforcement,
     Leftover,
     Sandbox,
     SandboxSpec,
-    agent_argv,
-    sandbox_env,
     stop_step,
+    wait_ready,
 )
 from mcp_code_sandbox.backends.bwrap import cgroups
 from mcp_code_sandbox.backends.bwrap import net as bwrap_net
+from mcp_code_sandbox.backends.bwrap.argv import (
+    GROUP,
+    PASSWD,
+    STAGE,
+    HostLayout,
+    Mounts,
+    NetFds,
+    build_bwrap_argv,
+    build_launcher_argv,
+    env_args,
+)
 from mcp_code_sandbox.backends.netfilter import Iptables, slirp_rules
 from mcp_code_sandbox.backends.seccomp import build_seccomp_bpf
 from mcp_code_sandbox.errors import BackendUnavailable, NetworkNotAllowed, SandboxFailed
 from mcp_code_sandbox.provision.venv import runtime_status
 from mcp_code_sandbox.settings import Settings
 
-__all__ = [
-    "BwrapBackend",
-    "BwrapSandbox",
-    "HostLayout",
-    "Mounts",
-    "NetFds",
-    "build_bwrap_argv",
-    "build_launcher_argv",
-    "env_args",
-]
+__all__ = ["BwrapBackend", "BwrapSandbox"]
 
 log = logging.getLogger(__name__)
 
@@ -93,251 +87,6 @@ _STDERR_TAIL = 20
 _STDERR_LOG_LINES = 200
 #: The longest stderr line logged (longer ones are cut, and the rest of them dropped).
 _STDERR_LINE_BYTES = 500
-#: Where the root launcher stages the bind sources, on a tmpfs private to its mount
-#: namespace: any directory the unprivileged uid can traverse would do.
-_STAGE = "/tmp"  # noqa: S108
-_TOP_LEVEL = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
-#: What programs need of /etc; passwd and group are synthesized.
-_ETC = (
-    "ld.so.cache",
-    "ld.so.conf",
-    "ld.so.conf.d",
-    "ssl",
-    "ca-certificates",
-    "ca-certificates.conf",
-    "fonts",
-    "localtime",
-    "timezone",
-    "mime.types",
-    "nsswitch.conf",
-    "hosts",
-    "host.conf",
-    "alternatives",
-    "os-release",
-    "debian_version",
-    "matplotlibrc",
-    "locale.alias",
-    "gai.conf",
-    "protocols",
-    "services",
-    "magic",
-    "magic.mime",
-    "terminfo",
-    "inputrc",
-    "bash.bashrc",
-    "profile",
-    "shells",
-)
-_PASSWD = (
-    "root:x:0:0:root:/root:/usr/sbin/nologin\n"
-    f"sandbox:x:{SANDBOX_UID}:{SANDBOX_GID}:sandbox:/tmp:/bin/bash\n"
-    "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
-)
-_GROUP = f"root:x:0:\nsandbox:x:{SANDBOX_GID}:\nnogroup:x:65534:\n"
-# bash, not sh: dash cannot open or close an fd above 9. Arguments:
-# $1 channel fd; n, n cgroup.procs files; n, n (source path, name) to stage; then argv.
-# Sources are opened before the tmpfs covers $STAGE (a workspace may live below /tmp)
-# and bound from those fds; --no-canonicalize keeps mount from turning them into paths.
-# They are opened in this mount namespace: a bind from another one fails with EINVAL.
-_LAUNCH = r"""
-set -e
-fd=$1; shift; exec 3<&"$fd"; eval "exec $fd<&-"
-n=$1; shift
-while [ "$n" -gt 0 ]; do echo $$ > "$1"; shift; n=$((n - 1)); done
-n=$1; shift
-fds=()
-for ((i = 0; i < n; i++)); do exec {src}<"${@:2*i+1:1}"; fds+=("$src"); done
-if [ "$n" -gt 0 ]; then /usr/bin/mount -t tmpfs -o mode=0755,size=1m mcs-stage "$STAGE"; fi
-for ((i = 0; i < n; i++)); do
-  /usr/bin/mkdir "$STAGE/$2"
-  /usr/bin/mount --no-canonicalize --bind "/proc/self/fd/${fds[i]}" "$STAGE/$2"
-  eval "exec ${fds[i]}<&-"; shift 2
-done
-exec "$@"
-"""
-
-
-@dataclass(frozen=True)
-class HostLayout:
-    """The host's top-level system directories and /etc entries, probed once."""
-
-    links: tuple[tuple[str, str], ...]
-    dirs: tuple[str, ...]
-    etc: tuple[str, ...]
-
-    @classmethod
-    def probe(cls, root: Path = Path("/")) -> HostLayout:
-        links: list[tuple[str, str]] = []
-        dirs: list[str] = []
-        for name in _TOP_LEVEL:
-            path = root / name
-            if path.is_symlink():
-                links.append((f"/{name}", os.readlink(path)))
-            elif path.is_dir():
-                dirs.append(f"/{name}")
-        etc = tuple(f"/etc/{n}" for n in _ETC if (root / "etc" / n).exists())
-        return cls(tuple(links), tuple(dirs), etc)
-
-
-@dataclass(frozen=True)
-class Mounts:
-    """Sources as bwrap sees them (staged when root) and the fds bwrap reads."""
-
-    workspace: str
-    venv: str
-    agent: str
-    #: (source, destination) of a base interpreter prefix outside /usr, else ``None``.
-    base_prefix: tuple[str, str] | None
-    seccomp_fd: int
-    passwd_fd: int
-    group_fd: int
-    #: Node.js, bun and npm packages for ``SANDBOX_NODE``; ``None`` when not provisioned.
-    node: str | None = None
-
-
-def env_args(spec: SandboxSpec) -> bytes:
-    """The sandbox's environment as bwrap arguments for ``--args FD`` (NUL-separated)."""
-    parts = []
-    for name, value in sandbox_env(spec.env).items():
-        parts += ["--setenv", name, value]
-    return b"".join(part.encode() + b"\0" for part in parts)
-
-
-@dataclass(frozen=True)
-class NetFds:
-    """The fds of a sandbox with network (see :mod:`.bwrap_net`): where bwrap reports the
-    sandbox's pid, where it waits for slirp4netns, and the sandbox's resolv.conf."""
-
-    status_fd: int
-    block_fd: int
-    resolv_fd: int
-
-
-def build_bwrap_argv(
-    bwrap: str,
-    spec: SandboxSpec,
-    mounts: Mounts,
-    layout: HostLayout,
-    *,
-    rlimit_memory: bool,
-    env_fd: int,
-    net: NetFds | None = None,
-) -> list[str]:
-    """The bwrap command line of one sandbox (its environment comes from ``env_fd``, a
-    file of :func:`env_args`). Pure: unit-tested without bwrap.
-
-    Every sandbox has its own net namespace; with ``net`` slirp4netns is attached to it
-    before the agent starts (``spec.network`` without ``net`` is a caller's bug)."""
-    if spec.network and net is None:
-        raise ValueError("a sandbox with network needs its NetFds")
-    argv = [
-        bwrap,
-        "--unshare-user",
-        "--uid",
-        str(SANDBOX_UID),
-        "--gid",
-        str(SANDBOX_GID),
-        "--unshare-pid",
-        # The agent is pid 1, not bwrap's own init: that init is dumpable, holds bwrap's
-        # stderr (the host's log pipe) and its /proc/1/mem opens read-write for user code
-        # of the same uid. The agent is not dumpable, and reaps orphans itself.
-        "--as-pid-1",
-        "--unshare-ipc",
-        "--unshare-uts",
-        "--unshare-cgroup-try",
-        "--unshare-net",
-        "--disable-userns",
-        "--die-with-parent",
-        "--new-session",
-        "--cap-drop",
-        "ALL",
-        "--hostname",
-        "sandbox",
-        "--seccomp",
-        str(mounts.seccomp_fd),
-        "--ro-bind",
-        "/usr",
-        "/usr",
-    ]
-    for link, target in layout.links:
-        argv += ["--symlink", target, link]
-    for path in layout.dirs:
-        argv += ["--ro-bind", path, path]
-    for path in layout.etc:
-        argv += ["--ro-bind", path, path]
-    if net is not None:
-        argv += ["--json-status-fd", str(net.status_fd), "--block-fd", str(net.block_fd)]
-        argv += ["--perms", "0644", "--ro-bind-data", str(net.resolv_fd), "/etc/resolv.conf"]
-    argv += [
-        "--perms",
-        "0644",
-        "--ro-bind-data",
-        str(mounts.passwd_fd),
-        "/etc/passwd",
-        "--perms",
-        "0644",
-        "--ro-bind-data",
-        str(mounts.group_fd),
-        "/etc/group",
-        "--proc",
-        "/proc",
-        "--dev",
-        "/dev",
-        "--size",
-        str(spec.limits.tmp_bytes),
-        "--tmpfs",
-        "/tmp",  # noqa: S108
-        "--ro-bind",
-        mounts.venv,
-        SANDBOX_VENV,
-        "--ro-bind",
-        mounts.agent,
-        f"{AGENT_LIB_DIR}/{AGENT_MODULE}",
-    ]
-    if mounts.base_prefix is not None:
-        argv += ["--ro-bind", *mounts.base_prefix]
-    if mounts.node is not None:
-        argv += ["--ro-bind", mounts.node, SANDBOX_NODE]
-        argv += ["--symlink", f"{SANDBOX_NODE}/node_modules", SANDBOX_NODE_MODULES_LINK]
-        link, target = SESSION_NODE_MODULES_LINK
-        argv += ["--symlink", target, link]
-    # The workspace last: nothing may be mounted over or under it afterwards.
-    argv += ["--bind", mounts.workspace, WORKSPACE_DIR, "--chdir", AGENT_LIB_DIR]
-    # The root itself is bwrap's tmpfs: make it (/etc, /opt, /mnt...) read-only too.
-    argv += ["--remount-ro", "/", "--clearenv", "--args", str(env_fd)]
-    return [*argv, "--", *agent_argv(spec.limits, rlimit_memory)]
-
-
-def build_launcher_argv(
-    channel_fd: int,
-    procs_files: list[str],
-    stage: list[tuple[str, str]] | None,
-    drop_uid: int | None,
-) -> list[str]:
-    """The prefix that places the sandbox in its cgroups and (as root) drops the uid."""
-    prefix = ["/usr/bin/unshare", "--mount", "--propagation", "private"] if stage else []
-    binds = [part for source, name in stage or [] for part in (source, name)]
-    argv = [
-        *prefix,
-        "/bin/bash",
-        "-c",
-        _LAUNCH,
-        "mcs-launch",
-        str(channel_fd),
-        str(len(procs_files)),
-        *procs_files,
-        str(len(stage or [])),
-        *binds,
-    ]
-    if drop_uid is not None:
-        argv += [
-            "/usr/bin/setpriv",
-            f"--reuid={drop_uid}",
-            f"--regid={drop_uid}",
-            "--clear-groups",
-            "--",
-        ]
-    return argv
 
 
 def _high_fd(fd: int) -> int:
@@ -421,8 +170,6 @@ class BwrapSandbox(Sandbox):
         self.net = net
         self.stderr_tail = stderr
         self._stderr_task = stderr_task
-        #: The agent's ``ready`` message (languages, ipython, pid).
-        self.ready: dict[str, Any] = {}
 
     def is_alive(self) -> bool:
         return self.proc.returncode is None
@@ -479,7 +226,17 @@ class BwrapBackend(Backend):
             self._cgroups = cgroups.detect(self._cgroup_root)
         return self._cgroups
 
-    def enforcement(self) -> dict[str, Enforcement]:
+    def describe(self) -> Description:
+        """Limits by this host's cgroups (or rlimits), languages from the runtime
+        environment's manifest and the host's bash, network where slirp4netns and
+        iptables are (see :meth:`Backend.describe` for who calls it)."""
+        return Description(
+            enforcement=self._enforcement(),
+            runtimes=self._runtimes(),
+            network_unavailable=self._network_unavailable(),
+        )
+
+    def _enforcement(self) -> dict[str, Enforcement]:
         enforced = self.cgroups.enforceable
         return {
             "memory": "cgroup" if "memory" in enforced else "rlimit",
@@ -490,7 +247,7 @@ class BwrapBackend(Backend):
             "network": "kernel",
         }
 
-    def runtime_info(self) -> dict[str, dict[str, Any]]:
+    def _runtimes(self) -> dict[str, dict[str, Any]]:
         status = runtime_status(self.settings)
         info: dict[str, dict[str, Any]] = {
             "python": {
@@ -535,7 +292,7 @@ class BwrapBackend(Backend):
         if status.node_dir is not None:
             sources["node"] = str(status.node_dir)
         stage = [(src, name) for name, src in sources.items()] if self._root else None
-        seen = {name: f"{_STAGE}/{name}" if self._root else src for name, src in sources.items()}
+        seen = {name: f"{STAGE}/{name}" if self._root else src for name, src in sources.items()}
         base = (seen["base"], sources["base"]) if "base" in seen else None
         mounts = Mounts(
             seen["ws"],
@@ -544,8 +301,8 @@ class BwrapBackend(Backend):
             base,
             node=seen.get("node"),
             seccomp_fd=_data_fd(build_seccomp_bpf()),
-            passwd_fd=_data_fd(_PASSWD.encode()),
-            group_fd=_data_fd(_GROUP.encode()),
+            passwd_fd=_data_fd(PASSWD.encode()),
+            group_fd=_data_fd(GROUP.encode()),
         )
         return mounts, stage
 
@@ -556,14 +313,14 @@ class BwrapBackend(Backend):
         if not status.ok:
             raise BackendUnavailable(status.detail)
 
-    def network_unavailable(self) -> str | None:
+    def _network_unavailable(self) -> str | None:
         return bwrap_net.network_unavailable(self._iptables)
 
     async def create(self, spec: SandboxSpec) -> Sandbox:
         bwrap = self._bwrap()
         if self._root and spec.uid is None:  # never a sandbox as root
             raise SandboxFailed("a sandbox of a server run as root needs a host uid of its own")
-        if spec.network and (why := self.network_unavailable()) is not None:
+        if spec.network and (why := self._network_unavailable()) is not None:
             raise NetworkNotAllowed(f"network is not available on this host: {why}")
         if not self._compiled:
             self._compiled = True
@@ -603,7 +360,7 @@ class BwrapBackend(Backend):
                 stdout=asyncio.subprocess.DEVNULL,
                 stderr=asyncio.subprocess.PIPE,
                 pass_fds=[child_fd, *data_fds],
-                env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "STAGE": _STAGE},
+                env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "STAGE": STAGE},
                 start_new_session=True,
             )
         except OSError as exc:
@@ -629,28 +386,27 @@ class BwrapBackend(Backend):
         try:
             if net is not None:
                 await net.attach()
-            sandbox.ready = await self._wait_ready(sandbox)
+            sandbox.ready = await wait_ready(
+                sandbox, READY_TIMEOUT_S, functools.partial(self._not_ready, sandbox)
+            )
         except BaseException:
             await self.stop(sandbox)
             raise
         return sandbox
 
-    async def _wait_ready(self, sandbox: BwrapSandbox) -> dict[str, Any]:
-        try:
-            message = await asyncio.wait_for(sandbox.channel.receive(), READY_TIMEOUT_S)
-        except TimeoutError:
-            raise SandboxFailed(
-                f"the sandbox agent did not start within {READY_TIMEOUT_S:.0f} s" + _tail(sandbox)
-            ) from None
-        except (ProtocolError, OSError) as exc:
-            message = None
-            log.warning("sandbox %s: broken ready frame: %s", sandbox.spec.key, exc)
-        if message is not None and message.get("ev") == "ready":
-            return message
+    async def _not_ready(
+        self, sandbox: BwrapSandbox, message: dict[str, Any] | None, timed_out: bool
+    ) -> str:
+        """Why ``sandbox``'s agent did not say ``ready`` (for :func:`wait_ready`), with
+        the tail of its stderr: after a timeout as it is, else once the sandbox exited."""
+        if timed_out:
+            return f"the sandbox agent did not start within {READY_TIMEOUT_S:.0f} s" + _tail(
+                sandbox
+            )
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(sandbox.proc.wait()), 2)
             await asyncio.wait_for(asyncio.shield(sandbox._stderr_task), 1)
-        raise SandboxFailed("the sandbox exited before its agent was ready" + _tail(sandbox))
+        return "the sandbox exited before its agent was ready" + _tail(sandbox)
 
     async def stop(self, sandbox: Sandbox) -> None:
         """Every step is tried, whatever the one before did: a step that fails is logged

@@ -26,13 +26,13 @@ needs only the agent to reconnect (see ``mcs_agent.hostlink``, which retries for
 A server in a container (``deploy/compose.yaml``) drives the host's engine through its
 socket. The engine resolves bind sources on the host, so the workspace and run dir are
 named to it by their host paths (``settings.docker_host_state_dir``; see
-``docker_spec.engine_path``), and mount sources it reports are mapped back before they are
+``spec.engine_path``), and mount sources it reports are mapped back before they are
 compared with ours. The state dir must be a bind mount of that host dir: then the socket
 the server binds in a run dir is the very file the agent connects to, as on the host.
 
 Uids. A server that can chown (root, or CAP_CHOWN as in ``deploy/compose.yaml``) runs
 each session's containers as the session's own host uid (``SandboxSpec.uid``, leased by
-the session manager from :mod:`..uids`; gid the same number), not the image's 1000: under
+the session manager from ``sessions.uids``; gid the same number), not the image's 1000: under
 runc the container's uids are the host's, and per-user kernel counters (inotify
 instances...) would otherwise be shared by every container and by the host's user 1000.
 Nothing in the sandbox needs a passwd entry (HOME is /tmp). The uid is recorded in the
@@ -46,9 +46,11 @@ uids elsewhere; that is not supported (the server's files would not be the sandb
 The socket is owned by the sandbox's uid and mode 0600: only the sandbox may connect,
 and on the host only root too.
 
-docker-py's exceptions (and the ``requests`` ones it lets through when the engine goes
-away mid-call) are translated in :func:`.docker_spec.map_docker_error`, and nowhere else;
-the pure half (container kwargs, labels) lives in :mod:`.docker_spec` too.
+Every engine call goes through :class:`.engine.Engine`, where docker-py's exceptions (and
+the ``requests`` ones it lets through when the engine goes away mid-call) are translated,
+and nowhere else; the pure half (container kwargs, labels) is :mod:`.spec` and
+:mod:`.labels`. Runner images (:mod:`.runners`) are this backend's optional capability
+(:class:`~mcp_code_sandbox.backends.runner_images.RunnerImages`).
 """
 
 from __future__ import annotations
@@ -63,26 +65,22 @@ import socket
 import time
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
-
-import docker
-import docker.errors
+from typing import Any
 
 from mcp_code_sandbox.agent.protocol import ProtocolError
 from mcp_code_sandbox.backends.base import (
-    WORKSPACE_DIR,
     Backend,
+    Description,
     Enforcement,
     Leftover,
-    RunnerImage,
-    RunnerSandbox,
     Sandbox,
     SandboxSpec,
     stop_step,
 )
+from mcp_code_sandbox.backends.docker.engine import Engine, engine_ready, instance_alive
+from mcp_code_sandbox.backends.docker.labels import RUNNER_FILTER, info_from_labels
 from mcp_code_sandbox.backends.docker.net import SandboxNetworks
 from mcp_code_sandbox.backends.docker.runners import (
-    RUNNER_FILTER,
     DockerRunner,
     choose_runners,
     listed_images,
@@ -107,23 +105,17 @@ from mcp_code_sandbox.backends.docker.spec import (
     LABEL_SESSION,
     LABEL_UID,
     container_kwargs,
-    engine_ready,
-    foreign,
-    info_from_labels,
-    instance_alive,
-    map_docker_error,
-    probe_engine,
-    runtime_missing,
     sandbox_ids,
     server_path,
     uid_from_label,
 )
+from mcp_code_sandbox.backends.runner_images import RunnerImage, RunnerImages, RunnerSandbox
 from mcp_code_sandbox.errors import NetworkNotAllowed, SandboxError, SandboxFailed
-from mcp_code_sandbox.host import process_mark
-from mcp_code_sandbox.sessions.uids import can_chown
+from mcp_code_sandbox.host import can_chown, process_mark
+from mcp_code_sandbox.layout import WORKSPACE_DIR
 from mcp_code_sandbox.settings import Settings
 
-__all__ = ["DockerBackend", "DockerSandbox", "container_kwargs", "engine_ready", "map_docker_error"]
+__all__ = ["DockerBackend", "DockerSandbox", "engine_ready"]
 
 log = logging.getLogger(__name__)
 
@@ -131,12 +123,9 @@ READY_TIMEOUT_S = 30.0
 #: How long a restarted server waits for a surviving agent to reconnect: several of the
 #: agent's longest pauses between attempts (``hostlink.BACKOFF_MAX_S``, 1 s).
 REATTACH_WAIT_S = 10.0
-#: docker-py's HTTP timeout: an engine that hangs is as good as down.
-API_TIMEOUT_S = 30
-_T = TypeVar("_T")
 
 
-class DockerBackend(Backend):
+class DockerBackend(Backend, RunnerImages):
     name = "docker"
     reattaches = True
 
@@ -159,79 +148,35 @@ class DockerBackend(Backend):
         self.instance = instance or (
             f"{socket.gethostname()}-{process_mark()}-{secrets.token_hex(4)}"
         )
-        self._environment = dict(environment or {})
-        self._client: Any = None
-        #: For runners' execs, whose output may pause as long as a run may last: the
-        #: main client's timeout would end them.
-        self._exec_client: Any = None
+        self.engine = Engine(
+            environment or {},
+            image=self.image,
+            runtime=settings.docker_runtime,
+            exec_timeout_s=settings.max_exec_timeout_s,
+        )
+        self.workspace_mounts_unseen = _mounts_unseen(settings, self.engine.environment)
         self._runtime_info: dict[str, dict[str, Any]] | None = None
         #: Why labelled images were left out, as last logged (logged again on a change).
         self._skipped: list[str] = []
-        self._networks = SandboxNetworks(self.instance, self._call)
-        #: The engine said it has ``settings.docker_runtime`` (asked until it does).
-        self._runtime_ok = False
-
-    # -- calling the engine ------------------------------------------------------------
-
-    async def _call(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
-        """Run one blocking docker-py call in a thread, mapping its errors."""
-        try:
-            return await asyncio.to_thread(fn, *args, **kwargs)
-        except Exception as exc:
-            if foreign(exc):
-                raise self._map(exc) from None
-            raise
-
-    async def _call_unless_gone(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> None:
-        """Like :meth:`_call` for a cleanup step: a container that is gone is fine."""
-        try:
-            await self._call(fn, *args, **kwargs)
-        except SandboxError as exc:
-            if not isinstance(exc.__context__, docker.errors.NotFound):
-                log.warning("docker cleanup step failed: %s", exc.message)
-
-    def _map(self, exc: BaseException) -> SandboxError:
-        return map_docker_error(exc, image=self.image, runtime=self.settings.docker_runtime)
-
-    def _connect(self) -> Any:
-        if self._client is None:
-            probe_engine(self._environment)
-            self._client = docker.from_env(environment=self._environment, timeout=API_TIMEOUT_S)
-        return self._client
+        self._networks = SandboxNetworks(self.instance, self.engine.call)
 
     async def client(self) -> Any:
-        return await self._call(self._connect)
-
-    async def _require_runtime(self, client: Any) -> None:
-        """Raise ``BackendUnavailable`` when the engine lacks the configured runtime.
-
-        Asked of the engine (its info lists the registered runtimes), because a create
-        without it fails with a message that cannot be told apart, except by its words,
-        from a container that failed in the runtime (see ``map_docker_error``). An engine
-        whose info lists no runtimes at all is not second-guessed."""
-        if self._runtime_ok:
-            return
-        info = await self._call(client.info)
-        registered = info.get("Runtimes") if isinstance(info, dict) else None
-        if isinstance(registered, dict):
-            missing = runtime_missing(self.settings.docker_runtime, registered)
-            if missing is not None:
-                raise missing
-        self._runtime_ok = True
+        """The engine's client (made on first use). Called by this backend and tests."""
+        return await self.engine.client()
 
     # -- the seam ------------------------------------------------------------------------
 
-    def workspace_mounts_unseen(self) -> str | None:
-        # The engine resolves a bind's source in its own mount namespace: a mount made by
-        # a server in a container, or on another host, is not there.
-        if self.settings.docker_host_state_dir is not None:
-            return "the server runs in a container (SANDBOX_DOCKER_HOST_STATE_DIR is set)"
-        host = self._environment.get("DOCKER_HOST", "")
-        if host and not host.startswith("unix://"):
-            return f"the Docker engine may be on another host (DOCKER_HOST={host})"
-        return None
+    def describe(self) -> Description:
+        """Limits by the engine's cgroups, languages from the image's labels (read once:
+        never what a sandbox's agent said, that is its tenant's, see ``probe``), network
+        unless under gVisor or without iptables (see :meth:`Backend.describe`)."""
+        return Description(
+            enforcement=self._enforcement(),
+            runtimes=self._runtimes(),
+            network_unavailable=self._network_unavailable(),
+        )
 
-    def enforcement(self) -> dict[str, Enforcement]:
+    def _enforcement(self) -> dict[str, Enforcement]:
         return {
             "memory": "cgroup",
             "cpu": "cgroup",
@@ -241,40 +186,36 @@ class DockerBackend(Backend):
             "network": "kernel",
         }
 
-    def runtime_info(self) -> dict[str, dict[str, Any]]:
+    def _runtimes(self) -> dict[str, dict[str, Any]]:
         if self._runtime_info is None:
-            try:
-                labels = self._connect().images.get(self.image).attrs["Config"]["Labels"] or {}
-            except Exception as exc:
-                if not foreign(exc):
-                    raise
+            labels = self.engine.image_labels(self.image)
+            if labels is None:
                 return {}  # not cached: the engine or the image may come later
             self._runtime_info = info_from_labels(labels, self.image)
-        # Never what a sandbox's agent said: that is its tenant's (see ``probe``).
         return {lang: dict(entry) for lang, entry in self._runtime_info.items()}
 
     async def check_ready(self) -> None:
         """The engine answers a ping and has the sandbox image."""
         client = await self.client()
-        await self._call(client.ping)
-        await self._call(client.images.get, self.image)
+        await self.engine.call(client.ping)
+        await self.engine.call(client.images.get, self.image)
 
-    def network_unavailable(self) -> str | None:
+    def _network_unavailable(self) -> str | None:
         return self._networks.unavailable(self.settings.docker_runtime)
 
     async def _network(self, client: Any, spec: SandboxSpec) -> str | None:
-        """The sandboxes' network when ``spec`` asks for one (fails closed, see docker_net)."""
+        """The sandboxes' network when ``spec`` asks for one (fails closed, see :mod:`.net`)."""
         if not spec.network:
             return None
-        if (why := self.network_unavailable()) is not None:
+        if (why := self._network_unavailable()) is not None:
             raise NetworkNotAllowed(f"network is not available: {why}")
         return await self._networks.get(client)
 
     async def create(self, spec: SandboxSpec) -> Sandbox:
         sandbox_ids(spec)  # refuses, before anything is made, to run a sandbox as root
         client = await self.client()
-        await self._call(client.images.get, self.image)
-        await self._require_runtime(client)
+        await self.engine.call(client.images.get, self.image)
+        await self.engine.require_runtime(client)
         network = await self._network(client, spec)
         run_dir, listener = await asyncio.to_thread(self._listen, spec)
         kwargs = container_kwargs(
@@ -287,10 +228,10 @@ class DockerBackend(Backend):
         )
         container: Any = None
         try:
-            container = await self._call(client.containers.create, **kwargs)
-            await self._call(container.start)
+            container = await self.engine.call(client.containers.create, **kwargs)
+            await self.engine.call(container.start)
             channel, reader, peer = await accept_agent(
-                listener, container, self._call, READY_TIMEOUT_S, self._runsc_hint()
+                listener, container, self.engine.call, READY_TIMEOUT_S, self._runsc_hint()
             )
         except BaseException:
             listener.close()
@@ -300,7 +241,7 @@ class DockerBackend(Backend):
         sandbox = DockerSandbox(spec, channel, container, run_dir)
         sandbox.reader, sandbox.peer = reader, peer
         try:
-            sandbox.ready = await wait_ready(sandbox, self._call, READY_TIMEOUT_S)
+            sandbox.ready = await wait_ready(sandbox, self.engine.call, READY_TIMEOUT_S)
         except BaseException:
             await self.stop(sandbox)
             raise
@@ -326,7 +267,9 @@ class DockerBackend(Backend):
         await stop_step(key, "ask its agent to exit", self._ask_exit(sandbox))
         await stop_step(key, "close its channel", _sync(sandbox.close))
         await stop_step(
-            key, "stop its container", self._call_unless_gone(sandbox.container.stop, timeout=2)
+            key,
+            "stop its container",
+            self.engine.call_unless_gone(sandbox.container.stop, timeout=2),
         )
         await stop_step(key, "remove it", self._discard(sandbox.container, sandbox.run_dir))
 
@@ -335,12 +278,12 @@ class DockerBackend(Backend):
             with contextlib.suppress(OSError, ProtocolError, RuntimeError, TimeoutError):
                 await asyncio.wait_for(sandbox.channel.send({"op": "shutdown"}), 0.5)
             with contextlib.suppress(SandboxError):
-                await self._call(sandbox.container.wait, timeout=1)
+                await self.engine.call(sandbox.container.wait, timeout=1)
 
     async def _discard(self, container: Any, run_dir: Path | None) -> None:
         """Remove a container and its run dir; never raises (it may be gone already)."""
         if container is not None:
-            await self._call_unless_gone(container.remove, force=True)
+            await self.engine.call_unless_gone(container.remove, force=True)
         if run_dir is not None:
             await asyncio.to_thread(shutil.rmtree, run_dir, True)
 
@@ -349,7 +292,7 @@ class DockerBackend(Backend):
         # Sparse: the list endpoint's data only. Not sparse, docker-py inspects each
         # container after listing, and one removed in between (by another server, or a
         # test) would fail the whole start with "No such container".
-        found = await self._call(
+        found = await self.engine.call(
             client.containers.list, all=True, sparse=True, filters={"label": LABEL_INSTANCE}
         )
         leftovers = []
@@ -388,7 +331,7 @@ class DockerBackend(Backend):
 
     def _bound_dir(self, attrs: Mapping[str, Any], destination: str) -> Path | None:
         """The directory bound at ``destination``, as this server sees it (see
-        ``docker_spec.server_path``); ``None`` when there is none or it is not ours."""
+        ``spec.server_path``); ``None`` when there is none or it is not ours."""
         source = _mount_source(attrs, destination)
         return None if source is None else server_path(source, self.settings)
 
@@ -402,7 +345,7 @@ class DockerBackend(Backend):
         """
         client = await self.client()
         try:
-            container = await self._call(client.containers.get, leftover.backend_id)
+            container = await self.engine.call(client.containers.get, leftover.backend_id)
         except SandboxError:
             return None
         run_dir = run_dir_from_label(
@@ -420,7 +363,7 @@ class DockerBackend(Backend):
         deadline = time.monotonic() + REATTACH_WAIT_S
         try:
             channel, reader, peer = await accept_agent(
-                listener, container, self._call, REATTACH_WAIT_S
+                listener, container, self.engine.call, REATTACH_WAIT_S
             )
         except SandboxError as exc:
             log.warning("cannot re-attach to %s: %s", leftover.backend_id, exc.message)
@@ -430,7 +373,9 @@ class DockerBackend(Backend):
         sandbox = DockerSandbox(spec, channel, container, run_dir)
         sandbox.reader, sandbox.peer = reader, peer
         try:
-            ready = await wait_ready(sandbox, self._call, max(1.0, deadline - time.monotonic()))
+            ready = await wait_ready(
+                sandbox, self.engine.call, max(1.0, deadline - time.monotonic())
+            )
         except SandboxError as exc:
             log.warning("cannot re-attach to %s: %s", leftover.backend_id, exc.message)
             sandbox.close()
@@ -453,7 +398,7 @@ class DockerBackend(Backend):
     async def remove_leftover(self, leftover: Leftover) -> None:
         client = await self.client()
         try:
-            container = await self._call(client.containers.get, leftover.backend_id)
+            container = await self.engine.call(client.containers.get, leftover.backend_id)
         except SandboxError:
             return  # gone already
         name = (container.labels or {}).get(LABEL_RUN_DIR)
@@ -465,9 +410,9 @@ class DockerBackend(Backend):
         client = await self.client()
         # The list endpoint alone (docker-py's images.list inspects each image after
         # listing, and one removed in between would fail the whole discovery).
-        labelled = await self._call(client.api.images, filters=RUNNER_FILTER)
+        labelled = await self.engine.call(client.api.images, filters=RUNNER_FILTER)
         try:
-            default_id = (await self._call(client.images.get, self.image)).id
+            default_id = (await self.engine.call(client.images.get, self.image)).id
         except SandboxError:
             default_id = None  # create() says so; runners can still be offered
         runners, skipped = choose_runners(
@@ -483,13 +428,13 @@ class DockerBackend(Backend):
         sandbox_ids(spec)  # as in create
         client = await self.client()
         try:
-            await self._call(client.images.get, runner.image_id)
+            await self.engine.call(client.images.get, runner.image_id)
         except SandboxError:
             raise SandboxFailed(
                 f"the image {runner.image} that offered {runner.language!r} is gone; "
                 "list_runtimes shows what is offered now"
             ) from None
-        await self._require_runtime(client)
+        await self.engine.require_runtime(client)
         run_dir = await asyncio.to_thread(
             make_run_dir, self.settings.run_dir, f"{spec.key}-{runner.language}"
         )
@@ -499,19 +444,13 @@ class DockerBackend(Backend):
         )
         container: Any = None
         try:
-            container = await self._call(client.containers.create, **kwargs)
-            await self._call(container.start)
+            container = await self.engine.call(client.containers.create, **kwargs)
+            await self.engine.call(container.start)
         except BaseException:
             await self._discard(container, run_dir)
             raise
-        if self._exec_client is None:
-            self._exec_client = await self._call(
-                docker.from_env,
-                environment=self._environment,
-                timeout=int(self.settings.max_exec_timeout_s) + API_TIMEOUT_S,
-            )
-        api = self._exec_client.api
-        return DockerRunner(spec, runner, container, run_dir, api=api, call=self._call)
+        api = (await self.engine.exec_client()).api
+        return DockerRunner(spec, runner, container, run_dir, api=api, call=self.engine.call)
 
     async def stop_runner(self, sandbox: RunnerSandbox) -> None:
         assert isinstance(sandbox, DockerRunner)
@@ -520,16 +459,24 @@ class DockerBackend(Backend):
         )
 
     async def aclose(self) -> None:
-        if self._client is not None:
+        if self.engine.connected is not None:
             try:
-                await self._networks.prune(self._client, ours_too=True)
+                await self._networks.prune(self.engine.connected, ours_too=True)
             except SandboxError as exc:
                 log.warning("sandbox networks not removed: %s", exc.message)
-        for client in (self._client, self._exec_client):
-            if client is not None:
-                with contextlib.suppress(Exception):
-                    await asyncio.to_thread(client.close)
-        self._client = self._exec_client = None
+        await self.engine.aclose()
+
+
+def _mounts_unseen(settings: Settings, environment: Mapping[str, str]) -> str | None:
+    """``Backend.workspace_mounts_unseen``: the engine resolves a bind's source in its own
+    mount namespace, so a mount made by a server in a container, or on another host, is
+    not there."""
+    if settings.docker_host_state_dir is not None:
+        return "the server runs in a container (SANDBOX_DOCKER_HOST_STATE_DIR is set)"
+    host = environment.get("DOCKER_HOST", "")
+    if host and not host.startswith("unix://"):
+        return f"the Docker engine may be on another host (DOCKER_HOST={host})"
+    return None
 
 
 async def _sync(fn: Callable[[], object]) -> None:

@@ -33,13 +33,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from mcp_code_sandbox.backends.docker.spec import (
-    IPV6_OFF,
-    LABEL_INSTANCE,
-    LABEL_NETWORK,
-    instance_alive,
-    same_host,
-)
+from mcp_code_sandbox.backends.docker.engine import instance_alive, same_host
+from mcp_code_sandbox.backends.docker.spec import IPV6_OFF, LABEL_INSTANCE, LABEL_NETWORK
 from mcp_code_sandbox.backends.netfilter import Iptables, bridge_rules
 from mcp_code_sandbox.errors import NetworkNotAllowed, SandboxError
 

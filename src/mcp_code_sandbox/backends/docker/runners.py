@@ -27,95 +27,37 @@ from __future__ import annotations
 import asyncio
 import codecs
 import contextlib
-import json
 import os
-import re
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from mcp_code_sandbox.backends.base import (
-    WORKSPACE_DIR,
-    ExecResult,
-    RunnerImage,
-    RunnerSandbox,
-    SandboxSpec,
-)
+from mcp_code_sandbox.backends.base import SandboxSpec
+from mcp_code_sandbox.backends.docker.labels import runner_from_labels
 from mcp_code_sandbox.backends.docker.spec import (
     CHANNEL_DIR,
     LABEL_RUNNER,
     container_kwargs,
     sandbox_ids,
 )
+from mcp_code_sandbox.backends.runner_images import ExecResult, RunnerImage, RunnerSandbox
+from mcp_code_sandbox.layout import WORKSPACE_DIR
 from mcp_code_sandbox.settings import Settings
 
 __all__ = [
-    "LANGUAGE_NAME",
-    "RUNNER_FILTER",
     "DockerRunner",
     "choose_runners",
     "listed_images",
-    "runner_from_labels",
     "runner_kwargs",
 ]
 
-#: What a label may name as a language (it becomes an enum value in the tool's schema).
-LANGUAGE_NAME = re.compile(r"[a-z][a-z0-9_+-]{0,31}")
-#: The engine-side filter for runner images.
-RUNNER_FILTER = {"label": "sandbox.runner=true"}
 #: The runner container's main process: wait, doing nothing, until stopped.
 KEEPALIVE = ("/bin/sh", "-c", "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done")
 #: How long the engine's output thread waits for the event loop to take one chunk.
 _DELIVER_WAIT_S = 5.0
 
 Call = Callable[..., Awaitable[Any]]
-
-
-def runner_from_labels(
-    labels: Mapping[str, str], image: str, image_id: str
-) -> tuple[RunnerImage | None, str | None]:
-    """The runner an image's labels describe, or ``(None, why not)``."""
-    if str(labels.get("sandbox.runner", "")).lower() != "true":
-        return None, "not labelled sandbox.runner=true"
-    language = labels.get("sandbox.language") or ""
-    if not LANGUAGE_NAME.fullmatch(language):
-        return None, f"sandbox.language {language!r} is not a name like 'ruby' or 'r'"
-    raw_command = labels.get("sandbox.command")
-    command: Any = [language, "{file}"]
-    if raw_command:
-        try:
-            command = json.loads(raw_command)
-        except ValueError:
-            command = None
-    if (
-        not isinstance(command, list)
-        or not command
-        or not all(isinstance(part, str) and part for part in command)
-        or not any("{file}" in part for part in command)
-    ):
-        return None, "sandbox.command must be a JSON array of strings with a {file} in it"
-    suffix = labels.get("sandbox.extension") or ""
-    if suffix and not re.fullmatch(r"\.?[A-Za-z0-9_+-]{1,16}", suffix):
-        return None, f"sandbox.extension {suffix!r} is not a file suffix like '.rb'"
-    if suffix and not suffix.startswith("."):
-        suffix = "." + suffix
-    try:
-        packages = json.loads(labels.get("sandbox.packages") or "{}")
-    except ValueError:
-        packages = {}
-    if not isinstance(packages, dict):
-        packages = {}
-    runner = RunnerImage(
-        language=language,
-        image=image,
-        image_id=image_id,
-        command=tuple(command),
-        suffix=suffix,
-        version=labels.get("sandbox.version") or None,
-        packages={k: v for k, v in packages.items() if isinstance(v, str)},
-    )
-    return runner, None
 
 
 def listed_images(

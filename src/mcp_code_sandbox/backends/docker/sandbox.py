@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from mcp_code_sandbox.agent.protocol import ProtocolError
+from mcp_code_sandbox.backends import base
 from mcp_code_sandbox.backends.base import Channel, Sandbox, SandboxSpec
 from mcp_code_sandbox.backends.docker.spec import SOCKET_NAME
 from mcp_code_sandbox.backends.streams import escape_control
@@ -53,8 +53,6 @@ class DockerSandbox(Sandbox):
         super().__init__(spec, channel, backend_id=str(container.id))
         self.container = container
         self.run_dir = run_dir
-        #: The agent's ``ready`` message (languages, ipython, pid).
-        self.ready: dict[str, Any] = {}
         self.reader: asyncio.StreamReader | None = None
         #: A duplicate of the channel's socket, only ever peeked at by :meth:`is_alive`.
         self.peer: socket.socket | None = None
@@ -176,19 +174,17 @@ async def accept_agent(
 
 
 async def wait_ready(sandbox: DockerSandbox, call: Call, wait_s: float) -> dict[str, Any]:
-    try:
-        message = await asyncio.wait_for(sandbox.channel.receive(), wait_s)
-    except TimeoutError:
-        message = None
-    except (ProtocolError, OSError) as exc:
-        message = None
-        log.warning("sandbox %s: broken ready frame: %s", sandbox.spec.key, exc)
-    if message is not None and message.get("ev") == "ready":
-        return message
-    detail = f" ({message.get('message')})" if message and message.get("ev") == "error" else ""
-    raise SandboxFailed(
-        f"the sandbox agent did not say ready{detail}" + await log_tail(sandbox.container, call)
-    )
+    """The agent's ``ready`` (:func:`.base.wait_ready`); else ``SandboxFailed`` with the
+    agent's own error message, if it sent one, and the container's log tail."""
+
+    async def not_ready(message: dict[str, Any] | None, _timed_out: bool) -> str:
+        error = message is not None and message.get("ev") == "error"
+        detail = f" ({message.get('message')})" if message is not None and error else ""
+        return f"the sandbox agent did not say ready{detail}" + await log_tail(
+            sandbox.container, call
+        )
+
+    return await base.wait_ready(sandbox, wait_s, not_ready)
 
 
 async def log_tail(container: Any, call: Call) -> str:

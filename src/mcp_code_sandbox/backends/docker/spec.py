@@ -1,8 +1,10 @@
-"""The docker backend's pure half: container kwargs, labels, and docker-py's errors mapped.
+"""The docker backend's pure half: what it asks the engine for, as plain values.
 
-Nothing here talks to an engine but :func:`engine_ready`, so :func:`container_kwargs` and
-:func:`map_docker_error` are unit-tested without one. See :mod:`.docker` for why the
-channel is a Unix socket in a bind-mounted run dir.
+:func:`container_kwargs` builds the whole ``containers.create`` call of a sandbox (and
+:func:`.runners.runner_kwargs` a runner's from it), with the labels that say whose it
+is, and nothing here talks to an engine (that is :mod:`.engine`), so all of it is
+unit-tested without one (STYLE.md rule 4). See :mod:`.backend` for why the channel is a
+Unix socket in a bind-mounted run dir.
 
 Paths. Every path the server gives the engine (the sources of bind mounts) is a path in
 the state dir as the *engine* sees it, and every mount source the engine reports is one
@@ -12,28 +14,16 @@ two views when the server runs in a container (``settings.docker_host_state_dir`
 
 from __future__ import annotations
 
-import json
 import os
-import socket
-from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
-import docker
-import docker.errors
-import requests.exceptions
 from docker.types import LogConfig, Mount, Ulimit
 
-from mcp_code_sandbox.backends.base import (
-    AGENT_LIB_DIR,
-    WORKSPACE_DIR,
-    SandboxSpec,
-    agent_argv,
-    sandbox_env,
-)
+from mcp_code_sandbox.backends.base import SandboxSpec
 from mcp_code_sandbox.backends.seccomp import docker_seccomp_opt
-from mcp_code_sandbox.errors import BackendUnavailable, SandboxError, SandboxFailed
-from mcp_code_sandbox.host import process_alive, read_mark
+from mcp_code_sandbox.errors import SandboxFailed
+from mcp_code_sandbox.layout import AGENT_LIB_DIR, WORKSPACE_DIR, agent_argv, sandbox_env
 from mcp_code_sandbox.settings import Settings
 
 __all__ = [
@@ -50,14 +40,6 @@ __all__ = [
     "SOCKET_NAME",
     "container_kwargs",
     "engine_path",
-    "engine_ready",
-    "foreign",
-    "info_from_labels",
-    "instance_alive",
-    "map_docker_error",
-    "probe_engine",
-    "runtime_missing",
-    "same_host",
     "sandbox_ids",
     "security_opt",
     "server_path",
@@ -69,17 +51,17 @@ LABEL_OWNER = f"{_PREFIX}.owner"
 LABEL_SESSION = f"{_PREFIX}.session"
 LABEL_KEY = f"{_PREFIX}.key"
 LABEL_INSTANCE = f"{_PREFIX}.instance"
-#: On a runner's container (``docker_runner``): its language.
+#: On a runner's container (:mod:`.runners`): its language.
 LABEL_RUNNER = f"{_PREFIX}.runner"
 #: On a container: "true" when it is on the sandboxes' network. On that network: its
-#: bridge interface's name (see ``docker_net``).
+#: bridge interface's name (see :mod:`.net`).
 LABEL_NETWORK = f"{_PREFIX}.network"
 #: Name of the sandbox's run dir under ``settings.run_dir``, removed with the container.
 LABEL_RUN_DIR = f"{_PREFIX}.rundir"
 #: The session's own host uid that the container runs as (``SandboxSpec.uid``); absent
 #: when the containers run as the server's uid.
 LABEL_UID = f"{_PREFIX}.uid"
-#: Sysctls of every networked sandbox: no IPv6 inside (see ``docker_net``).
+#: Sysctls of every networked sandbox: no IPv6 inside (see :mod:`.net`).
 IPV6_OFF = {
     "net.ipv6.conf.all.disable_ipv6": "1",
     "net.ipv6.conf.default.disable_ipv6": "1",
@@ -145,7 +127,7 @@ def container_kwargs(
 ) -> dict[str, Any]:
     """Everything ``containers.create`` gets for one sandbox. Pure: no engine needed.
 
-    ``network``: the sandboxes' network (``docker_net``), required when ``spec.network``
+    ``network``: the sandboxes' network (:mod:`.net`), required when ``spec.network``
     and otherwise ignored: without it the container has none (``network_mode`` none)."""
     if spec.network and network is None:
         raise ValueError("a sandbox with network needs the sandboxes' network")
@@ -226,143 +208,3 @@ def security_opt(runtime: str) -> list[str]:
     if runtime == "runsc":
         return ["no-new-privileges"]
     return ["no-new-privileges", docker_seccomp_opt()]
-
-
-def map_docker_error(exc: BaseException, *, image: str, runtime: str) -> SandboxError:
-    """docker-py's (and requests') exceptions → our tree. The one place that does it.
-
-    By type and HTTP status, never by words in the engine's message: that text is the
-    engine's (and, for a container that fails to start, partly the sandbox's), and the
-    same words appear in unrelated errors ("OCI runtime create failed: runc create
-    failed: ..." is not a missing runtime). Whether the engine has ``runtime`` at all is
-    asked of the engine instead (:func:`runtime_missing`, before a create)."""
-    if isinstance(exc, docker.errors.ImageNotFound):
-        return BackendUnavailable(
-            f"the sandbox image {image} is missing: build it: mcp-code-sandbox image build"
-        )
-    if isinstance(exc, docker.errors.NotFound):
-        return SandboxFailed(f"the Docker engine has no such object: {_short(exc)}")
-    if isinstance(exc, docker.errors.APIError):
-        status = exc.status_code
-        if status is not None and status >= 500:
-            return SandboxFailed(f"the Docker engine failed (HTTP {status}): {_short(exc)}")
-        return SandboxFailed(f"the Docker engine refused (HTTP {status}): {_short(exc)}")
-    if _unreachable(exc):
-        return BackendUnavailable(
-            f"the Docker engine does not answer ({_short(exc)}): start Docker, "
-            "or set SANDBOX_BACKEND=bwrap"
-        )
-    if isinstance(exc, docker.errors.DockerException):
-        return SandboxFailed(f"docker: {_short(exc)}")
-    return SandboxFailed(f"docker: {type(exc).__name__}: {_short(exc)}")
-
-
-def _unreachable(exc: BaseException) -> bool:
-    """No engine at the other end: a connection or timeout error of requests, an
-    ``OSError`` (from :func:`probe_engine`), or docker-py's wrapper of one of those
-    (``docker.from_env`` raises ``DockerException`` "from" the connection error)."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, docker.errors.APIError):
-            return False  # the engine answered (an APIError is an OSError too: first)
-        if isinstance(
-            current,
-            requests.exceptions.ConnectionError | requests.exceptions.Timeout | OSError,
-        ):
-            return True
-        current = current.__cause__ or current.__context__
-    return False
-
-
-def runtime_missing(runtime: str, registered: Collection[str]) -> BackendUnavailable | None:
-    """The error for an engine whose ``info()["Runtimes"]`` (``registered``) lacks
-    ``runtime``; ``None`` when it has it."""
-    if runtime in registered:
-        return None
-    return BackendUnavailable(
-        f"the Docker engine has no runtime {runtime!r} (it has: "
-        f"{', '.join(sorted(registered)) or 'none'}): register it in "
-        "/etc/docker/daemon.json, or set SANDBOX_DOCKER_RUNTIME=runc"
-    )
-
-
-def _short(exc: BaseException) -> str:
-    explanation = getattr(exc, "explanation", None)
-    text = str(explanation or exc).strip().replace("\n", " ")
-    return text[:300]
-
-
-def foreign(exc: BaseException) -> bool:
-    return isinstance(
-        exc, docker.errors.DockerException | requests.exceptions.RequestException | OSError
-    )
-
-
-def probe_engine(environment: Mapping[str, str]) -> None:
-    """Raise ``OSError`` when nothing listens on a Unix-socket ``DOCKER_HOST``.
-
-    docker-py leaks its socket when the connect fails (a ResourceWarning per attempt), so
-    the common case, no daemon, is answered before docker-py is asked.
-    """
-    host = environment.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
-    if host.startswith("unix://"):
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-            probe.settimeout(3)
-            probe.connect(host.removeprefix("unix://"))
-
-
-def engine_ready(environment: Mapping[str, str], image: str) -> bool:
-    """For ``auto``: does an engine answer at ``environment``'s DOCKER_HOST, with ``image``?"""
-    try:
-        probe_engine(environment)
-        client = docker.from_env(environment=dict(environment), timeout=3)
-        try:
-            client.images.get(image)
-        finally:
-            client.close()
-    except Exception as exc:
-        if not foreign(exc):
-            raise
-        return False
-    return True
-
-
-def same_host(instance: str) -> bool:
-    """Was ``instance`` a server on this host (so :func:`instance_alive` can tell)?"""
-    return instance.rsplit("-", 2)[0] == socket.gethostname()
-
-
-def instance_alive(instance: str, ours: str) -> bool:
-    """Is ``instance`` (``host-<pid>.<start>-random``, see :mod:`..liveness`) this server
-    or another live one on this host?
-
-    Servers sharing an engine must not remove each other's sandboxes. The start time
-    tells a server from a later process with its pid: a server in a container has the
-    same pid at every start of the container, whose host name stays the same too.
-    """
-    if instance == ours:
-        return True
-    parts = instance.rsplit("-", 2)
-    if len(parts) != 3 or parts[0] != socket.gethostname():
-        return False
-    mark = read_mark(parts[1])
-    return mark is not None and process_alive(*mark)
-
-
-def info_from_labels(labels: Mapping[str, str], image: str) -> dict[str, dict[str, Any]]:
-    """``sandbox.language`` names the image's language; ``sandbox.packages`` (a JSON
-    object of name → version) and ``sandbox.version``, when the image has them, fill in."""
-    language = labels.get("sandbox.language") or "python"
-    try:
-        packages = json.loads(labels.get("sandbox.packages") or "{}")
-    except ValueError:
-        packages = {}
-    return {
-        language: {
-            "version": labels.get("sandbox.version"),
-            "packages": packages if isinstance(packages, dict) else {},
-            "image": image,
-        }
-    }

@@ -1,0 +1,62 @@
+"""What a ``doctor`` check is, and the checks both backends share.
+
+The package, lowest first: :mod:`.checks` (this), :mod:`.bwrap` and :mod:`.docker` (each
+backend's checks, output-free: one :class:`Check` a fact), :mod:`.report` (runs them all
+and prints; the CLI's ``doctor``). Nothing here imports upwards, so no import hides in a
+function.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from mcp_code_sandbox.backends.base import Backend
+from mcp_code_sandbox.errors import BackendUnavailable, SandboxError
+from mcp_code_sandbox.sessions import quota
+from mcp_code_sandbox.sessions.uids import uid_pool
+from mcp_code_sandbox.settings import Settings
+
+__all__ = ["Check", "network_check", "uid_range_detail", "workspace_quota_check"]
+
+
+class Check(NamedTuple):
+    name: str
+    ok: bool
+    detail: str
+    #: What to run or change when not ``ok``; ``None`` when there is nothing to do.
+    fix: str | None = None
+
+
+def network_check(settings: Settings, why_not: str | None, how: str) -> Check:
+    """Whether network-by-permission works here, and how it is fenced (both backends)."""
+    base = "each sandbox has no network unless a call asks for it"
+    if not settings.allow_network:
+        return Check("network", True, f"{base}; network=true is refused (SANDBOX_ALLOW_NETWORK)")
+    if why_not is not None:
+        return Check(
+            "network", False, f"{base}; SANDBOX_ALLOW_NETWORK=true but {why_not}",
+            "see above, or unset SANDBOX_ALLOW_NETWORK",
+        )  # fmt: skip
+    return Check("network", True, f"{base}; network=true gives {how}")
+
+
+def uid_range_detail(settings: Settings) -> tuple[str, str | None]:
+    """The range of sandbox uids and where they are leased, for the uid checks; and why
+    no uid can be leased here (``None`` when one can)."""
+    pool = uid_pool(settings)
+    skipped = f", {pool.skipped} of them skipped (ids of this host's users)" if pool.skipped else ""
+    detail = f"host uids {pool.describe()}{skipped}, leased in {pool.directory}"
+    try:
+        pool.open()
+    except SandboxError as exc:
+        return detail, exc.message
+    return detail, None
+
+
+def workspace_quota_check(settings: Settings, backend: Backend) -> Check:
+    """How the workspace quota binds ``backend``'s sandboxes here (both backends)."""
+    try:
+        mode = quota.choose(settings, backend)
+    except BackendUnavailable as exc:
+        return Check("workspace quota", False, exc.message, "see above")
+    return Check("workspace quota", True, mode.describe())
