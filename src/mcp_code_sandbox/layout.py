@@ -73,7 +73,7 @@ class AgentLimits(Protocol):
 def sandbox_env(extra: Mapping[str, str]) -> dict[str, str]:
     """The environment of the agent and every process it starts, for every backend."""
     env = {
-        # shims/: npm, npx and bun as node_env.SHIMS wraps them (installs go to the
+        # shims/: npm, npx and bun as provision.node.SHIMS wraps them (installs go to the
         # session's packages); the agent adds those packages' bin dirs in front.
         "PATH": f"{SANDBOX_VENV}/bin:{SANDBOX_NODE}/shims:{SANDBOX_NODE}/bin:"
         "/usr/local/bin:/usr/bin:/bin",

@@ -192,7 +192,7 @@ class Settings(BaseSettings):
     #: engine's host, or the state dir is bind-mounted at the same path on both sides).
     #: Set it when the server runs in a container and drives the host's engine through
     #: its socket: the bind mounts of workspaces and run dirs are then given to the
-    #: engine under this path (``docker_spec.engine_path``).
+    #: engine under this path (``backends.docker.spec.engine_path``).
     docker_host_state_dir: Path | None = None
 
     @model_validator(mode="before")
@@ -325,7 +325,7 @@ class Settings(BaseSettings):
 
     @property
     def sessions_dir(self) -> Path:
-        """One small JSON record per session (no secrets, no code): see ``registry``."""
+        """One small JSON record per session (no secrets, no code): see ``sessions.records``."""
         return self.state_dir / "sessions"
 
     @property

@@ -19,7 +19,7 @@ every program and every shell):
   installed packages' own ``.pth`` files processed. The kernel picks up a site directory
   that appeared since it started (:func:`refresh_import_path`), so ``%pip install x``
   then ``import x`` works in one session without a restart.
-- npm and bun: the ``npm``/``bun`` shims of the node runtime (``node_env.SHIMS``) install
+- npm and bun: the ``npm``/``bun`` shims of the node runtime (``provision.node.SHIMS``) install
   into ``MCS_NODE_PACKAGES`` unless the current directory is a project of its own. Code
   resolves them through ``NODE_PATH`` (``require``, bun) and the ``node_modules`` links
   that ES modules walk up to: the scratch directory's (:mod:`.languages`) and

@@ -1,6 +1,6 @@
 """Session records on disk, and the pure decision of what a starting server does with them.
 
-The registry must survive a SIGKILL of the server, so it is not only in memory: one small
+The records must survive a SIGKILL of the server, so it is not only in memory: one small
 JSON file per session at ``<state_dir>/sessions/<slot>.json`` (owner, session id, key,
 slot, the server instance holding it, wall-clock creation and last activity, the host uid
 its sandbox runs as; no secrets, no code), plus the sandboxes' own labels

@@ -24,7 +24,7 @@ default: on a tmpfs, so empty after a reboot, when no sandbox runs). A server ho
 while it holds an exclusive ``flock`` on ``<dir>/U``: two servers never hold one uid at
 once, and the kernel drops the lock when its process dies, however it dies: no lock
 outlives its server, and nothing has to clean up after a crash. The file names its
-holder, the session's record (:mod:`.registry`). A crash must not free a uid whose sandbox
+holder, the session's record (:mod:`.records`). A crash must not free a uid whose sandbox
 lives on (a docker container outlives its server, and the next server on its state dir
 re-attaches it): so a uid whose lock nobody holds but whose file names a record that
 still exists and still says U is *reserved* for that record, and only

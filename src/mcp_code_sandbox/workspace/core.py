@@ -76,7 +76,7 @@ class Workspace:
         #: Host uid/gid given every directory and file the server creates; None: ours.
         self.owner = owner
         #: The filesystem of its own mounted at ``root`` (the quota binds the sandbox);
-        #: ``None``: ``root`` is a plain directory and the quota is checked (:mod:`..quota`).
+        #: ``None``: ``root`` is a plain directory and the quota is checked (:mod:`sessions.quota`).
         self.volume = volume
 
     # --- life cycle ------------------------------------------------------------------------
@@ -217,7 +217,7 @@ class Workspace:
         return Snapshot(files, budget.truncated, hidden + preallocated if count_hidden else 0)
 
     def usage_bytes(self, limit: int = 200_000) -> int:
-        """Bytes the regular files hold (:func:`._fs.counted_bytes`: their sizes, or
+        """Bytes the regular files hold (:func:`.fs.counted_bytes`: their sizes, or
         their allocated blocks when more); a lower bound when there are more than
         ``limit`` entries."""
         with _fs_errors("."), closing_fd(self._open_root()) as root:

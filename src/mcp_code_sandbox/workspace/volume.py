@@ -18,7 +18,7 @@ that takes 20-30 ms, and unmounting and deleting 15-25 ms (this project's test h
 frees the device too.
 :func:`release` unmounts (lazily when something still holds it), deletes the image, then
 the directory: in that order, so that a server killed half-way leaves a workspace
-directory, which the next start finds and releases again (see :mod:`..recovery`).
+directory, which the next start finds and releases again (see :mod:`sessions.recovery`).
 
 Semantics: the image is a little larger than the quota (:func:`image_bytes`), so that the
 files the quota allows fit next to the filesystem's own metadata; the server still checks

@@ -12,7 +12,7 @@ so the pid the server holds is bwrap's and bwrap's parent is the server, which
    bind-mounts the workspace, the venv, the node directory (when ``setup`` built one), the
    agent package and the base interpreter onto a
    private tmpfs at ``/tmp``, then drops to the session's own host uid (``spec.uid``,
-   leased from :mod:`...uids`) with ``setpriv``. The unprivileged bwrap could not reach
+   leased from :mod:`sessions.uids`) with ``setpriv``. The unprivileged bwrap could not reach
    them at their real paths (``/root`` is 0700), and ``--bind-fd`` fails once the uid
    changed. The mounts die with that namespace. Not root, every sandbox runs as the
    server's uid: an unprivileged user namespace can map no other, so per-user limits

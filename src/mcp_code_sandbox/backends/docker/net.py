@@ -107,7 +107,7 @@ Call = Callable[..., Awaitable[Any]]
 
 class SandboxNetworks:
     """This server's sandboxes' network, made on first use, and the removal of networks
-    (with their rules) that no server needs any more. Used by :class:`.docker.DockerBackend`
+    (with their rules) that no server needs any more. Used by :class:`.backend.DockerBackend`
     only; ``call`` is its ``_call`` (a docker-py call in a thread, errors mapped)."""
 
     def __init__(self, instance: str, call: Call, iptables: Iptables | None = None) -> None:
