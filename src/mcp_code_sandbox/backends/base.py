@@ -2,7 +2,7 @@
 
 A backend only starts, connects to, stops and lists sandboxes. It knows nothing of MCP,
 of files (the session manager and :mod:`mcp_code_sandbox.workspace` own those) or of the
-agent's messages (:mod:`mcp_code_sandbox.run.agent_client` speaks them over the channel a
+agent's messages (:mod:`mcp_code_sandbox.sessions.agent_client` speaks them over the channel a
 backend hands back). Each backend maps its own foreign errors (``OSError``, docker-py's
 exceptions) to :class:`~mcp_code_sandbox.errors.BackendUnavailable` or
 :class:`~mcp_code_sandbox.errors.SandboxFailed`, and lets nothing else out.

@@ -24,8 +24,9 @@ from mcp_code_sandbox.errors import (
     SandboxError,
     UploadTooLarge,
 )
-from mcp_code_sandbox.run.execute import IMAGE_MIME_TYPES, RunRequest
+from mcp_code_sandbox.run.execute import IMAGE_MIME_TYPES
 from mcp_code_sandbox.run.languages import RUNTIMES
+from mcp_code_sandbox.run.request import RunRequest
 from mcp_code_sandbox.sanitize import clean_text, escape_name
 from mcp_code_sandbox.server import models
 from mcp_code_sandbox.server.auth import current_owner
