@@ -430,17 +430,17 @@ class SessionManager:
         reports it as lost (:meth:`_sandbox_failed`), so the next call starts a new one
         and says nothing more; a runner's container is replaced once within the run
         (runners keep no state). Called by the service with the session's lock held;
-        ``SessionNotFound`` as for :meth:`ensure_sandbox`."""
+        ``SessionNotFound`` as for :meth:`_ensure_sandbox`."""
         session.runs += 1
         if runner is not None:
-            container = await self.ensure_runner(session, runner, network=network)
+            container = await self._ensure_runner(session, runner, network=network)
 
             async def replace() -> RunnerSandbox:
-                await self.drop_runner(session, runner.language)
-                return await self.ensure_runner(session, runner, network=network)
+                await self._drop_runner(session, runner.language)
+                return await self._ensure_runner(session, runner, network=network)
 
             return Handout(RunnerClient(container, replace), session.runs)
-        agent, notice = await self.ensure_sandbox(session, network=network)
+        agent, notice = await self._ensure_sandbox(session, network=network)
         guarded = _Guarded(agent, lambda exc: self._sandbox_failed(session, exc))
         return Handout(guarded, session.runs, notice)
 
@@ -454,7 +454,7 @@ class SessionManager:
             await asyncio.shield(self._track(session, self._free(session, sandbox)))
         return lost(str(exc))
 
-    async def ensure_sandbox(
+    async def _ensure_sandbox(
         self, session: Session, *, network: bool = False
     ) -> tuple[AgentClient, str | None]:
         """The session's agent, starting a sandbox if it has none or its one died.
@@ -501,19 +501,19 @@ class SessionManager:
             session.sandbox, session.agent = sandbox, AgentClient(sandbox.channel)
         return session.agent, notice
 
-    async def ensure_runner(
+    async def _ensure_runner(
         self, session: Session, runner: RunnerImage, *, network: bool = False
     ) -> RunnerSandbox:
         """The session's container of ``runner``, started on first use and again after a
         run had to kill it, when the language's image changed, or when this call's
         ``network`` differs from the container's (runners keep no state). Lock held;
-        ``SessionNotFound`` as for :meth:`ensure_sandbox`."""
+        ``SessionNotFound`` as for :meth:`_ensure_sandbox`."""
         _check_open(session)
         current = session.runners.get(runner.language)
         if current is not None and (
             not current.usable or current.runner != runner or current.spec.network != network
         ):
-            await self.drop_runner(session, runner.language)
+            await self._drop_runner(session, runner.language)
             current = None
         if current is None:
             spec = self._spec(
@@ -589,7 +589,7 @@ class SessionManager:
         task.add_done_callback(done)
         return task
 
-    async def drop_runner(self, session: Session, language: str) -> None:
+    async def _drop_runner(self, session: Session, language: str) -> None:
         runner = session.runners.pop(language, None)
         if runner is not None:
             await self._free(session, runner)
@@ -666,7 +666,7 @@ class SessionManager:
         sandbox detached (still running), its workspace kept; runners (stateless) stop.
         The next server on this state dir re-attaches it (see :mod:`.recovery`)."""
         for language in list(session.runners):
-            await self.drop_runner(session, language)
+            await self._drop_runner(session, language)
         self._save(session, force=True)
         sandbox, session.sandbox, session.agent = session.sandbox, None, None
         if sandbox is not None:
