@@ -13,7 +13,7 @@ Two modes (``Settings.workspace_quota_mode``; :func:`choose` decides ``auto`` at
   it held then: a run may always delete). A run can overshoot by what it writes between
   two walks. Uploads are refused while the workspace is over its quota.
 
-After every run, in both modes, :mod:`.runs` checks the workspace and says how much to
+After every run, in both modes, :mod:`..run.execute` checks the workspace and says how much to
 delete when it is over its quota.
 """
 
