@@ -3,7 +3,7 @@ decides), how a run's notices are joined, and a runner's container replaced once
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +14,7 @@ from mcp_code_sandbox.errors import SandboxFailed, UnsupportedLanguage
 from mcp_code_sandbox.run.execute import join_notices
 from mcp_code_sandbox.run.languages import RUNTIMES, Languages
 from mcp_code_sandbox.run.probe import RuntimeProbe
-from mcp_code_sandbox.sessions.executor import Executor
+from mcp_code_sandbox.sessions.executor import Executor, Guarded, Outcome, lost
 from mcp_code_sandbox.sessions.runner_client import RunnerClient
 from mcp_code_sandbox.settings import load_settings
 
@@ -101,3 +101,24 @@ async def test_a_runner_container_that_died_is_replaced_once() -> None:
 
     with pytest.raises(SandboxFailed):  # replaced once, not in a loop
         await _run(RunnerClient(_Container(fails=True), still_dead))
+
+
+async def test_a_sandbox_that_fails_under_a_run_is_its_owners_to_report() -> None:
+    seen: list[str] = []
+
+    async def failed(exc: SandboxFailed) -> Outcome:
+        seen.append(exc.message)
+        return lost(exc.message)
+
+    dead = RunnerClient(_Container(fails=True), _replace_with(_Container(fails=True)))
+    outcome, _ = await _run(Guarded(dead, failed))
+    assert seen == ["the container is gone"]
+    assert outcome.status == "error" and outcome.state_lost
+    assert outcome.error == {"name": "SandboxDied", "value": seen[0], "traceback": ""}
+
+
+def _replace_with(container: RunnerSandbox) -> Callable[[], Awaitable[RunnerSandbox]]:
+    async def replace() -> RunnerSandbox:
+        return container
+
+    return replace

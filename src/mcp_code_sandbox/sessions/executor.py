@@ -16,13 +16,14 @@ files, timing) built around it once.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from mcp_code_sandbox.agent.budget import Budget
+from mcp_code_sandbox.errors import SandboxFailed
 
-__all__ = ["Display", "Executor", "Outcome", "StreamSink", "lost"]
+__all__ = ["Display", "Executor", "Guarded", "Outcome", "StreamSink", "lost"]
 
 #: Receives ``(stream name, text)`` as output arrives: ``stdout`` or ``stderr``.
 StreamSink = Callable[[str, str], None]
@@ -81,3 +82,38 @@ class Executor(Protocol):
         outcome, not an exception. Raises ``SandboxFailed`` when the sandbox broke in a
         way this executor could not repair; a cancellation interrupts the code first."""
         ...
+
+
+class Guarded:
+    """An executor whose sandbox failing under a run (it died, broke the protocol,
+    stopped answering: ``SandboxFailed``) is handed to ``failed``, which decides what
+    becomes of the sandbox and returns the run's outcome. The session manager wraps the
+    agent in one (:meth:`.manager.SessionManager.executor`)."""
+
+    def __init__(
+        self, inner: Executor, failed: Callable[[SandboxFailed], Awaitable[Outcome]]
+    ) -> None:
+        self._inner = inner
+        self._failed = failed
+
+    async def execute(
+        self,
+        *,
+        language: str,
+        code: str,
+        timeout_s: float,
+        env: dict[str, str],
+        on_stream: StreamSink,
+        budget: Budget | None = None,
+    ) -> Outcome:
+        try:
+            return await self._inner.execute(
+                language=language,
+                code=code,
+                timeout_s=timeout_s,
+                env=env,
+                on_stream=on_stream,
+                budget=budget,
+            )
+        except SandboxFailed as exc:
+            return await self._failed(exc)

@@ -57,7 +57,6 @@ from typing import Any, TypeVar
 
 import structlog
 
-from mcp_code_sandbox.agent.budget import Budget
 from mcp_code_sandbox.backends.base import (
     Backend,
     Limits,
@@ -71,7 +70,7 @@ from mcp_code_sandbox.host import process_mark
 from mcp_code_sandbox.metrics import EndReason, Metrics
 from mcp_code_sandbox.sessions import quota, records
 from mcp_code_sandbox.sessions.agent_client import AgentClient
-from mcp_code_sandbox.sessions.executor import Executor, Outcome, StreamSink, lost
+from mcp_code_sandbox.sessions.executor import Executor, Guarded, Outcome, lost
 from mcp_code_sandbox.sessions.ids import mint_session_id, session_key, validate_session_id
 from mcp_code_sandbox.sessions.quota import QuotaMode
 from mcp_code_sandbox.sessions.recovery import Adopted, recover
@@ -441,7 +440,7 @@ class SessionManager:
 
             return Handout(RunnerClient(container, replace), session.runs)
         agent, notice = await self._ensure_sandbox(session, network=network)
-        guarded = _Guarded(agent, lambda exc: self._sandbox_failed(session, exc))
+        guarded = Guarded(agent, lambda exc: self._sandbox_failed(session, exc))
         return Handout(guarded, session.runs, notice)
 
     async def _sandbox_failed(self, session: Session, exc: SandboxFailed) -> Outcome:
@@ -804,40 +803,6 @@ class SessionManager:
         if owner is None:
             return len(self._sessions)
         return sum(1 for who, _ in self._sessions if who == owner)
-
-
-class _Guarded:
-    """The session's agent as handed to a run: a sandbox that fails under the run (it
-    died, broke the protocol, stopped answering) becomes the run's ``lost`` outcome, and
-    the manager stops it (:meth:`SessionManager._sandbox_failed`)."""
-
-    def __init__(
-        self, agent: AgentClient, failed: Callable[[SandboxFailed], Awaitable[Outcome]]
-    ) -> None:
-        self._agent = agent
-        self._failed = failed
-
-    async def execute(
-        self,
-        *,
-        language: str,
-        code: str,
-        timeout_s: float,
-        env: dict[str, str],
-        on_stream: StreamSink,
-        budget: Budget | None = None,
-    ) -> Outcome:
-        try:
-            return await self._agent.execute(
-                language=language,
-                code=code,
-                timeout_s=timeout_s,
-                env=env,
-                on_stream=on_stream,
-                budget=budget,
-            )
-        except SandboxFailed as exc:
-            return await self._failed(exc)
 
 
 def _gone_suffix(tombstone: str | None) -> str:
