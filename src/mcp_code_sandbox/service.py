@@ -158,7 +158,6 @@ class SandboxService:
         """Check ``request``, hold the session (made when new), get its executor from the
         session manager and run; the report is complete as :func:`.run.execute.run`
         builds it."""
-        started = time.monotonic()
         if request.language not in self.languages():
             await self.refresh_runners()  # an image built since the last look
         self.offer.check(request.language)
@@ -170,6 +169,7 @@ class SandboxService:
         runner = self.offer.runner(request.language)
         before = self.languages()
         async with self.sessions.acquire(owner, session_id, create=True, wait_s=timeout) as held:
+            started = time.monotonic()  # the sandbox's start counts, the queue does not
             handout = await self.sessions.executor(
                 held.session, network=request.network, runner=runner
             )
