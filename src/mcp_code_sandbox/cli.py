@@ -202,7 +202,7 @@ def _exec(settings: Settings, args: argparse.Namespace) -> int:
 
 async def _exec_once(settings: Settings, code: str, language: str) -> int:
     from mcp_code_sandbox.backends import create_backend
-    from mcp_code_sandbox.run.execute import RunRequest
+    from mcp_code_sandbox.run.request import RunRequest
     from mcp_code_sandbox.service import SandboxService
 
     service = SandboxService(settings, create_backend(settings))

@@ -14,8 +14,8 @@ from typing import Any, BinaryIO
 
 import structlog
 
-from mcp_code_sandbox.backends.base import Backend, Enforcement
-from mcp_code_sandbox.backends.runner_images import RunnerImage, RunnerImages
+from mcp_code_sandbox.backends.base import Backend, Enforcement, Sandbox
+from mcp_code_sandbox.backends.runner_images import RunnerImages
 from mcp_code_sandbox.errors import (
     InvalidArgument,
     NetworkNotAllowed,
@@ -26,8 +26,9 @@ from mcp_code_sandbox.errors import (
 )
 from mcp_code_sandbox.metrics import Metrics
 from mcp_code_sandbox.run import execute
-from mcp_code_sandbox.run.languages import RUNTIMES, runner_summary
+from mcp_code_sandbox.run.languages import RUNTIMES, Languages, runner_summary
 from mcp_code_sandbox.run.probe import RuntimeProbe
+from mcp_code_sandbox.run.request import RunRequest, check_request
 from mcp_code_sandbox.sessions.manager import SessionManager
 from mcp_code_sandbox.settings import Settings
 from mcp_code_sandbox.workspace import FileInfo, ListResult, ReadResult, measure
@@ -75,19 +76,15 @@ class SandboxService:
         self.sessions = SessionManager(settings, backend, self.metrics)
         #: Blocking work (file I/O, walks, images) goes here, never on the event loop.
         self.threads = self.sessions.threads
-        #: Runner images by language (docker), as last discovered; see ``refresh_runners``.
-        self.runners: dict[str, RunnerImage] = {}
-        #: What ``backend.describe()`` said of the runtimes at the latest refresh, and the
-        #: languages (with versions) the server's own probe sandbox listed (never a tenant's: see
-        #: ``probe``). A built-in language is offered unless one of them says the
-        #: sandboxes lack it (``"available": false``, or not listed): a backend that says
-        #: nothing about a language is not taken to lack it.
-        self._info: dict[str, dict[str, Any]] = {}
-        #: How the backend enforces each limit, as ``describe()`` said at that refresh.
+        #: How the backend enforces each limit, as ``describe()`` said at the latest refresh.
         self._enforcement: dict[str, Enforcement] = {}
+        #: The server's own probe sandbox (never a tenant's: see :mod:`.run.probe`).
         self.probe = RuntimeProbe(
             settings, backend, self.sessions.limits, RUNTIMES, self.sessions.uids
         )
+        #: Which languages are offered: decided there alone, from the backend's
+        #: ``describe()``, the probe and runner images, which this service refreshes.
+        self.offer = Languages(self.probe)
         #: Called with the new language list whenever it changes (the MCP layer tells
         #: its clients that the tool list changed: run_code's language enum is in it).
         self.on_languages_changed: list[LanguagesChanged] = []
@@ -101,16 +98,8 @@ class SandboxService:
         await self.refresh_runners()
 
     def languages(self) -> list[str]:
-        """What ``run_code`` offers: the agent's languages whose interpreter the sandbox
-        has (Python always), then the runners'."""
-
-        def lacking(lang: str) -> bool:
-            reported = self._info.get(lang, {}).get("available", True) is False
-            seen = self.probe.languages
-            return reported or (seen is not None and lang not in seen)
-
-        builtin = [lang for lang in RUNTIMES if lang == "python" or not lacking(lang)]
-        return [*builtin, *(lang for lang in self.runners if lang not in RUNTIMES)]
+        """What ``run_code`` offers (see :class:`.run.languages.Languages`)."""
+        return self.offer.offered()
 
     async def refresh_runners(self) -> bool:
         """Ask the backend for runner images and its built-in languages again; True (and
@@ -124,14 +113,15 @@ class SandboxService:
         except SandboxError as exc:
             log.warning("runtime info not read", error=exc.message)
         else:
-            self._info, self._enforcement = description.runtimes, description.enforcement
+            self.offer.info = description.runtimes
+            self._enforcement = description.enforcement
         images = self.backend if isinstance(self.backend, RunnerImages) else None
         try:
             found = await images.discover_runners(RUNTIMES.keys()) if images else {}
         except SandboxError as exc:
             log.warning("runner images not listed", error=exc.message)
         else:
-            self.runners = {lang: r for lang, r in found.items() if lang not in RUNTIMES}
+            self.offer.set_runners(found)
         return await self._languages_changed(before)
 
     async def _languages_changed(self, before: list[str]) -> bool:
@@ -173,42 +163,59 @@ class SandboxService:
     async def run_code(
         self,
         owner: str,
-        request: execute.RunRequest,
+        request: RunRequest,
         session_id: str | None = None,
         on_progress: execute.ProgressSink | None = None,
     ) -> execute.RunReport:
+        """Check ``request``, hold the session (made when new), get its executor from the
+        session manager and run; the report is complete as :func:`.run.execute.run`
+        builds it."""
         if request.language not in self.languages():
             await self.refresh_runners()  # an image built since the last look
-        timeout = execute.check_request(self.settings, request, self.languages())
+        self.offer.check(request.language)
+        timeout = check_request(self.settings, request)
         if request.network:
             why = (await asyncio.to_thread(self.backend.describe)).network_unavailable
             if why is not None:
                 raise NetworkNotAllowed(
                     f"network access is allowed by this server but not available: {why}"
                 )
-        runner = None if request.language in RUNTIMES else self.runners[request.language]
+        runner = self.offer.runner(request.language)
         before = self.languages()
-        try:
-            async with self.sessions.acquire(
-                owner, session_id, create=True, wait_s=timeout
-            ) as held:
-                report = await execute.run(
-                    self.sessions, held.session, request, timeout, on_progress, runner
+        async with self.sessions.acquire(owner, session_id, create=True, wait_s=timeout) as held:
+            started = time.monotonic()  # the sandbox's start counts, the queue does not
+            handout = await self.sessions.executor(
+                held.session, network=request.network, runner=runner
+            )
+            if runner is None:
+                await self._check_sandbox(held.session.sandbox, request.language, before)
+            report = await execute.run(
+                held, handout, request, timeout, self._run_budget(), on_progress, started
+            )
+            if held.session.closed:  # close_session landed during the run: it is gone
+                raise SessionNotFound(
+                    f"session {held.session.id} was closed while this call ran; its "
+                    "files and variables are gone"
                 )
-                if held.session.closed:  # close_session landed during the run: it is gone
-                    raise SessionNotFound(
-                        f"session {held.session.id} was closed while this call ran; its "
-                        "files and variables are gone"
-                    )
-        except UnsupportedLanguage:  # this sandbox lacks the interpreter: do the server's?
+        await self._languages_changed(before)
+        return report
+
+    async def _check_sandbox(
+        self, sandbox: Sandbox | None, language: str, before: list[str]
+    ) -> None:
+        """Refuse a language the session's sandbox has no interpreter for; the server's
+        own probe is asked again then (the list it offers may be stale)."""
+        try:
+            self.offer.check_sandbox(sandbox.ready if sandbox is not None else None, language)
+        except UnsupportedLanguage:
             await self.probe.get(again=True)
             await self._languages_changed(before)
             raise
-        await self._languages_changed(before)
-        report.session_created = held.created
-        if held.notice:
-            report.notice = f"{held.notice}. {report.notice}" if report.notice else held.notice
-        return report
+
+    def _run_budget(self) -> execute.RunBudget:
+        return execute.RunBudget(
+            self.settings, self.metrics, self.threads, self.sessions.quota.filesystem
+        )
 
     async def upload_file(
         self,
@@ -309,7 +316,7 @@ class SandboxService:
         images are looked for again first, and the server's own probe sandbox is asked
         once for versions the backend does not record)."""
         await self.refresh_runners()
-        info = self._info  # as the refresh just read it
+        info = self.offer.info  # as the refresh just read it
         before = self.languages()
         unknown = [n for n in before if n in RUNTIMES and not info.get(n, {}).get("version")]
         # A probe sandbox only for what the backend's own records leave out (docker).
@@ -352,7 +359,7 @@ class SandboxService:
                     **common,
                 }
             )
-        for name, runner in self.runners.items():
+        for name, runner in self.offer.runners.items():
             out.append(
                 {
                     "language": name,

@@ -231,6 +231,12 @@ class Settings(BaseSettings):
                 raise ValueError(f"{name} controls the sandbox itself and cannot be passed")
         return names
 
+    def pass_through_values(self, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The server's own values of ``pass_through_env`` (default: the process env, read
+        now), for every sandbox's environment; names it does not have are left out."""
+        env = os.environ if environ is None else environ
+        return {name: env[name] for name in self.pass_through_env if name in env}
+
     @field_validator("allowed_hosts")
     @classmethod
     def _valid_hosts(cls, hosts: list[str]) -> list[str]:

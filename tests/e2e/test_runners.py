@@ -173,7 +173,7 @@ async def test_a_new_image_is_found_by_the_first_call_that_names_its_language(
     service: Any, build_runner: Callable[[dict[str, str]], str]
 ) -> None:
     build_runner(PERL_LABELS)
-    from mcp_code_sandbox.run.execute import RunRequest
+    from mcp_code_sandbox.run.request import RunRequest
 
     report = await service.run_code("local", RunRequest('print "hi";', language="perl"))
     assert report.status == "ok" and report.stdout == "hi"
@@ -197,7 +197,7 @@ async def test_sandbox_image_replaces_the_default_image(
     make_settings: Callable[..., Settings], engine: Any
 ) -> None:
     from mcp_code_sandbox.backends import create_backend
-    from mcp_code_sandbox.run.execute import RunRequest
+    from mcp_code_sandbox.run.request import RunRequest
     from mcp_code_sandbox.service import SandboxService
 
     tag = f"mcs-test-default-{secrets.token_hex(4)}:1"
@@ -240,7 +240,7 @@ async def test_a_runner_image_removed_since_it_was_found_fails_the_call_clearly(
     service: Any, engine: Any, build_runner: Callable[[dict[str, str]], str]
 ) -> None:
     from mcp_code_sandbox.errors import SandboxFailed
-    from mcp_code_sandbox.run.execute import RunRequest
+    from mcp_code_sandbox.run.request import RunRequest
 
     tag = build_runner(PERL_LABELS)
     assert "perl" in [r["language"] for r in await service.runtimes()]
@@ -256,7 +256,7 @@ async def test_a_language_the_image_lacks_is_refused_and_then_not_offered(
 ) -> None:
     from mcp_code_sandbox.backends import create_backend
     from mcp_code_sandbox.errors import UnsupportedLanguage
-    from mcp_code_sandbox.run.execute import RunRequest
+    from mcp_code_sandbox.run.request import RunRequest
     from mcp_code_sandbox.service import SandboxService
 
     # An image whose labels say nothing about JavaScript and whose agent finds no node.

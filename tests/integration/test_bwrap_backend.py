@@ -17,7 +17,7 @@ import pytest
 
 from mcp_code_sandbox.backends.base import Limits, SandboxSpec
 from mcp_code_sandbox.backends.bwrap.backend import BwrapBackend, BwrapSandbox
-from mcp_code_sandbox.run.agent_client import AgentClient
+from mcp_code_sandbox.sessions.agent_client import AgentClient
 from mcp_code_sandbox.settings import Settings
 
 from ..conftest import sandbox_owner

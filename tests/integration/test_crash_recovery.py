@@ -23,7 +23,7 @@ from mcp import Client
 from mcp_code_sandbox.backends.base import SandboxSpec
 from mcp_code_sandbox.backends.docker.backend import DockerBackend, DockerSandbox
 from mcp_code_sandbox.backends.docker.spec import LABEL_KEY, LABEL_UID
-from mcp_code_sandbox.run.execute import RunRequest
+from mcp_code_sandbox.run.request import RunRequest
 from mcp_code_sandbox.service import SandboxService
 from mcp_code_sandbox.sessions.uids import uid_pool
 from mcp_code_sandbox.settings import Settings, docker_environ

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from mcp_code_sandbox.errors import EnvNotAllowed, InvalidArgument
-from mcp_code_sandbox.run.execute import RunRequest
+from mcp_code_sandbox.run.request import RunRequest
 from mcp_code_sandbox.settings import Settings
 
 from ..conftest import MakeService, each_backend

@@ -29,7 +29,7 @@ import pytest
 
 from mcp_code_sandbox.backends.netfilter import COMMENT
 from mcp_code_sandbox.errors import NetworkNotAllowed
-from mcp_code_sandbox.run.execute import RunRequest
+from mcp_code_sandbox.run.request import RunRequest
 from mcp_code_sandbox.service import SandboxService
 from mcp_code_sandbox.settings import Settings
 

@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from mcp_code_sandbox.provision.node import NPM_PACKAGES
-from mcp_code_sandbox.run.execute import RunRequest
+from mcp_code_sandbox.run.request import RunRequest
 
 from ..conftest import each_backend
 

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import pytest
 
 from mcp_code_sandbox.errors import QuotaExceeded, SessionNotFound
-from mcp_code_sandbox.run.execute import RunReport, RunRequest
+from mcp_code_sandbox.run.execute import RunReport
+from mcp_code_sandbox.run.request import RunRequest
 from mcp_code_sandbox.service import SandboxService
 
 from .. import labnet, pkgindex

@@ -23,7 +23,7 @@ from mcp_code_sandbox.backends import create_backend
 from mcp_code_sandbox.backends.base import Sandbox, SandboxSpec
 from mcp_code_sandbox.backends.bwrap.backend import BwrapBackend, BwrapSandbox
 from mcp_code_sandbox.errors import SandboxFailed, SessionNotFound
-from mcp_code_sandbox.run.execute import RunRequest
+from mcp_code_sandbox.run.request import RunRequest
 from mcp_code_sandbox.service import SandboxService
 from mcp_code_sandbox.settings import Settings
 

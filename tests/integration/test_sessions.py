@@ -16,7 +16,7 @@ import pytest
 
 from mcp_code_sandbox.backends import create_backend
 from mcp_code_sandbox.errors import MaxSessions, SessionNotFound
-from mcp_code_sandbox.run.execute import RunRequest
+from mcp_code_sandbox.run.request import RunRequest
 from mcp_code_sandbox.service import SandboxService
 from mcp_code_sandbox.settings import Settings
 

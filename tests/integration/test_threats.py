@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from mcp_code_sandbox.errors import InvalidPath
-from mcp_code_sandbox.run.execute import RunRequest
+from mcp_code_sandbox.run.request import RunRequest
 
 from ..conftest import each_runtime
 

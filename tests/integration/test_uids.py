@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from mcp_code_sandbox.errors import MaxSessions
-from mcp_code_sandbox.run.execute import RunRequest
+from mcp_code_sandbox.run.request import RunRequest
 from mcp_code_sandbox.sessions.uids import uid_pool
 from mcp_code_sandbox.settings import Settings
 

@@ -11,7 +11,7 @@ from typing import Any
 from mcp_code_sandbox.agent.budget import MAX_DISPLAYS, Budget
 from mcp_code_sandbox.agent.protocol import encode_frame
 from mcp_code_sandbox.backends.base import Channel
-from mcp_code_sandbox.run.agent_client import AgentClient
+from mcp_code_sandbox.sessions.agent_client import AgentClient
 
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\0" * 100).decode()
 

@@ -11,10 +11,10 @@ import pytest
 from mcp_types import CallToolResult, TextContent
 from PIL import Image
 
-from mcp_code_sandbox.run.agent_client import Display
 from mcp_code_sandbox.run.execute import ImageFile, RunReport
 from mcp_code_sandbox.server.fit import fit_count, message_bytes, text_cost
 from mcp_code_sandbox.server.tool_results import MAX_FILES_LISTED, run_result
+from mcp_code_sandbox.sessions.executor import Display
 from mcp_code_sandbox.settings import ConfigError, Settings, load_settings
 from mcp_code_sandbox.workspace import Change
 

@@ -17,7 +17,8 @@ from mcp_code_sandbox.errors import (
     SessionBusy,
     SessionNotFound,
 )
-from mcp_code_sandbox.run.execute import RunReport, RunRequest
+from mcp_code_sandbox.run.execute import RunReport
+from mcp_code_sandbox.run.request import RunRequest
 from mcp_code_sandbox.service import SandboxService
 from mcp_code_sandbox.settings import ConfigError, load_settings
 from tests.fakes import FakeBackend, fake_service

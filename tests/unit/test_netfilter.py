@@ -12,7 +12,7 @@ from mcp_code_sandbox.backends.bwrap.net import build_slirp_argv, read_child_pid
 from mcp_code_sandbox.backends.docker.net import network_kwargs, new_bridge_name
 from mcp_code_sandbox.backends.netfilter import COMMENT, SLIRP_GID, bridge_rules, slirp_rules
 from mcp_code_sandbox.errors import NetworkNotAllowed, SandboxFailed
-from mcp_code_sandbox.run.execute import RunRequest, check_request
+from mcp_code_sandbox.run.request import RunRequest, check_request
 from mcp_code_sandbox.settings import load_settings
 
 

@@ -8,7 +8,8 @@ import time
 from pathlib import Path
 
 from mcp_code_sandbox.backends.base import Leftover
-from mcp_code_sandbox.run.execute import RunReport, RunRequest
+from mcp_code_sandbox.run.execute import RunReport
+from mcp_code_sandbox.run.request import RunRequest
 from mcp_code_sandbox.service import SandboxService
 from mcp_code_sandbox.sessions import records
 from mcp_code_sandbox.sessions.ids import session_key

@@ -16,7 +16,8 @@ from mcp_code_sandbox.errors import (
     NetworkNotAllowed,
     UnsupportedLanguage,
 )
-from mcp_code_sandbox.run.execute import RunReport, RunRequest
+from mcp_code_sandbox.run.execute import RunReport
+from mcp_code_sandbox.run.request import RunRequest
 from mcp_code_sandbox.service import SandboxService
 from tests.fakes import FakeBackend, fake_service
 

@@ -2,8 +2,8 @@
 
 A backend only starts, connects to, stops and lists sandboxes. It knows nothing of MCP,
 of files (the session manager and :mod:`mcp_code_sandbox.workspace` own those) or of the
-agent's messages (:mod:`mcp_code_sandbox.run.agent_client` speaks them over the channel a
-backend hands back; only the ``ready`` handshake is read here, by :func:`wait_ready`).
+agent's messages (:mod:`mcp_code_sandbox.sessions.agent_client` speaks them over the channel
+a backend hands back; only the ``ready`` handshake is read here, by :func:`wait_ready`).
 Each backend maps its own foreign errors (``OSError``, docker-py's exceptions) to
 :class:`~mcp_code_sandbox.errors.BackendUnavailable` or
 :class:`~mcp_code_sandbox.errors.SandboxFailed`, and lets nothing else out. What a sandbox

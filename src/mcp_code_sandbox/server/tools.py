@@ -25,7 +25,7 @@ from mcp_code_sandbox.errors import (
     SandboxError,
     UploadTooLarge,
 )
-from mcp_code_sandbox.run.execute import RunRequest
+from mcp_code_sandbox.run.request import RunRequest
 from mcp_code_sandbox.sanitize import clean_text, escape_name
 from mcp_code_sandbox.server import models
 from mcp_code_sandbox.server.auth import current_owner

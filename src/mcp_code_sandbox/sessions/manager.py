@@ -62,18 +62,20 @@ from mcp_code_sandbox.backends.runner_images import RunnerImage, RunnerSandbox, 
 from mcp_code_sandbox.errors import MaxSessions, SandboxFailed, SessionBusy, SessionNotFound
 from mcp_code_sandbox.host import process_mark
 from mcp_code_sandbox.metrics import EndReason, Metrics
-from mcp_code_sandbox.run.agent_client import AgentClient
 from mcp_code_sandbox.sessions import quota, records
+from mcp_code_sandbox.sessions.agent_client import AgentClient
+from mcp_code_sandbox.sessions.executor import Executor, Guarded, Outcome, lost
 from mcp_code_sandbox.sessions.ids import mint_session_id, session_key, validate_session_id
 from mcp_code_sandbox.sessions.quota import QuotaMode
-from mcp_code_sandbox.sessions.recovery import recover
+from mcp_code_sandbox.sessions.recovery import Adopted, recover
+from mcp_code_sandbox.sessions.runner_client import RunnerClient
 from mcp_code_sandbox.sessions.uids import UidLease, uid_pool
 from mcp_code_sandbox.sessions.workers import WorkerThreads
 from mcp_code_sandbox.settings import Settings
 from mcp_code_sandbox.workspace import Workspace
 from mcp_code_sandbox.workspace.volume import IMAGE_SUFFIX, Volume, image_bytes
 
-__all__ = ["Session", "SessionManager"]
+__all__ = ["Acquired", "Handout", "Session", "SessionManager"]
 
 log = structlog.get_logger("mcp_code_sandbox.sessions.manager")
 
@@ -133,6 +135,19 @@ class Acquired:
     notice: str | None
 
 
+@dataclass(frozen=True)
+class Handout:
+    """What :meth:`SessionManager.executor` hands a run: what runs its code, and what the
+    session lost getting it ready."""
+
+    executor: Executor
+    #: The run's number in its session (1, 2, ...): names its saved output.
+    run: int
+    #: Said when the session's previous sandbox was replaced (it had died, or this call's
+    #: network differs): its variables are gone. ``None``: nothing was lost.
+    notice: str | None = None
+
+
 class SessionManager:
     def __init__(
         self, settings: Settings, backend: Backend, metrics: Metrics | None = None
@@ -166,7 +181,17 @@ class SessionManager:
         log.info("workspace quota", enforced=self.quota.describe())
         if self.uids is not None:
             await asyncio.to_thread(self.uids.open)
-        await recover(self)
+        recovered = await recover(
+            self.settings,
+            self.backend,
+            instance=self._instance,
+            spec_for=self._spec_for,
+            uids=self.uids,
+        )
+        for adopted in recovered.adopt:
+            self._adopt(adopted)
+        for owner, session_id, why in recovered.lost:
+            self._tombstone(owner, session_id, why)
         self._start_reaper()
 
     async def aclose(self) -> None:
@@ -205,28 +230,10 @@ class SessionManager:
         """This server process's name in records and pid files (``<pid>-<random>``)."""
         return self._instance
 
-    async def reclaim_uid(self, record: records.SessionRecord) -> UidLease | None:
-        """The uid of a dead server's session that is about to be re-attached, leased
-        again; ``None`` when the backend uses no per-session uids. Raises
-        ``SandboxFailed`` when the session cannot have it back (another server holds it,
-        or the record names none): its sandbox runs as that uid, so it is not re-attached."""
-        if self.uids is None:
-            return None
-        holder = str(records.record_path(self.settings.sessions_dir, record.slot))
-        lease = None
-        if record.uid is not None:
-            lease = await asyncio.to_thread(self.uids.reclaim, record.uid, holder)
-        if lease is None:
-            raise SandboxFailed(f"the host uid {record.uid} of the session is not free")
-        return lease
-
-    def adopt(
-        self, record: records.SessionRecord, sandbox: Sandbox, uid_lease: UidLease | None
-    ) -> None:
-        """Register a session a dead server left, with its re-attached ``sandbox`` and
-        its uid (:meth:`reclaim_uid`).
-
-        Called by :func:`.recovery.recover` at start; the record becomes this server's."""
+    def _adopt(self, adopted: Adopted) -> None:
+        """Register a session a dead server left, as :func:`.recovery.recover` returned
+        it: its re-attached sandbox and its uid. Called by :meth:`start`."""
+        record, sandbox = adopted.record, adopted.sandbox
         mono, wall = time.monotonic(), time.time()
         session = Session(
             record.session_id,
@@ -240,13 +247,14 @@ class SessionManager:
             sandbox=sandbox,
             agent=AgentClient(sandbox.channel),
             workspace_made=True,  # its filesystem outlived the old server, still mounted
-            uid_lease=uid_lease,
+            uid_lease=adopted.uid_lease,
         )
         self._sessions[(record.owner, record.session_id)] = session
         self._save(session, force=True)  # now ours: a later start must leave it alone
         log.info("session re-attached", owner=record.owner, session=record.session_id)
 
-    def spec_for(self, record: records.SessionRecord) -> SandboxSpec:
+    def _spec_for(self, record: records.SessionRecord) -> SandboxSpec:
+        """The spec a recorded session's sandbox was made with (recovery re-attaches it)."""
         workspace = self._workspace(record.slot, record.uid)
         return self._spec(record.key, record.owner, record.session_id, workspace, uid=record.uid)
 
@@ -385,7 +393,7 @@ class SessionManager:
         image = self.settings.volumes_dir / f"{slot}{IMAGE_SUFFIX}"
         return Volume(image, image_bytes(self.settings.workspace_quota_bytes))
 
-    def tombstone(self, owner: str, session_id: str, reason: str) -> None:
+    def _tombstone(self, owner: str, session_id: str, reason: str) -> None:
         self._tombstones[(owner, session_id)] = (
             f"{reason}; files and variables from before are gone"
         )
@@ -404,7 +412,42 @@ class SessionManager:
             file_bytes=s.workspace_quota_bytes,
         )
 
-    async def ensure_sandbox(
+    async def executor(
+        self, session: Session, *, network: bool = False, runner: RunnerImage | None = None
+    ) -> Handout:
+        """What runs this call's code in ``session``: its agent, or (``runner``) its
+        container of that runner image; started if need be, replaced if it died.
+
+        The manager owns replacing a sandbox that died: one found dead here is replaced
+        (said in the notice); one that dies under the run is stopped at once and the run
+        reports it as lost (:meth:`_sandbox_failed`), so the next call starts a new one
+        and says nothing more; a runner's container is replaced once within the run
+        (runners keep no state). Called by the service with the session's lock held;
+        ``SessionNotFound`` as for :meth:`_ensure_sandbox`."""
+        session.runs += 1
+        if runner is not None:
+            container = await self._ensure_runner(session, runner, network=network)
+
+            async def replace() -> RunnerSandbox:
+                await self._drop_runner(session, runner.language)
+                return await self._ensure_runner(session, runner, network=network)
+
+            return Handout(RunnerClient(container, replace), session.runs)
+        agent, notice = await self._ensure_sandbox(session, network=network)
+        guarded = Guarded(agent, lambda exc: self._sandbox_failed(session, exc))
+        return Handout(guarded, session.runs, notice)
+
+    async def _sandbox_failed(self, session: Session, exc: SandboxFailed) -> Outcome:
+        """A sandbox died under a run: count it, stop it (the next call starts a new one),
+        and give the run its outcome. The stop runs in a task ending the session waits
+        for, so a run stopped meanwhile (its quota watch) leaves no sandbox behind."""
+        self.metrics.backend_error(exc.code)
+        sandbox, session.sandbox, session.agent = session.sandbox, None, None
+        if sandbox is not None:
+            await asyncio.shield(self._track(session, self._free(session, sandbox)))
+        return lost(str(exc))
+
+    async def _ensure_sandbox(
         self, session: Session, *, network: bool = False
     ) -> tuple[AgentClient, str | None]:
         """The session's agent, starting a sandbox if it has none or its one died.
@@ -451,19 +494,19 @@ class SessionManager:
             session.sandbox, session.agent = sandbox, AgentClient(sandbox.channel)
         return session.agent, notice
 
-    async def ensure_runner(
+    async def _ensure_runner(
         self, session: Session, runner: RunnerImage, *, network: bool = False
     ) -> RunnerSandbox:
         """The session's container of ``runner``, started on first use and again after a
         run had to kill it, when the language's image changed, or when this call's
         ``network`` differs from the container's (runners keep no state). Lock held;
-        ``SessionNotFound`` as for :meth:`ensure_sandbox`."""
+        ``SessionNotFound`` as for :meth:`_ensure_sandbox`."""
         _check_open(session)
         current = session.runners.get(runner.language)
         if current is not None and (
             not current.usable or current.runner != runner or current.spec.network != network
         ):
-            await self.drop_runner(session, runner.language)
+            await self._drop_runner(session, runner.language)
             current = None
         if current is None:
             spec = self._spec(
@@ -539,7 +582,7 @@ class SessionManager:
         task.add_done_callback(done)
         return task
 
-    async def drop_runner(self, session: Session, language: str) -> None:
+    async def _drop_runner(self, session: Session, language: str) -> None:
         runner = session.runners.pop(language, None)
         if runner is not None:
             await self._free(session, runner)
@@ -571,17 +614,9 @@ class SessionManager:
             workspace=workspace.root,
             limits=self.limits(),
             network=network,
-            env=self._pass_through_env(),
+            env=self.settings.pass_through_values(),
             uid=uid,
         )
-
-    async def restart_sandbox(self, session: Session) -> None:
-        await self._stop_sandbox(session)
-
-    def _pass_through_env(self) -> dict[str, str]:
-        return {
-            name: os.environ[name] for name in self.settings.pass_through_env if name in os.environ
-        }
 
     async def _stop_sandbox(self, session: Session) -> None:
         sandbox, session.sandbox, session.agent = session.sandbox, None, None
@@ -613,7 +648,7 @@ class SessionManager:
         del self._sessions[(session.owner, session.id)]
         self.metrics.session_ended(why)
         session.closed = True
-        self.tombstone(session.owner, session.id, reason)
+        self._tombstone(session.owner, session.id, reason)
         remains = await self._destroy(session)
         log.info("session ended", owner=session.owner, session=session.id, reason=reason)
         return remains
@@ -623,7 +658,7 @@ class SessionManager:
         sandbox detached (still running), its workspace kept; runners (stateless) stop.
         The next server on this state dir re-attaches it (see :mod:`.recovery`)."""
         for language in list(session.runners):
-            await self.drop_runner(session, language)
+            await self._drop_runner(session, language)
         self._save(session, force=True)
         sandbox, session.sandbox, session.agent = session.sandbox, None, None
         if sandbox is not None:

@@ -1,13 +1,18 @@
 """What a starting server does with what dead servers left: re-attach or remove.
 
-Called once by :meth:`.sessions.SessionManager.start`. The decision is the pure
-:func:`.records.plan_recovery`; this module gathers its inputs (workspace dirs, records,
-the backend's leftovers) and carries it out. It holds an exclusive ``flock`` on
-``run_dir/recovery.lock`` throughout, so two servers starting on one state dir never both
-re-attach, or both remove, one session: the second sees the first's rewritten records.
+Called once by :meth:`.manager.SessionManager.start`, with its collaborators given
+explicitly (the settings' directories and limits, the backend, this server's instance
+name, how to build a record's sandbox spec, the uid pool, the clock). The decision is the
+pure :func:`.records.plan_recovery`; this module gathers its inputs (workspace dirs,
+records, the backend's leftovers), carries out the removals, re-attaches what the plan
+keeps, and RETURNS what the manager registers (:class:`Recovered`): it never reaches into
+the manager. It holds an exclusive ``flock`` on ``run_dir/recovery.lock`` throughout, so
+two servers starting on one state dir never both re-attach, or both remove, one session:
+the second sees the records the first rewrote (a re-attached session's record names its
+new server before the lock is let go).
 
 Which servers are dead: those whose pid file (``run_dir/<instance>.pid``) names no live
-process (by pid and start time, see :mod:`.liveness`). A live server's records,
+process (by pid and start time, see :mod:`..host`). A live server's records,
 workspaces and sandboxes are never touched, including sandboxes it re-attached (their
 labels still name the server that made them).
 """
@@ -15,100 +20,167 @@ labels still name the server that made them).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import fcntl
 import os
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import structlog
 
-from mcp_code_sandbox.backends.base import Leftover
-from mcp_code_sandbox.errors import SandboxError
+from mcp_code_sandbox.backends.base import Backend, Leftover, Sandbox, SandboxSpec
+from mcp_code_sandbox.errors import SandboxError, SandboxFailed
 from mcp_code_sandbox.host import process_alive, read_mark
 from mcp_code_sandbox.sessions import records
+from mcp_code_sandbox.sessions.uids import UidLease, UidPool
 from mcp_code_sandbox.settings import Settings
 from mcp_code_sandbox.workspace import remove_tree
 from mcp_code_sandbox.workspace.volume import IMAGE_SUFFIX, PROBE_PREFIX, release
 
-if TYPE_CHECKING:
-    from mcp_code_sandbox.sessions.manager import SessionManager
-
-__all__ = ["alive", "recover"]
+__all__ = ["Adopted", "Recovered", "alive", "recover"]
 
 log = structlog.get_logger("mcp_code_sandbox.sessions.manager")
 
 #: A probe's mount older than this is a dead server's (a probe takes ~0.1 s).
 _STALE_PROBE_S = 600.0
 
+#: Builds the sandbox spec of a recorded session (the manager's: limits, env, workspace).
+SpecFor = Callable[[records.SessionRecord], SandboxSpec]
 
-async def recover(manager: SessionManager) -> None:
-    settings = manager.settings
+
+@dataclass(frozen=True)
+class Adopted:
+    """A dead server's session whose sandbox was re-attached, its record already this
+    server's: the manager registers it as it is."""
+
+    record: records.SessionRecord
+    sandbox: Sandbox
+    #: Its host uid, leased again; ``None`` when the backend uses no per-session uids.
+    uid_lease: UidLease | None
+
+
+@dataclass
+class Recovered:
+    """What recovery leaves the manager to apply."""
+
+    adopt: list[Adopted] = field(default_factory=list)
+    #: Sessions of dead servers that are gone: ``(owner, session_id, why)``, so that a
+    #: call naming one again says what was lost.
+    lost: list[tuple[str, str, str]] = field(default_factory=list)
+
+
+async def recover(
+    settings: Settings,
+    backend: Backend,
+    *,
+    instance: str,
+    spec_for: SpecFor,
+    uids: UidPool | None,
+    clock: Callable[[], float] = time.time,
+) -> Recovered:
+    """Remove what dead servers left, re-attach what the plan keeps (as ``instance``),
+    and return what to adopt and which sessions were lost."""
     lock_fd = os.open(settings.run_dir / "recovery.lock", os.O_RDWR | os.O_CREAT, 0o600)
     try:
         await asyncio.to_thread(fcntl.flock, lock_fd, fcntl.LOCK_EX)
-        await _remove_dead_instances(manager)
+        await _remove_dead_instances(settings, instance)
         # Slots before records: a live server writes a record before making its workspace.
         slots = await asyncio.to_thread(records.list_slots, settings.workspaces_dir)
         saved = await asyncio.to_thread(records.load_records, settings.sessions_dir)
         plan = records.plan_recovery(
             saved,
-            await manager.backend.list_leftovers(),
+            await backend.list_leftovers(),
             slots,
             workspaces_dir=settings.workspaces_dir,
-            alive=lambda instance: alive(settings.run_dir / f"{instance}.pid"),
-            now=time.time(),
+            alive=lambda other: alive(settings.run_dir / f"{other}.pid"),
+            now=clock(),
             ttl_s=settings.session_ttl_m * 60,
             lifetime_s=settings.session_max_lifetime_h * 3600,
             max_sessions=settings.max_sessions,
         )
-        await _carry_out(manager, plan)
+        ctx = _Context(settings, backend, instance, spec_for, uids)
+        return await _carry_out(ctx, plan)
     finally:
         os.close(lock_fd)  # releases the lock
 
 
-async def _carry_out(manager: SessionManager, plan: records.Plan) -> None:
+@dataclass(frozen=True)
+class _Context:
+    settings: Settings
+    backend: Backend
+    instance: str
+    spec_for: SpecFor
+    uids: UidPool | None
+
+
+async def _carry_out(ctx: _Context, plan: records.Plan) -> Recovered:
     for leftover in plan.remove_leftovers:
         log.info("removing leftover sandbox", backend_id=leftover.backend_id)
-        await manager.backend.remove_leftover(leftover)
+        await ctx.backend.remove_leftover(leftover)
     # Concurrently: each waits (bounded) for its agent to reconnect.
-    results = await asyncio.gather(*(_reattach(manager, r, lo) for r, lo in plan.reattach))
+    results = await asyncio.gather(*(_reattach(ctx, r, lo) for r, lo in plan.reattach))
+    recovered = Recovered()
     drop = list(plan.drop)
-    for (record, leftover), ok in zip(plan.reattach, results, strict=True):
-        if not ok:
-            await manager.backend.remove_leftover(leftover)
+    for (record, leftover), adopted in zip(plan.reattach, results, strict=True):
+        if adopted is None:
+            await ctx.backend.remove_leftover(leftover)
             drop.append((record, f"session {record.session_id} was lost in a server restart"))
+        else:
+            recovered.adopt.append(adopted)
     for record, why in drop:
         log.info("removing a session of a server that is gone", session=record.session_id)
-        await _forget(manager, record.slot)
-        manager.tombstone(record.owner, record.session_id, why)
+        await _forget(ctx.settings, record.slot)
+        recovered.lost.append((record.owner, record.session_id, why))
     for slot in plan.stray_slots:
-        await _forget(manager, slot)
-    await asyncio.to_thread(_sweep_volumes, manager.settings)
+        await _forget(ctx.settings, slot)
+    await asyncio.to_thread(_sweep_volumes, ctx.settings)
+    return recovered
 
 
 async def _reattach(
-    manager: SessionManager, record: records.SessionRecord, leftover: Leftover
-) -> bool:
+    ctx: _Context, record: records.SessionRecord, leftover: Leftover
+) -> Adopted | None:
     lease = None
     try:
-        lease = await manager.reclaim_uid(record)
-        sandbox = await manager.backend.reattach(leftover, manager.spec_for(record))
+        lease = await _reclaim_uid(ctx, record)
+        sandbox = await ctx.backend.reattach(leftover, ctx.spec_for(record))
     except SandboxError as exc:
         log.warning("re-attach failed", session=record.session_id, error=exc.message)
         sandbox = None
     if sandbox is None:
         if lease is not None:
             lease.release()  # the record goes next (``_forget``), and the uid is free
-        return False
-    manager.adopt(record, sandbox, lease)
-    return True
+        return None
+    # Ours now, before the lock is let go: a later start must leave it alone.
+    mine = dataclasses.replace(record, instance=ctx.instance)
+    try:
+        records.write_record(ctx.settings.sessions_dir, mine)
+    except OSError as exc:  # the manager writes it again when it registers the session
+        log.warning("cannot write the session record", session=record.session_id, error=str(exc))
+    return Adopted(mine, sandbox, lease)
 
 
-async def _forget(manager: SessionManager, slot: str) -> None:
+async def _reclaim_uid(ctx: _Context, record: records.SessionRecord) -> UidLease | None:
+    """The uid of a session about to be re-attached, leased again; ``None`` when the
+    backend uses no per-session uids. Raises ``SandboxFailed`` when the session cannot
+    have it back (another server holds it, or the record names none): its sandbox runs
+    as that uid, so it is not re-attached."""
+    if ctx.uids is None:
+        return None
+    holder = str(records.record_path(ctx.settings.sessions_dir, record.slot))
+    lease = None
+    if record.uid is not None:
+        lease = await asyncio.to_thread(ctx.uids.reclaim, record.uid, holder)
+    if lease is None:
+        raise SandboxFailed(f"the host uid {record.uid} of the session is not free")
+    return lease
+
+
+async def _forget(settings: Settings, slot: str) -> None:
     """Delete a workspace (unmounting its filesystem, deleting its image), then its
-    record (that order: see ``registry``)."""
-    settings = manager.settings
+    record (that order: see :mod:`.records`)."""
     image = settings.volumes_dir / f"{slot}{IMAGE_SUFFIX}"
     await asyncio.to_thread(release, settings.workspaces_dir / slot, image)
     records.remove_record(settings.sessions_dir, slot)
@@ -130,15 +202,14 @@ def _sweep_volumes(settings: Settings) -> None:
         release(probe, probe.with_name(probe.name + IMAGE_SUFFIX))
 
 
-async def _remove_dead_instances(manager: SessionManager) -> None:
-    run_dir = manager.settings.run_dir
-    for pidfile in run_dir.glob("*.pid"):
+async def _remove_dead_instances(settings: Settings, mine: str) -> None:
+    for pidfile in settings.run_dir.glob("*.pid"):
         instance = pidfile.stem
-        if instance == manager.instance or alive(pidfile):
+        if instance == mine or alive(pidfile):
             continue
         # Servers before the slot layout kept workspaces under a per-process dir.
         log.info("removing workspaces of a server that is gone", instance=instance)
-        await asyncio.to_thread(remove_tree, manager.settings.workspaces_dir / instance)
+        await asyncio.to_thread(remove_tree, settings.workspaces_dir / instance)
         pidfile.unlink(missing_ok=True)
 
 

@@ -1,7 +1,8 @@
 """The host's side of the agent protocol: run one request and collect what comes back.
 
-The session manager calls :meth:`AgentClient.execute` with the session's lock held, so at
-most one request is in flight per agent. Broken frames, EOF and an agent that stops
+An :class:`.executor.Executor`: the session manager hands it out, and the run path calls
+:meth:`AgentClient.execute` with the session's lock held, so at most one request is in
+flight per agent. Broken frames, EOF and an agent that stops
 answering are translated here, once, into :class:`~mcp_code_sandbox.errors.SandboxFailed`.
 
 The run's result budget (:mod:`.agent.budget`) is sent with the ``exec`` and enforced
@@ -14,8 +15,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, cast
 
 import anyio
@@ -24,43 +23,18 @@ from mcp_code_sandbox.agent.budget import Budget, DisplayGate, cut_error, cut_te
 from mcp_code_sandbox.agent.protocol import DisplayEvent, DoneEvent, HostMessage, ProtocolError
 from mcp_code_sandbox.backends.base import Channel
 from mcp_code_sandbox.errors import SandboxFailed
+from mcp_code_sandbox.sessions.executor import Display, Outcome, StreamSink
 
-__all__ = ["INTERRUPT_GRACE_S", "AgentClient", "Display", "Outcome"]
+__all__ = ["INTERRUPT_GRACE_S", "AgentClient"]
 
 #: How long after its deadline an agent gets to answer (its own SIGINT grace is 2 s, then a
 #: kill and an interpreter restart) before the host gives up on the whole sandbox.
 INTERRUPT_GRACE_S = 15.0
 
-StreamSink = Callable[[str, str], None]
-
-
-@dataclass(frozen=True)
-class Display:
-    """One rich output of a run: a figure or a ``display()`` call."""
-
-    source: str
-    mime_type: str
-    #: Decoded bytes for images (PNG); UTF-8 text for text types and SVG.
-    data: bytes
-
-
-@dataclass
-class Outcome:
-    """The agent's ``done`` message, plus the rich outputs that came before it."""
-
-    status: str
-    exit_code: int | None
-    result: str | None
-    error: dict[str, str] | None
-    execution_count: int | None
-    state_lost: bool
-    displays: list[Display] = field(default_factory=list)
-    #: What the budget cut, as counts: ``result`` and ``error`` (0 or 1), and
-    #: ``displays_dropped`` / ``displays_cut`` / ``images_dropped``. Empty: nothing.
-    cut: dict[str, int] = field(default_factory=dict)
-
 
 class AgentClient:
+    """The executor of a sandbox's agent: one ``exec`` at a time over its channel."""
+
     def __init__(self, channel: Channel) -> None:
         self._channel = channel
         self._next_id = 0

@@ -1,0 +1,119 @@
+"""What runs one cell for a session: the :class:`Executor` protocol and its one result.
+
+The session manager hands out an executor for a session, a language and a network wish
+(:meth:`.manager.SessionManager.executor`); the run path (:mod:`..run.execute`) calls it
+once per ``run_code`` and never learns which kind it got. Two implement it:
+:class:`.agent_client.AgentClient` (the agent's languages, in the session's sandbox) and
+:class:`.runner_client.RunnerClient` (a runner image's language, in its own container).
+
+It lives here, below the run path, because the manager makes and replaces what executes:
+the run path only goes down to it (see the layering in :mod:`..sessions`).
+
+One result shape: the agent's ``done`` message becomes an :class:`Outcome` at the agent's
+side of the channel, and :class:`..run.execute.RunReport` is the whole run (output,
+files, timing) built around it once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from mcp_code_sandbox.agent.budget import Budget
+from mcp_code_sandbox.errors import SandboxFailed
+
+__all__ = ["Display", "Executor", "Guarded", "Outcome", "StreamSink", "lost"]
+
+#: Receives ``(stream name, text)`` as output arrives: ``stdout`` or ``stderr``.
+StreamSink = Callable[[str, str], None]
+
+
+@dataclass(frozen=True)
+class Display:
+    """One rich output of a run: a figure or a ``display()`` call."""
+
+    source: str
+    mime_type: str
+    #: Decoded bytes for images (PNG); UTF-8 text for text types and SVG.
+    data: bytes
+
+
+@dataclass
+class Outcome:
+    """How one cell ended: the agent's ``done`` message (or a runner's exit), plus the
+    rich outputs that came before it."""
+
+    status: str
+    exit_code: int | None
+    result: str | None
+    error: dict[str, str] | None
+    execution_count: int | None
+    state_lost: bool
+    displays: list[Display] = field(default_factory=list)
+    #: What the budget cut, as counts: ``result`` and ``error`` (0 or 1), and
+    #: ``displays_dropped`` / ``displays_cut`` / ``images_dropped``. Empty: nothing.
+    cut: dict[str, int] = field(default_factory=dict)
+
+
+def lost(reason: str) -> Outcome:
+    """The outcome of a run whose sandbox died under it: nothing came back, and the
+    interpreter's state is gone with the sandbox."""
+    error = {"name": "SandboxDied", "value": reason, "traceback": ""}
+    return Outcome("error", None, None, error, None, state_lost=True)
+
+
+class Executor(Protocol):
+    """Runs one cell in a session's sandbox. Called by :func:`..run.execute.run` with the
+    session's lock held, so at most one call is in flight per executor."""
+
+    async def execute(
+        self,
+        *,
+        language: str,
+        code: str,
+        timeout_s: float,
+        env: dict[str, str],
+        on_stream: StreamSink,
+        budget: Budget | None = None,
+    ) -> Outcome:
+        """Run ``code`` as ``language`` within ``timeout_s`` and ``budget`` (``None``: the
+        agent's default), streaming output to ``on_stream``. User code that fails is an
+        outcome, not an exception. Raises ``SandboxFailed`` when the sandbox broke in a
+        way this executor could not repair; a cancellation interrupts the code first."""
+        ...
+
+
+class Guarded:
+    """An executor whose sandbox failing under a run (it died, broke the protocol,
+    stopped answering: ``SandboxFailed``) is handed to ``failed``, which decides what
+    becomes of the sandbox and returns the run's outcome. The session manager wraps the
+    agent in one (:meth:`.manager.SessionManager.executor`)."""
+
+    def __init__(
+        self, inner: Executor, failed: Callable[[SandboxFailed], Awaitable[Outcome]]
+    ) -> None:
+        self._inner = inner
+        self._failed = failed
+
+    async def execute(
+        self,
+        *,
+        language: str,
+        code: str,
+        timeout_s: float,
+        env: dict[str, str],
+        on_stream: StreamSink,
+        budget: Budget | None = None,
+    ) -> Outcome:
+        try:
+            return await self._inner.execute(
+                language=language,
+                code=code,
+                timeout_s=timeout_s,
+                env=env,
+                on_stream=on_stream,
+                budget=budget,
+            )
+        except SandboxFailed as exc:
+            return await self._failed(exc)
