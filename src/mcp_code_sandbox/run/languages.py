@@ -4,7 +4,7 @@ which are available (:class:`Languages`).
 Python runs in the session's persistent interpreter; every other language here runs per
 call as a subprocess of the agent in the same sandbox and workspace
 (:mod:`.agent.languages`).
-The docker backend adds the languages of runner images (:mod:`.backends.docker_runner`):
+The docker backend adds the languages of runner images (:mod:`backends.docker.runners`):
 one process per call in another container that shares the session's workspace.
 A backend may offer fewer (its runtime env or image lacks the interpreter): the agent's
 ``ready`` message lists what it really found.
