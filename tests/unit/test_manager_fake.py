@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from mcp_code_sandbox.backends.base import Sandbox
 from mcp_code_sandbox.errors import (
     InvalidSessionId,
     MaxSessions,
@@ -247,6 +248,45 @@ async def test_shutdown_ends_every_session_and_removes_its_records(state_dir: Pa
         assert backend.running() == []
         assert list(sessions_dir.glob("*.json")) == []
         assert list(svc.settings.workspaces_dir.iterdir()) == []
+    finally:
+        await backend.end_all()
+
+
+class _StopHeld(FakeBackend):
+    """A fake whose ``stop`` waits (``hold``) before stopping: a stop that takes long."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stopping = asyncio.Event()
+        self.hold = True
+
+    async def stop(self, sandbox: Sandbox) -> None:
+        self.stopping.set()
+        while self.hold:
+            await asyncio.sleep(0.01)
+        await super().stop(sandbox)
+
+
+async def test_a_close_cancelled_half_way_is_finished_not_leaked(state_dir: Path) -> None:
+    """A client that cancels close_session while the sandbox stops (or shutdown cancelling
+    a reaper pass) leaves an ended session whose sandbox, files and record are still
+    there: shutdown (or the reaper) finishes the end instead of forgetting it."""
+    backend = _StopHeld()
+    try:
+        async with fake_service(state_dir, backend) as svc:
+            await run(svc, "open('f.txt', 'w').write('x')", "gone")
+            root = workspace(svc, "gone")
+            closing = asyncio.ensure_future(svc.close_session("local", "gone"))
+            await asyncio.wait_for(backend.stopping.wait(), 30)
+            closing.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await closing
+            assert svc.sessions.count() == 0  # ended for the client all the same
+            assert backend.running() and root.exists()  # nothing freed yet
+            backend.hold = False
+        assert backend.running() == []
+        assert not root.exists()
+        assert list(svc.settings.sessions_dir.glob("*.json")) == []
     finally:
         await backend.end_all()
 

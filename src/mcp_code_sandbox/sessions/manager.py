@@ -93,7 +93,7 @@ class Session:
     id: str
     owner: str
     key: str
-    #: Its directory name under workspaces_dir, and its record's name (see ``registry``).
+    #: Its directory name under workspaces_dir, and its record's name (see ``records``).
     slot: str
     workspace: Workspace
     #: ``created_at`` and ``last_active`` are monotonic; ``created_wall`` is wall-clock,
@@ -114,6 +114,9 @@ class Session:
     starting: set[asyncio.Task[Any]] = field(default_factory=set)
     #: What a stop failed to free, retried until it goes (see ``SessionManager._release``).
     unstopped: list[Sandbox | RunnerSandbox] = field(default_factory=list)
+    #: Held while the session is being destroyed: a close, the reaper and shutdown may all
+    #: try, one after the other (never two stops of one sandbox at once).
+    ending: asyncio.Lock = field(default_factory=asyncio.Lock)
     #: The workspace exists (with its filesystem mounted, if it has one): made by the
     #: first call holding the lock, in a worker thread (a mount takes 20-30 ms).
     workspace_made: bool = False
@@ -364,7 +367,7 @@ class SessionManager:
             workspace = self._workspace(slot, None if lease is None else lease.uid)
             session = Session(session_id, owner, key, slot, workspace, now, now, time.time())
             session.uid_lease = lease
-            self._save(session, force=True)  # before the workspace: see ``registry``
+            self._save(session, force=True)  # before the workspace: see ``records``
         except BaseException:
             records.remove_record(self.settings.sessions_dir, slot)  # then the uid is free
             if lease is not None:
@@ -588,15 +591,16 @@ class SessionManager:
             await self._free(session, runner)
 
     async def _free(self, session: Session, thing: Sandbox | RunnerSandbox) -> None:
-        """Stop a sandbox or runner of ``session``; one whose stop failed (logged) is kept
-        in ``unstopped``, and ending the session tries again."""
+        """Stop a sandbox or runner of ``session``; one whose stop failed (logged) or was
+        cancelled half-way is kept in ``unstopped``, and ending the session tries again."""
         stop: Any = (
             self.backend.stop
             if isinstance(thing, Sandbox)
             else runner_images_of(self.backend).stop_runner
         )
-        if not await _stop_logged(stop, thing, session):
-            session.unstopped.append(thing)
+        session.unstopped.append(thing)  # until stopped: a stop cut short is tried again
+        if await _stop_logged(stop, thing, session):
+            session.unstopped.remove(thing)
 
     def _spec(
         self,
@@ -646,6 +650,9 @@ class SessionManager:
         if self._sessions.get((session.owner, session.id)) is not session:
             return []
         del self._sessions[(session.owner, session.id)]
+        # Unfinished until destroyed: an end cut short (a cancelled close_session, a reaper
+        # pass cancelled by shutdown) is finished by the reaper or by shutdown, not leaked.
+        self._unfinished[session.slot] = session
         self.metrics.session_ended(why)
         session.closed = True
         self._tombstone(session.owner, session.id, reason)
@@ -671,7 +678,12 @@ class SessionManager:
         """Stop everything of ``session`` and remove its files; what remains, in words.
 
         Never raises for a backend's or the disk's failure: the session is then kept in
-        ``_unfinished`` and this runs again at the reaper's next pass. Idempotent."""
+        ``_unfinished`` and this runs again at the reaper's next pass. Idempotent; calls
+        for one session take turns."""
+        async with session.ending:
+            return await self._destroy_now(session)
+
+    async def _destroy_now(self, session: Session) -> list[str]:
         session.closed = True
         await self._release(session)  # ends a running cell: its call returns soon
         await self._settle(session)
