@@ -139,6 +139,10 @@ class SandboxService:
     async def aclose(self) -> None:
         await self.sessions.aclose()
 
+    def session_count(self) -> int:
+        """Sessions open now, of every owner (``/healthz``)."""
+        return self.sessions.count()
+
     async def not_ready(self, timeout_s: float = READY_TIMEOUT_S) -> str | None:
         """Why the backend could not start a sandbox now (for ``/readyz``); ``None``: it
         could. Bounded by ``timeout_s``: a hung engine is as good as a dead one. The

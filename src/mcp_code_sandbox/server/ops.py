@@ -35,7 +35,7 @@ def ops_routes(
     host_check = TransportSecurityMiddleware(security)
 
     async def healthz(request: Request) -> JSONResponse:
-        return JSONResponse({"status": "ok", "sessions": service.sessions.count()})
+        return JSONResponse({"status": "ok", "sessions": service.session_count()})
 
     async def readyz(request: Request) -> JSONResponse:
         backend = service.backend.name
