@@ -18,6 +18,7 @@ import pytest
 from mcp_code_sandbox.backends.base import Limits, SandboxSpec
 from mcp_code_sandbox.backends.bwrap.backend import BwrapBackend, BwrapSandbox
 from mcp_code_sandbox.sessions.agent_client import AgentClient
+from mcp_code_sandbox.sessions.executor import Cell
 from mcp_code_sandbox.settings import Settings
 
 from ..conftest import sandbox_owner
@@ -268,9 +269,7 @@ async def test_an_exec_the_agent_refuses_ends_the_call(sandbox: BwrapSandbox) ->
     # must end the call with that, not wait for a done until its timeout.
     client = AgentClient(sandbox.channel)
     async with asyncio.timeout(10):
-        outcome = await client.execute(
-            language="cobol", code="x", timeout_s=60, env={}, on_stream=lambda *_: None
-        )
+        outcome = await client.execute(Cell("cobol", "x", 60), lambda *_: None)
     assert outcome.status == "error" and outcome.error is not None
     assert outcome.error["name"] == "AgentError" and "cobol" in outcome.error["value"]
     _, _, done = await run(sandbox, "print('still serving')")

@@ -12,6 +12,7 @@ from mcp_code_sandbox.agent.budget import MAX_DISPLAYS, Budget
 from mcp_code_sandbox.agent.protocol import encode_frame
 from mcp_code_sandbox.backends.base import Channel
 from mcp_code_sandbox.sessions.agent_client import AgentClient
+from mcp_code_sandbox.sessions.executor import Cell
 
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\0" * 100).decode()
 
@@ -48,12 +49,7 @@ async def test_the_host_drops_and_cuts_what_a_hostile_agent_sends() -> None:
     budget = Budget(result_bytes=64 * 1024, images=3)
     streams: list[Any] = []
     outcome = await client.execute(
-        language="python",
-        code="x",
-        timeout_s=30,
-        env={},
-        on_stream=lambda name, text: streams.append(text),
-        budget=budget,
+        Cell("python", "x", 30, budget=budget), lambda name, text: streams.append(text)
     )
     sent = await peer
     host_writer.close()

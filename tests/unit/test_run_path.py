@@ -14,7 +14,7 @@ from mcp_code_sandbox.errors import SandboxFailed, UnsupportedLanguage
 from mcp_code_sandbox.run.execute import join_notices
 from mcp_code_sandbox.run.languages import RUNTIMES, Languages
 from mcp_code_sandbox.run.probe import RuntimeProbe
-from mcp_code_sandbox.sessions.executor import Executor, Guarded, Outcome, lost
+from mcp_code_sandbox.sessions.executor import Cell, Executor, Guarded, Outcome, lost
 from mcp_code_sandbox.sessions.runner_client import RunnerClient
 from mcp_code_sandbox.settings import load_settings
 
@@ -78,9 +78,7 @@ class _Container(RunnerSandbox):
 
 async def _run(executor: Executor) -> tuple[Any, list[tuple[str, str]]]:
     out: list[tuple[str, str]] = []
-    outcome = await executor.execute(
-        language="perl", code="hi", timeout_s=1, env={}, on_stream=lambda n, t: out.append((n, t))
-    )
+    outcome = await executor.execute(Cell("perl", "hi", 1), lambda n, t: out.append((n, t)))
     return outcome, out
 
 

@@ -28,7 +28,7 @@ from mcp_code_sandbox.metrics import Metrics
 from mcp_code_sandbox.run.output import OutputCapture
 from mcp_code_sandbox.run.request import RunRequest
 from mcp_code_sandbox.sessions import quota
-from mcp_code_sandbox.sessions.executor import Outcome
+from mcp_code_sandbox.sessions.executor import Cell, Outcome
 from mcp_code_sandbox.sessions.manager import Acquired, Handout, Session
 from mcp_code_sandbox.sessions.workers import WorkerThreads
 from mcp_code_sandbox.settings import Settings
@@ -134,14 +134,9 @@ async def run(
     progress = asyncio.create_task(_report_progress(capture, started, on_progress))
 
     def execute() -> Awaitable[Outcome]:
-        return handout.executor.execute(
-            language=request.language,
-            code=request.code,
-            timeout_s=timeout_s,
-            env=dict(request.env or {}),
-            on_stream=capture.add,
-            budget=Budget(settings.max_result_bytes, settings.max_images),
-        )
+        budget = Budget(settings.max_result_bytes, settings.max_images)
+        cell = Cell(request.language, request.code, timeout_s, dict(request.env or {}), budget)
+        return handout.executor.execute(cell, capture.add)
 
     try:
         if given.quota_on_disk:

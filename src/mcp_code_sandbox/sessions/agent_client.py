@@ -23,7 +23,7 @@ from mcp_code_sandbox.agent.budget import Budget, DisplayGate, cut_error, cut_te
 from mcp_code_sandbox.agent.protocol import DisplayEvent, DoneEvent, HostMessage, ProtocolError
 from mcp_code_sandbox.backends.base import Channel
 from mcp_code_sandbox.errors import SandboxFailed
-from mcp_code_sandbox.sessions.executor import Display, Outcome, StreamSink
+from mcp_code_sandbox.sessions.executor import Cell, Display, Outcome, StreamSink
 
 __all__ = ["INTERRUPT_GRACE_S", "AgentClient"]
 
@@ -42,17 +42,8 @@ class AgentClient:
         #: the session manager then replaces the sandbox (and reports ``state_lost``).
         self.broken = False
 
-    async def execute(
-        self,
-        *,
-        language: str,
-        code: str,
-        timeout_s: float,
-        env: dict[str, str],
-        on_stream: StreamSink,
-        budget: Budget | None = None,
-    ) -> Outcome:
-        """Run one cell and return its outcome, within ``budget`` (default: the agent's).
+    async def execute(self, cell: Cell, on_stream: StreamSink) -> Outcome:
+        """Run ``cell`` and return its outcome, within its budget (default: the agent's).
 
         If the calling task is cancelled, the run is interrupted (reason ``cancelled``)
         and its ``done`` awaited, bounded, before the cancellation propagates, so the
@@ -60,19 +51,19 @@ class AgentClient:
         the protocol or does not answer within ``timeout_s + INTERRUPT_GRACE_S``.
         """
         self._next_id += 1
-        run_id = self._next_id
+        run_id, budget, timeout_s = self._next_id, cell.budget or Budget(), cell.timeout_s
         await self._send(
             {
                 "op": "exec",
                 "id": run_id,
-                "language": language,
-                "code": code,
+                "language": cell.language,
+                "code": cell.code,
                 "timeout_s": timeout_s,
-                "env": env,
-                "budget": (budget or Budget()).to_message(),
+                "env": cell.env,
+                "budget": budget.to_message(),
             }
         )
-        displays = _Displays(budget or Budget())
+        displays = _Displays(budget)
         try:
             async with asyncio.timeout(timeout_s + INTERRUPT_GRACE_S):
                 return await self._collect(run_id, on_stream, displays)

@@ -23,10 +23,24 @@ from typing import Protocol
 from mcp_code_sandbox.agent.budget import Budget
 from mcp_code_sandbox.errors import SandboxFailed
 
-__all__ = ["Display", "Executor", "Guarded", "Outcome", "StreamSink", "lost"]
+__all__ = ["Cell", "Display", "Executor", "Guarded", "Outcome", "StreamSink", "lost"]
 
 #: Receives ``(stream name, text)`` as output arrives: ``stdout`` or ``stderr``.
 StreamSink = Callable[[str, str], None]
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One cell to run: what :meth:`Executor.execute` is asked to do."""
+
+    language: str
+    code: str
+    #: The run's deadline; the executor interrupts (then kills) the code past it.
+    timeout_s: float
+    #: The call's own environment variables (checked by the run path's request checks).
+    env: dict[str, str] = field(default_factory=dict)
+    #: What the cell may send back (``None``: the agent's default); runners ignore it.
+    budget: Budget | None = None
 
 
 @dataclass(frozen=True)
@@ -67,18 +81,9 @@ class Executor(Protocol):
     """Runs one cell in a session's sandbox. Called by :func:`..run.execute.run` with the
     session's lock held, so at most one call is in flight per executor."""
 
-    async def execute(
-        self,
-        *,
-        language: str,
-        code: str,
-        timeout_s: float,
-        env: dict[str, str],
-        on_stream: StreamSink,
-        budget: Budget | None = None,
-    ) -> Outcome:
-        """Run ``code`` as ``language`` within ``timeout_s`` and ``budget`` (``None``: the
-        agent's default), streaming output to ``on_stream``. User code that fails is an
+    async def execute(self, cell: Cell, on_stream: StreamSink) -> Outcome:
+        """Run ``cell`` within its deadline and budget, streaming output to
+        ``on_stream``. User code that fails is an
         outcome, not an exception. Raises ``SandboxFailed`` when the sandbox broke in a
         way this executor could not repair; a cancellation interrupts the code first."""
         ...
@@ -96,24 +101,8 @@ class Guarded:
         self._inner = inner
         self._failed = failed
 
-    async def execute(
-        self,
-        *,
-        language: str,
-        code: str,
-        timeout_s: float,
-        env: dict[str, str],
-        on_stream: StreamSink,
-        budget: Budget | None = None,
-    ) -> Outcome:
+    async def execute(self, cell: Cell, on_stream: StreamSink) -> Outcome:
         try:
-            return await self._inner.execute(
-                language=language,
-                code=code,
-                timeout_s=timeout_s,
-                env=env,
-                on_stream=on_stream,
-                budget=budget,
-            )
+            return await self._inner.execute(cell, on_stream)
         except SandboxFailed as exc:
             return await self._failed(exc)

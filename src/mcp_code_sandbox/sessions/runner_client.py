@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from mcp_code_sandbox.agent.budget import Budget
 from mcp_code_sandbox.backends.runner_images import ExecResult, RunnerSandbox
 from mcp_code_sandbox.errors import SandboxFailed
-from mcp_code_sandbox.sessions.executor import Outcome, StreamSink
+from mcp_code_sandbox.sessions.executor import Cell, Outcome, StreamSink
 
 __all__ = ["RunnerClient", "outcome_of"]
 
@@ -30,28 +29,19 @@ class RunnerClient:
         self._sandbox = sandbox
         self._replace = replace
 
-    async def execute(
-        self,
-        *,
-        language: str,
-        code: str,
-        timeout_s: float,
-        env: dict[str, str],
-        on_stream: StreamSink,
-        budget: Budget | None = None,
-    ) -> Outcome:
+    async def execute(self, cell: Cell, on_stream: StreamSink) -> Outcome:
         """Run ``code`` in the container; one that died since the last call (``docker
         kill``, an engine restart) is replaced once. (``budget`` has nothing to bound
         here: a runner's output is only streams.)"""
-        data = code.encode("utf-8")
+        data, timeout_s = cell.code.encode("utf-8"), cell.timeout_s
         try:
             result = await self._sandbox.execute(
-                data, timeout_s=timeout_s, env=env, on_output=on_stream
+                data, timeout_s=timeout_s, env=cell.env, on_output=on_stream
             )
         except SandboxFailed:
             self._sandbox = await self._replace()
             result = await self._sandbox.execute(
-                data, timeout_s=timeout_s, env=env, on_output=on_stream
+                data, timeout_s=timeout_s, env=cell.env, on_output=on_stream
             )
         return outcome_of(result, timeout_s)
 
