@@ -82,10 +82,10 @@ class Executor(Protocol):
     session's lock held, so at most one call is in flight per executor."""
 
     async def execute(self, cell: Cell, on_stream: StreamSink) -> Outcome:
-        """Run ``cell`` within its deadline and budget, streaming output to
-        ``on_stream``. User code that fails is an
-        outcome, not an exception. Raises ``SandboxFailed`` when the sandbox broke in a
-        way this executor could not repair; a cancellation interrupts the code first."""
+        """Run ``cell`` within its deadline and budget, streaming output to ``on_stream``.
+        User code that fails is an outcome, not an exception. Raises ``SandboxFailed``
+        when the sandbox broke in a way this executor could not repair; a cancellation
+        interrupts the code first."""
         ...
 
 
