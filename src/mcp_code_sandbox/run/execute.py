@@ -29,7 +29,7 @@ from mcp_code_sandbox.run.output import OutputCapture
 from mcp_code_sandbox.run.request import RunRequest
 from mcp_code_sandbox.sessions import quota
 from mcp_code_sandbox.sessions.executor import Cell, Outcome
-from mcp_code_sandbox.sessions.manager import Acquired, Handout, Session
+from mcp_code_sandbox.sessions.session import Acquired, Handout, Session
 from mcp_code_sandbox.sessions.workers import WorkerThreads
 from mcp_code_sandbox.settings import Settings
 from mcp_code_sandbox.workspace import Change, Snapshot

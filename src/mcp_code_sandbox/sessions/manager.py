@@ -1,5 +1,9 @@
 """The session manager: ids, owners, lifetimes, one-call-at-a-time, and cleanup.
 
+A session's value types are in :mod:`.session`; its sandboxes and runners are started,
+replaced and stopped by :mod:`.sandboxes` (the manager owns one and hands out its
+executors); crash recovery is planned by :mod:`.recovery` and applied here.
+
 Semantics:
 - A session is filed under ``(owner, session_id)``: another owner's session of the same
   name is a different session, and one owner never learns of another's (same error as a
@@ -51,104 +55,40 @@ import contextlib
 import os
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Awaitable
 
 import structlog
 
 from mcp_code_sandbox.backends.base import Backend, Limits, Sandbox, SandboxSpec
-from mcp_code_sandbox.backends.runner_images import RunnerImage, RunnerSandbox, runner_images_of
+from mcp_code_sandbox.backends.runner_images import RunnerImage, RunnerSandbox
 from mcp_code_sandbox.errors import MaxSessions, SandboxFailed, SessionBusy, SessionNotFound
 from mcp_code_sandbox.host import process_mark
 from mcp_code_sandbox.metrics import EndReason, Metrics
 from mcp_code_sandbox.sessions import quota, records
 from mcp_code_sandbox.sessions.agent_client import AgentClient
-from mcp_code_sandbox.sessions.executor import Executor, Guarded, Outcome, lost
 from mcp_code_sandbox.sessions.ids import mint_session_id, session_key, validate_session_id
 from mcp_code_sandbox.sessions.quota import QuotaMode
 from mcp_code_sandbox.sessions.recovery import Adopted, recover
-from mcp_code_sandbox.sessions.runner_client import RunnerClient
+from mcp_code_sandbox.sessions.sandboxes import Sandboxes
+from mcp_code_sandbox.sessions.session import (
+    END_WAIT_S,
+    Acquired,
+    Handout,
+    Session,
+)
 from mcp_code_sandbox.sessions.uids import UidLease, uid_pool
 from mcp_code_sandbox.sessions.workers import WorkerThreads
 from mcp_code_sandbox.settings import Settings
 from mcp_code_sandbox.workspace import Workspace
 from mcp_code_sandbox.workspace.volume import IMAGE_SUFFIX, Volume, image_bytes
 
-__all__ = ["Acquired", "Handout", "Session", "SessionManager"]
+__all__ = ["SessionManager"]
 
 log = structlog.get_logger("mcp_code_sandbox.sessions.manager")
 
 _TOMBSTONES = 10_000
 #: Longest a session's on-disk ``last_active`` lags behind the truth (see above).
 RECORD_EVERY_S = 10.0
-#: How long ending a session waits for its call in flight and its sandbox starts in
-#: flight (a start is bounded by the backend's own timeouts, well below this).
-END_WAIT_S = 120.0
-_T = TypeVar("_T")
-
-
-@dataclass(eq=False)
-class Session:
-    id: str
-    owner: str
-    key: str
-    #: Its directory name under workspaces_dir, and its record's name (see ``records``).
-    slot: str
-    workspace: Workspace
-    #: ``created_at`` and ``last_active`` are monotonic; ``created_wall`` is wall-clock,
-    #: for the record (monotonic time means nothing to the next process).
-    created_at: float
-    last_active: float
-    created_wall: float
-    #: Monotonic time the record was last written.
-    saved_at: float = 0.0
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    sandbox: Sandbox | None = None
-    agent: AgentClient | None = None
-    #: Containers of runner images this session used, by language (docker only).
-    runners: dict[str, RunnerSandbox] = field(default_factory=dict)
-    runs: int = 0
-    closed: bool = False
-    #: Sandbox and runner starts in flight, and stops of what they made too late.
-    starting: set[asyncio.Task[Any]] = field(default_factory=set)
-    #: What a stop failed to free, retried until it goes (see ``SessionManager._release``).
-    unstopped: list[Sandbox | RunnerSandbox] = field(default_factory=list)
-    #: Held while the session is being destroyed: a close, the reaper and shutdown may all
-    #: try, one after the other (never two stops of one sandbox at once).
-    ending: asyncio.Lock = field(default_factory=asyncio.Lock)
-    #: The workspace exists (with its filesystem mounted, if it has one): made by the
-    #: first call holding the lock, in a worker thread (a mount takes 20-30 ms).
-    workspace_made: bool = False
-    #: The host uid of its sandboxes, held for its whole life; ``None``: the backend's
-    #: shared uid.
-    uid_lease: UidLease | None = None
-
-    @property
-    def uid(self) -> int | None:
-        return None if self.uid_lease is None else self.uid_lease.uid
-
-
-@dataclass(frozen=True)
-class Acquired:
-    """What a tool call gets: the session, locked for this call, and how it came to be."""
-
-    session: Session
-    created: bool
-    notice: str | None
-
-
-@dataclass(frozen=True)
-class Handout:
-    """What :meth:`SessionManager.executor` hands a run: what runs its code, and what the
-    session lost getting it ready."""
-
-    executor: Executor
-    #: The run's number in its session (1, 2, ...): names its saved output.
-    run: int
-    #: Said when the session's previous sandbox was replaced (it had died, or this call's
-    #: network differs): its variables are gone. ``None``: nothing was lost.
-    notice: str | None = None
 
 
 class SessionManager:
@@ -173,6 +113,8 @@ class SessionManager:
         self.quota = QuotaMode(False, "not started")
         #: Host uids, one per session, when the backend can use them.
         self.uids = uid_pool(settings) if backend.per_sandbox_uids else None
+        #: Starts, replaces and stops the sessions' sandboxes and runners.
+        self.sandboxes = Sandboxes(settings, backend, self.metrics)
 
     # -- lifecycle of the manager -------------------------------------------------------
 
@@ -259,7 +201,9 @@ class SessionManager:
     def _spec_for(self, record: records.SessionRecord) -> SandboxSpec:
         """The spec a recorded session's sandbox was made with (recovery re-attaches it)."""
         workspace = self._workspace(record.slot, record.uid)
-        return self._spec(record.key, record.owner, record.session_id, workspace, uid=record.uid)
+        return self.sandboxes.spec(
+            record.key, record.owner, record.session_id, workspace, uid=record.uid
+        )
 
     # -- acquiring sessions -----------------------------------------------------------
 
@@ -406,226 +350,15 @@ class SessionManager:
     # -- sandboxes ------------------------------------------------------------------------
 
     def limits(self) -> Limits:
-        s = self.settings
-        return Limits(
-            memory_bytes=s.memory_limit,
-            cpu=s.cpu_limit,
-            pids=s.pids_limit,
-            tmp_bytes=s.tmp_size,
-            file_bytes=s.workspace_quota_bytes,
-        )
+        """The limits every sandbox gets (from settings)."""
+        return self.sandboxes.limits()
 
     async def executor(
         self, session: Session, *, network: bool = False, runner: RunnerImage | None = None
     ) -> Handout:
-        """What runs this call's code in ``session``: its agent, or (``runner``) its
-        container of that runner image; started if need be, replaced if it died.
-
-        The manager owns replacing a sandbox that died: one found dead here is replaced
-        (said in the notice); one that dies under the run is stopped at once and the run
-        reports it as lost (:meth:`_sandbox_failed`), so the next call starts a new one
-        and says nothing more; a runner's container is replaced once within the run
-        (runners keep no state). Called by the service with the session's lock held;
-        ``SessionNotFound`` as for :meth:`_ensure_sandbox`."""
-        session.runs += 1
-        if runner is not None:
-            container = await self._ensure_runner(session, runner, network=network)
-
-            async def replace() -> RunnerSandbox:
-                await self._drop_runner(session, runner.language)
-                return await self._ensure_runner(session, runner, network=network)
-
-            return Handout(RunnerClient(container, replace), session.runs)
-        agent, notice = await self._ensure_sandbox(session, network=network)
-        guarded = Guarded(agent, lambda exc: self._sandbox_failed(session, exc))
-        return Handout(guarded, session.runs, notice)
-
-    async def _sandbox_failed(self, session: Session, exc: SandboxFailed) -> Outcome:
-        """A sandbox died under a run: count it, stop it (the next call starts a new one),
-        and give the run its outcome. The stop runs in a task ending the session waits
-        for, so a run stopped meanwhile (its quota watch) leaves no sandbox behind."""
-        self.metrics.backend_error(exc.code)
-        sandbox, session.sandbox, session.agent = session.sandbox, None, None
-        if sandbox is not None:
-            await asyncio.shield(self._track(session, self._free(session, sandbox)))
-        return lost(str(exc))
-
-    async def _ensure_sandbox(
-        self, session: Session, *, network: bool = False
-    ) -> tuple[AgentClient, str | None]:
-        """The session's agent, starting a sandbox if it has none or its one died.
-
-        ``network``: what this call asked for. A sandbox's network is fixed when it
-        starts, and a call gets exactly what it asked for: one whose wish differs from
-        the running sandbox's restarts it (files kept, variables lost, said in the
-        notice), so ``network=false`` always means no network at all.
-
-        Returns a notice when a previous sandbox was lost (variables are gone then).
-        Called with the session's lock held. Raises ``SessionNotFound`` when the session
-        was closed before or while its sandbox started (that sandbox is stopped then).
-        """
-        _check_open(session)
-        notice = None
-        if session.sandbox is not None and session.sandbox.spec.network != network:
-            await self._stop_sandbox(session)
-            notice = (
-                f"the sandbox of session {session.id} was restarted "
-                + (
-                    "with network, as this call asked (network=true)"
-                    if network
-                    else "without network, as this call did not ask for it (network=false)"
-                )
-                + ". Files in /mnt/data are kept; variables and imports from before are gone "
-                "(pass the same network value on every call to keep them)"
-            )
-        if session.sandbox is not None and (
-            not session.sandbox.is_alive() or (session.agent is not None and session.agent.broken)
-        ):
-            await self._stop_sandbox(session)
-            notice = (
-                f"the sandbox of session {session.id} had stopped; a new one was started. "
-                "Files in /mnt/data are kept; variables and imports from before are gone"
-            )
-        if session.sandbox is None or session.agent is None:
-            spec = self._spec(
-                session.key, session.owner, session.id, session.workspace, network, session.uid
-            )
-            with self.metrics.counting_backend_errors():
-                sandbox = await self._create(
-                    session, lambda: self.backend.create(spec), self.backend.stop
-                )
-            session.sandbox, session.agent = sandbox, AgentClient(sandbox.channel)
-        return session.agent, notice
-
-    async def _ensure_runner(
-        self, session: Session, runner: RunnerImage, *, network: bool = False
-    ) -> RunnerSandbox:
-        """The session's container of ``runner``, started on first use and again after a
-        run had to kill it, when the language's image changed, or when this call's
-        ``network`` differs from the container's (runners keep no state). Lock held;
-        ``SessionNotFound`` as for :meth:`_ensure_sandbox`."""
-        _check_open(session)
-        current = session.runners.get(runner.language)
-        if current is not None and (
-            not current.usable or current.runner != runner or current.spec.network != network
-        ):
-            await self._drop_runner(session, runner.language)
-            current = None
-        if current is None:
-            spec = self._spec(
-                session.key, session.owner, session.id, session.workspace, network, session.uid
-            )
-            with self.metrics.counting_backend_errors():
-                current = await self._create(
-                    session,
-                    lambda: runner_images_of(self.backend).create_runner(spec, runner),
-                    runner_images_of(self.backend).stop_runner,
-                )
-            session.runners[runner.language] = current
-        return current
-
-    async def _create(
-        self,
-        session: Session,
-        create: Callable[[], Awaitable[_T]],
-        stop: Callable[[_T], Awaitable[None]],
-    ) -> _T:
-        """Run a backend's ``create`` to its end for ``session`` and hand its sandbox to
-        the caller, who installs it in the session before awaiting anything else.
-
-        The start runs in a task of its own, shielded: this call's cancellation does not
-        cut it short (what it made would be lost), and ending the session waits for it
-        (``session.starting``). Whoever learns first that the sandbox is not wanted (the
-        session closed, or this call cancelled) stops it: the start itself when that was
-        known before it ended, this call when it finds the session closed on waking up.
-        A start that a cancelled call left running is waited for first: two sandboxes of
-        one session never start at once (they share names, e.g. bwrap's cgroups).
-        """
-        if session.starting:
-            await asyncio.wait(set(session.starting), timeout=END_WAIT_S)
-            _check_open(session)
-        abandoned = False
-
-        async def start() -> _T:
-            made = await create()
-            if session.closed or abandoned:
-                await _stop_logged(stop, made, session)
-                if abandoned:
-                    raise asyncio.CancelledError
-                raise SessionNotFound(_closed_while(session, "its sandbox started"))
-            return made
-
-        task = self._track(session, start())
-        try:
-            made = await asyncio.shield(task)
-        except asyncio.CancelledError:
-            if not task.done():
-                abandoned = True  # the start stops what it makes
-            elif not task.cancelled() and task.exception() is None:
-                self._track(session, _stop_logged(stop, task.result(), session))
-            raise
-        if session.closed:  # closed between the start's end and this call's turn
-            await _stop_logged(stop, made, session)
-            raise SessionNotFound(_closed_while(session, "its sandbox started"))
-        return made
-
-    def _track(self, session: Session, work: Awaitable[_T]) -> asyncio.Task[_T]:
-        """A task for ``work`` that ending ``session`` waits for; its outcome, if nobody
-        awaits it, is retrieved (and logged when it is a failure)."""
-        task: asyncio.Task[_T] = asyncio.ensure_future(work)
-        session.starting.add(task)
-
-        def done(task: asyncio.Task[_T]) -> None:
-            session.starting.discard(task)
-            exc = None if task.cancelled() else task.exception()
-            if exc is not None and not isinstance(exc, SessionNotFound):
-                # The caller, if still there, has it too: this is for the unawaited.
-                log.debug("a sandbox start ended in an error", session=session.id, error=repr(exc))
-
-        task.add_done_callback(done)
-        return task
-
-    async def _drop_runner(self, session: Session, language: str) -> None:
-        runner = session.runners.pop(language, None)
-        if runner is not None:
-            await self._free(session, runner)
-
-    async def _free(self, session: Session, thing: Sandbox | RunnerSandbox) -> None:
-        """Stop a sandbox or runner of ``session``; one whose stop failed (logged) or was
-        cancelled half-way is kept in ``unstopped``, and ending the session tries again."""
-        stop: Any = (
-            self.backend.stop
-            if isinstance(thing, Sandbox)
-            else runner_images_of(self.backend).stop_runner
-        )
-        session.unstopped.append(thing)  # until stopped: a stop cut short is tried again
-        if await _stop_logged(stop, thing, session):
-            session.unstopped.remove(thing)
-
-    def _spec(
-        self,
-        key: str,
-        owner: str,
-        session_id: str,
-        workspace: Workspace,
-        network: bool = False,
-        uid: int | None = None,
-    ) -> SandboxSpec:
-        return SandboxSpec(
-            key=key,
-            owner=owner,
-            session_id=session_id,
-            workspace=workspace.root,
-            limits=self.limits(),
-            network=network,
-            env=self.settings.pass_through_values(),
-            uid=uid,
-        )
-
-    async def _stop_sandbox(self, session: Session) -> None:
-        sandbox, session.sandbox, session.agent = session.sandbox, None, None
-        if sandbox is not None:
-            await self._free(session, sandbox)
+        """What runs this call's code in ``session`` (see :meth:`.sandboxes.Sandboxes.executor`).
+        Called by the service with the session's lock held."""
+        return await self.sandboxes.executor(session, network=network, runner=runner)
 
     # -- closing ---------------------------------------------------------------------------
 
@@ -665,7 +398,7 @@ class SessionManager:
         sandbox detached (still running), its workspace kept; runners (stateless) stop.
         The next server on this state dir re-attaches it (see :mod:`.recovery`)."""
         for language in list(session.runners):
-            await self._drop_runner(session, language)
+            await self.sandboxes.drop_runner(session, language)
         self._save(session, force=True)
         sandbox, session.sandbox, session.agent = session.sandbox, None, None
         if sandbox is not None:
@@ -732,7 +465,7 @@ class SessionManager:
         session.sandbox, session.agent = None, None
         session.runners.clear()
         for thing in held:
-            await self._free(session, thing)
+            await self.sandboxes.free(session, thing)
         return [
             f"its sandbox {thing.backend_id} could not be stopped" for thing in session.unstopped
         ]
@@ -812,26 +545,3 @@ class SessionManager:
 
 def _gone_suffix(tombstone: str | None) -> str:
     return f" ({tombstone})" if tombstone else ""
-
-
-def _closed_while(session: Session, what: str) -> str:
-    return (
-        f"session {session.id} was closed while {what}; its sandbox was stopped. "
-        "run_code or upload_file without session_id starts a new one"
-    )
-
-
-def _check_open(session: Session) -> None:
-    if session.closed:
-        raise SessionNotFound(_closed_while(session, "this call waited"))
-
-
-async def _stop_logged(stop: Callable[[_T], Awaitable[None]], thing: _T, session: Session) -> bool:
-    """``stop(thing)``; False (logged) when it failed. Backends' stops should never raise:
-    this is the manager's guard for one that does."""
-    try:
-        await stop(thing)
-    except Exception:
-        log.exception("cannot stop a sandbox", owner=session.owner, session=session.id)
-        return False
-    return True

@@ -1,0 +1,273 @@
+"""A session's sandbox and runner containers: started when a call needs them, replaced
+when they died, stopped when the session ends. The session manager owns one
+:class:`Sandboxes` and hands its executors out (:meth:`.manager.SessionManager.executor`).
+
+Semantics (see the manager's module docstring for the whole lifecycle): a start is never
+cancelled half-way (it runs in a task of its own that ending the session waits for); a
+sandbox made for a closed session, or for a call cancelled meanwhile, is stopped at once;
+a stop that failed or was cut short is kept in the session's ``unstopped`` and retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import structlog
+
+from mcp_code_sandbox.backends.base import Backend, Limits, Sandbox, SandboxSpec
+from mcp_code_sandbox.backends.runner_images import RunnerImage, RunnerSandbox, runner_images_of
+from mcp_code_sandbox.errors import SandboxFailed, SessionNotFound
+from mcp_code_sandbox.metrics import Metrics
+from mcp_code_sandbox.sessions.agent_client import AgentClient
+from mcp_code_sandbox.sessions.executor import Guarded, Outcome, lost
+from mcp_code_sandbox.sessions.runner_client import RunnerClient
+from mcp_code_sandbox.sessions.session import (
+    END_WAIT_S,
+    Handout,
+    Session,
+    check_open,
+    closed_while,
+    stop_logged,
+)
+from mcp_code_sandbox.settings import Settings
+from mcp_code_sandbox.workspace import Workspace
+
+__all__ = ["Sandboxes"]
+
+log = structlog.get_logger("mcp_code_sandbox.sessions.sandboxes")
+
+_T = TypeVar("_T")
+
+
+class Sandboxes:
+    """Starts, replaces and stops sessions' sandboxes and runners on ``backend``. Called
+    by the session manager only, with the session's lock held where a method says so."""
+
+    def __init__(self, settings: Settings, backend: Backend, metrics: Metrics) -> None:
+        self.settings = settings
+        self.backend = backend
+        self.metrics = metrics
+
+    def limits(self) -> Limits:
+        s = self.settings
+        return Limits(
+            memory_bytes=s.memory_limit,
+            cpu=s.cpu_limit,
+            pids=s.pids_limit,
+            tmp_bytes=s.tmp_size,
+            file_bytes=s.workspace_quota_bytes,
+        )
+
+    async def executor(
+        self, session: Session, *, network: bool = False, runner: RunnerImage | None = None
+    ) -> Handout:
+        """What runs this call's code in ``session``: its agent, or (``runner``) its
+        container of that runner image; started if need be, replaced if it died.
+
+        The manager owns replacing a sandbox that died: one found dead here is replaced
+        (said in the notice); one that dies under the run is stopped at once and the run
+        reports it as lost (:meth:`_sandbox_failed`), so the next call starts a new one
+        and says nothing more; a runner's container is replaced once within the run
+        (runners keep no state). Called by the service with the session's lock held;
+        ``SessionNotFound`` as for :meth:`_ensure_sandbox`."""
+        session.runs += 1
+        if runner is not None:
+            container = await self._ensure_runner(session, runner, network=network)
+
+            async def replace() -> RunnerSandbox:
+                await self.drop_runner(session, runner.language)
+                return await self._ensure_runner(session, runner, network=network)
+
+            return Handout(RunnerClient(container, replace), session.runs)
+        agent, notice = await self._ensure_sandbox(session, network=network)
+        guarded = Guarded(agent, lambda exc: self._sandbox_failed(session, exc))
+        return Handout(guarded, session.runs, notice)
+
+    async def _sandbox_failed(self, session: Session, exc: SandboxFailed) -> Outcome:
+        """A sandbox died under a run: count it, stop it (the next call starts a new one),
+        and give the run its outcome. The stop runs in a task ending the session waits
+        for, so a run stopped meanwhile (its quota watch) leaves no sandbox behind."""
+        self.metrics.backend_error(exc.code)
+        sandbox, session.sandbox, session.agent = session.sandbox, None, None
+        if sandbox is not None:
+            await asyncio.shield(self.track(session, self.free(session, sandbox)))
+        return lost(str(exc))
+
+    async def _ensure_sandbox(
+        self, session: Session, *, network: bool = False
+    ) -> tuple[AgentClient, str | None]:
+        """The session's agent, starting a sandbox if it has none or its one died.
+
+        ``network``: what this call asked for. A sandbox's network is fixed when it
+        starts, and a call gets exactly what it asked for: one whose wish differs from
+        the running sandbox's restarts it (files kept, variables lost, said in the
+        notice), so ``network=false`` always means no network at all.
+
+        Returns a notice when a previous sandbox was lost (variables are gone then).
+        Called with the session's lock held. Raises ``SessionNotFound`` when the session
+        was closed before or while its sandbox started (that sandbox is stopped then).
+        """
+        check_open(session)
+        notice = None
+        if session.sandbox is not None and session.sandbox.spec.network != network:
+            await self.stop_sandbox(session)
+            notice = (
+                f"the sandbox of session {session.id} was restarted "
+                + (
+                    "with network, as this call asked (network=true)"
+                    if network
+                    else "without network, as this call did not ask for it (network=false)"
+                )
+                + ". Files in /mnt/data are kept; variables and imports from before are gone "
+                "(pass the same network value on every call to keep them)"
+            )
+        if session.sandbox is not None and (
+            not session.sandbox.is_alive() or (session.agent is not None and session.agent.broken)
+        ):
+            await self.stop_sandbox(session)
+            notice = (
+                f"the sandbox of session {session.id} had stopped; a new one was started. "
+                "Files in /mnt/data are kept; variables and imports from before are gone"
+            )
+        if session.sandbox is None or session.agent is None:
+            spec = self.spec(
+                session.key, session.owner, session.id, session.workspace, network, session.uid
+            )
+            with self.metrics.counting_backend_errors():
+                sandbox = await self._create(
+                    session, lambda: self.backend.create(spec), self.backend.stop
+                )
+            session.sandbox, session.agent = sandbox, AgentClient(sandbox.channel)
+        return session.agent, notice
+
+    async def _ensure_runner(
+        self, session: Session, runner: RunnerImage, *, network: bool = False
+    ) -> RunnerSandbox:
+        """The session's container of ``runner``, started on first use and again after a
+        run had to kill it, when the language's image changed, or when this call's
+        ``network`` differs from the container's (runners keep no state). Lock held;
+        ``SessionNotFound`` as for :meth:`_ensure_sandbox`."""
+        check_open(session)
+        current = session.runners.get(runner.language)
+        if current is not None and (
+            not current.usable or current.runner != runner or current.spec.network != network
+        ):
+            await self.drop_runner(session, runner.language)
+            current = None
+        if current is None:
+            spec = self.spec(
+                session.key, session.owner, session.id, session.workspace, network, session.uid
+            )
+            with self.metrics.counting_backend_errors():
+                current = await self._create(
+                    session,
+                    lambda: runner_images_of(self.backend).create_runner(spec, runner),
+                    runner_images_of(self.backend).stop_runner,
+                )
+            session.runners[runner.language] = current
+        return current
+
+    async def _create(
+        self,
+        session: Session,
+        create: Callable[[], Awaitable[_T]],
+        stop: Callable[[_T], Awaitable[None]],
+    ) -> _T:
+        """Run a backend's ``create`` to its end for ``session`` and hand its sandbox to
+        the caller, who installs it in the session before awaiting anything else.
+
+        The start runs in a task of its own, shielded: this call's cancellation does not
+        cut it short (what it made would be lost), and ending the session waits for it
+        (``session.starting``). Whoever learns first that the sandbox is not wanted (the
+        session closed, or this call cancelled) stops it: the start itself when that was
+        known before it ended, this call when it finds the session closed on waking up.
+        A start that a cancelled call left running is waited for first: two sandboxes of
+        one session never start at once (they share names, e.g. bwrap's cgroups).
+        """
+        if session.starting:
+            await asyncio.wait(set(session.starting), timeout=END_WAIT_S)
+            check_open(session)
+        abandoned = False
+
+        async def start() -> _T:
+            made = await create()
+            if session.closed or abandoned:
+                await stop_logged(stop, made, session)
+                if abandoned:
+                    raise asyncio.CancelledError
+                raise SessionNotFound(closed_while(session, "its sandbox started"))
+            return made
+
+        task = self.track(session, start())
+        try:
+            made = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if not task.done():
+                abandoned = True  # the start stops what it makes
+            elif not task.cancelled() and task.exception() is None:
+                self.track(session, stop_logged(stop, task.result(), session))
+            raise
+        if session.closed:  # closed between the start's end and this call's turn
+            await stop_logged(stop, made, session)
+            raise SessionNotFound(closed_while(session, "its sandbox started"))
+        return made
+
+    def track(self, session: Session, work: Awaitable[_T]) -> asyncio.Task[_T]:
+        """A task for ``work`` that ending ``session`` waits for; its outcome, if nobody
+        awaits it, is retrieved (and logged when it is a failure)."""
+        task: asyncio.Task[_T] = asyncio.ensure_future(work)
+        session.starting.add(task)
+
+        def done(task: asyncio.Task[_T]) -> None:
+            session.starting.discard(task)
+            exc = None if task.cancelled() else task.exception()
+            if exc is not None and not isinstance(exc, SessionNotFound):
+                # The caller, if still there, has it too: this is for the unawaited.
+                log.debug("a sandbox start ended in an error", session=session.id, error=repr(exc))
+
+        task.add_done_callback(done)
+        return task
+
+    async def drop_runner(self, session: Session, language: str) -> None:
+        runner = session.runners.pop(language, None)
+        if runner is not None:
+            await self.free(session, runner)
+
+    async def free(self, session: Session, thing: Sandbox | RunnerSandbox) -> None:
+        """Stop a sandbox or runner of ``session``; one whose stop failed (logged) or was
+        cancelled half-way is kept in ``unstopped``, and ending the session tries again."""
+        stop: Any = (
+            self.backend.stop
+            if isinstance(thing, Sandbox)
+            else runner_images_of(self.backend).stop_runner
+        )
+        session.unstopped.append(thing)  # until stopped: a stop cut short is tried again
+        if await stop_logged(stop, thing, session):
+            session.unstopped.remove(thing)
+
+    def spec(
+        self,
+        key: str,
+        owner: str,
+        session_id: str,
+        workspace: Workspace,
+        network: bool = False,
+        uid: int | None = None,
+    ) -> SandboxSpec:
+        return SandboxSpec(
+            key=key,
+            owner=owner,
+            session_id=session_id,
+            workspace=workspace.root,
+            limits=self.limits(),
+            network=network,
+            env=self.settings.pass_through_values(),
+            uid=uid,
+        )
+
+    async def stop_sandbox(self, session: Session) -> None:
+        sandbox, session.sandbox, session.agent = session.sandbox, None, None
+        if sandbox is not None:
+            await self.free(session, sandbox)
