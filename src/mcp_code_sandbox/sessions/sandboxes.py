@@ -66,12 +66,13 @@ class Sandboxes:
         """What runs this call's code in ``session``: its agent, or (``runner``) its
         container of that runner image; started if need be, replaced if it died.
 
-        The manager owns replacing a sandbox that died: one found dead here is replaced
+        Replacing a sandbox that died is decided here alone: one found dead is replaced
         (said in the notice); one that dies under the run is stopped at once and the run
         reports it as lost (:meth:`_sandbox_failed`), so the next call starts a new one
         and says nothing more; a runner's container is replaced once within the run
-        (runners keep no state). Called by the service with the session's lock held;
-        ``SessionNotFound`` as for :meth:`_ensure_sandbox`."""
+        (runners keep no state). Called by :meth:`.manager.SessionManager.executor` (for
+        the service) with the session's lock held; ``SessionNotFound`` as for
+        :meth:`_ensure_sandbox`."""
         session.runs += 1
         if runner is not None:
             container = await self._ensure_runner(session, runner, network=network)
