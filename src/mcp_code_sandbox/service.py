@@ -280,7 +280,8 @@ class SandboxService:
         ``read_file`` (and ``link(path)``, its download link, when given)."""
         read = await self.read_file(owner, session_id, path, offset=0, max_bytes=None)
         url = link(read.path) if link else None
-        return whole_file(read, self.settings.max_read_bytes, url)
+        # Decoding up to ``max_read_bytes`` of text: a worker thread's job, as for pages.
+        return await self.threads.run(owner, whole_file, read, self.settings.max_read_bytes, url)
 
     async def open_download(
         self, session_id: str, path: str, signed_for: Callable[[str], bool]

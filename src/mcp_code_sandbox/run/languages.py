@@ -80,7 +80,7 @@ class Languages:
 
     Semantics: the agent's languages (:data:`RUNTIMES`) in their order, then the runner
     images' (docker). Python is always offered. Another built-in language is offered
-    unless something says the sandboxes lack it: the backend's ``runtime_info``
+    unless something says the sandboxes lack it: the backend's ``describe().runtimes``
     (``"available": false``), or the server's own probe sandbox (not listed). A backend
     that says nothing about a language is not taken to lack it. A session's sandbox that
     lacks a language (:meth:`check_sandbox`) makes the service ask its probe again.
@@ -92,7 +92,7 @@ class Languages:
     def __init__(self, probe: RuntimeProbe) -> None:
         #: The server's own look into a sandbox (never a tenant's: see :mod:`.probe`).
         self.probe = probe
-        #: What ``backend.runtime_info()`` said at the latest refresh.
+        #: What ``backend.describe().runtimes`` said at the latest refresh.
         self.info: dict[str, dict[str, Any]] = {}
         #: Runner images by language (docker), as last discovered; never a built-in one.
         self.runners: dict[str, RunnerImage] = {}
@@ -125,7 +125,7 @@ class Languages:
                 + ", ".join(sorted(offered))
             )
 
-    def check_sandbox(self, ready: Any, language: str) -> None:
+    def check_sandbox(self, ready: Mapping[str, Any] | None, language: str) -> None:
         """Raise ``UnsupportedLanguage`` when a session's sandbox, by its agent's ``ready``
         message, has no interpreter for built-in ``language``. Nothing is raised when
         the message lists no languages (a backend that does not keep it)."""
