@@ -176,7 +176,9 @@ def make_settings(state_dir: Path, backend: str) -> Callable[..., Settings]:
     chosen = backend_settings(backend)
 
     def make(**overrides: Any) -> Settings:
-        values: dict[str, Any] = {"state_dir": str(state_dir), **chosen}
+        # The warm pool off unless a test asks for it: most tests count sandboxes, and
+        # every server would otherwise start two preloaded ones (tests/e2e/test_pool.py).
+        values: dict[str, Any] = {"state_dir": str(state_dir), "pool_size": 0, **chosen}
         values.update(overrides)
         return load_settings(values, environ={})
 

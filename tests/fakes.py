@@ -260,6 +260,7 @@ def fake_settings(state_dir: Path, **overrides: Any) -> Settings:
         "state_dir": str(state_dir),
         "workspace_quota_mode": "checked",
         "exec_timeout_s": 20,
+        "pool_size": 0,
     }
     values.update(overrides)
     return load_settings(values, environ={})

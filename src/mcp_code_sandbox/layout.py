@@ -14,7 +14,7 @@ the host but the agent's own package layout.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from mcp_code_sandbox.agent.packages import PACKAGES_DIR
@@ -100,6 +100,7 @@ def agent_argv(
     *,
     channel: tuple[str, ...] = ("--channel-fd", "3"),
     rlimit_pids: bool = True,
+    preload: Sequence[str] = (),
 ) -> list[str]:
     """Command line of the agent inside the sandbox (run with cwd ``AGENT_LIB_DIR``).
 
@@ -109,6 +110,7 @@ def agent_argv(
     ``rlimit_pids`` false leaves RLIMIT_NPROC unset, for backends whose sandboxes share
     one user namespace: that rlimit counts every process of uid 1000 in it, across
     sandboxes, so there the cgroup's pids limit is the only per-sandbox one.
+    ``preload``: modules the interpreter imports before the agent says it is ready.
     """
     config = {
         # The agent is alone in its pid namespace: on a kill it may end every process but
@@ -117,6 +119,7 @@ def agent_argv(
         "pids": limits.pids if rlimit_pids else None,
         "file_bytes": limits.file_bytes,
         "memory_bytes": limits.memory_bytes if rlimit_memory else None,
+        "preload": list(preload),
     }
     return [
         SANDBOX_PYTHON,

@@ -13,6 +13,7 @@ one of ``END_REASONS``. Never a session id, an owner or anything a client chose 
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator
 from typing import Literal
 
@@ -37,6 +38,11 @@ EndReason = Literal["closed", "idle", "lifetime"]
 END_REASONS: tuple[EndReason, ...] = ("closed", "idle", "lifetime")
 STATUSES = ("ok", "error", "timeout", "cancelled")
 BACKEND_CODES = (BackendUnavailable.code, SandboxFailed.code)
+#: Whether a new session found a warm sandbox in the pool.
+POOL_RESULTS = ("hit", "miss")
+POOL_STATES = ("ready", "starting")
+#: From a pool claim (well under a millisecond) to a slow gVisor start.
+START_BUCKETS = (0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 #: From a 20 ms cell to the largest default ``MAX_EXEC_TIMEOUT_S``.
 DURATION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
@@ -91,10 +97,43 @@ class Metrics:
             ["code"],
             registry=r,
         )
+        self._pool_claims = Counter(
+            "mcp_sandbox_pool_claims",
+            "New sessions that could use the warm pool, by result: hit (took a warm "
+            "sandbox) or miss (the pool was empty; a sandbox was started for it)",
+            ["result"],
+            registry=r,
+        )
+        self._pool_claim_s = Histogram(
+            "mcp_sandbox_pool_claim_seconds",
+            "Time to take a warm sandbox from the pool (checks included)",
+            buckets=START_BUCKETS,
+            registry=r,
+        )
+        self._cold_start_s = Histogram(
+            "mcp_sandbox_cold_start_seconds",
+            "Time to start a session's sandbox when none was warm (agent ready)",
+            buckets=START_BUCKETS,
+            registry=r,
+        )
+        self._pool_refill_s = Histogram(
+            "mcp_sandbox_pool_refill_seconds",
+            "Time to start one pooled sandbox (workspace, sandbox, preload)",
+            buckets=START_BUCKETS,
+            registry=r,
+        )
+        self._pool_sandboxes = Gauge(
+            "mcp_sandbox_pool_sandboxes",
+            "Pooled sandboxes, by state: ready (warm, unclaimed) or starting",
+            ["state"],
+            registry=r,
+        )
         # Every series of a known label set exists from the start, at 0: a rate() over a
         # series that appears only with its first failure misses that failure.
         for reason in END_REASONS:
             self._ended.labels(reason)
+        for result in POOL_RESULTS:
+            self._pool_claims.labels(result)
         for code in ERROR_CODES:
             self._tool_errors.labels(code)
         for code in BACKEND_CODES:
@@ -130,6 +169,22 @@ class Metrics:
         except (BackendUnavailable, SandboxFailed) as exc:
             self.backend_error(exc.code)
             raise
+
+    def track_pool(self, count: Callable[[str], int]) -> None:
+        """Read the pooled sandboxes in each state from ``count`` at every scrape."""
+        for state in POOL_STATES:
+            self._pool_sandboxes.labels(state).set_function(functools.partial(count, state))
+
+    def pool_claimed(self, hit: bool, seconds: float) -> None:
+        self._pool_claims.labels("hit" if hit else "miss").inc()
+        if hit:
+            self._pool_claim_s.observe(seconds)
+
+    def cold_started(self, seconds: float) -> None:
+        self._cold_start_s.observe(seconds)
+
+    def pool_refilled(self, seconds: float) -> None:
+        self._pool_refill_s.observe(seconds)
 
     def render(self, accept: str | None) -> tuple[bytes, str]:
         """The exposition for a scrape with this ``Accept`` header: (body, content type).

@@ -186,7 +186,12 @@ class SandboxService:
                 )
         runner = self.offer.runner(request.language)
         before = self.languages()
-        async with self.sessions.acquire(owner, session_id, create=True, wait_s=timeout) as held:
+        # Pooled sandboxes are made for calls with no network, no runner and no env of
+        # their own: a call asking for any of these starts its sandbox as before.
+        pooled = not request.network and not request.env and runner is None
+        async with self.sessions.acquire(
+            owner, session_id, create=True, wait_s=timeout, pool=pooled
+        ) as held:
             started = time.monotonic()  # the sandbox's start counts, the queue does not
             handout = await self.sessions.executor(
                 held.session, network=request.network, runner=runner
@@ -315,6 +320,10 @@ class SandboxService:
 
     async def close_session(self, owner: str, session_id: str) -> None:
         await self.sessions.close(owner, session_id)
+
+    def pool_status(self) -> dict[str, Any]:
+        """The warm pool as ``list_runtimes`` and ``/readyz`` show it."""
+        return self.sessions.pool.status().as_json()
 
     async def runtimes(self) -> list[dict[str, Any]]:
         """``list_runtimes``: every language with its version, image and limits (runner

@@ -117,6 +117,15 @@ class Settings(BaseSettings):
     #: Sessions one owner may hold at once (with or without a sandbox: an upload makes
     #: one too). None: the default, :attr:`sessions_per_owner`.
     max_sessions_per_owner: int | None = Field(None, ge=1)
+    #: Sandboxes kept started, connected and preloaded for new sessions (``sessions.pool``);
+    #: 0 turns the pool off. They count toward no session limit; each holds an idle
+    #: interpreter (about 100 MiB with the default preload).
+    pool_size: int = Field(2, ge=0, le=64)
+    #: A pooled sandbox older than this is replaced, never handed out.
+    pool_max_age_s: float = Field(3600.0, gt=0)
+    #: Modules a pooled interpreter imports before a session claims it (not bound in the
+    #: session's namespace); empty turns preloading off.
+    preload: NameList = ["numpy", "pandas", "matplotlib.pyplot"]
 
     max_upload_bytes: Size = 50 * 1024**2
     max_output_bytes: Size = 100 * 1024
@@ -237,6 +246,14 @@ class Settings(BaseSettings):
         env = os.environ if environ is None else environ
         return {name: env[name] for name in self.pass_through_env if name in env}
 
+    @field_validator("preload")
+    @classmethod
+    def _module_names(cls, names: list[str]) -> list[str]:
+        for name in names:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", name):
+                raise ValueError(f"{name!r} is not a Python module name")
+        return names
+
     @field_validator("allowed_hosts")
     @classmethod
     def _valid_hosts(cls, hosts: list[str]) -> list[str]:
@@ -279,10 +296,11 @@ class Settings(BaseSettings):
                 "SANDBOX_UID_RANGE_START + SANDBOX_UID_RANGE_SIZE must stay below 2^31 - 1 "
                 "(larger ids read as negative to some tools)"
             )
-        if self.uid_range_size < self.max_sessions:
+        if self.uid_range_size < self.max_sessions + self.pool_size:
             raise ValueError(
                 f"SANDBOX_UID_RANGE_SIZE ({self.uid_range_size}) must be at least "
-                f"SANDBOX_MAX_SESSIONS ({self.max_sessions}): every session needs a uid"
+                f"SANDBOX_MAX_SESSIONS + SANDBOX_POOL_SIZE ({self.max_sessions} + "
+                f"{self.pool_size}): every session and pooled sandbox needs a uid"
             )
         if self.oauth_issuer is None:
             if self.oauth_audience is not None or self.oauth_required_scopes:

@@ -44,6 +44,7 @@ def server_env(state_dir: Path, runtime_dir: Path, **extra: str) -> dict[str, st
         "SANDBOX_RUNTIME_DIR": str(runtime_dir),
         "SANDBOX_BACKEND": "bwrap",
         "SANDBOX_LOG_LEVEL": "DEBUG",
+        "SANDBOX_POOL_SIZE": "0",  # on where a test says so (test_pool.py)
     }
     env.update(extra)
     return env

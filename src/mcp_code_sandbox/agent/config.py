@@ -22,6 +22,9 @@ class AgentConfig:
     pids: int | None = None
     file_bytes: int | None = None
     memory_bytes: int | None = None
+    #: Modules the first kernel imports before it says it is ready (a pooled sandbox's
+    #: warm-up); never bound in the user's namespace.
+    preload: tuple[str, ...] = ()
 
     @classmethod
     def from_json(cls, text: str) -> AgentConfig:
@@ -33,6 +36,7 @@ class AgentConfig:
             pids=_opt_int(raw, "pids"),
             file_bytes=_opt_int(raw, "file_bytes"),
             memory_bytes=_opt_int(raw, "memory_bytes"),
+            preload=_names(raw, "preload"),
         )
 
     def to_json(self) -> str:
@@ -42,6 +46,7 @@ class AgentConfig:
                 "pids": self.pids,
                 "file_bytes": self.file_bytes,
                 "memory_bytes": self.memory_bytes,
+                "preload": list(self.preload),
             },
             separators=(",", ":"),
         )
@@ -54,6 +59,16 @@ def _opt_int(raw: dict[str, Any], key: str) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"config {key!r} must be a positive integer or null")
     return value
+
+
+def _names(raw: dict[str, Any], key: str) -> tuple[str, ...]:
+    value = raw.get(key) or []
+    if not isinstance(value, list) or not all(
+        isinstance(name, str) and all(part.isidentifier() for part in name.split("."))
+        for name in value
+    ):
+        raise ValueError(f"config {key!r} must be a list of module names")
+    return tuple(value)
 
 
 def apply_limits(config: AgentConfig) -> None:

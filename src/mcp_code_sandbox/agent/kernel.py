@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import importlib
 import os
 import sys
 import threading
@@ -50,8 +51,11 @@ def _python_version() -> str:
 
 
 class Kernel:
-    def __init__(self, control: int, workdir: str, plain: bool) -> None:
+    def __init__(
+        self, control: int, workdir: str, plain: bool, preload: tuple[str, ...] = ()
+    ) -> None:
         self._control = control
+        self._preload = preload
         self._gate = InterruptGate()
         self._run_id: int | None = None
         self._displays = DisplayGate(Budget())
@@ -87,6 +91,7 @@ class Kernel:
     def serve(self) -> None:
         self._gate.install()
         self._figures.install()
+        _preload(self._preload)  # after the figure hook: a preloaded pyplot is patched too
         ready = {"ev": "ready", "ipython": self.shell.ipython, "version": _python_version()}
         write_frame(self._control, ready)
         while (message := read_frame(self._control)) is not None:
@@ -141,6 +146,18 @@ def _cell_env(env: Mapping[str, str]) -> Iterator[None]:
                 os.environ[name] = value
 
 
+def _preload(modules: tuple[str, ...]) -> None:
+    """Import ``modules`` into ``sys.modules`` only: the user's namespace stays as a fresh
+    kernel's, and the session's first ``import pandas`` finds it loaded. One that fails
+    is said on stderr (startup chatter) and skipped: the cell that imports it will say
+    why."""
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:
+            _warn(f"preloading {name} failed: {exc!r}")
+
+
 def _warn(text: str) -> None:
     print(f"[sandbox] {text}", file=sys.stderr)
 
@@ -182,8 +199,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", default="{}")
     parser.add_argument("--plain", action="store_true")
     args = parser.parse_args(argv)
-    _setup_process(args.workdir, args.control_fd, AgentConfig.from_json(args.config))
-    Kernel(args.control_fd, args.workdir, args.plain).serve()
+    config = AgentConfig.from_json(args.config)
+    _setup_process(args.workdir, args.control_fd, config)
+    Kernel(args.control_fd, args.workdir, args.plain, config.preload).serve()
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import functools
 import os
 import selectors
@@ -111,6 +112,8 @@ class Supervisor:
         self._wakeup = _sigchld_wakeup()
         self._sel.register(self._wakeup, selectors.EVENT_READ, self._on_sigchld)
         self._kernel = self._start_kernel(meanwhile=self._find_programs)
+        # Preloading warms a pooled sandbox once; a restarted kernel starts lean.
+        self._config = dataclasses.replace(config, preload=())
 
     # -- lifecycle -------------------------------------------------------------------
 

@@ -93,6 +93,9 @@ class SandboxSpec:
     #: the workspace: the session's own (see ``Backend.per_sandbox_uids``). ``None``: the
     #: backend's shared one (``Backend.workspace_owner``).
     uid: int | None = None
+    #: Modules the interpreter imports before the sandbox is ready: a pooled sandbox's
+    #: warm-up (``sessions.pool``); empty for a session's own.
+    preload: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -130,5 +130,16 @@ class RuntimeOut(BaseModel):
     limits: dict[str, Any]
 
 
+class PoolOut(BaseModel):
+    """The warm pool: sandboxes started ahead for new sessions (``size`` 0: off), and the
+    modules their Python imported ahead (a first ``import pandas`` then costs nothing)."""
+
+    size: int
+    ready: int
+    starting: int
+    preload: list[str]
+
+
 class RuntimesResult(BaseModel):
     runtimes: list[RuntimeOut]
+    pool: PoolOut

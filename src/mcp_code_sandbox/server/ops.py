@@ -40,10 +40,11 @@ def ops_routes(
     async def readyz(request: Request) -> JSONResponse:
         backend = service.backend.name
         reason = await service.not_ready()
+        pool = service.pool_status()
         if reason is not None:
-            body = {"status": "not ready", "backend": backend, "reason": reason}
+            body = {"status": "not ready", "backend": backend, "reason": reason, "pool": pool}
             return JSONResponse(body, status_code=503)
-        return JSONResponse({"status": "ready", "backend": backend})
+        return JSONResponse({"status": "ready", "backend": backend, "pool": pool})
 
     async def metrics(request: Request) -> Response:
         if token is not None:

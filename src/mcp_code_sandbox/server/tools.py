@@ -254,7 +254,8 @@ class ToolSet:
     @tool_errors
     async def list_runtimes(self) -> Annotated[CallToolResult, models.RuntimesResult]:
         runtimes = [models.RuntimeOut(**r) for r in await self.service.runtimes()]
-        return structured_result(models.RuntimesResult(runtimes=runtimes))
+        pool = models.PoolOut(**self.service.pool_status())
+        return structured_result(models.RuntimesResult(runtimes=runtimes, pool=pool))
 
 
 def _listing_page(

@@ -17,6 +17,10 @@ Semantics:
 - ``last_active`` moves at the start and end of every call; the reaper closes sessions
   idle past the TTL or older than the max lifetime, never in the middle of a call.
 - Limits on new sessions: ``max_sessions`` in all, ``sessions_per_owner`` each.
+- A session created by a call that runs code in a sandbox of the default kind takes a
+  warm one from :mod:`.pool` when there is one (its slot, workspace, uid and sandbox
+  become the session's; owner and id are bound then); else it starts one as before.
+  Pooled sandboxes count toward no limit, and shutdown stops them too.
 - A closed or expired id is remembered (bounded) so that reusing it says what was lost.
 - Every session has a record on disk (:mod:`mcp_code_sandbox.sessions.records`) and a workspace
   at ``workspaces_dir/<slot>``, so a server killed with SIGKILL can be followed by one
@@ -67,6 +71,7 @@ from mcp_code_sandbox.metrics import EndReason, Metrics
 from mcp_code_sandbox.sessions import quota, records
 from mcp_code_sandbox.sessions.agent_client import AgentClient
 from mcp_code_sandbox.sessions.ids import mint_session_id, session_key, validate_session_id
+from mcp_code_sandbox.sessions.pool import Pooled, WarmPool
 from mcp_code_sandbox.sessions.quota import QuotaMode
 from mcp_code_sandbox.sessions.recovery import Adopted, recover
 from mcp_code_sandbox.sessions.sandboxes import Sandboxes
@@ -115,6 +120,17 @@ class SessionManager:
         self.uids = uid_pool(settings) if backend.per_sandbox_uids else None
         #: Starts, replaces and stops the sessions' sandboxes and runners.
         self.sandboxes = Sandboxes(settings, backend, self.metrics)
+        #: Warm sandboxes for new sessions (started by :meth:`start`).
+        self.pool = WarmPool(
+            settings,
+            backend,
+            self.metrics,
+            self.sandboxes,
+            self.threads,
+            instance=self._instance,
+            workspace_for=self._workspace,
+            lease_uid=self._lease_uid,
+        )
 
     # -- lifecycle of the manager -------------------------------------------------------
 
@@ -138,6 +154,7 @@ class SessionManager:
         for owner, session_id, why in recovered.lost:
             self._tombstone(owner, session_id, why)
         self._start_reaper()
+        self.pool.start()
 
     async def aclose(self) -> None:
         """Stop every sandbox and delete every workspace; bounded by the backend's stops.
@@ -160,6 +177,7 @@ class SessionManager:
         for outcome in await asyncio.gather(
             *(end(s) for s in sessions),
             *(self._destroy(s) for s in unfinished),
+            self.pool.aclose(),
             return_exceptions=True,
         ):
             if isinstance(outcome, BaseException):
@@ -209,14 +227,22 @@ class SessionManager:
 
     @contextlib.asynccontextmanager
     async def acquire(
-        self, owner: str, session_id: str | None, *, create: bool, wait_s: float
+        self,
+        owner: str,
+        session_id: str | None,
+        *,
+        create: bool,
+        wait_s: float,
+        pool: bool = False,
     ) -> AsyncIterator[Acquired]:
         """Hold ``owner``'s session for one call, creating it when ``create`` allows.
 
         ``session_id`` None mints a new id (only when ``create``). Unknown ids are
-        created under that name when ``create``, else ``SessionNotFound``.
+        created under that name when ``create``, else ``SessionNotFound``. ``pool``: the
+        call runs code in a sandbox of the pool's kind (no network, no runner, no env of
+        its own), so a session it creates takes a warm sandbox when there is one.
         """
-        session, created, notice = self._lookup(owner, session_id, create=create)
+        session, created, notice = self._lookup(owner, session_id, create=create, pool=pool)
         try:
             async with asyncio.timeout(wait_s):
                 await session.lock.acquire()
@@ -272,7 +298,7 @@ class SessionManager:
         session.saved_at = now
 
     def _lookup(
-        self, owner: str, session_id: str | None, *, create: bool
+        self, owner: str, session_id: str | None, *, create: bool, pool: bool = False
     ) -> tuple[Session, bool, str | None]:
         if session_id is None:
             if not create:
@@ -299,7 +325,12 @@ class SessionManager:
                 f"you already have {per_owner} sessions, the most one owner may hold at once; "
                 "close one with close_session, or reuse an existing session_id"
             )
-        session = self._register(owner, session_id)
+        pooled = self.pool.claim() if pool else None
+        session = (
+            self._register(owner, session_id)
+            if pooled is None
+            else self._take(owner, session_id, pooled)
+        )
         return session, True, self._tombstones.pop((owner, session_id), None)
 
     def _register(self, owner: str, session_id: str) -> Session:
@@ -317,9 +348,38 @@ class SessionManager:
             if lease is not None:
                 lease.release()
             raise
-        self._sessions[(owner, session_id)] = session
+        return self._created(session)
+
+    def _take(self, owner: str, session_id: str, pooled: Pooled) -> Session:
+        """A new session made of a warm sandbox: its slot, workspace, uid and sandbox
+        become the session's, and its record is rewritten as the session's (owner and id
+        bound now, on disk: recovery and re-attach work as for any session)."""
+        now = time.monotonic()
+        session = Session(
+            session_id,
+            owner,
+            pooled.key,
+            pooled.slot,
+            pooled.workspace,
+            now,
+            now,
+            time.time(),
+            sandbox=pooled.sandbox,
+            agent=pooled.agent,
+            workspace_made=True,
+            uid_lease=pooled.uid_lease,
+        )
+        try:
+            self._save(session, force=True)
+        except BaseException:
+            self.pool.retire(pooled)  # its record still says ``pool``: nobody's
+            raise
+        return self._created(session)
+
+    def _created(self, session: Session) -> Session:
+        self._sessions[(session.owner, session.id)] = session
         self.metrics.session_created()
-        log.info("session created", owner=owner, session=session_id)
+        log.info("session created", owner=session.owner, session=session.id)
         return session
 
     def _lease_uid(self, slot: str) -> UidLease | None:

@@ -20,10 +20,12 @@ record. Order: the record is written before the workspace is made and removed af
 deleted, so a workspace directory without a record is always garbage.
 
 Semantics of :func:`plan_recovery`: a leftover sandbox is re-attached when a record of a
-dead server claims its workspace, owner, id, key and uid, it runs, and the session is within
+dead server claims its workspace, owner, id (or the pool's, for a sandbox a session took
+from the warm pool), key and uid, it runs, and the session is within
 its idle TTL and max lifetime (by the recorded wall-clock times); at most ``max_sessions``,
 the most recently active first. Every other leftover of a dead server is removed, and so
-is every dead server's record (with its workspace) that is not re-attached.
+is every dead server's record (with its workspace) that is not re-attached. A pooled
+sandbox no session claimed (its record says ``pool``) is never re-attached.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from pathlib import Path
 from mcp_code_sandbox.backends.base import Leftover
 
 __all__ = [
+    "POOL_OWNER",
     "SLOT_PATTERN",
     "Plan",
     "SessionRecord",
@@ -54,6 +57,9 @@ __all__ = [
     "write_record",
 ]
 
+#: The owner and session id of a pooled sandbox before a session claims it (records and
+#: labels). No session has it: owners and ids are never empty.
+POOL_OWNER = ""
 SLOT_PATTERN = re.compile(r"(s[0-9a-f]{31})-[0-9a-f]{8}")
 _SUFFIX = ".json"
 #: A temporary record older than this is from a server killed mid-write.
@@ -78,6 +84,9 @@ class SessionRecord:
     #: The host uid (and gid) of the session's sandboxes, leased from :mod:`.uids`;
     #: ``None`` when its backend runs every sandbox as one shared uid.
     uid: int | None = None
+    #: A pooled sandbox's record, not yet claimed by a session (``owner`` and
+    #: ``session_id`` are empty then): never re-attached, never reported as lost.
+    pool: bool = False
 
 
 def record_path(directory: Path, slot: str) -> Path:
@@ -138,6 +147,7 @@ def _parse(path: Path) -> SessionRecord | None:
             created_at=float(raw["created_at"]),
             last_active=float(raw["last_active"]),
             uid=_uid(raw.get("uid")),
+            pool=raw.get("pool", False) is True,
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -204,8 +214,7 @@ def plan_recovery(
             and leftover.runner is None  # a runner holds nothing but the workspace's files
             and slot not in candidates
             and leftover.running
-            and (leftover.owner, leftover.session_id, leftover.key, leftover.uid)
-            == (record.owner, record.session_id, record.key, record.uid)
+            and _made_for(leftover, record)
             and _expiry(record, now, ttl_s, lifetime_s) is None
         ):
             candidates[record.slot] = (record, leftover)
@@ -224,6 +233,18 @@ def plan_recovery(
     known = {r.slot for r in records}
     plan.stray_slots = sorted(set(slots_on_disk) - known)
     return plan
+
+
+def _made_for(leftover: Leftover, record: SessionRecord) -> bool:
+    """Do the leftover's labels name the recorded session? A sandbox started for the pool
+    is labelled with the pool's empty owner and id, and keeps them once claimed: the key,
+    slot (checked by the caller) and uid then tell."""
+    if record.pool or (leftover.key, leftover.uid) != (record.key, record.uid):
+        return False
+    return (leftover.owner, leftover.session_id) in (
+        (record.owner, record.session_id),
+        (POOL_OWNER, POOL_OWNER),
+    )
 
 
 def _slot_of(workspace: Path | None, workspaces_dir: Path) -> str | None:

@@ -130,6 +130,10 @@ async def _carry_out(ctx: _Context, plan: records.Plan) -> Recovered:
         else:
             recovered.adopt.append(adopted)
     for record, why in drop:
+        if record.pool:  # warm, never claimed: nothing of anyone's was lost
+            log.info("removing a pooled sandbox of a server that is gone", slot=record.slot)
+            await _forget(ctx.settings, record.slot)
+            continue
         log.info("removing a session of a server that is gone", session=record.session_id)
         await _forget(ctx.settings, record.slot)
         recovered.lost.append((record.owner, record.session_id, why))

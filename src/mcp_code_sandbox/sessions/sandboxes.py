@@ -11,6 +11,7 @@ a stop that failed or was cut short is kept in the session's ``unstopped`` and r
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -136,10 +137,12 @@ class Sandboxes:
             spec = self.spec(
                 session.key, session.owner, session.id, session.workspace, network, session.uid
             )
+            began = time.monotonic()
             with self.metrics.counting_backend_errors():
                 sandbox = await self._create(
                     session, lambda: self.backend.create(spec), self.backend.stop
                 )
+            self.metrics.cold_started(time.monotonic() - began)
             session.sandbox, session.agent = sandbox, AgentClient(sandbox.channel)
         return session.agent, notice
 

@@ -251,7 +251,7 @@ def build_bwrap_argv(
     argv += ["--bind", mounts.workspace, WORKSPACE_DIR, "--chdir", AGENT_LIB_DIR]
     # The root itself is bwrap's tmpfs: make it (/etc, /opt, /mnt...) read-only too.
     argv += ["--remount-ro", "/", "--clearenv", "--args", str(env_fd)]
-    return [*argv, "--", *agent_argv(spec.limits, rlimit_memory)]
+    return [*argv, "--", *agent_argv(spec.limits, rlimit_memory, preload=spec.preload)]
 
 
 def build_launcher_argv(

@@ -135,7 +135,11 @@ def container_kwargs(
     networked: dict[str, Any] = {"sysctls": dict(IPV6_OFF)} if spec.network else {}
     socket_path = f"{CHANNEL_DIR}/{SOCKET_NAME}"
     command = agent_argv(
-        limits, rlimit_memory=False, channel=("--connect", socket_path), rlimit_pids=False
+        limits,
+        rlimit_memory=False,
+        channel=("--connect", socket_path),
+        rlimit_pids=False,
+        preload=spec.preload,
     )
     return {
         "image": image,

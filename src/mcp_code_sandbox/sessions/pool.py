@@ -1,0 +1,315 @@
+"""The warm pool: sandboxes started before anyone asks, so that a new session costs a
+claim instead of a sandbox start.
+
+The session manager owns one :class:`WarmPool` and asks it for a sandbox when a call
+creates a session whose sandbox would be the pool's kind (:meth:`.manager.SessionManager.acquire`
+with ``pool=True``). Semantics:
+
+- Up to ``pool_size`` sandboxes of the default spec (no network, the server's env and
+  limits, ``preload`` imported) are kept ready. Each is made like a session's: a fresh
+  workspace slot, its record (``pool``: unclaimed) written before the workspace, a uid of
+  its own where the backend uses them, the sandbox started and its agent ready.
+- :meth:`WarmPool.claim` hands out the oldest usable one and refills at once. The claimer
+  takes everything (slot, workspace, record, uid, sandbox): a sandbox serves one session
+  only, ever, and the session's end stops it like any other. Nothing ran in it before:
+  its workspace is empty, its ``/tmp`` its own, its interpreter at execution count 0.
+- One that died, whose agent broke, or older than ``pool_max_age_s`` is stopped and
+  replaced, never handed out: checked at every claim and every second in the background.
+- Pooled sandboxes count toward no session limit; there are never more than
+  ``pool_size`` of them ready or starting, and at most ``_STARTS_AT_ONCE`` start at once
+  (a burst's own cold starts come first). A start that fails is logged and counted, and
+  the next one waits, doubling up to ``_BACKOFF_MAX_S``: an engine that is down is not
+  hammered.
+- :meth:`WarmPool.aclose` (shutdown) starts nothing more, waits (bounded) for the starts
+  in flight, and stops every pooled sandbox and removes its files and record. After a
+  crash, the next server's recovery removes them: a record that says ``pool`` is never
+  re-attached (:func:`.records.plan_recovery`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import structlog
+
+from mcp_code_sandbox.backends.base import Backend, Sandbox
+from mcp_code_sandbox.metrics import Metrics
+from mcp_code_sandbox.sessions import records
+from mcp_code_sandbox.sessions.agent_client import AgentClient
+from mcp_code_sandbox.sessions.sandboxes import Sandboxes
+from mcp_code_sandbox.sessions.session import END_WAIT_S
+from mcp_code_sandbox.sessions.uids import UidLease
+from mcp_code_sandbox.sessions.workers import WorkerThreads
+from mcp_code_sandbox.settings import Settings
+from mcp_code_sandbox.workspace import Workspace
+
+__all__ = ["PoolStatus", "Pooled", "WarmPool"]
+
+log = structlog.get_logger("mcp_code_sandbox.sessions.pool")
+
+#: Pooled sandboxes started at once: refills yield the cores to a burst's cold starts.
+_STARTS_AT_ONCE = 1
+#: How often the pool looks for dead or aged sandboxes and refills.
+_WATCH_S = 1.0
+_BACKOFF_MAX_S = 60.0
+#: Whose worker threads make and remove pooled workspaces (not any tenant's share).
+_THREADS_OWNER = "(pool)"
+
+
+@dataclass(eq=False)
+class Pooled:
+    """A warm sandbox with everything a session needs, until a session claims it."""
+
+    key: str
+    slot: str
+    workspace: Workspace
+    uid_lease: UidLease | None
+    sandbox: Sandbox
+    agent: AgentClient
+    #: Monotonic time it became ready.
+    made_at: float
+
+
+@dataclass(frozen=True)
+class PoolStatus:
+    """What ``doctor``, ``list_runtimes`` and ``/readyz`` show of the pool."""
+
+    size: int
+    ready: int
+    starting: int
+    preload: tuple[str, ...]
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "size": self.size,
+            "ready": self.ready,
+            "starting": self.starting,
+            "preload": list(self.preload),
+        }
+
+
+class WarmPool:
+    """Keeps ``settings.pool_size`` warm sandboxes; see the module docstring."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        backend: Backend,
+        metrics: Metrics,
+        sandboxes: Sandboxes,
+        threads: WorkerThreads,
+        *,
+        instance: str,
+        workspace_for: Callable[[str, int | None], Workspace],
+        lease_uid: Callable[[str], UidLease | None],
+    ) -> None:
+        self.settings = settings
+        self.size = settings.pool_size
+        self.backend = backend
+        self.metrics = metrics
+        self.sandboxes = sandboxes
+        self.threads = threads
+        self.instance = instance
+        self.workspace_for = workspace_for
+        self.lease_uid = lease_uid
+        self._ready: collections.deque[Pooled] = collections.deque()
+        self._starting: set[asyncio.Task[None]] = set()
+        #: Stops of retired sandboxes in flight (shutdown waits for them too).
+        self._retiring: set[asyncio.Task[None]] = set()
+        self._closed = False
+        self._failures = 0
+        self._next_start = 0.0
+        self._watcher: asyncio.Task[None] | None = None
+        metrics.track_pool(self._count)
+
+    # -- the manager's calls ------------------------------------------------------------
+
+    def start(self) -> None:
+        """Begin filling the pool, and watching it. Called by the manager's ``start``."""
+        if self.size == 0:
+            return
+        self._watcher = asyncio.create_task(self._watch_forever(), name="warm-pool")
+        self.refill()
+
+    def claim(self) -> Pooled | None:
+        """The oldest usable warm sandbox, now the caller's; ``None`` when there is none
+        (the caller starts one as before). Refills in the background either way."""
+        if self.size == 0 or self._closed:
+            return None
+        began = time.monotonic()
+        found = None
+        while self._ready:
+            pooled = self._ready.popleft()
+            if self._usable(pooled, began):
+                found = pooled
+                break
+            self.retire(pooled)
+        self.metrics.pool_claimed(found is not None, time.monotonic() - began)
+        self.refill()
+        return found
+
+    def status(self) -> PoolStatus:
+        return PoolStatus(
+            self.size, len(self._ready), len(self._starting), tuple(self.settings.preload)
+        )
+
+    async def aclose(self) -> None:
+        """Stop every pooled sandbox and remove its files; bounded by the backend's stops
+        and by ``END_WAIT_S`` for starts in flight (a start is never cut short: what it
+        made would be lost). Idempotent."""
+        self._closed = True
+        if self._watcher is not None:
+            self._watcher.cancel()
+            await asyncio.wait({self._watcher})
+        pending = self._starting | self._retiring
+        if pending:
+            _, late = await asyncio.wait(pending, timeout=END_WAIT_S)
+            if late:
+                log.error("pooled sandbox starts still in flight at shutdown", count=len(late))
+        ready, self._ready = list(self._ready), collections.deque()
+        await asyncio.gather(*(self._discard(pooled) for pooled in ready))
+
+    # -- keeping it full -------------------------------------------------------------------
+
+    def refill(self) -> None:
+        """Start what is missing, at most ``_STARTS_AT_ONCE`` at a time."""
+        if self._closed or time.monotonic() < self._next_start:
+            return
+        missing = self.size - len(self._ready) - len(self._starting)
+        for _ in range(min(missing, _STARTS_AT_ONCE - len(self._starting))):
+            task = asyncio.create_task(self._fill_one(), name="warm-pool-start")
+            self._starting.add(task)
+            task.add_done_callback(self._started)
+
+    def _started(self, task: asyncio.Task[None]) -> None:
+        self._starting.discard(task)
+        if not task.cancelled() and task.exception() is not None:  # _fill_one logs its own
+            log.error("a pooled sandbox start failed unexpectedly", error=repr(task.exception()))
+        self.refill()  # the next one, if any is missing
+
+    async def _fill_one(self) -> None:
+        began = time.monotonic()
+        try:
+            pooled = await self._make()
+        except Exception as exc:
+            self._failures += 1
+            delay = min(_BACKOFF_MAX_S, 2.0 ** min(self._failures, 6))
+            self._next_start = time.monotonic() + delay
+            log.warning("a pooled sandbox did not start", error=str(exc), retry_in_s=delay)
+            return
+        self._failures = 0
+        self.metrics.pool_refilled(time.monotonic() - began)
+        if self._closed:
+            await self._discard(pooled)
+        else:
+            self._ready.append(pooled)
+
+    async def _make(self) -> Pooled:
+        """One warm sandbox: record, workspace, sandbox, in that order (see ``records``);
+        what was made is undone when a later step fails."""
+        key = "s" + secrets.token_hex(16)[:31]  # the shape of a session's key
+        slot = records.new_slot(key)
+        lease = self.lease_uid(slot)
+        uid = None if lease is None else lease.uid
+        workspace = self.workspace_for(slot, uid)
+        made: list[str] = []
+        try:
+            self._write_record(key, slot, uid)
+            made.append("record")
+            await self.threads.run(_THREADS_OWNER, workspace.create)
+            made.append("workspace")
+            spec = self.sandboxes.spec(
+                key, records.POOL_OWNER, records.POOL_OWNER, workspace, uid=uid
+            )
+            spec = dataclasses.replace(spec, preload=tuple(self.settings.preload))
+            with self.metrics.counting_backend_errors():
+                # Never cancelled: shutdown waits for the starts in flight instead.
+                sandbox = await self.backend.create(spec)
+        except BaseException:
+            await asyncio.shield(self._undo(slot, workspace, lease, made))
+            raise
+        return Pooled(
+            key, slot, workspace, lease, sandbox, AgentClient(sandbox.channel), time.monotonic()
+        )
+
+    def _write_record(self, key: str, slot: str, uid: int | None) -> None:
+        now = time.time()
+        record = records.SessionRecord(
+            owner=records.POOL_OWNER,
+            session_id=records.POOL_OWNER,
+            key=key,
+            slot=slot,
+            instance=self.instance,
+            created_at=now,
+            last_active=now,
+            uid=uid,
+            pool=True,
+        )
+        records.write_record(self.settings.sessions_dir, record)
+
+    # -- retiring ---------------------------------------------------------------------------
+
+    def _usable(self, pooled: Pooled, now: float) -> bool:
+        return (
+            pooled.sandbox.is_alive()
+            and not pooled.agent.broken
+            and now - pooled.made_at < self.settings.pool_max_age_s
+        )
+
+    def retire(self, pooled: Pooled) -> None:
+        """Stop ``pooled`` in the background (a claim must not wait for it). Called here,
+        and by the manager for one it claimed but could not register."""
+        task = asyncio.create_task(self._discard(pooled), name="warm-pool-retire")
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+    async def _discard(self, pooled: Pooled) -> None:
+        """Stop a pooled sandbox and remove its workspace, record and uid. Never raises:
+        what could not be removed is logged, and the next server's recovery removes it
+        (its record says ``pool``)."""
+        try:
+            await self.backend.stop(pooled.sandbox)
+        except Exception:
+            log.exception("cannot stop a pooled sandbox", slot=pooled.slot)
+            return  # its record stays: it names what to remove
+        await self._undo(pooled.slot, pooled.workspace, pooled.uid_lease, ["record", "workspace"])
+
+    async def _undo(
+        self, slot: str, workspace: Workspace, lease: UidLease | None, made: list[str]
+    ) -> None:
+        if "workspace" in made:
+            try:
+                await self.threads.run(_THREADS_OWNER, workspace.destroy)
+            except Exception as exc:
+                log.error("cannot remove a pooled workspace", slot=slot, error=repr(exc))
+                return  # the record stays with it (see ``records``: record first, last)
+        records.remove_record(self.settings.sessions_dir, slot)
+        if lease is not None:
+            lease.release()  # after the record: see ``uids``
+
+    async def _watch_forever(self) -> None:
+        while True:
+            await asyncio.sleep(_WATCH_S)
+            try:
+                self._prune()
+                self.refill()
+            except Exception:  # the pool's watch must outlive anything it meets
+                log.exception("a warm pool pass failed; the next one tries again")
+
+    def _prune(self) -> None:
+        now = time.monotonic()
+        for pooled in list(self._ready):
+            if not self._usable(pooled, now):
+                self._ready.remove(pooled)
+                alive = pooled.sandbox.is_alive()
+                log.info("replacing a pooled sandbox", slot=pooled.slot, alive=alive)
+                self.retire(pooled)
+
+    def _count(self, state: str) -> int:
+        return len(self._ready) if state == "ready" else len(self._starting)
