@@ -27,6 +27,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.bwrap]
 
 TOKEN = "metrics-token-0123456789abcdef"
 MODERN = "2026-07-28"
+PRELOAD = ["numpy", "pandas", "matplotlib.pyplot"]
 
 
 def scrape(base: str, **headers: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -51,7 +52,11 @@ def test_healthz_and_readyz_when_ready(make_settings: Callable[..., Settings]) -
         assert health.json() == {"status": "ok", "sessions": 0}
         ready = httpx.get(f"{base}/readyz")
         assert ready.status_code == 200
-        assert ready.json() == {"status": "ready", "backend": "bwrap"}
+        assert ready.json() == {
+            "status": "ready",
+            "backend": "bwrap",
+            "pool": {"size": 0, "ready": 0, "starting": 0, "preload": PRELOAD},
+        }
 
 
 async def test_not_ready_without_the_runtime_env(

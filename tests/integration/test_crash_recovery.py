@@ -13,10 +13,12 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import docker
+import httpx
 import pytest
 from mcp import Client
 
@@ -237,3 +239,45 @@ async def test_externally_killed_container_is_replaced_with_files_kept(
     assert report.stdout.strip() == "kept" and report.result == "False"
     assert report.notice is not None and "had stopped" in report.notice
     assert gone(engine, container.id)
+
+
+def _pool_full(base: str, size: int) -> None:
+    deadline = time.monotonic() + 120
+    while True:
+        pool = httpx.get(f"{base}/readyz").json()["pool"]
+        if pool["ready"] == size and pool["starting"] == 0:
+            return
+        assert time.monotonic() < deadline, pool
+        time.sleep(0.1)
+
+
+async def test_a_session_from_the_pool_is_reattached_and_the_pool_is_not(
+    settings: Settings, engine: Any
+) -> None:
+    """The pool's containers keep the pool's labels once a session takes one: the record
+    (owner and id bound at the claim) is what re-attaches it. The pool's own, never
+    claimed, are removed by the next server, never adopted as sessions."""
+    with http_server_process(settings, SANDBOX_POOL_SIZE="2") as (base, proc):
+        _pool_full(base, 2)
+        async with Client(f"{base}/mcp", mode="legacy") as client:
+            first = structured(
+                await client.call_tool("run_code", {"session_id": "warm", "code": "x = 41"})
+            )
+        assert first["session_created"] is True and first["status"] == "ok"
+        _pool_full(base, 2)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert len(ours(engine, settings)) == 3  # the session's and the pool's outlive it
+    [claimed] = [r for r in records(settings) if not r.get("pool")]
+    assert claimed["session_id"] == "warm"
+    with http_server_process(settings) as (base, proc):
+        async with Client(f"{base}/mcp", mode="legacy") as client:
+            again = structured(
+                await client.call_tool("run_code", {"session_id": "warm", "code": "x + 1"})
+            )
+        assert again["session_created"] is False and again["state_lost"] is False, again
+        assert again["result"] == "42"
+        assert len(ours(engine, settings)) == 1  # the pool's two are gone
+        assert [r["session_id"] for r in records(settings)] == ["warm"]
+        assert len(list(settings.workspaces_dir.iterdir())) == 1
+    assert ours(engine, settings) == [] and records(settings) == []

@@ -30,7 +30,7 @@ LIMITS = Limits(memory_bytes=256 << 20, cpu=0.5, pids=64, tmp_bytes=8 << 20, fil
 
 
 def docker_settings(state_dir: Path) -> Settings:
-    values: dict[str, Any] = {"state_dir": str(state_dir), "backend": "docker"}
+    values: dict[str, Any] = {"state_dir": str(state_dir), "backend": "docker", "pool_size": 0}
     for name in ("image", "docker_runtime"):
         if os.environ.get(f"SANDBOX_{name.upper()}"):
             values[name] = os.environ[f"SANDBOX_{name.upper()}"]

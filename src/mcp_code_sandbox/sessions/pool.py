@@ -154,6 +154,10 @@ class WarmPool:
         self.refill()
         return found
 
+    def ready_sandboxes(self) -> list[Pooled]:
+        """The warm sandboxes now waiting, oldest first (for tests and operators' views)."""
+        return list(self._ready)
+
     def status(self) -> PoolStatus:
         return PoolStatus(
             self.size, len(self._ready), len(self._starting), tuple(self.settings.preload)
