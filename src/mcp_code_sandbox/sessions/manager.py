@@ -591,6 +591,10 @@ class SessionManager:
                 remains=remains,
             )
 
+    def tombstones(self) -> dict[tuple[str, str], str]:
+        """Why each remembered ``(owner, session_id)`` ended (for tests and operators)."""
+        return dict(self._tombstones)
+
     def with_id(self, session_id: str) -> list[Session]:
         """The live sessions named ``session_id``, of every owner (a download link names
         no owner: its signature tells which of these it is for)."""

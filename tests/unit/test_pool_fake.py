@@ -1,0 +1,153 @@
+"""The warm pool's rules, on the fake backend (the real agent, no walls): which calls use
+it, that it counts toward no limit, that a start that fails backs off and the pool then
+fills, that an aged sandbox is replaced and never handed out, and that a session from the
+pool is left for the next server while the pool itself is not.
+
+The same behaviour on real sandboxes is in ``tests/integration/test_pool.py``."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from pathlib import Path
+
+import pytest
+
+from mcp_code_sandbox.errors import MaxSessions
+from mcp_code_sandbox.run.request import RunRequest
+from mcp_code_sandbox.service import SandboxService
+from mcp_code_sandbox.sessions import records
+from tests.fakes import FakeBackend, fake_service, fake_settings
+
+
+async def full(svc: SandboxService, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        status = svc.pool_status()
+        if status["ready"] == status["size"] and status["starting"] == 0:
+            return
+        assert time.monotonic() < deadline, status
+        await asyncio.sleep(0.02)
+
+
+def claims(svc: SandboxService) -> tuple[float, float]:
+    def get(result: str) -> float:
+        sample = svc.metrics.registry.get_sample_value(
+            "mcp_sandbox_pool_claims_total", {"result": result}
+        )
+        return sample or 0.0
+
+    return get("hit"), get("miss")
+
+
+def pooled_keys(svc: SandboxService) -> set[str]:
+    return {p.key for p in svc.sessions.pool.ready_sandboxes()}
+
+
+async def test_a_network_call_bypasses_the_pool(state_dir: Path) -> None:
+    backend = FakeBackend()
+    # The fake has no network; say it has, so that the call gets as far as its sandbox.
+    described = backend.describe()
+    backend.describe = lambda: dataclasses.replace(  # type: ignore[method-assign]
+        described, network_unavailable=None
+    )
+    async with fake_service(state_dir, backend, pool_size=1, allow_network=True) as svc:
+        await full(svc)
+        warm = pooled_keys(svc)
+        r = await svc.run_code("local", RunRequest("1", network=True))
+        assert r.status == "ok", r
+        assert backend.created[-1].network is True and backend.created[-1].key not in warm
+        assert pooled_keys(svc) == warm and claims(svc) == (0, 0)
+        plain = await svc.run_code("local", RunRequest("2"))
+        assert plain.status == "ok" and claims(svc) == (1, 0)
+        [session] = svc.sessions.with_id(plain.session_id)
+        assert session.key in warm  # the warm one became this session
+
+
+async def test_pooled_sandboxes_count_toward_no_limit(state_dir: Path) -> None:
+    async with fake_service(state_dir, pool_size=2, max_sessions=1) as svc:
+        await full(svc)
+        assert svc.session_count() == 0
+        first = await svc.run_code("local", RunRequest("1"))
+        assert first.status == "ok"
+        await full(svc)
+        with pytest.raises(MaxSessions):
+            await svc.run_code("local", RunRequest("1"))
+        assert svc.pool_status()["ready"] == 2  # the refused call took nothing
+
+
+async def test_a_failed_start_backs_off_then_the_pool_fills(state_dir: Path) -> None:
+    backend = FakeBackend()
+    backend.fail_creates = 1
+    async with fake_service(state_dir, backend, pool_size=1) as svc:
+        await full(svc)  # after the back-off (2 s), the next start succeeded
+        assert len(backend.created) == 2
+        # The failed start left no record or workspace behind.
+        saved = records.load_records(svc.settings.sessions_dir)
+        assert [r.pool for r in saved] == [True]
+        assert len(list(svc.settings.workspaces_dir.iterdir())) == 1
+
+
+async def test_an_aged_pooled_sandbox_is_replaced_never_handed_out(state_dir: Path) -> None:
+    backend = FakeBackend()
+    async with fake_service(state_dir, backend, pool_size=1, pool_max_age_s=0.3) as svc:
+        await full(svc)
+        [old] = pooled_keys(svc)
+        await asyncio.sleep(0.4)
+        r = await svc.run_code("local", RunRequest("1"))
+        assert r.status == "ok"
+        [session] = svc.sessions.with_id(r.session_id)
+        assert session.key != old
+        deadline = time.monotonic() + 30
+        while old not in backend.stopped:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.02)
+
+
+async def test_a_session_from_the_pool_is_left_for_the_next_server_and_the_pool_is_not(
+    state_dir: Path,
+) -> None:
+    backend = FakeBackend(reattaches=True)
+    try:
+        async with fake_service(
+            state_dir, backend, pool_size=2, keep_sessions_on_shutdown=True
+        ) as svc:
+            await full(svc)
+            r = await svc.run_code("alice", RunRequest("x = 41"), "kept")
+            assert r.status == "ok"
+            await full(svc)
+            pool = pooled_keys(svc)
+        # The pool's sandboxes were stopped and their files and records removed.
+        assert pool <= set(backend.stopped)
+        saved = records.load_records(svc.settings.sessions_dir)
+        assert [(r.owner, r.session_id, r.pool) for r in saved] == [("alice", "kept", False)]
+        async with fake_service(state_dir, backend, keep_sessions_on_shutdown=True) as svc:
+            again = await svc.run_code("alice", RunRequest("x + 1"), "kept")
+            assert again.result == "42" and not again.session_created, again
+    finally:
+        await backend.end_all()
+
+
+async def test_a_dead_servers_pool_is_removed_and_nobody_is_told_of_a_loss(
+    state_dir: Path,
+) -> None:
+    settings = fake_settings(state_dir)
+    key = "s" + "1" * 31
+    slot = f"{key}-00000001"
+    now = time.time()
+    dead = records.SessionRecord("", "", key, slot, "1-dead", now, now, pool=True)
+    records.write_record(settings.sessions_dir, dead)
+    (settings.workspaces_dir / slot).mkdir(parents=True)
+    async with fake_service(state_dir) as svc:
+        assert records.load_records(settings.sessions_dir) == []
+        assert list(settings.workspaces_dir.iterdir()) == []
+        assert svc.sessions.count() == 0
+        assert not svc.sessions.tombstones()  # nobody's session was lost
+
+
+def test_a_record_says_whether_it_is_the_pools(tmp_path: Path) -> None:
+    key = "s" + "0" * 31
+    record = records.SessionRecord("", "", key, f"{key}-00000000", "i", 1, 1, pool=True)
+    records.write_record(tmp_path, record)
+    assert records.load_records(tmp_path) == [record]
