@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -19,7 +21,7 @@ from mcp import Client
 from mcp_code_sandbox.settings import Settings
 
 from ..procs import descendants, wait_gone
-from .conftest import http_server_process
+from .conftest import http_server_process, settings_env
 
 pytestmark = [pytest.mark.e2e, pytest.mark.bwrap]
 
@@ -49,6 +51,15 @@ async def test_pool_through_the_client_and_a_sigkill(
     settings = make_settings()
     with http_server_process(settings, SANDBOX_POOL_SIZE="2") as (base, proc):
         assert wait_full(base) == {"size": 2, "ready": 2, "starting": 0, "preload": PRELOAD}
+        doctor = subprocess.run(
+            [sys.executable, "-m", "mcp_code_sandbox", "doctor"],
+            env=settings_env(settings, SANDBOX_POOL_SIZE="2"),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert "warm pool: 2 sandboxes kept ready per server" in doctor.stdout, doctor.stdout
+        assert "2 pooled (ready or starting) held by servers running" in doctor.stdout
         async with Client(f"{base}/mcp", mode="legacy") as client:
             runtimes = structured(await client.call_tool("list_runtimes", {}))
             assert runtimes["pool"]["size"] == 2 and runtimes["pool"]["preload"] == PRELOAD

@@ -12,11 +12,12 @@ from typing import NamedTuple
 
 from mcp_code_sandbox.backends.base import Backend
 from mcp_code_sandbox.errors import BackendUnavailable, SandboxError
-from mcp_code_sandbox.sessions import quota
+from mcp_code_sandbox.sessions import quota, records
+from mcp_code_sandbox.sessions.recovery import alive
 from mcp_code_sandbox.sessions.uids import uid_pool
 from mcp_code_sandbox.settings import Settings
 
-__all__ = ["Check", "network_check", "uid_range_detail", "workspace_quota_check"]
+__all__ = ["Check", "network_check", "pool_check", "uid_range_detail", "workspace_quota_check"]
 
 
 class Check(NamedTuple):
@@ -60,3 +61,26 @@ def workspace_quota_check(settings: Settings, backend: Backend) -> Check:
     except BackendUnavailable as exc:
         return Check("workspace quota", False, exc.message, "see above")
     return Check("workspace quota", True, mode.describe())
+
+
+def pool_check(settings: Settings) -> Check:
+    """The warm pool as configured, and the pooled sandboxes that servers running on this
+    state dir hold now (their records say ``pool``; a live server's ready and starting
+    ones both have one)."""
+    if settings.pool_size == 0:
+        return Check(
+            "warm pool", True, "off (SANDBOX_POOL_SIZE=0): every new session starts a sandbox"
+        )
+    preload = ", ".join(settings.preload) or "nothing"
+    held = [
+        r
+        for r in records.load_records(settings.sessions_dir)
+        if r.pool and alive(settings.run_dir / f"{r.instance}.pid")
+    ]
+    return Check(
+        "warm pool",
+        True,
+        f"{settings.pool_size} sandboxes kept ready per server, replaced after "
+        f"{settings.pool_max_age_s:g} s, preloading {preload}; {len(held)} pooled "
+        "(ready or starting) held by servers running on this state dir now",
+    )
