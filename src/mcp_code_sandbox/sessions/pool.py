@@ -159,9 +159,9 @@ class WarmPool:
         return list(self._ready)
 
     def status(self) -> PoolStatus:
-        return PoolStatus(
-            self.size, len(self._ready), len(self._starting), tuple(self.settings.preload)
-        )
+        # Only pooled interpreters preload: with no pool, nothing is imported ahead.
+        preload = tuple(self.settings.preload) if self.size else ()
+        return PoolStatus(self.size, len(self._ready), len(self._starting), preload)
 
     async def aclose(self) -> None:
         """Stop every pooled sandbox and remove its files; bounded by the backend's stops
