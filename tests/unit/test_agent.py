@@ -198,6 +198,49 @@ def test_stderr(agent: Agent) -> None:
     assert result.stderr == "e\ns\n" and result.stdout == ""
 
 
+def test_output_keeps_its_order_across_streams_and_children(agent: Agent) -> None:
+    code = (
+        "import os, subprocess, sys\n"
+        "print('a')\n"
+        "print('b', file=sys.stderr)\n"
+        "print('c')\n"
+        "os.system('echo d; echo e >&2')\n"
+        "print('f')\n"
+        "subprocess.run(['echo', 'g'])\n"
+        "sys.stderr.write('h\\n')\n"
+        "print('i', flush=True)"
+    )
+    result = agent.run(code)
+    assert result.status == "ok", result.done
+    said = "".join(f"{e['name'][3]}{e['text']}" for e in result.events if e["ev"] == "stream")
+    assert said.replace("\n", "") == "oaebocodeeofogehoi"
+
+
+def test_output_is_sent_while_the_cell_still_runs(agent: Agent) -> None:
+    go = agent.workdir / "go"
+    run_id = agent.submit(
+        f"import os, time\nprint('first')\n"
+        f"while not os.path.exists({str(go)!r}):\n    time.sleep(0.01)\nprint('last')"
+    )
+    # Nothing else will end the cell: if 'first' waited for the end, this would time out.
+    assert agent.receive() == {"ev": "stream", "id": run_id, "name": "stdout", "text": "first\n"}
+    go.touch()
+    result = agent.collect(run_id)
+    assert result.status == "ok" and result.stdout == "last\n"
+
+
+def test_many_prints_arrive_whole_in_few_messages(agent: Agent) -> None:
+    result = agent.run(
+        "import sys\nfor i in range(100000):\n    print(i)\n"
+        "sys.stdout.buffer.write('é'.encode() * 70000)\nNone"
+    )
+    assert result.status == "ok"
+    assert result.stdout == "".join(f"{i}\n" for i in range(100000)) + "é" * 70000
+    streams = [e for e in result.events if e["ev"] == "stream"]
+    assert len(streams) < 100  # one per 64 KiB or per 50 ms, not one per print
+    assert max(len(e["text"]) for e in streams) <= 64 * 1024
+
+
 def test_error_has_a_trimmed_traceback(agent: Agent) -> None:
     result = agent.run("def f():\n    return 1 / 0\nf()")
     assert result.status == "error"

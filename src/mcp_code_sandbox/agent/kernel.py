@@ -2,14 +2,20 @@
 
 Run as ``python -s -B -m <package>.kernel --control-fd N --workdir DIR --config JSON
 [--plain]`` with fd 1 and fd 2 being pipes the supervisor reads, so everything user code
-writes (``print``, ``os.system``, C extensions) becomes ``stream`` messages and nothing
-can reach the host channel. It speaks the same framing with the supervisor over the
-control socket::
+writes there (``os.system``, C extensions) becomes ``stream`` messages and nothing can
+reach the host channel. What Python code prints (``sys.stdout``, ``sys.stderr``) is
+buffered here and sent in batches on the control socket (:mod:`.outstream`). It speaks
+the same framing with the supervisor over the control socket::
 
     kernel → supervisor   {"ev": "ready", "ipython": bool, "version": str}
     supervisor → kernel   {"op": "exec", "id": int, "code": str, "env": {str: str},
                            "budget": {...}}
-    kernel → supervisor   {"ev": "display", "id": int, "source": str, "data": {...}}
+    kernel → supervisor   {"ev": "stream", "id": int, "name": "stdout" | "stderr",
+                           "text": str}        (at most 64 KiB of text)
+                          {"ev": "sync", "id": int}
+                          (a process is about to start; answered by {"op": "ack"} once
+                          the pipes' output so far is taken)
+                          {"ev": "display", "id": int, "source": str, "data": {...}}
                           (answered by {"op": "ack"} once forwarded)
                           {"ev": "done", "id": int, "status": "ok" | "error",
                            "result": str | None, "error": {...} | None,

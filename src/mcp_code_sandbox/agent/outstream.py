@@ -160,7 +160,9 @@ class _Sink(io.RawIOBase):
         #: Set while another stream moves this one's pending text into the outbox: the
         #: wrapper's flush() then must not send (a switch of streams is not a flush).
         self.moving = threading.local()
-        #: The stream whose pending text goes first (stderr: stdout's).
+        #: The text stream whose pending text goes first: stdout's, for both sinks (stdout's
+        #: own, for bytes written straight to ``sys.stdout.buffer``; when the wrapper itself
+        #: writes, its pending text is already taken and this moves nothing).
         self.before: io.TextIOWrapper | None = None
 
     def writable(self) -> bool:
@@ -273,7 +275,7 @@ def install(control: int, gate: InterruptGate) -> Streams:
     # C-level buffering: Python code runs once per FLUSH_BYTES of prints, not per print.
     stdout._CHUNK_SIZE = FLUSH_BYTES  # type: ignore[attr-defined]
     stderr = _wrap(err_sink, sys.stderr, write_through=True)
-    err_sink.before = stdout
+    out_sink.before = err_sink.before = stdout
     sys.stdout = sys.__stdout__ = stdout  # type: ignore[misc]
     sys.stderr = sys.__stderr__ = stderr  # type: ignore[misc]
     streams = Streams(outbox, stdout, stderr)
