@@ -46,7 +46,7 @@ from typing import Any
 from .interrupts import InterruptGate
 from .protocol import read_frame, write_frame
 
-__all__ = ["FLUSH_BYTES", "FLUSH_S", "SPAWN_EVENTS", "Outbox", "install"]
+__all__ = ["FLUSH_BYTES", "FLUSH_S", "SPAWN_EVENTS", "Outbox", "Streams", "install"]
 
 #: Buffered output that is sent at once; also the most text one ``stream`` message holds.
 FLUSH_BYTES = 64 * 1024
