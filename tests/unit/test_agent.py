@@ -241,6 +241,30 @@ def test_many_prints_arrive_whole_in_few_messages(agent: Agent) -> None:
     assert max(len(e["text"]) for e in streams) <= 64 * 1024
 
 
+def test_forked_children_print_through_the_pipes(agent: Agent) -> None:
+    # A forked child inherits the kernel's buffered streams and its control socket: its
+    # output must go to fd 1 / fd 2, never as frames of its own on the parent's socket.
+    code = (
+        "import multiprocessing, os, sys\n"
+        "print('parent')\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    print('child'); print('child-err', file=sys.stderr); sys.stdout.flush()\n"
+        "    os._exit(0)\n"
+        "os.waitpid(pid, 0)\n"
+        "def double(x):\n"
+        "    print('worker', x)\n"
+        "    return 2 * x\n"
+        "with multiprocessing.get_context('fork').Pool(2) as pool:\n"
+        "    print(pool.map(double, range(4)))"
+    )
+    result = agent.run(code)
+    assert result.status == "ok", result.done
+    assert result.stdout.startswith("parent\nchild\n") and result.stderr == "child-err\n"
+    assert result.stdout.endswith("[0, 2, 4, 6]\n") and result.stdout.count("worker") == 4
+    assert agent.run("1 + 1").done["result"] == "2"
+
+
 def test_error_has_a_trimmed_traceback(agent: Agent) -> None:
     result = agent.run("def f():\n    return 1 / 0\nf()")
     assert result.status == "error"

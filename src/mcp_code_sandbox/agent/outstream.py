@@ -37,6 +37,7 @@ from __future__ import annotations
 import codecs
 import contextlib
 import io
+import os
 import sys
 import threading
 import time
@@ -75,6 +76,15 @@ class Outbox:
         self._size = 0
         self._decoders = {name: _decoder() for name in ("stdout", "stderr")}
         self.run_id: int | None = None
+        #: In a child that user code forked (``os.fork``, multiprocessing): the control
+        #: socket is the parent's, never to be written here; the sinks write to the fds.
+        self.forked = False
+
+    def after_fork_in_child(self) -> None:
+        """``os.register_at_fork``: the lock may be held by a thread the child lacks."""
+        self._lock = threading.RLock()
+        self._chunks, self._size, self.run_id = [], 0, None
+        self.forked = True
 
     def add(self, name: str, data: bytes) -> None:
         """Bytes written to stream ``name``; sent once the buffer holds ``FLUSH_BYTES``."""
@@ -175,6 +185,11 @@ class _Sink(io.RawIOBase):
         return False
 
     def write(self, data: Any) -> int:
+        if self._outbox.forked:  # a forked child's output: fd 1 / fd 2, as before
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._fd, view) :]
+            return len(data)
         if self.before is not None:
             self._move(self.before)
         size = len(data)
@@ -249,6 +264,12 @@ class Streams:
         self._flusher.running(False)
         self.outbox.end()
 
+    def after_fork_in_child(self) -> None:
+        self.outbox.after_fork_in_child()
+        for stream in (self.stdout, self.stderr):  # no flusher thread here: no buffering
+            with contextlib.suppress(OSError, ValueError):
+                stream.reconfigure(write_through=True)
+
     def on_spawn(self) -> None:
         """A process is about to start: what was printed goes first (see the module)."""
         self._move_stdout()
@@ -280,6 +301,7 @@ def install(control: int, gate: InterruptGate) -> Streams:
     sys.stderr = sys.__stderr__ = stderr  # type: ignore[misc]
     streams = Streams(outbox, stdout, stderr)
     sys.addaudithook(_spawn_hook(streams.on_spawn))
+    os.register_at_fork(after_in_child=streams.after_fork_in_child)
     return streams
 
 
