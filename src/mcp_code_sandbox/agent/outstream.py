@@ -136,7 +136,7 @@ class Outbox:
             self._decoders = {name: _decoder() for name in self._decoders}
 
     def end(self) -> None:
-        """The run is over: what is still buffered must have been sent (``send``)."""
+        """The run is over: send what is still buffered; from now on writes are dropped."""
         with self._lock:
             self.flush()
             self.run_id = None
