@@ -66,6 +66,12 @@ SETUP_FRAME = (
     f" 'v': np.random.rand({PANDAS_ROWS})}})\n"
     "len(df)"
 )
+PRINTED_LINES = 200_000
+#: 200,000 print() calls (2.3 MB), and the same text in one write: the cost per write.
+PRINTS = f"for i in range({PRINTED_LINES}):\n    print(f'line {{i}}')"
+ONE_WRITE = (
+    f"import sys\nsys.stdout.write(''.join(f'line {{i}}\\n' for i in range({PRINTED_LINES})))\nNone"
+)
 GROUPBY = (
     "_t0 = time.perf_counter()\n"
     "_r = df.groupby('k')['v'].mean().sum()\n"
@@ -422,6 +428,38 @@ class Bench:
             f"p90 {p90(overhead):.1f} ms",
             {"cell_ms": cell_ms, "overhead_ms": overhead},
         )
+
+    async def prints(self) -> list[Row]:
+        """200,000 ``print()`` lines, and beside each sample the same text in one write."""
+        sid = (await self.run("1"))["session_id"]
+        last = f"line {PRINTED_LINES - 1}\n"
+        for code in (PRINTS, ONE_WRITE):  # warm-up
+            await self.run(code, sid)
+        samples: list[float] = []
+        baseline: list[float] = []
+        for _ in range(self.runs):
+            ms, content = await self.timed(lambda: self.run(PRINTS, sid))
+            assert content["stdout_truncated"] and content["stdout"].endswith(last), content
+            samples.append(ms)
+            ms, content = await self.timed(lambda: self.run(ONE_WRITE, sid))
+            assert content["stdout"].endswith(last), content
+            baseline.append(ms)
+        await self.call("close_session", session_id=sid)
+        return [
+            self.row(
+                f"{PRINTED_LINES:,} printed lines",
+                "ms",
+                samples,
+                f"`print(f'line {{i}}')` ×{PRINTED_LINES:,} (2.3 MB; output cut to the budget, "
+                "saved whole under .outputs/); baseline in the next row, sampled alternately",
+            ),
+            self.row(
+                "baseline: the same 2.3 MB in one write",
+                "ms",
+                baseline,
+                "`sys.stdout.write(<the same text>)`: the cost per byte, not per write",
+            ),
+        ]
 
     async def parallel(self) -> Row:
         samples: list[float] = []
@@ -809,11 +847,13 @@ async def measure(backend: str, args: argparse.Namespace, state_dir: Path, repor
         floor = await bench.floor()
         log(f"[{backend}] pandas groupby …")
         pandas = await bench.pandas()
+        log(f"[{backend}] {PRINTED_LINES:,} printed lines …")
+        printed = await bench.prints()
         log(f"[{backend}] {PARALLEL} sessions in parallel …")
         parallel = await bench.parallel()
         log(f"[{backend}] idle memory …")
         memory, report.processes[backend] = await bench.memory(state_dir)
-        report.rows += [new, warm, floor, pandas, parallel, *memory]
+        report.rows += [new, warm, floor, pandas, *printed, parallel, *memory]
     log(f"[{backend}] baselines …")
     if backend == "bwrap":
         report.rows += bwrap_baselines(runs)

@@ -198,6 +198,73 @@ def test_stderr(agent: Agent) -> None:
     assert result.stderr == "e\ns\n" and result.stdout == ""
 
 
+def test_output_keeps_its_order_across_streams_and_children(agent: Agent) -> None:
+    code = (
+        "import os, subprocess, sys\n"
+        "print('a')\n"
+        "print('b', file=sys.stderr)\n"
+        "print('c')\n"
+        "os.system('echo d; echo e >&2')\n"
+        "print('f')\n"
+        "subprocess.run(['echo', 'g'])\n"
+        "sys.stderr.write('h\\n')\n"
+        "print('i', flush=True)"
+    )
+    result = agent.run(code)
+    assert result.status == "ok", result.done
+    said = "".join(f"{e['name'][3]}{e['text']}" for e in result.events if e["ev"] == "stream")
+    assert said.replace("\n", "") == "oaebocodeeofogehoi"
+
+
+def test_output_is_sent_while_the_cell_still_runs(agent: Agent) -> None:
+    go = agent.workdir / "go"
+    run_id = agent.submit(
+        f"import os, time\nprint('first')\n"
+        f"while not os.path.exists({str(go)!r}):\n    time.sleep(0.01)\nprint('last')"
+    )
+    # Nothing else will end the cell: if 'first' waited for the end, this would time out.
+    assert agent.receive() == {"ev": "stream", "id": run_id, "name": "stdout", "text": "first\n"}
+    go.touch()
+    result = agent.collect(run_id)
+    assert result.status == "ok" and result.stdout == "last\n"
+
+
+def test_many_prints_arrive_whole_in_few_messages(agent: Agent) -> None:
+    result = agent.run(
+        "import sys\nfor i in range(100000):\n    print(i)\n"
+        "sys.stdout.buffer.write('é'.encode() * 70000)\nNone"
+    )
+    assert result.status == "ok"
+    assert result.stdout == "".join(f"{i}\n" for i in range(100000)) + "é" * 70000
+    streams = [e for e in result.events if e["ev"] == "stream"]
+    assert len(streams) < 100  # one per 64 KiB or per 50 ms, not one per print
+    assert max(len(e["text"]) for e in streams) <= 64 * 1024
+
+
+def test_forked_children_print_through_the_pipes(agent: Agent) -> None:
+    # A forked child inherits the kernel's buffered streams and its control socket: its
+    # output must go to fd 1 / fd 2, never as frames of its own on the parent's socket.
+    code = (
+        "import multiprocessing, os, sys\n"
+        "print('parent')\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    print('child'); print('child-err', file=sys.stderr); sys.stdout.flush()\n"
+        "    os._exit(0)\n"
+        "os.waitpid(pid, 0)\n"
+        "def double(x):\n"
+        "    print('worker', x)\n"
+        "    return 2 * x\n"
+        "with multiprocessing.get_context('fork').Pool(2) as pool:\n"
+        "    print(pool.map(double, range(4)))"
+    )
+    result = agent.run(code)
+    assert result.status == "ok", result.done
+    assert result.stdout.startswith("parent\nchild\n") and result.stderr == "child-err\n"
+    assert result.stdout.endswith("[0, 2, 4, 6]\n") and result.stdout.count("worker") == 4
+    assert agent.run("1 + 1").done["result"] == "2"
+
+
 def test_error_has_a_trimmed_traceback(agent: Agent) -> None:
     result = agent.run("def f():\n    return 1 / 0\nf()")
     assert result.status == "error"

@@ -8,7 +8,9 @@ DisplayHook and a DisplayPublisher, tracebacks by ``_showtraceback``.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+from collections.abc import Iterator
 from typing import Any
 
 from .cells import Emit, Outcome, error_info, pick_mimes
@@ -56,6 +58,14 @@ def make_ipython_shell(emit: Emit, gate: InterruptGate) -> Any:
 
         def _showtraceback(self, etype: Any, evalue: Any, stb: list[str]) -> None:
             self.last_traceback = (evalue, "\n".join(stb))
+
+        @contextlib.contextmanager
+        def _tee(self, channel: str) -> Iterator[None]:
+            # IPython 9 wraps sys.stdout.write and sys.stderr.write in Python for each
+            # cell, to keep everything printed in its history: a Python call per write
+            # (most of what 200,000 prints cost, once the output is buffered) and every
+            # byte kept in the kernel's memory for good. The host keeps the output.
+            yield
 
     config = Config()
     config.HistoryManager.enabled = False  # no sqlite file, no saving thread

@@ -2,14 +2,20 @@
 
 Run as ``python -s -B -m <package>.kernel --control-fd N --workdir DIR --config JSON
 [--plain]`` with fd 1 and fd 2 being pipes the supervisor reads, so everything user code
-writes (``print``, ``os.system``, C extensions) becomes ``stream`` messages and nothing
-can reach the host channel. It speaks the same framing with the supervisor over the
-control socket::
+writes there (``os.system``, C extensions) becomes ``stream`` messages and nothing can
+reach the host channel. What Python code prints (``sys.stdout``, ``sys.stderr``) is
+buffered here and sent in batches on the control socket (:mod:`.outstream`). It speaks
+the same framing with the supervisor over the control socket::
 
     kernel → supervisor   {"ev": "ready", "ipython": bool, "version": str}
     supervisor → kernel   {"op": "exec", "id": int, "code": str, "env": {str: str},
                            "budget": {...}}
-    kernel → supervisor   {"ev": "display", "id": int, "source": str, "data": {...}}
+    kernel → supervisor   {"ev": "stream", "id": int, "name": "stdout" | "stderr",
+                           "text": str}        (at most 64 KiB of text)
+                          {"ev": "sync", "id": int}
+                          (a process is about to start; answered by {"op": "ack"} once
+                          the pipes' output so far is taken)
+                          {"ev": "display", "id": int, "source": str, "data": {...}}
                           (answered by {"op": "ack"} once forwarded)
                           {"ev": "done", "id": int, "status": "ok" | "error",
                            "result": str | None, "error": {...} | None,
@@ -38,9 +44,10 @@ from .config import AgentConfig, apply_limits
 from .figures import FigureCapture
 from .interrupts import InterruptGate
 from .ipy import make_ipython_shell
+from .outstream import Streams, install
 from .packages import refresh_import_path
 from .plain import PlainShell
-from .protocol import read_frame, write_frame
+from .protocol import read_frame
 
 __all__ = ["main"]
 
@@ -59,6 +66,8 @@ class Kernel:
         self._gate = InterruptGate()
         self._run_id: int | None = None
         self._displays = DisplayGate(Budget())
+        # Before the shell: IPython keeps references to sys.stdout and sys.stderr.
+        self._streams: Streams = install(control, self._gate)
         self.shell = self._make_shell(plain)
         self._figures = FigureCapture(workdir, self._emit, _warn)
 
@@ -81,25 +90,24 @@ class Kernel:
             return  # over the run's budget: dropped here, counted in the done
         data = admitted
         message = {"ev": "display", "id": self._run_id, "source": source, "data": data}
-        _flush_stdio()  # output printed before the display stays before it...
-        with self._gate.critical():
-            write_frame(self._control, message)
-            # ...and output printed after it stays after it: wait until the supervisor
-            # has sent what the pipes held and the display itself.
-            read_frame(self._control)
+        _flush_stdio(self._streams)  # output printed before the display stays before it...
+        # ...and output printed after it stays after it: wait until the supervisor has
+        # sent what the pipes held and the display itself.
+        self._streams.outbox.request(message)
 
     def serve(self) -> None:
         self._gate.install()
         self._figures.install()
         _preload(self._preload)  # after the figure hook: a preloaded pyplot is patched too
         ready = {"ev": "ready", "ipython": self.shell.ipython, "version": _python_version()}
-        write_frame(self._control, ready)
+        self._streams.outbox.send(ready)
         while (message := read_frame(self._control)) is not None:
             if message.get("op") == "exec":
                 self._exec(message)
 
     def _exec(self, message: dict[str, Any]) -> None:
         self._run_id = message["id"]
+        self._streams.start(message["id"])
         self._displays = DisplayGate(Budget.from_message(message.get("budget")))
         refresh_import_path()  # a `pip install` since the last cell may have made it
         with _cell_env(message.get("env") or {}):
@@ -108,8 +116,9 @@ class Kernel:
                 self._figures.flush()
             except BaseException as exc:  # a late KeyboardInterrupt lands here too
                 _warn(f"figure capture failed: {exc!r}")
-        _flush_stdio()
-        write_frame(self._control, _done(self._run_id, outcome, self._displays))
+        _flush_stdio(self._streams)
+        self._streams.end()
+        self._streams.outbox.send(_done(self._run_id, outcome, self._displays))
         self._run_id = None
 
 
@@ -162,10 +171,11 @@ def _warn(text: str) -> None:
     print(f"[sandbox] {text}", file=sys.stderr)
 
 
-def _flush_stdio() -> None:
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):  # closed or replaced by user code
+def _flush_stdio(streams: Streams) -> None:
+    for stream in (sys.stdout, sys.stderr):  # ours, or what user code put there
+        with contextlib.suppress(Exception):  # closed or replaced by user code
             stream.flush()
+    streams.flush()
     if _LIBC is not None:  # C code's buffered stdio (printf without fflush) too
         _LIBC.fflush(None)
 
@@ -188,8 +198,6 @@ def _setup_process(workdir: str, control: int, config: AgentConfig) -> None:
     # Like Jupyter: the working directory is importable, the agent's own dir is not.
     sys.path[0] = workdir
     os.environ["MPLBACKEND"] = "Agg"
-    for stream in (sys.stdout, sys.stderr):
-        stream.reconfigure(write_through=True)  # type: ignore[union-attr]
 
 
 def main(argv: list[str] | None = None) -> None:

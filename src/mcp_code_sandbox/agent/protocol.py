@@ -67,8 +67,10 @@ Semantics (agent side):
   tail, marked); ``cut`` says what was. Programs' output is only ``stream``, which the
   host bounds itself.
 - ``stream`` text is UTF-8 decoded with replacement, in chunks of at most 64 KiB, split
-  anywhere. Output written while no run is in the interpreter (background threads or
-  processes of an earlier cell) is dropped.
+  anywhere. Output is batched inside the sandbox (up to 64 KiB or 50 ms while the run
+  goes on; all of it before ``display`` and ``done``), in the order it was written
+  across stdout and stderr as far as the agent can see it. Output written while no run
+  is in the interpreter (background threads or processes of an earlier cell) is dropped.
 - ``error``: a frame that is not a JSON object, an unknown ``op``, or a malformed
   ``exec`` (then ``id`` is the run's, if it had one, and that run will not have a
   ``done``). The agent carries on; after an oversized frame it cannot, and exits.

@@ -41,6 +41,7 @@ from typing import Any, cast
 from . import packages
 from .budget import Budget, DisplayGate, cut_error, cut_text
 from .children import Child, OutputPipe, kill_strays, reap_orphans, spawn
+from .coalesce import Pending
 from .config import AgentConfig, apply_limits
 from .hostlink import HostLink
 from .kernelproc import KernelProcess, start_kernel
@@ -94,6 +95,8 @@ class Supervisor:
         self._inbox = bytearray()
         self._queue: collections.deque[ExecMessage] = collections.deque()
         self._run: Run | None = None
+        #: The current run's output read from pipes and not yet sent (see .coalesce).
+        self._pending = Pending()
         self._programs: dict[str, tuple[str, str]] = {}
         #: Private directory under /tmp for programs' code files; made at the first use.
         self._scratch: str | None = None
@@ -152,6 +155,7 @@ class Supervisor:
             self._child_signalled = False
             self._poll_children()
             self._reap()
+        self._send_pending(due_only=True)
         self._check_deadline()
         self._reconnect()
         if self._run is None and self._queue:
@@ -165,6 +169,8 @@ class Supervisor:
             ticks.append(max(0.0, (due or 0.0) - time.monotonic()))
         if self._link.fd is None:
             ticks.append(max(0.0, self._link.retry_at - time.monotonic()))
+        if self._pending.due is not None:
+            ticks.append(max(0.0, self._pending.due - time.monotonic()))
         return min(ticks) if ticks else None
 
     def _shutdown(self) -> None:
@@ -314,6 +320,7 @@ class Supervisor:
         assert run is not None
         pipes = run.child.pipes if run.child is not None else self._kernel.child.pipes
         self._drain(pipes)
+        self._send_pending()
         if run.reason is not None:
             message["status"] = run.reason
         self._run = None
@@ -325,8 +332,21 @@ class Supervisor:
             pipe.drain(functools.partial(self._stream, pipe.name), final)
 
     def _stream(self, name: str, text: str) -> None:
-        if self._run is not None and not self._run.orphaned:
-            self._send({"ev": "stream", "id": self._run.id, "name": name, "text": text})
+        """Output of the current run, batched (:mod:`.coalesce`); dropped when orphaned."""
+        if self._run is not None and not self._run.orphaned and self._pending.add(name, text):
+            self._send_pending()
+
+    def _send_pending(self, due_only: bool = False) -> None:
+        """Send the batched output now (``due_only``: only if its time has come)."""
+        due = self._pending.due
+        if due is None or (due_only and time.monotonic() < due):
+            return
+        chunks = self._pending.take()
+        run = self._run
+        if run is None or run.orphaned:
+            return
+        for name, text in chunks:
+            self._send({"ev": "stream", "id": run.id, "name": name, "text": text})
 
     def _on_program_exit(self) -> None:
         run = self._run
@@ -418,7 +438,17 @@ class Supervisor:
     def _on_kernel_message(self, message: dict[str, Any]) -> None:
         run = self._run
         current = run is not None and run.child is None and message.get("id") == run.id
-        if message.get("ev") == "display":
+        event = message.get("ev")
+        if event == "stream":
+            if current:
+                self._kernel_output(message)
+        elif event == "sync":
+            # The kernel is about to start a process: what its pipes hold came before.
+            if current:
+                self._drain(self._kernel.child.pipes, final=False)
+            with contextlib.suppress(OSError):  # a dead kernel is noticed by its SIGCHLD
+                self._kernel.send({"op": "ack"})
+        elif event == "display":
             self._forward_display(message, current)
         elif run is not None and current and message.get("ev") == "done":
             count = message.get("execution_count")
@@ -431,11 +461,23 @@ class Supervisor:
                               execution_count=message.get("execution_count"),
                               state_lost=state_lost, cut=cut))  # fmt: skip
 
+    def _kernel_output(self, message: dict[str, Any]) -> None:
+        """A batch of what the cell printed (:mod:`.outstream`), checked: the kernel runs
+        user code. What its pipes hold was written before (a child started earlier, whose
+        output the kernel's batch follows), so it goes first."""
+        name, text = message.get("name"), message.get("text")
+        if name not in ("stdout", "stderr") or not isinstance(text, str):
+            return
+        self._drain(self._kernel.child.pipes, final=False)
+        self._stream(name, text)
+        self._send_pending()
+
     def _forward_display(self, message: dict[str, Any], current: bool) -> None:
         if current and self._run is not None and not self._run.orphaned:
             # The kernel flushed what it printed before the display and now waits for the
             # ack, so the pipes hold exactly the output that comes first.
             self._drain(self._kernel.child.pipes, final=False)
+            self._send_pending()
             data = self._run.displays.admit(message.get("data"))
             if data is not None:  # else over the run's budget: dropped as it arrives
                 self._send({"ev": "display", "id": self._run.id,
