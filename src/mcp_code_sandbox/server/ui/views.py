@@ -30,7 +30,9 @@ SECURITY_HEADERS = {
     "Cache-Control": "no-store",
     "Pragma": "no-cache",
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    # Not ``no-referrer``: under it a browser posts forms with ``Origin: null``, which
+    # the Origin check (rightly) refuses. Same-origin only: no URL leaves the server.
+    "Referrer-Policy": "same-origin",
 }
 
 
