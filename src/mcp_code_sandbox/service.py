@@ -168,10 +168,11 @@ class SandboxService:
             return exc.message
         return None
 
-    def pool_status(self) -> dict[str, int]:
-        """The warm pool's figures for the operator's page: ``size`` (the target),
-        ``ready`` (started, waiting for a session), ``starting``. All 0: no pool."""
-        return {"size": 0, "ready": 0, "starting": 0}
+    def pool_status(self) -> dict[str, Any]:
+        """The warm pool's figures (the operator's page): ``size`` (the target),
+        ``ready`` (started, waiting for a session), ``starting``, ``preload`` (modules
+        imported ahead). Size 0: no pool."""
+        return {"size": 0, "ready": 0, "starting": 0, "preload": []}
 
     async def session_overview(self, owner: str | None) -> list[SessionView]:
         """The live sessions of ``owner`` (``None``: every owner's, for admins) with
