@@ -213,3 +213,11 @@ def test_without_tokens_local_gets_in_on_loopback(make_settings: Callable[..., S
         assert "mcs_ui" in client.cookies
         rebound = client.get("/ui", headers={"Host": "evil.example"})
         assert rebound.status_code == 421
+
+
+def test_malformed_forms_are_refused(make_settings: Callable[..., Settings]) -> None:
+    with ui_server(make_settings()) as (base, _proc), logged_in(base, ALICE) as alice:
+        many = "&".join(f"f{i}=1" for i in range(40))
+        headers = {"Content-Type": "application/x-www-form-urlencoded"}
+        assert alice.post("/ui/close", content=many, headers=headers).status_code == 400
+        assert alice.post("/ui/close", content=b"\xff\xfe=\x00").status_code == 403  # no csrf

@@ -1,10 +1,13 @@
 """What the operator's ``/ui`` page shows of each session: read-only figures gathered now.
 
 Called by the service for one owner's sessions or every owner's. Each figure is read
-without the session's lock (a page view must not queue behind a 60 s cell), in the
-owner's worker threads (a workspace walk) or through the backend (``Backend.usage``),
-each bounded by :data:`FIGURE_TIMEOUT_S`: a figure that is not there in time, or whose
-session ends meanwhile, is shown as unknown (``None``), never as an error of the page.
+without the session's lock (a page view must not queue behind a 60 s cell): the memory
+and CPU through the backend (``Backend.usage``), waited for at most
+:data:`FIGURE_TIMEOUT_S`; the workspace's size by a walk in the owner's worker threads,
+bounded by :data:`WALK_LIMIT` entries (a thread cannot be interrupted, so the entry bound
+is what keeps it short; past it the size is a lower bound). A figure that is not there
+in time, or whose session ends meanwhile, is unknown (``None``), never an error of the
+page.
 """
 
 from __future__ import annotations

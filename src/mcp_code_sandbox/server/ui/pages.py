@@ -202,7 +202,12 @@ class _Ui:
                 raise _Refused(
                     PlainTextResponse("form too large", status_code=413, headers=SECURITY_HEADERS)
                 )
-        fields = parse_qs(body.decode("utf-8", "replace"), max_num_fields=16)
+        try:
+            fields = parse_qs(body.decode("utf-8", "replace"), max_num_fields=16)
+        except ValueError:  # more fields than any of our forms has
+            raise _Refused(
+                PlainTextResponse("malformed form", status_code=400, headers=SECURITY_HEADERS)
+            ) from None
         return {name: values[0] for name, values in fields.items()}
 
     def _check_csrf(self, viewer: Viewer, form: dict[str, str]) -> None:
