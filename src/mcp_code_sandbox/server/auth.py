@@ -233,7 +233,7 @@ class StaticTokens:
             log.error("API tokens NOT reloaded; the old ones stay in force", problems=exc.lines)
             return
         self._digests, self._admins = self._digest(tokens), admins
-        log.info("API tokens reloaded", names=self.names)
+        log.info("API tokens reloaded", names=self.names, admins=sorted(admins))
 
 
 # -- the server's authentication ---------------------------------------------------------
@@ -337,7 +337,10 @@ def auth_lifespan(auth: ServerAuth | None) -> Iterator[None]:
         yield
         return
     if auth.verifier.names:
-        log.info("HTTP callers authenticate with API tokens", names=auth.verifier.names)
+        admins = [name for name in auth.verifier.names if auth.verifier.is_admin(name)]
+        log.info(
+            "HTTP callers authenticate with API tokens", names=auth.verifier.names, admins=admins
+        )
     else:
         log.warning("no API token is configured yet: every request gets 401 until SIGHUP")
     loop = asyncio.get_running_loop()
