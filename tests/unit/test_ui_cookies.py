@@ -40,10 +40,26 @@ def test_a_login_round_trips_and_expires() -> None:
     assert signer.decode(value) is None
 
 
+_B64URL = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+
+
+def _same_bytes(last: str) -> str:
+    """Another last character of a 43-character (32-byte) base64 text that decodes to the
+    same bytes: its lowest bit is one of the 2 spare bits."""
+    return _B64URL[_B64URL.index(last) ^ 1]
+
+
+def _other_last(text: str) -> str:
+    """``text`` with another last character (one that may differ only in spare bits)."""
+    return text[:-1] + ("B" if text[-1] != "B" else "C")
+
+
 @pytest.mark.parametrize(
     "forge",
     [
-        lambda v: v[:-1] + ("A" if v[-1] != "A" else "B"),  # signature changed
+        _other_last,  # the signature's last character
+        lambda v: v[:-1] + _same_bytes(v[-1]),  # only its spare bits: the same bytes
+        lambda v: _other_last(v.split(".")[0]) + "." + v.split(".")[1],  # the payload's
         lambda v: "e" + v,  # payload changed
         lambda v: v.replace(".", ""),
         lambda v: v + ".x",
