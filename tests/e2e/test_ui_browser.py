@@ -78,13 +78,25 @@ def screenshot(driver: WebDriver, path: Path, must_show: list[str]) -> None:
     assert len(image.getcolors(maxcolors=1 << 16) or range(1 << 16)) > 20
 
 
+def arrived(driver: WebDriver, path: str) -> None:
+    """Wait until the page at ``path`` is loaded: a click that submits a form returns
+    before its navigation (and the redirect after it) has ended."""
+    from selenium.webdriver.support.wait import WebDriverWait
+
+    def there(d: WebDriver) -> bool:
+        loaded = d.execute_script("return document.readyState") == "complete"
+        return loaded and d.current_url.endswith(path)
+
+    WebDriverWait(driver, 30, poll_frequency=0.1).until(there, f"never got to {path}")
+
+
 def sign_in(driver: WebDriver, base: str, token: str) -> None:
     driver.get(f"{base}/ui")
-    assert driver.current_url.endswith("/ui/login")
+    arrived(driver, "/ui/login")
     field = driver.find_element("id", "token")
     field.send_keys(token)
     driver.find_element("id", "sign-in").click()
-    assert driver.current_url.endswith("/ui"), driver.page_source
+    arrived(driver, "/ui")
 
 
 def session_rows(driver: WebDriver) -> dict[str, str]:
@@ -141,7 +153,7 @@ async def test_the_operator_view_in_chromium(
                     if r.find_element("css selector", "td.sid").text == "bob-report"
                 )
                 row.find_element("css selector", "button.danger").click()
-                assert driver.current_url.endswith("/ui?notice=closed")
+                arrived(driver, "/ui?notice=closed")
                 assert session_rows(driver) == {"alice-nb": "alice"}
                 screenshot(driver, shots / "after-close.png", ["The session was closed"])
 
