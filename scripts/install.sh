@@ -24,6 +24,12 @@ command -v python3 >/dev/null 2>&1 || missing+=(python3)
 if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then missing+=(python3-venv); fi
 # npm fetches the sandbox's Node.js, bun and npm packages (setup works without it: Python only).
 command -v npm >/dev/null 2>&1 || missing+=(npm)
+if ((dev)); then
+  # The browser tests of /ui (tests/e2e/test_ui_browser.py) drive the system's chromium
+  # through Debian's chromedriver: no browser is downloaded.
+  command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+  command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
+fi
 if ((${#missing[@]})); then
   echo "installing system packages: ${missing[*]}"
   $sudo apt-get update -qq

@@ -28,8 +28,10 @@ from mcp_code_sandbox.metrics import Metrics
 from mcp_code_sandbox.run import execute
 from mcp_code_sandbox.run.languages import RUNTIMES, Languages, runner_summary
 from mcp_code_sandbox.run.probe import RuntimeProbe
+from mcp_code_sandbox.run.recent import RecentRuns
 from mcp_code_sandbox.run.request import RunRequest, check_request
 from mcp_code_sandbox.sessions.manager import SessionManager
+from mcp_code_sandbox.sessions.overview import SessionView, overview
 from mcp_code_sandbox.settings import Settings
 from mcp_code_sandbox.workspace import FileInfo, ListResult, ReadResult, measure
 from mcp_code_sandbox.workspace.pages import Page, page_of, whole_file
@@ -92,6 +94,8 @@ class SandboxService:
         #: time (the lock), its answer shared by everyone who waited for it.
         self._ready: tuple[float, str | None] | None = None
         self._ready_lock = asyncio.Lock()
+        #: The latest runs of every owner, for the operator's ``/ui`` page.
+        self.recent_runs = RecentRuns()
 
     async def start(self) -> None:
         await self.sessions.start()
@@ -164,12 +168,44 @@ class SandboxService:
             return exc.message
         return None
 
+    def pool_status(self) -> dict[str, Any]:
+        """The warm pool's figures (the operator's page): ``size`` (the target),
+        ``ready`` (started, waiting for a session), ``starting``, ``preload`` (modules
+        imported ahead). Size 0: no pool."""
+        return {"size": 0, "ready": 0, "starting": 0, "preload": []}
+
+    async def session_overview(self, owner: str | None) -> list[SessionView]:
+        """The live sessions of ``owner`` (``None``: every owner's, for admins) with
+        their figures now (``sessions.overview``), for the operator's ``/ui`` page."""
+        return await overview(self.sessions.listed(owner), self.backend, self.threads)
+
     async def run_code(
         self,
         owner: str,
         request: RunRequest,
         session_id: str | None = None,
         on_progress: execute.ProgressSink | None = None,
+    ) -> execute.RunReport:
+        """:meth:`_run_code`, and an entry in :attr:`recent_runs` for how it ended."""
+        started = time.monotonic()
+        try:
+            report = await self._run_code(owner, request, session_id, on_progress)
+        except SandboxError as exc:
+            took = int((time.monotonic() - started) * 1000)
+            self.recent_runs.add(owner, session_id, request.language, "failed", took, exc.code)
+            raise
+        error = (report.error or {}).get("name") if report.status == "error" else None
+        self.recent_runs.add(
+            owner, report.session_id, report.language, report.status, report.duration_ms, error
+        )
+        return report
+
+    async def _run_code(
+        self,
+        owner: str,
+        request: RunRequest,
+        session_id: str | None,
+        on_progress: execute.ProgressSink | None,
     ) -> execute.RunReport:
         """Check ``request``, hold the session (made when new), get its executor from the
         session manager and run; the report is complete as :func:`.run.execute.run`

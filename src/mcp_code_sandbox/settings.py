@@ -157,7 +157,8 @@ class Settings(BaseSettings):
     http_host: str = "127.0.0.1"
     http_port: int = Field(8080, ge=0, le=65535)
     public_base_url: str | None = None
-    #: ``name:token,...``; parsed (and refused line by line) by ``server.auth``.
+    #: ``name:token[:admin],...``; parsed (and refused line by line) by ``server.auth``;
+    #: ``:admin`` lets that token see every owner's sessions in ``/ui``.
     api_tokens: str | None = Field(None, repr=False)
     #: One ``name:token`` a line, reread on SIGHUP.
     api_tokens_file: Path | None = None

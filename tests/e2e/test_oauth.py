@@ -111,3 +111,24 @@ def test_protected_resource_metadata(oauth_server: tuple[str, Settings], issuer:
     assert [s.rstrip("/") for s in meta["authorization_servers"]] == [issuer.url]
     assert meta["scopes_supported"] == ["sandbox"]
     assert issuer.requests.count("/jwks") <= 1  # nothing asked the issuer for this
+
+
+def test_the_operator_view_takes_an_access_token(
+    oauth_server: tuple[str, Settings], issuer: Issuer
+) -> None:
+    """``/ui`` with OAuth: the sign-in form takes an access token (required scopes
+    checked), the subject is the viewer, never an admin, and the login cookie ends no
+    later than the token."""
+    base, _settings = oauth_server
+    with httpx.Client(base_url=base, timeout=30) as browser:
+        unscoped = browser.post("/ui/login", data={"token": issuer.token("alice", scope="x")})
+        assert unscoped.status_code == 401
+        token = issuer.token("alice", scope="sandbox", lifetime_s=120)
+        signed_in = browser.post("/ui/login", data={"token": token})
+        assert signed_in.status_code == 303
+        cookie = signed_in.headers["set-cookie"]
+        max_age = int(cookie.split("Max-Age=")[1].split(";")[0])
+        assert 0 < max_age <= 120 and token not in cookie
+        page = browser.get("/ui")
+        assert "signed in as <strong>alice</strong>" in page.text
+        assert "admin: every owner" not in page.text

@@ -77,7 +77,7 @@ def test_tokens_from_env_and_file(tmp_path: Path) -> None:
     file = tmp_path / "tokens"
     file.write_text(f"# team tokens\n\nbob:{BOB}\n  # indented comment\n")
     s = settings(api_tokens=f"alice:{ALICE},", api_tokens_file=str(file))
-    assert load_tokens(s) == {"alice": ALICE, "bob": BOB}
+    assert load_tokens(s) == ({"alice": ALICE, "bob": BOB}, frozenset())
 
     file.write_text(f"bob:{BOB}\nalice:{BOB[::-1]}\nbroken\n")
     with pytest.raises(ConfigError) as info:

@@ -49,6 +49,7 @@ __all__ = [
     "Limits",
     "Sandbox",
     "SandboxSpec",
+    "Usage",
     "stop_step",
     "wait_ready",
 ]
@@ -120,6 +121,17 @@ class Leftover:
     runner: str | None = None
     #: The host uid it runs as, as recorded (``SandboxSpec.uid``); ``None``: none recorded.
     uid: int | None = None
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What one sandbox uses now, as far as its backend can tell (for the operator's
+    ``/ui`` page). Semantics: a ``None`` field is unknown here, never zero."""
+
+    memory_bytes: int | None = None
+    #: CPU time its processes used (those still running, where the backend can only see
+    #: those: bwrap without a cgroup CPU counter).
+    cpu_seconds: float | None = None
 
 
 class Channel:
@@ -291,6 +303,12 @@ class Backend(abc.ABC):
         (whose refusal, ``network_not_allowed``, gives ``network_unavailable``), and by
         ``doctor``. Never starts a sandbox; never raises for an engine that does not
         answer (what it cannot read is left out, and read again on the next call)."""
+
+    async def usage(self, sandbox: Sandbox) -> Usage | None:
+        """What ``sandbox`` uses now (memory, CPU time); ``None``: this backend cannot
+        tell. Called by the service for the operator's ``/ui`` page, under a short
+        timeout; read-only and cheap (a cgroup file, one engine call). Never raises."""
+        return None
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release backend-wide resources. Called by the session manager at server

@@ -5,7 +5,9 @@ Modes (chosen by the settings, exclusive: one owner namespace per server):
   loopback unless ``SANDBOX_ALLOW_UNAUTHENTICATED`` (see ``transports.check_http_exposure``).
 - **API tokens**: ``SANDBOX_API_TOKENS`` (``name:token,...``) and/or
   ``SANDBOX_API_TOKENS_FILE`` (one ``name:token`` a line, ``#`` comments; reread on
-  SIGHUP). The owner is the token's name.
+  SIGHUP). The owner is the token's name. ``name:token:admin`` marks an operator: the
+  ``/ui`` pages show such a token every owner's sessions (a token never holds ``:``,
+  so no entry that was valid before reads differently).
 - **OAuth resource server**: ``SANDBOX_OAUTH_ISSUER``: JWT access tokens checked by
   :class:`~mcp_code_sandbox.server.oauth.JwtVerifier`. The owner is the token's ``sub``.
 
@@ -48,8 +50,10 @@ __all__ = [
     "auth_lifespan",
     "build_auth",
     "current_owner",
+    "is_admin",
     "is_loopback",
     "owner_of_request",
+    "parse_token_roles",
     "parse_tokens",
 ]
 
@@ -61,12 +65,23 @@ _NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 #: RFC 6750 ``b64token``: what a client can put after ``Bearer `` at all.
 _TOKEN = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
 MIN_TOKEN_CHARS = 16
+#: The one role an API token entry may name after a second ``:``.
+ADMIN_ROLE = "admin"
 
 
 def current_owner() -> str:
     """The owner of the call being served: the authenticated principal, else ``local``."""
     token = get_access_token()
     return LOCAL_OWNER if token is None else owner_of_token(token)
+
+
+def is_admin(auth: ServerAuth | None, owner: str) -> bool:
+    """Whether ``owner`` may see every owner's sessions in ``/ui``: an API token marked
+    ``admin``; without authentication, the one owner ``local`` (there is no other). OAuth
+    subjects are never admins (no claim is trusted for it yet)."""
+    if auth is None:
+        return True
+    return isinstance(auth.verifier, StaticTokens) and auth.verifier.is_admin(owner)
 
 
 def owner_of_token(token: AccessToken) -> str:
@@ -97,16 +112,26 @@ def auth_configured(settings: Settings) -> bool:
 
 
 def parse_tokens(entries: list[tuple[str, str]]) -> dict[str, str]:
-    """``(where, "name:token")`` pairs → ``{name: token}``; every bad entry is one line of
-    the :class:`ConfigError` (where, what is wrong, never the token itself)."""
+    """``(where, "name:token")`` pairs → ``{name: token}`` (see :func:`parse_token_roles`)."""
+    return parse_token_roles(entries)[0]
+
+
+def parse_token_roles(entries: list[tuple[str, str]]) -> tuple[dict[str, str], frozenset[str]]:
+    """``(where, "name:token[:admin]")`` pairs → ``({name: token}, admin names)``; every bad
+    entry is one line of the :class:`ConfigError` (where, what is wrong, never the token
+    itself)."""
     tokens: dict[str, str] = {}
     owners: dict[str, str] = {}
+    admins: set[str] = set()
     problems: list[str] = []
     for where, entry in entries:
         name, colon, token = entry.partition(":")
-        name, token = name.strip(), token.strip()
+        token, role_colon, role = token.partition(":")
+        name, token, role = name.strip(), token.strip(), role.strip()
         why = None
-        if not colon:
+        if role_colon and role != ADMIN_ROLE:
+            why = f"token {name!r}: the only role after a second ':' is {ADMIN_ROLE!r}"
+        elif not colon:
             why = "expected name:token"
         elif not _NAME.fullmatch(name):
             why = f"token name {name!r} must be 1 to 64 letters, digits, '.', '_' or '-'"
@@ -128,13 +153,16 @@ def parse_tokens(entries: list[tuple[str, str]]) -> dict[str, str]:
             continue
         tokens[name] = token
         owners[token] = name
+        if role_colon:
+            admins.add(name)
     if problems:
         raise ConfigError(problems)
-    return tokens
+    return tokens, frozenset(admins)
 
 
-def load_tokens(settings: Settings) -> dict[str, str]:
-    """The tokens of ``SANDBOX_API_TOKENS`` and ``SANDBOX_API_TOKENS_FILE`` (read now)."""
+def load_tokens(settings: Settings) -> tuple[dict[str, str], frozenset[str]]:
+    """The tokens of ``SANDBOX_API_TOKENS`` and ``SANDBOX_API_TOKENS_FILE`` (read now),
+    and the names of those marked admin."""
     entries = [
         (f"SANDBOX_API_TOKENS entry {i}", part)
         for i, part in enumerate((settings.api_tokens or "").split(","), start=1)
@@ -154,7 +182,7 @@ def load_tokens(settings: Settings) -> dict[str, str]:
             for n, line in enumerate(text.splitlines(), start=1)
             if line.strip() and not line.lstrip().startswith("#")
         ]
-    return parse_tokens(entries)
+    return parse_token_roles(entries)
 
 
 class StaticTokens:
@@ -166,7 +194,8 @@ class StaticTokens:
 
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
-        self._digests = self._digest(load_tokens(settings))
+        tokens, self._admins = load_tokens(settings)
+        self._digests = self._digest(tokens)
 
     @staticmethod
     def _digest(tokens: dict[str, str]) -> list[tuple[str, bytes]]:
@@ -175,6 +204,16 @@ class StaticTokens:
     @property
     def names(self) -> list[str]:
         return [name for name, _ in self._digests]
+
+    def is_admin(self, name: str) -> bool:
+        """Whether the token ``name`` is marked ``admin`` (as configured now)."""
+        return name in self._admins
+
+    def digest_of(self, name: str) -> bytes | None:
+        """The SHA-256 of token ``name`` as configured now; ``None``: no such token (any
+        more). The ``/ui`` login cookie carries a keyed hash of it, so a token removed or
+        replaced (SIGHUP) ends the browser sessions made with it."""
+        return next((digest for n, digest in self._digests if n == name), None)
 
     async def verify_token(self, token: str) -> AccessToken | None:
         presented = hashlib.sha256(token.encode()).digest()
@@ -189,12 +228,12 @@ class StaticTokens:
     def reload(self) -> None:
         """Reread the tokens; a bad file keeps the tokens in force and logs why."""
         try:
-            tokens = load_tokens(self._settings)
+            tokens, admins = load_tokens(self._settings)
         except ConfigError as exc:
             log.error("API tokens NOT reloaded; the old ones stay in force", problems=exc.lines)
             return
-        self._digests = self._digest(tokens)
-        log.info("API tokens reloaded", names=self.names)
+        self._digests, self._admins = self._digest(tokens), admins
+        log.info("API tokens reloaded", names=self.names, admins=sorted(admins))
 
 
 # -- the server's authentication ---------------------------------------------------------
@@ -298,7 +337,10 @@ def auth_lifespan(auth: ServerAuth | None) -> Iterator[None]:
         yield
         return
     if auth.verifier.names:
-        log.info("HTTP callers authenticate with API tokens", names=auth.verifier.names)
+        admins = [name for name in auth.verifier.names if auth.verifier.is_admin(name)]
+        log.info(
+            "HTTP callers authenticate with API tokens", names=auth.verifier.names, admins=admins
+        )
     else:
         log.warning("no API token is configured yet: every request gets 401 until SIGHUP")
     loop = asyncio.get_running_loop()

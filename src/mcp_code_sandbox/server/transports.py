@@ -7,7 +7,7 @@ transport) in Starlette beside the operator's endpoints (:mod:`.ops`), served by
 whose own SIGTERM/SIGINT handling runs the lifespan's cleanup. Both MCP apps check Host
 and Origin (:mod:`.hosts`) and authenticate as ``auth.build_auth`` says; SIGHUP rereads
 the API tokens. ``/files`` (:mod:`.files_http`) serves signed downloads and takes
-uploads with the same bearer check.
+uploads with the same bearer check. ``/ui`` (:mod:`.ui`) is the operator's view.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from mcp_code_sandbox.server.downloads import UrlSigner, load_secret
 from mcp_code_sandbox.server.files_http import file_routes
 from mcp_code_sandbox.server.hosts import public_base_url, transport_security
 from mcp_code_sandbox.server.ops import ops_routes
+from mcp_code_sandbox.server.ui import ui_routes
 from mcp_code_sandbox.service import SandboxService
 from mcp_code_sandbox.settings import ConfigError, Settings
 
@@ -103,9 +104,8 @@ def check_http_exposure(settings: Settings) -> str | None:
 
 def build_http_app(service: SandboxService) -> Starlette:
     settings = service.settings
-    signer = UrlSigner(
-        load_secret(settings), public_base_url(settings), settings.download_url_ttl_s
-    )
+    secret = load_secret(settings)
+    signer = UrlSigner(secret, public_base_url(settings), settings.download_url_ttl_s)
     auth = build_auth(settings)
     mcp = build_server(service, auth, signer)
     body_limit = settings.max_upload_bytes * 4 // 3 + settings.max_code_bytes + 1024 * 1024
@@ -138,6 +138,7 @@ def build_http_app(service: SandboxService) -> Starlette:
         routes=[
             *ops_routes(service, security, loopback=is_loopback(settings.http_host)),
             *file_routes(service, signer, functools.partial(owner_of_request, auth)),
+            *ui_routes(service, auth, security, secret),
             Mount("/", app=mcp_endpoints),
         ],
         lifespan=lifespan,

@@ -600,6 +600,11 @@ class SessionManager:
         no owner: its signature tells which of these it is for)."""
         return [s for (_, sid), s in self._sessions.items() if sid == session_id]
 
+    def listed(self, owner: str | None = None) -> list[Session]:
+        """The live sessions: every owner's (``owner`` None) or ``owner``'s. Read-only,
+        for the operator's page (``sessions.overview``)."""
+        return [s for (who, _), s in self._sessions.items() if owner is None or who == owner]
+
     def count(self, owner: str | None = None) -> int:
         """Open sessions: all of them, or ``owner``'s."""
         if owner is None:

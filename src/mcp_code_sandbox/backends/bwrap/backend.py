@@ -56,6 +56,7 @@ from mcp_code_sandbox.backends.base import (
     Leftover,
     Sandbox,
     SandboxSpec,
+    Usage,
     stop_step,
     wait_ready,
 )
@@ -422,6 +423,13 @@ class BwrapBackend(Backend):
             await stop_step(key, "remove its cgroup", _remove_cgroup(key, sandbox.cgroup))
         sandbox._stderr_task.cancel()
         await stop_step(key, "end its stderr reader", _reaped(sandbox._stderr_task))
+
+    async def usage(self, sandbox: Sandbox) -> Usage | None:
+        """From the sandbox's cgroup (see :meth:`.cgroups.CgroupHandle.usage`); ``None``
+        without one (rlimits only: nothing counts a sandbox's processes together)."""
+        if not isinstance(sandbox, BwrapSandbox) or sandbox.cgroup is None:
+            return None
+        return await asyncio.to_thread(sandbox.cgroup.usage)
 
     async def aclose(self) -> None:
         # The OUTPUT rules are shared by every server on this host (one group for all

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from mcp_code_sandbox.backends.base import Limits
+from mcp_code_sandbox.backends.base import Limits, Usage
 
 __all__ = ["CONTROLLERS", "CgroupHandle", "CgroupSupport", "detect", "process_start_time"]
 
@@ -69,6 +69,18 @@ def _pids(procs_file: Path) -> list[int]:
         return []
 
 
+def _process_cpu_s(pids: list[int]) -> float | None:
+    """User + system CPU seconds of ``pids`` (those still there); ``None`` for none."""
+    ticks = 0
+    found = False
+    for pid in pids:
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
+            found = True
+    return ticks / os.sysconf("SC_CLK_TCK") if found else None
+
+
 @dataclass
 class CgroupHandle:
     """The cgroup directories of one sandbox (one per v1 hierarchy, one in v2)."""
@@ -82,6 +94,24 @@ class CgroupHandle:
 
     def pids(self) -> list[int]:
         return sorted({pid for f in self.procs_files for pid in _pids(f)})
+
+    def usage(self) -> Usage:
+        """Memory (v2 ``memory.current``, v1 ``memory.usage_in_bytes``) and CPU time (v2
+        ``cpu.stat``; else what its live processes used, from ``/proc``), read now for
+        the operator's page; unknown parts ``None``. Never raises."""
+        memory = cpu = None
+        for d in self.dirs:
+            for name in ("memory.current", "memory.usage_in_bytes"):
+                with contextlib.suppress(OSError, ValueError):
+                    memory = int((d / name).read_text())
+            with contextlib.suppress(OSError, ValueError):
+                for line in (d / "cpu.stat").read_text().splitlines():
+                    key, _, value = line.partition(" ")
+                    if key == "usage_usec":
+                        cpu = int(value) / 1e6
+        if cpu is None:
+            cpu = _process_cpu_s(self.pids())
+        return Usage(memory_bytes=memory, cpu_seconds=cpu)
 
     def remove(self, attempts: int = 50) -> bool:
         """Kill what is left inside, then remove the directories; bounded. True when gone."""

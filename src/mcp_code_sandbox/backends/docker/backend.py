@@ -75,6 +75,7 @@ from mcp_code_sandbox.backends.base import (
     Leftover,
     Sandbox,
     SandboxSpec,
+    Usage,
     stop_step,
 )
 from mcp_code_sandbox.backends.docker.engine import Engine, engine_ready, instance_alive
@@ -458,6 +459,17 @@ class DockerBackend(Backend, RunnerImages):
             sandbox.spec.key, "remove its runner", self._discard(sandbox.container, sandbox.run_dir)
         )
 
+    async def usage(self, sandbox: Sandbox) -> Usage | None:
+        """The engine's one-shot stats of the container (memory in use, CPU time);
+        ``None`` when the engine does not answer (never raises: a page view)."""
+        if not isinstance(sandbox, DockerSandbox):
+            return None
+        try:
+            stats = await self.engine.call(sandbox.container.stats, stream=False, one_shot=True)
+        except SandboxError:
+            return None
+        return _usage_of(stats if isinstance(stats, dict) else {})
+
     async def aclose(self) -> None:
         if self.engine.connected is not None:
             try:
@@ -465,6 +477,17 @@ class DockerBackend(Backend, RunnerImages):
             except SandboxError as exc:
                 log.warning("sandbox networks not removed: %s", exc.message)
         await self.engine.aclose()
+
+
+def _usage_of(stats: Mapping[str, Any]) -> Usage:
+    """Docker's stats JSON → :class:`Usage` (``memory_stats.usage``,
+    ``cpu_stats.cpu_usage.total_usage`` in ns); what is missing stays unknown."""
+    memory = (stats.get("memory_stats") or {}).get("usage")
+    cpu_ns = ((stats.get("cpu_stats") or {}).get("cpu_usage") or {}).get("total_usage")
+    return Usage(
+        memory_bytes=memory if isinstance(memory, int) else None,
+        cpu_seconds=cpu_ns / 1e9 if isinstance(cpu_ns, int) else None,
+    )
 
 
 def _mounts_unseen(settings: Settings, environment: Mapping[str, str]) -> str | None:

@@ -1,0 +1,121 @@
+"""The ``/ui`` browser login: a server-signed cookie, never the token, and CSRF tokens.
+
+A browser cannot be made to send ``Authorization: Bearer`` to a page, so ``/ui`` has a
+login form: the token is posted once, checked exactly as ``/mcp`` checks it, and the
+answer is a cookie holding a signed :class:`Login` (owner, a random nonce, an expiry and
+a fingerprint of the token), ``HttpOnly``, ``SameSite=Strict``, ``Secure`` over TLS,
+``Path=/ui``. The token itself is never in the cookie, the page or a log.
+
+The fingerprint is an HMAC of the token's SHA-256 (``StaticTokens.digest_of``): every
+request compares it with the token configured *now*, so a token removed or replaced
+(SIGHUP) logs out its browsers at once. OAuth logins have none; their cookie expires
+with the access token that made it.
+
+CSRF: every form that changes something carries :meth:`CookieSigner.csrf` of the
+login's nonce (an HMAC no other origin can compute or read), checked in constant time;
+``SameSite=Strict`` and the Host/Origin checks come on top.
+
+The signing key is derived from the server's URL secret (``downloads.load_secret``)
+with a label of its own, so a download signature is never a valid cookie or the reverse.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import json
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+__all__ = ["COOKIE_NAME", "LOGIN_TTL_S", "CookieSigner", "Login"]
+
+COOKIE_NAME = "mcs_ui"
+#: How long a browser login lasts (then the token is asked for again).
+LOGIN_TTL_S = 8 * 3600
+#: A cookie longer than this is refused before any decoding (a cookie is anyone's to forge).
+MAX_COOKIE_CHARS = 1024
+
+
+@dataclass(frozen=True)
+class Login:
+    owner: str
+    nonce: str
+    expires: int
+    #: Keyed hash of the token's digest (API tokens); empty for OAuth and no-auth logins.
+    fingerprint: str
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+@dataclass(frozen=True)
+class CookieSigner:
+    """Signs and reads login cookies and makes CSRF tokens; ``secret``: the server's."""
+
+    secret: bytes = field(repr=False)
+    clock: Callable[[], float] = time.time
+
+    @property
+    def _key(self) -> bytes:
+        return hmac.new(self.secret, b"mcp-code-sandbox /ui login", hashlib.sha256).digest()
+
+    def _mac(self, label: bytes, data: bytes) -> bytes:
+        return hmac.new(self._key, label + b"\0" + data, hashlib.sha256).digest()
+
+    def fingerprint(self, token_digest: bytes | None) -> str:
+        return "" if token_digest is None else _b64(self._mac(b"token", token_digest))[:32]
+
+    def login(self, owner: str, token_digest: bytes | None, expires: float | None) -> Login:
+        """A new login for ``owner`` until ``expires`` (at most :data:`LOGIN_TTL_S`)."""
+        until = int(self.clock()) + LOGIN_TTL_S
+        if expires is not None:
+            until = min(until, int(expires))
+        nonce = secrets.token_urlsafe(16)
+        return Login(owner, nonce, until, self.fingerprint(token_digest))
+
+    def encode(self, login: Login) -> str:
+        payload = json.dumps(
+            {"o": login.owner, "n": login.nonce, "e": login.expires, "f": login.fingerprint},
+            separators=(",", ":"),
+        ).encode()
+        return f"{_b64(payload)}.{_b64(self._mac(b'cookie', payload))}"
+
+    def decode(self, value: str | None) -> Login | None:
+        """The login a cookie holds; ``None`` when it is missing, forged, tampered with,
+        malformed or expired."""
+        if not value or len(value) > MAX_COOKIE_CHARS or value.count(".") != 1:
+            return None
+        body, signature = value.split(".")
+        try:
+            payload = _unb64(body)
+        except (binascii.Error, ValueError):
+            return None
+        # Compared as text, in the one encoding we write: base64's last character has
+        # spare bits, and another spelling of the same bytes is not our cookie.
+        expected = _b64(self._mac(b"cookie", payload))
+        if not hmac.compare_digest(expected.encode(), signature.encode("utf-8", "replace")):
+            return None
+        if _b64(payload) != body:
+            return None
+        try:
+            data = json.loads(payload)
+            login = Login(str(data["o"]), str(data["n"]), int(data["e"]), str(data["f"]))
+        except (ValueError, KeyError, TypeError):
+            return None
+        return login if login.expires > self.clock() else None
+
+    def csrf(self, login: Login) -> str:
+        """The CSRF token of ``login``'s forms."""
+        return _b64(self._mac(b"csrf", login.nonce.encode()))
+
+    def csrf_ok(self, login: Login, given: str) -> bool:
+        return hmac.compare_digest(self.csrf(login).encode(), given.encode())

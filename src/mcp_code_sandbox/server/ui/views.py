@@ -1,0 +1,75 @@
+"""Rendering the ``/ui`` pages: the Jinja environment (everything escaped), the value
+filters, and the headers every page carries.
+
+Every value on the pages may come from a client or a sandbox (session ids, owners,
+error names): the templates never mark anything safe, and autoescaping is on for every
+template, so each one is HTML-escaped where it is written.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from starlette.responses import HTMLResponse
+
+__all__ = ["SECURITY_HEADERS", "ago", "duration", "render", "size"]
+
+_HERE = Path(__file__).parent
+STATIC_DIR = _HERE / "static"
+
+#: Served with every ``/ui`` answer: only our own resources (no inline script or style
+#: at all: the pages have none), never in a frame, never cached, never sniffed.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'self'; frame-ancestors 'none'; form-action 'self'; base-uri 'none'"
+    ),
+    "X-Frame-Options": "DENY",
+    "Cache-Control": "no-store",
+    "Pragma": "no-cache",
+    "X-Content-Type-Options": "nosniff",
+    # Not ``no-referrer``: under it a browser posts forms with ``Origin: null``, which
+    # the Origin check (rightly) refuses. Same-origin only: no URL leaves the server.
+    "Referrer-Policy": "same-origin",
+}
+
+
+def size(n: int | None) -> str:
+    """Bytes for people: ``1.5 MiB``; ``unknown`` for ``None``."""
+    if n is None:
+        return "unknown"
+    for unit, factor in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= factor:
+            return f"{n / factor:.1f} {unit}"
+    return f"{n} B"
+
+
+def duration(seconds: float) -> str:
+    """``42 s``, ``5 min``, ``3.2 h``."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def ago(wall: float) -> str:
+    return f"{duration(max(0.0, time.time() - wall))} ago"
+
+
+_ENV = jinja2.Environment(
+    loader=jinja2.FileSystemLoader(_HERE / "templates"),
+    autoescape=True,  # every template, whatever its name
+    undefined=jinja2.StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+_ENV.filters.update(size=size, duration=duration, ago=ago)
+
+
+def render(template: str, context: dict[str, Any], status: int = 200) -> HTMLResponse:
+    """The page ``template`` for ``context``, with :data:`SECURITY_HEADERS`."""
+    html = _ENV.get_template(template).render(**context)
+    return HTMLResponse(html, status_code=status, headers=SECURITY_HEADERS)

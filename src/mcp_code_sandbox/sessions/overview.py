@@ -1,0 +1,99 @@
+"""What the operator's ``/ui`` page shows of each session: read-only figures gathered now.
+
+Called by the service for one owner's sessions or every owner's. Each figure is read
+without the session's lock (a page view must not queue behind a 60 s cell): the memory
+and CPU through the backend (``Backend.usage``), waited for at most
+:data:`FIGURE_TIMEOUT_S`; the workspace's size by a walk in the owner's worker threads,
+bounded by :data:`WALK_LIMIT` entries (a thread cannot be interrupted, so the entry bound
+is what keeps it short; past it the size is a lower bound). A figure that is not there
+in time, or whose session ends meanwhile, is unknown (``None``), never an error of the
+page.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from mcp_code_sandbox.backends.base import Backend, Usage
+from mcp_code_sandbox.errors import SandboxError
+from mcp_code_sandbox.sessions.session import Session
+from mcp_code_sandbox.sessions.workers import WorkerThreads
+
+__all__ = ["FIGURE_TIMEOUT_S", "WALK_LIMIT", "SessionView", "overview"]
+
+FIGURE_TIMEOUT_S = 2.0
+#: Entries a workspace walk reads at most for the page; past it the size is a lower bound.
+WALK_LIMIT = 50_000
+
+
+@dataclass(frozen=True)
+class SessionView:
+    owner: str
+    session_id: str
+    #: ``busy`` (a call holds it now), ``running`` (a live sandbox, idle), or ``no
+    #: sandbox`` (files only: nothing ran yet, or its sandbox was stopped).
+    state: str
+    created_at: float  # wall clock
+    age_s: float
+    idle_s: float
+    runs: int
+    memory_bytes: int | None
+    cpu_seconds: float | None
+    workspace_bytes: int | None
+
+
+def _state(session: Session) -> str:
+    if session.lock.locked():
+        return "busy"
+    if session.sandbox is not None and session.sandbox.is_alive():
+        return "running"
+    return "no sandbox"
+
+
+async def _usage(backend: Backend, session: Session) -> Usage | None:
+    sandbox = session.sandbox
+    if sandbox is None or not sandbox.is_alive():
+        return None
+    try:
+        async with asyncio.timeout(FIGURE_TIMEOUT_S):
+            return await backend.usage(sandbox)
+    except TimeoutError:
+        return None
+
+
+async def _workspace_bytes(threads: WorkerThreads, session: Session) -> int | None:
+    if not session.workspace_made or session.closed:
+        return None
+    try:
+        async with asyncio.timeout(FIGURE_TIMEOUT_S):
+            walk = session.workspace.usage_bytes
+            return await threads.run(session.owner, walk, WALK_LIMIT)
+    except (TimeoutError, SandboxError, OSError):
+        return None  # ended meanwhile, or a walk too slow for a page
+
+
+async def _view(backend: Backend, threads: WorkerThreads, session: Session) -> SessionView:
+    usage, size = await asyncio.gather(_usage(backend, session), _workspace_bytes(threads, session))
+    now = time.monotonic()
+    return SessionView(
+        owner=session.owner,
+        session_id=session.id,
+        state=_state(session),
+        created_at=session.created_wall,
+        age_s=now - session.created_at,
+        idle_s=0.0 if session.lock.locked() else now - session.last_active,
+        runs=session.runs,
+        memory_bytes=None if usage is None else usage.memory_bytes,
+        cpu_seconds=None if usage is None else usage.cpu_seconds,
+        workspace_bytes=size,
+    )
+
+
+async def overview(
+    sessions: list[Session], backend: Backend, threads: WorkerThreads
+) -> list[SessionView]:
+    """One :class:`SessionView` per session, oldest first, gathered concurrently."""
+    ordered = sorted(sessions, key=lambda s: s.created_wall)
+    return list(await asyncio.gather(*(_view(backend, threads, s) for s in ordered)))

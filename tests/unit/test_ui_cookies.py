@@ -1,0 +1,126 @@
+"""The ``/ui`` login cookie and CSRF tokens (``server.ui.cookies``), the admin mark of API
+tokens (``server.auth``), the recent-runs ring (``run.recent``) and the page's value
+filters: pure parts, without a server."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from mcp_code_sandbox.run.recent import MAX_ERROR_CHARS, MAX_ID_CHARS, RecentRuns
+from mcp_code_sandbox.server.auth import StaticTokens, is_admin, parse_token_roles
+from mcp_code_sandbox.server.ui.cookies import LOGIN_TTL_S, CookieSigner
+from mcp_code_sandbox.server.ui.views import duration, size
+from mcp_code_sandbox.settings import ConfigError, load_settings
+
+ALICE = "alice-0123456789abcdef"
+ROOT = "root-0123456789abcdef00"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_login_round_trips_and_expires() -> None:
+    clock = Clock()
+    signer = CookieSigner(b"k" * 32, clock)
+    digest = hashlib.sha256(ALICE.encode()).digest()
+    login = signer.login("alice", digest, None)
+    value = signer.encode(login)
+    assert ALICE not in value and digest.hex() not in value
+    assert signer.decode(value) == login
+    assert login.expires == int(clock.now) + LOGIN_TTL_S
+    assert signer.login("alice", None, clock.now + 60).expires == int(clock.now) + 60  # OAuth
+    clock.now += LOGIN_TTL_S + 1
+    assert signer.decode(value) is None
+
+
+_B64URL = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+
+
+def _same_bytes(last: str) -> str:
+    """Another last character of a 43-character (32-byte) base64 text that decodes to the
+    same bytes: its lowest bit is one of the 2 spare bits."""
+    return _B64URL[_B64URL.index(last) ^ 1]
+
+
+def _other_last(text: str) -> str:
+    """``text`` with another last character (one that may differ only in spare bits)."""
+    return text[:-1] + ("B" if text[-1] != "B" else "C")
+
+
+@pytest.mark.parametrize(
+    "forge",
+    [
+        _other_last,  # the signature's last character
+        lambda v: v[:-1] + _same_bytes(v[-1]),  # only its spare bits: the same bytes
+        lambda v: _other_last(v.split(".")[0]) + "." + v.split(".")[1],  # the payload's
+        lambda v: "e" + v,  # payload changed
+        lambda v: v.replace(".", ""),
+        lambda v: v + ".x",
+        lambda v: "",
+        lambda v: "x" * 2000,
+        lambda v: "!!!.???",
+    ],
+)
+def test_a_forged_cookie_is_no_login(forge: object) -> None:
+    signer = CookieSigner(b"k" * 32)
+    value = signer.encode(signer.login("alice", None, None))
+    assert callable(forge)
+    assert signer.decode(forge(value)) is None
+    # Another server's (another secret's) cookie neither.
+    assert CookieSigner(b"j" * 32).decode(value) is None
+
+
+def test_csrf_tokens_are_per_login() -> None:
+    signer = CookieSigner(b"k" * 32)
+    one, two = signer.login("alice", None, None), signer.login("alice", None, None)
+    assert signer.csrf_ok(one, signer.csrf(one))
+    assert not signer.csrf_ok(one, signer.csrf(two))
+    assert not signer.csrf_ok(one, "")
+    assert not signer.csrf_ok(one, "é" * 43)
+
+
+def test_tokens_marked_admin() -> None:
+    tokens, admins = parse_token_roles(
+        [("e1", f"alice:{ALICE}"), ("e2", f" root : {ROOT} : admin ")]
+    )
+    assert tokens == {"alice": ALICE, "root": ROOT} and admins == {"root"}
+    with pytest.raises(ConfigError) as info:
+        parse_token_roles([("entry 1", f"root:{ROOT}:owner")])
+    assert info.value.lines == [
+        "invalid configuration: entry 1: token 'root': the only role after a second ':' is 'admin'"
+    ]
+    assert ROOT not in str(info.value)
+
+
+def test_static_tokens_know_their_admins() -> None:
+    settings = load_settings({"api_tokens": f"alice:{ALICE},root:{ROOT}:admin"}, environ={})
+    tokens = StaticTokens(settings)
+    assert tokens.is_admin("root") and not tokens.is_admin("alice")
+    assert tokens.digest_of("alice") == hashlib.sha256(ALICE.encode()).digest()
+    assert tokens.digest_of("nobody") is None
+    assert is_admin(None, "local")  # no authentication: the one owner
+
+
+def test_recent_runs_are_bounded_newest_first_and_per_owner() -> None:
+    ring = RecentRuns(size=3)
+    for i in range(5):
+        ring.add("alice" if i % 2 else "bob", f"s{i}", "python", "ok", i, None)
+    assert [e.session_id for e in ring.listed()] == ["s4", "s3", "s2"]
+    assert [e.session_id for e in ring.listed("alice")] == ["s3"]
+    ring.add("bob", "x" * 10_000, "y" * 1000, "failed", 1, "E" * 10_000)
+    newest = ring.listed()[0]
+    assert newest.session_id is not None and len(newest.session_id) == MAX_ID_CHARS
+    assert newest.error is not None and len(newest.error) == MAX_ERROR_CHARS
+    assert len(newest.language) < 100
+
+
+def test_page_values() -> None:
+    assert size(None) == "unknown" and size(512) == "512 B" and size(5000) == "4.9 KiB"
+    assert duration(5) == "5 s" and duration(600) == "10 min" and duration(36000) == "10.0 h"
