@@ -168,12 +168,6 @@ class SandboxService:
             return exc.message
         return None
 
-    def pool_status(self) -> dict[str, Any]:
-        """The warm pool's figures (the operator's page): ``size`` (the target),
-        ``ready`` (started, waiting for a session), ``starting``, ``preload`` (modules
-        imported ahead). Size 0: no pool."""
-        return {"size": 0, "ready": 0, "starting": 0, "preload": []}
-
     async def session_overview(self, owner: str | None) -> list[SessionView]:
         """The live sessions of ``owner`` (``None``: every owner's, for admins) with
         their figures now (``sessions.overview``), for the operator's ``/ui`` page."""
@@ -358,7 +352,9 @@ class SandboxService:
         await self.sessions.close(owner, session_id)
 
     def pool_status(self) -> dict[str, Any]:
-        """The warm pool as ``list_runtimes`` and ``/readyz`` show it."""
+        """The warm pool as ``list_runtimes``, ``/readyz`` and ``/ui`` show it: ``size``
+        (the target; 0: no pool), ``ready`` (started, waiting for a session),
+        ``starting``, ``preload`` (modules imported ahead)."""
         return self.sessions.pool.status().as_json()
 
     async def runtimes(self) -> list[dict[str, Any]]:
