@@ -15,6 +15,7 @@ from typing import Any, BinaryIO
 import structlog
 
 from mcp_code_sandbox.backends.base import Backend, Enforcement, Sandbox
+from mcp_code_sandbox.backends.preparation import Preparation
 from mcp_code_sandbox.backends.runner_images import RunnerImages
 from mcp_code_sandbox.errors import (
     InvalidArgument,
@@ -68,10 +69,29 @@ READY_TIMEOUT_S = 5.0
 READY_CACHE_S = 2.0
 
 
+def _after(sink: execute.ProgressSink | None, waited: float) -> execute.ProgressSink | None:
+    """``sink`` counting from ``waited`` seconds on: a run's progress continues the wait's
+    (MCP progress values only increase within a request)."""
+    if sink is None or waited <= 0:
+        return sink
+    sink_ = sink
+
+    async def later(elapsed: float, message: str) -> None:
+        await sink_(waited + elapsed, message)
+
+    return later
+
+
 class SandboxService:
-    def __init__(self, settings: Settings, backend: Backend) -> None:
+    def __init__(
+        self, settings: Settings, backend: Backend, preparing: Preparation | None = None
+    ) -> None:
+        """``preparing``: what the backend still needs built before its first sandbox (a
+        first ``serve`` without the runtime env), from the server layer, which decides
+        what that is; ``None``: nothing. Started and closed with the service."""
         self.settings = settings
         self.backend = backend
+        self.preparing = preparing
         self.metrics = Metrics(backend.name)
         self.sessions = SessionManager(settings, backend, self.metrics)
         #: Blocking work (file I/O, walks, images) goes here, never on the event loop.
@@ -92,8 +112,12 @@ class SandboxService:
         #: time (the lock), its answer shared by everyone who waited for it.
         self._ready: tuple[float, str | None] | None = None
         self._ready_lock = asyncio.Lock()
+        if preparing is not None:  # built further: what the sandboxes offer changed
+            preparing.listeners.append(self.refresh_runners)
 
     async def start(self) -> None:
+        if self.preparing is not None:
+            self.preparing.start()
         await self.sessions.start()
         await self.refresh_runners()
 
@@ -137,6 +161,8 @@ class SandboxService:
         return True
 
     async def aclose(self) -> None:
+        if self.preparing is not None:
+            await self.preparing.aclose()
         await self.sessions.aclose()
 
     def session_count(self) -> int:
@@ -173,11 +199,17 @@ class SandboxService:
     ) -> execute.RunReport:
         """Check ``request``, hold the session (made when new), get its executor from the
         session manager and run; the report is complete as :func:`.run.execute.run`
-        builds it."""
+        builds it. While the backend is still being prepared, the call waits for it up
+        to its timeout (a language not offered yet: for the whole preparation)."""
+        timeout = check_request(self.settings, request)
+        if self.preparing is not None:
+            whole = request.language not in self.languages()
+            waiting = time.monotonic()
+            await self.preparing.wait(timeout, on_progress, whole=whole)
+            on_progress = _after(on_progress, time.monotonic() - waiting)
         if request.language not in self.languages():
             await self.refresh_runners()  # an image built since the last look
         self.offer.check(request.language)
-        timeout = check_request(self.settings, request)
         if request.network:
             why = (await asyncio.to_thread(self.backend.describe)).network_unavailable
             if why is not None:
