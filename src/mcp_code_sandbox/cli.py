@@ -20,7 +20,7 @@ from mcp_code_sandbox import __version__
 from mcp_code_sandbox.errors import SandboxError
 from mcp_code_sandbox.settings import ConfigError, Settings, load_settings
 
-__all__ = ["main"]
+__all__ = ["default_command", "main"]
 
 
 def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
@@ -40,7 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=__version__)
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="serve MCP over stdio (default) or HTTP")
+    serve = sub.add_parser(
+        "serve", help="serve MCP over stdio (default) or HTTP; the command when none is given"
+    )
     serve.add_argument("--transport", choices=("stdio", "http"), default="stdio")
     serve.add_argument(
         "--host",
@@ -96,6 +98,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def default_command(argv: Sequence[str]) -> list[str]:
+    """``argv`` with ``serve`` put first when it names no command (nothing, or only
+    flags): ``uvx mcp-code-sandbox`` is the line MCP clients are given."""
+    args = list(argv)
+    if not args or (args[0].startswith("-") and args[0] not in ("-h", "--help", "--version")):
+        return ["serve", *args]
+    return args
+
+
 def _settings(args: argparse.Namespace) -> Settings:
     overrides: dict[str, Any] = {
         name: getattr(args, name) for name in Settings.model_fields if hasattr(args, name)
@@ -108,7 +119,7 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(default_command(sys.argv[1:] if argv is None else argv))
     try:
         settings = _settings(args)
     except ConfigError as exc:

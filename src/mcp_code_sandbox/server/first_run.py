@@ -48,6 +48,25 @@ _FAILURE_CHARS = 2000
 #: How long a stopped build may take to end before it is killed.
 _TERM_GRACE_S = 5.0
 _COLLECTING = re.compile(r"^\s*Collecting ([A-Za-z0-9][A-Za-z0-9._-]*)")
+#: ``setup``'s own lines (provision/venv.py, node.py) by their first words, and the step
+#: each one is told as: a client is not shown this server's paths. Other lines leave the
+#: step as it was (the log has them all, at DEBUG).
+_STEPS = (
+    ("waiting for another build", "waiting for another build of it (another server's?)"),
+    ("creating venv", "creating the Python environment"),
+    ("installing npm packages", "installing the npm packages"),
+    ("installing ", "installing the Python packages"),  # "installing pandas, ... with pip"
+    ("installed into", "checking the Python environment"),
+    ("runtime environment is up to date", "the Python environment is ready"),
+    ("Node.js and bun at", "installing Node.js and bun"),
+    ("fetching Node.js", "fetching Node.js"),
+    ("fetching bun", "fetching bun"),
+    ("fetching npm", "fetching npm"),
+    ("installed Node.js", "checking Node.js and bun"),
+    ("JavaScript and TypeScript are not available", "JavaScript and TypeScript are not available"),
+    ("warning: JavaScript and TypeScript", "JavaScript and TypeScript are not available"),
+    ("runtime environment ready", "finishing"),
+)
 
 
 def runtime_preparation(settings: Settings, backend: Backend) -> Preparation | None:
@@ -86,7 +105,7 @@ def setup_argv(settings: Settings, *, node: bool) -> list[str]:
 class SetupSteps:
     """``setup``'s stderr, line by line, as steps a person understands.
 
-    ``setup``'s own lines (not indented) are steps as they are ("fetching Node.js ...");
+    ``setup``'s own lines (not indented) become steps by their first words (:data:`_STEPS`);
     of pip's output (indented by two spaces) only ``Collecting <name>`` of a requested
     package counts: "installing pandas (3/10)". The last lines are kept for a failure,
     from ``setup``'s own ``error:`` line on when it said one."""
@@ -101,6 +120,7 @@ class SetupSteps:
         text = clean_text(text.rstrip())[:_STEP_CHARS]
         if not text.strip():
             return
+        log.debug("setup", line=text)
         if text.startswith("error: "):  # setup's last word: it repeats what failed
             self.tail.clear()
             text = re.sub(r"^error: ([a-z_]+: )?", "", text)
@@ -112,7 +132,10 @@ class SetupSteps:
                 total = len(self._wanted)
                 self._step(f"installing {self._wanted[name]} ({len(self._seen)}/{total})")
         elif not text.startswith(" "):
-            self._step(text)
+            for prefix, step in _STEPS:
+                if text.startswith(prefix):
+                    self._step(step)
+                    break
 
 
 def _normal(name: str) -> str:
