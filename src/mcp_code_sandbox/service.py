@@ -181,6 +181,8 @@ class SandboxService:
             return reason
 
     async def _ask_ready(self, timeout_s: float) -> str | None:
+        if self.preparing is not None and not self.preparing.usable:
+            return self.preparing.message()  # "building the sandbox runtime: installing ..."
         try:
             async with asyncio.timeout(timeout_s):
                 await self.backend.check_ready()

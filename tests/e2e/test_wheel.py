@@ -136,10 +136,10 @@ async def test_a_first_serve_builds_the_runtime_while_a_call_waits(
         command=str(built["venv"] / "bin" / "mcp-code-sandbox"), args=[], env=env, cwd=work
     )
     timings: dict[str, float] = built["timings"]
-    progress: list[tuple[float, str | None]] = []
+    told: list[tuple[float, str | None]] = []
 
-    async def on_progress(value: float, total: float | None, message: str | None) -> None:
-        progress.append((value, message))
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        told.append((progress, message))
 
     started = time.monotonic()
     try:
@@ -173,13 +173,13 @@ async def test_a_first_serve_builds_the_runtime_while_a_call_waits(
         log_file = work / "server.log"
         log = log_file.read_text(errors="replace") if log_file.exists() else ""
         print(f"\nwheel test timings (s): { {k: round(v, 1) for k, v in timings.items()} }")
-        print(f"progress: {progress}")
-    messages = [m or "" for _, m in progress]
+        print(f"progress: {told}")
+    messages = [m or "" for _, m in told]
     assert any(m == "building the sandbox runtime: installing ipython (1/1)" for m in messages), (
         messages,
         log[-3000:],
     )
-    values = [v for v, _ in progress]
+    values = [v for v, _ in told]
     assert values == sorted(values)
     assert (state / "runtime" / "venv" / "bin" / "python").exists()
     # The server stopped the rest of the build (Node.js) when its client went away.

@@ -223,3 +223,16 @@ async def test_run_code_waits_for_the_preparation_and_its_progress_goes_on(
 
 async def _note(into: list[bool]) -> None:
     into.append(True)
+
+
+async def test_readyz_says_what_is_being_built(state_dir: Path) -> None:
+    job = Steered()
+    backend = FakeBackend()
+    service = SandboxService(fake_settings(state_dir), backend, Preparation("building it", job))
+    await service.start()
+    try:
+        await asyncio.sleep(0.05)
+        assert await service.not_ready() == "building it: installing pandas (1/2)"
+    finally:
+        await service.aclose()
+        await backend.end_all()
