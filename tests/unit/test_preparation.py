@@ -164,6 +164,7 @@ def test_setup_output_becomes_steps() -> None:
         "installing the Python packages",
         "installing pandas (1/2)",
         "installing typing_extensions (2/2)",
+        "unpacking 3 packages",
         "fetching Node.js",  # no path of this server's in what a client is told
         "installing the npm packages",
     ]

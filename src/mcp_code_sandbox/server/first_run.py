@@ -48,6 +48,7 @@ _FAILURE_CHARS = 2000
 #: How long a stopped build may take to end before it is killed.
 _TERM_GRACE_S = 5.0
 _COLLECTING = re.compile(r"^\s*Collecting ([A-Za-z0-9][A-Za-z0-9._-]*)")
+_UNPACKING = re.compile(r"^\s*Installing collected packages: (.*)$")
 #: ``setup``'s own lines (provision/venv.py, node.py) by their first words, and the step
 #: each one is told as: a client is not shown this server's paths. Other lines leave the
 #: step as it was (the log has them all, at DEBUG).
@@ -107,7 +108,8 @@ class SetupSteps:
 
     ``setup``'s own lines (not indented) become steps by their first words (:data:`_STEPS`);
     of pip's output (indented by two spaces) only ``Collecting <name>`` of a requested
-    package counts: "installing pandas (3/10)". The last lines are kept for a failure,
+    package counts ("installing pandas (3/10)"), and the install that follows the
+    downloads ("unpacking 37 packages"). The last lines are kept for a failure,
     from ``setup``'s own ``error:`` line on when it said one."""
 
     def __init__(self, step: Step, packages: tuple[str, ...]) -> None:
@@ -131,6 +133,8 @@ class SetupSteps:
                 self._seen.append(name)
                 total = len(self._wanted)
                 self._step(f"installing {self._wanted[name]} ({len(self._seen)}/{total})")
+        elif (match := _UNPACKING.match(text)) is not None:
+            self._step(f"unpacking {match.group(1).count(',') + 1} packages")
         elif not text.startswith(" "):
             for prefix, step in _STEPS:
                 if text.startswith(prefix):
