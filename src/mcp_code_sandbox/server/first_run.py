@@ -42,12 +42,16 @@ __all__ = ["WHAT", "SetupSteps", "runtime_preparation", "setup_argv"]
 log = structlog.get_logger("mcp_code_sandbox.first_run")
 
 WHAT = "building the sandbox runtime"
-#: The longest step text (a progress message) and the longest failure message.
-_STEP_CHARS = 200
+#: The longest line kept of ``setup``'s output (log, failure), and the longest failure.
+_LINE_CHARS = 300
 _FAILURE_CHARS = 2000
 #: How long a stopped build may take to end before it is killed.
 _TERM_GRACE_S = 5.0
-_COLLECTING = re.compile(r"^\s*Collecting ([A-Za-z0-9][A-Za-z0-9._-]*)")
+#: pip found a package: by name from an index, or as a file (a local index, find-links).
+_COLLECTING = re.compile(
+    r"^\s*(?:Collecting ([A-Za-z0-9][A-Za-z0-9._-]*)"
+    r"|Processing \S*?([A-Za-z0-9][A-Za-z0-9._]*?)-[0-9][^/\s]*\.(?:whl|tar\.gz|zip)\b)"
+)
 _UNPACKING = re.compile(r"^\s*Installing collected packages: (.*)$")
 #: ``setup``'s own lines (provision/venv.py, node.py) by their first words, and the step
 #: each one is told as: a client is not shown this server's paths. Other lines leave the
@@ -106,11 +110,11 @@ def setup_argv(settings: Settings, *, node: bool) -> list[str]:
 class SetupSteps:
     """``setup``'s stderr, line by line, as steps a person understands.
 
-    ``setup``'s own lines (not indented) become steps by their first words (:data:`_STEPS`);
-    of pip's output (indented by two spaces) only ``Collecting <name>`` of a requested
-    package counts ("installing pandas (3/10)"), and the install that follows the
-    downloads ("unpacking 37 packages"). The last lines are kept for a failure,
-    from ``setup``'s own ``error:`` line on when it said one."""
+    ``setup``'s own lines (not indented) become steps by their first words (:data:`_STEPS`).
+    Of pip's output (indented by two spaces) only a requested package being found counts,
+    ``Collecting <name>`` or ``Processing <file>`` (a local index): "installing pandas
+    (3/10)"; and the install that follows the downloads: "unpacking 37 packages". The last
+    lines are kept for a failure, from ``setup``'s own ``error:`` line on when it said one."""
 
     def __init__(self, step: Step, packages: tuple[str, ...]) -> None:
         self._step = step
@@ -119,16 +123,16 @@ class SetupSteps:
         self.tail: deque[str] = deque(maxlen=15)
 
     def line(self, text: str) -> None:
-        text = clean_text(text.rstrip())[:_STEP_CHARS]
+        text = clean_text(text.rstrip())  # whole: pip's install line names every package
         if not text.strip():
             return
-        log.debug("setup", line=text)
+        log.debug("setup", line=text[:_LINE_CHARS])
         if text.startswith("error: "):  # setup's last word: it repeats what failed
             self.tail.clear()
             text = re.sub(r"^error: ([a-z_]+: )?", "", text)
-        self.tail.append(text.strip())
+        self.tail.append(text.strip()[:_LINE_CHARS])
         if (match := _COLLECTING.match(text)) is not None:
-            name = _normal(match.group(1))
+            name = _normal(match.group(1) or match.group(2))
             if name in self._wanted and name not in self._seen:
                 self._seen.append(name)
                 total = len(self._wanted)
