@@ -207,7 +207,8 @@ class SandboxService:
         if self.preparing is not None:
             whole = request.language not in self.languages()
             waiting = time.monotonic()
-            await self.preparing.wait(timeout, on_progress, whole=whole)
+            with self.metrics.counting_backend_errors():
+                await self.preparing.wait(timeout, on_progress, whole=whole)
             on_progress = _after(on_progress, time.monotonic() - waiting)
         if request.language not in self.languages():
             await self.refresh_runners()  # an image built since the last look

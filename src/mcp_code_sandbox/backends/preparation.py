@@ -136,7 +136,10 @@ class Preparation:
         self._changed = asyncio.Event()
 
     def message(self) -> str:
-        """What is happening, for a progress notification or a log line."""
+        """What is happening (or why it stopped), for a progress notification, a log line
+        or ``/readyz``."""
+        if self._failure is not None:
+            return f"{self.what} failed: {self._failure.message}"
         return f"{self.what}: {self.step}"
 
     async def wait(
