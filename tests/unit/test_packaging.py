@@ -89,3 +89,16 @@ def test_no_command_means_serve(argv: list[str], expected: list[str]) -> None:
     assert default_command(argv) == expected
     if expected[0] == "serve":
         assert build_parser().parse_args(default_command(argv)).command == "serve"
+
+
+def test_run_code_names_the_packages_this_server_preinstalls(tmp_path: Any) -> None:
+    from mcp_code_sandbox.server.app import descriptions
+
+    standard = descriptions(load_settings({"state_dir": str(tmp_path)}, environ={}))
+    assert (
+        "Preinstalled: pandas, numpy, matplotlib, seaborn, scipy, openpyxl" in standard["run_code"]
+    )
+    small = load_settings(
+        {"state_dir": str(tmp_path)}, {"SANDBOX_RUNTIME_PACKAGES": "ipython,tabulate"}
+    )
+    assert "Preinstalled: ipython, tabulate." in descriptions(small)["run_code"]
