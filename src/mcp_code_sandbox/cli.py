@@ -20,7 +20,7 @@ from mcp_code_sandbox import __version__
 from mcp_code_sandbox.errors import SandboxError
 from mcp_code_sandbox.settings import ConfigError, Settings, load_settings
 
-__all__ = ["main"]
+__all__ = ["default_command", "main"]
 
 
 def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
@@ -40,7 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=__version__)
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="serve MCP over stdio (default) or HTTP")
+    serve = sub.add_parser(
+        "serve", help="serve MCP over stdio (default) or HTTP; the command when none is given"
+    )
     serve.add_argument("--transport", choices=("stdio", "http"), default="stdio")
     serve.add_argument(
         "--host",
@@ -53,6 +55,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     setup = sub.add_parser("setup", help="build the sandbox runtime environment (bwrap)")
     setup.add_argument("--force", action="store_true", help="rebuild even if up to date")
+    setup.add_argument(
+        "--node",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also build Node.js and bun for JavaScript and TypeScript (default: yes)",
+    )
     sub.add_parser("doctor", help="check each backend and say what is enforced")
     run = sub.add_parser("exec", help="run code once in a fresh sandbox and print the result")
     run.add_argument("code", nargs="?", help="the code (or use --file)")
@@ -90,6 +98,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def default_command(argv: Sequence[str]) -> list[str]:
+    """``argv`` with ``serve`` put first when it names no command (nothing, or only
+    flags): ``uvx mcp-code-sandbox`` is the line MCP clients are given."""
+    args = list(argv)
+    if not args or (args[0].startswith("-") and args[0] not in ("-h", "--help", "--version")):
+        return ["serve", *args]
+    return args
+
+
 def _settings(args: argparse.Namespace) -> Settings:
     overrides: dict[str, Any] = {
         name: getattr(args, name) for name in Settings.model_fields if hasattr(args, name)
@@ -102,7 +119,7 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(default_command(sys.argv[1:] if argv is None else argv))
     try:
         settings = _settings(args)
     except ConfigError as exc:
@@ -119,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "serve":
             return _serve(settings, args.transport)
         if args.command == "setup":
-            return _setup(settings, force=args.force)
+            return _setup(settings, force=args.force, node=args.node)
         if args.command == "image":
             return _image_build(settings, args)
         if args.command == "doctor":
@@ -141,13 +158,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _serve(settings: Settings, transport: str) -> int:
     from mcp_code_sandbox.backends import create_backend
     from mcp_code_sandbox.server.auth import build_auth
+    from mcp_code_sandbox.server.first_run import runtime_preparation
     from mcp_code_sandbox.server.transports import check_http_exposure, serve_http, serve_stdio
     from mcp_code_sandbox.service import SandboxService
 
     if transport == "http":  # refuse an open bind or bad tokens before any sandbox work
         check_http_exposure(settings)
         build_auth(settings)
-    service = SandboxService(settings, create_backend(settings))
+    backend = create_backend(settings)
+    # No runtime env yet (a first `uvx mcp-code-sandbox`): serve at once, build it beside.
+    service = SandboxService(settings, backend, runtime_preparation(settings, backend))
     if transport == "stdio":
         asyncio.run(serve_stdio(service))
     else:
@@ -155,15 +175,17 @@ def _serve(settings: Settings, transport: str) -> int:
     return 0
 
 
-def _setup(settings: Settings, *, force: bool) -> int:
+def _setup(settings: Settings, *, force: bool, node: bool = True) -> int:
     from mcp_code_sandbox.provision.venv import build_runtime
 
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    status = build_runtime(settings, force=force, progress=progress)
-    node = status.node
-    languages = f", Node.js {node.node}, bun {node.bun}" if node else ", no JavaScript/TypeScript"
+    status = build_runtime(settings, force=force, progress=progress, node=node)
+    js = status.node
+    languages = f", Node.js {js.node}, bun {js.bun}" if js else ", no JavaScript/TypeScript"
+    if not node and js is None:
+        languages = ", Node.js not built (--no-node)"
     print(
         f"runtime environment ready: {status.venv} (Python {status.python_version}{languages})",
         file=sys.stderr,

@@ -15,6 +15,7 @@ from typing import Any, BinaryIO
 import structlog
 
 from mcp_code_sandbox.backends.base import Backend, Enforcement, Sandbox
+from mcp_code_sandbox.backends.preparation import Preparation
 from mcp_code_sandbox.backends.runner_images import RunnerImages
 from mcp_code_sandbox.errors import (
     InvalidArgument,
@@ -70,10 +71,29 @@ READY_TIMEOUT_S = 5.0
 READY_CACHE_S = 2.0
 
 
+def _after(sink: execute.ProgressSink | None, waited: float) -> execute.ProgressSink | None:
+    """``sink`` counting from ``waited`` seconds on: a run's progress continues the wait's
+    (MCP progress values only increase within a request)."""
+    if sink is None or waited <= 0:
+        return sink
+    sink_ = sink
+
+    async def later(elapsed: float, message: str) -> None:
+        await sink_(waited + elapsed, message)
+
+    return later
+
+
 class SandboxService:
-    def __init__(self, settings: Settings, backend: Backend) -> None:
+    def __init__(
+        self, settings: Settings, backend: Backend, preparing: Preparation | None = None
+    ) -> None:
+        """``preparing``: what the backend still needs built before its first sandbox (a
+        first ``serve`` without the runtime env), from the server layer, which decides
+        what that is; ``None``: nothing. Started and closed with the service."""
         self.settings = settings
         self.backend = backend
+        self.preparing = preparing
         self.metrics = Metrics(backend.name)
         self.sessions = SessionManager(settings, backend, self.metrics)
         #: Blocking work (file I/O, walks, images) goes here, never on the event loop.
@@ -96,8 +116,12 @@ class SandboxService:
         self._ready_lock = asyncio.Lock()
         #: The latest runs of every owner, for the operator's ``/ui`` page.
         self.recent_runs = RecentRuns()
+        if preparing is not None:  # built further: what the sandboxes offer changed
+            preparing.listeners.append(self.refresh_runners)
 
     async def start(self) -> None:
+        if self.preparing is not None:
+            self.preparing.start()
         await self.sessions.start()
         await self.refresh_runners()
 
@@ -141,6 +165,8 @@ class SandboxService:
         return True
 
     async def aclose(self) -> None:
+        if self.preparing is not None:
+            await self.preparing.aclose()
         await self.sessions.aclose()
 
     def session_count(self) -> int:
@@ -159,6 +185,8 @@ class SandboxService:
             return reason
 
     async def _ask_ready(self, timeout_s: float) -> str | None:
+        if self.preparing is not None and not self.preparing.usable:
+            return self.preparing.message()  # "building the sandbox runtime: installing ..."
         try:
             async with asyncio.timeout(timeout_s):
                 await self.backend.check_ready()
@@ -203,11 +231,18 @@ class SandboxService:
     ) -> execute.RunReport:
         """Check ``request``, hold the session (made when new), get its executor from the
         session manager and run; the report is complete as :func:`.run.execute.run`
-        builds it."""
+        builds it. While the backend is still being prepared, the call waits for it up
+        to its timeout (a language not offered yet: for the whole preparation)."""
+        timeout = check_request(self.settings, request)
+        if self.preparing is not None:
+            whole = request.language not in self.languages()
+            waiting = time.monotonic()
+            with self.metrics.counting_backend_errors():
+                await self.preparing.wait(timeout, on_progress, whole=whole)
+            on_progress = _after(on_progress, time.monotonic() - waiting)
         if request.language not in self.languages():
             await self.refresh_runners()  # an image built since the last look
         self.offer.check(request.language)
-        timeout = check_request(self.settings, request)
         if request.network:
             why = (await asyncio.to_thread(self.backend.describe)).network_unavailable
             if why is not None:

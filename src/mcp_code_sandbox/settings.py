@@ -189,6 +189,12 @@ class Settings(BaseSettings):
     #: Where ``setup`` builds the sandbox runtime env (a venv, later node); by default
     #: ``<state_dir>/runtime`` (filled in by ``_derive_paths``).
     runtime_dir: Path = Path()
+    #: The Python packages (names, as pip knows them) of the bwrap runtime env that
+    #: ``setup`` and a first ``serve`` build. Semantics: empty (the default) means the
+    #: standard list of DESIGN.md §3 (``backends.bwrap.runtime.PACKAGES``); anything else
+    #: replaces it (a smaller runtime builds faster: tests, CI). The docker image keeps
+    #: its own list.
+    runtime_packages: NameList = Field(default_factory=list)
     #: Host uids kept for sandboxes, one per session (``uids``): ``uid_range_start`` ..
     #: ``uid_range_start + uid_range_size - 1``, used as gids too; by default a band no
     #: user, useradd subuid range or systemd container range gets. Below 2^31.
@@ -253,6 +259,15 @@ class Settings(BaseSettings):
         for name in names:
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", name):
                 raise ValueError(f"{name!r} is not a Python module name")
+        return names
+
+    @field_validator("runtime_packages")
+    @classmethod
+    def _package_names(cls, names: list[str]) -> list[str]:
+        for name in names:
+            # Bare names: the build reads each one's installed version back by its name.
+            if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?", name):
+                raise ValueError(f"{name!r} is not a package name (give names only, no versions)")
         return names
 
     @field_validator("allowed_hosts")

@@ -61,15 +61,16 @@ def test_healthz_and_readyz_when_ready(make_settings: Callable[..., Settings]) -
 async def test_not_ready_without_the_runtime_env(
     make_settings: Callable[..., Settings], state_dir: Path
 ) -> None:
-    # A real failure: the runtime env `setup` builds is not there (bwrap cannot run code).
+    # A real failure: the runtime env `setup` builds is not there (bwrap cannot run code),
+    # and the server's own build of it fails (a package no index has).
     settings = make_settings(runtime_dir=str(state_dir / "no-runtime"))
-    with http_server(settings) as base:
+    with http_server(settings, SANDBOX_RUNTIME_PACKAGES="no-such-pkg-zq7x") as base:
         assert httpx.get(f"{base}/healthz").status_code == 200  # alive, not ready
         ready = httpx.get(f"{base}/readyz")
         assert ready.status_code == 503
         body = ready.json()
         assert body["status"] == "not ready" and body["backend"] == "bwrap"
-        assert "mcp-code-sandbox setup" in body["reason"]
+        assert body["reason"].startswith("building the sandbox runtime")
         # What a client then gets is a backend failure, and the metrics count it.
         async with Client(f"{base}/mcp", mode=MODERN) as client:
             result = await client.call_tool("run_code", {"code": "1"})

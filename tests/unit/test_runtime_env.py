@@ -12,7 +12,7 @@ import pytest
 from mcp_code_sandbox.backends.bwrap import runtime as rd
 from mcp_code_sandbox.errors import BackendUnavailable
 from mcp_code_sandbox.provision import venv as rt
-from mcp_code_sandbox.settings import Settings, load_settings
+from mcp_code_sandbox.settings import ConfigError, Settings, load_settings
 
 BASE = rd.BaseInterpreter(Path(sys.executable), Path(sys.base_prefix), "3.11.2")
 
@@ -108,3 +108,20 @@ def test_choose_prefers_first_usable(tmp_path: Path) -> None:
 def test_real_probe_of_this_interpreter() -> None:
     base = rt._probe(Path(sys.executable))
     assert base is not None and base.version.startswith("3.")
+
+
+def test_the_package_list_is_a_setting_whose_default_is_the_designs(tmp_path: Path) -> None:
+    assert rd.runtime_packages(settings(tmp_path)) == rd.PACKAGES  # unset: the standard list
+    small = load_settings({"state_dir": str(tmp_path)}, {"SANDBOX_RUNTIME_PACKAGES": "ipython"})
+    assert rd.runtime_packages(small) == ("ipython",)
+    # A runtime of the standard list is stale for a server asking for another, and back.
+    install(tmp_path, manifest())
+    assert rd.runtime_status(settings(tmp_path)).ok
+    assert "package list" in rd.runtime_status(small).detail
+    (small.runtime_dir / "manifest.json").write_text(json.dumps(manifest(packages=["ipython"])))
+    assert rd.runtime_status(small).ok and not rd.runtime_status(settings(tmp_path)).ok
+
+
+def test_the_package_list_takes_names_only() -> None:
+    with pytest.raises(ConfigError, match=r"SANDBOX_RUNTIME_PACKAGES.*names only"):
+        load_settings(environ={"SANDBOX_RUNTIME_PACKAGES": "pandas==2.2"})

@@ -141,7 +141,8 @@ _ALLOWED_FAMILIES = (socket.AF_UNIX, socket.AF_INET, socket.AF_INET6)
 
 _INSTALL = (
     "libseccomp could not be loaded, and sandboxes never run without their seccomp filter: "
-    "install it (apt-get install libseccomp2; pip install pyseccomp)"
+    "install it (`sudo apt install libseccomp2` on Debian and Ubuntu, `sudo dnf install "
+    "libseccomp` on Fedora; pip install pyseccomp)"
 )
 
 

@@ -27,17 +27,18 @@ nothing here writes to stdout, which is the MCP protocol in stdio mode.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from mcp_code_sandbox.backends.bwrap.runtime import (
     MANIFEST_FORMAT,
-    PACKAGES,
     BaseInterpreter,
     NodeRuntime,
     RuntimeStatus,
@@ -46,6 +47,7 @@ from mcp_code_sandbox.backends.bwrap.runtime import (
     node_dir,
     read_manifest,
     read_node_runtime,
+    runtime_packages,
     runtime_status,
     venv_dir,
 )
@@ -147,8 +149,8 @@ def _make_venv(base: BaseInterpreter, target: Path, progress: Progress) -> None:
         ) from None
 
 
-def _pip_install(target: Path, progress: Progress) -> None:
-    progress(f"installing {', '.join(PACKAGES)} with the server's pip")
+def _pip_install(target: Path, packages: tuple[str, ...], progress: Progress) -> None:
+    progress(f"installing {', '.join(packages)} with the server's pip")
     argv = [
         sys.executable,
         "-m",
@@ -160,7 +162,7 @@ def _pip_install(target: Path, progress: Progress) -> None:
         "--progress-bar",
         "off",
         "--no-warn-script-location",
-        *PACKAGES,
+        *packages,
         *TOOLS,
     ]
     run_streaming(argv, progress, "pip install")
@@ -185,10 +187,10 @@ def _fix_shebangs(target: Path, final: Path) -> None:
             script.write_bytes(f"#!{SANDBOX_PYTHON}".encode() + sep + rest)
 
 
-def _installed_versions(target: Path) -> tuple[str, dict[str, str]]:
+def _installed_versions(target: Path, packages: tuple[str, ...]) -> tuple[str, dict[str, str]]:
     code = (
         "import json, sys, importlib.metadata as m; print(json.dumps(['%d.%d.%d' % "
-        f"sys.version_info[:3], {{p: m.version(p) for p in {list(PACKAGES)!r}}}]))"
+        f"sys.version_info[:3], {{p: m.version(p) for p in {list(packages)!r}}}]))"
     )
     try:
         out = subprocess.run(
@@ -208,21 +210,22 @@ def _build_venv(settings: Settings, base: BaseInterpreter, progress: Progress) -
     final = venv_dir(settings)
     building = settings.runtime_dir / "venv.building"
     manifest_file = manifest_path(settings)
+    packages = runtime_packages(settings)
     try:
         settings.runtime_dir.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(building, ignore_errors=True)
         _make_venv(base, building, progress)
-        _pip_install(building, progress)
+        _pip_install(building, packages, progress)
         _write_site_pth(building)
         _fix_shebangs(building, final)
-        version, installed = _installed_versions(building)
+        version, installed = _installed_versions(building, packages)
         progress(f"installed into {final}")
         manifest_file.unlink(missing_ok=True)
         shutil.rmtree(final, ignore_errors=True)
         os.replace(building, final)
         manifest = {
             "format": MANIFEST_FORMAT,
-            "packages": list(PACKAGES),
+            "packages": list(packages),
             "base_executable": str(base.executable),
             "base_prefix": str(base.prefix),
             "base_version": base.version,
@@ -301,15 +304,47 @@ def ensure_node(
 
 
 def build_runtime(
-    settings: Settings, *, force: bool = False, progress: Progress = stderr_progress
+    settings: Settings,
+    *,
+    force: bool = False,
+    progress: Progress = stderr_progress,
+    node: bool = True,
 ) -> RuntimeStatus:
-    """Build (or keep) the runtime environment; idempotent and fast when it is current."""
-    base = choose_base_interpreter()
-    status = runtime_status(settings)
-    manifest = read_manifest(manifest_path(settings))
-    if not force and status.ok and manifest_mismatch(manifest, base) is None:
-        progress(f"runtime environment is up to date: {status.detail}")
-    else:
-        _build_venv(settings, base, progress)
-    ensure_node(settings, npm=shutil.which("npm"), force=force, progress=progress)
+    """Build (or keep) the runtime environment; idempotent and fast when it is current.
+
+    ``node`` False: the Python part only (the first ``serve`` builds it first, so Python
+    runs sooner, and Node.js after it). One build at a time per runtime dir (a lock file
+    in it): two servers started at once on a new machine, or ``setup`` beside a first
+    ``serve``, take turns; the second then finds the first's result current."""
+    with _build_lock(settings.runtime_dir, progress):
+        base = choose_base_interpreter()
+        status = runtime_status(settings)
+        manifest = read_manifest(manifest_path(settings))
+        packages = runtime_packages(settings)
+        if not force and status.ok and manifest_mismatch(manifest, base, packages) is None:
+            progress(f"runtime environment is up to date: {status.detail}")
+        else:
+            _build_venv(settings, base, progress)
+        if node:
+            ensure_node(settings, npm=shutil.which("npm"), force=force, progress=progress)
     return runtime_status(settings)
+
+
+@contextlib.contextmanager
+def _build_lock(runtime_dir: Path, progress: Progress) -> Iterator[None]:
+    """Hold ``<runtime_dir>/.build.lock`` (``flock``: released when this process ends,
+    however it ends), saying so when another build holds it."""
+    try:
+        runtime_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(runtime_dir / ".build.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise BackendUnavailable(f"cannot build the runtime environment: {exc}") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            progress(f"waiting for another build of the runtime environment in {runtime_dir}")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)

@@ -29,7 +29,7 @@ class RunRequest:
 
 def check_request(settings: Settings, request: RunRequest) -> float:
     """Refuse what this server does not allow (code size, network, env, timeout); return
-    the effective timeout. Called by the service, after the language was found offered."""
+    the effective timeout. Called by the service first (before any wait)."""
     if len(request.code.encode("utf-8")) > settings.max_code_bytes:
         raise CodeTooLarge(
             f"code is larger than {settings.max_code_bytes} bytes; upload data with "

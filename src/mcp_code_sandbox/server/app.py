@@ -19,6 +19,7 @@ from mcp.server.subscriptions import InMemorySubscriptionBus
 from mcp_types import INTERNAL_ERROR, ToolAnnotations
 
 from mcp_code_sandbox import __version__
+from mcp_code_sandbox.backends.bwrap.runtime import PACKAGES
 from mcp_code_sandbox.errors import SandboxError
 from mcp_code_sandbox.metrics import Metrics
 from mcp_code_sandbox.server.auth import ServerAuth, current_owner
@@ -75,8 +76,7 @@ def descriptions(
             "Python runs in a persistent IPython interpreter: variables and imports survive "
             "between calls with the same session_id; the value of the last expression is "
             "returned as `result`; every matplotlib figure comes back as an image. "
-            "Preinstalled: pandas, numpy, matplotlib, seaborn, scipy, openpyxl, reportlab, "
-            f"pyarrow, requests, ipython.{_other_languages(offered)} {net} Limits per "
+            f"Preinstalled: {_preinstalled(settings)}.{_other_languages(offered)} {net} Limits per "
             f"session: {_size(settings.memory_limit)} memory, {settings.cpu_limit:g} CPU, "
             f"{settings.exec_timeout_s:g} s per call by default (timeout_s up to "
             f"{settings.max_exec_timeout_s:g}), output beyond "
@@ -116,6 +116,14 @@ def descriptions(
             "the limits of every session."
         ),
     }
+
+
+def _preinstalled(settings: Settings) -> str:
+    """The Python packages sandboxes have: ``SANDBOX_RUNTIME_PACKAGES`` where it applies
+    (the bwrap runtime env), else DESIGN.md §3's list (the default, and the image's)."""
+    if settings.runtime_packages and settings.backend != "docker":
+        return ", ".join(settings.runtime_packages)
+    return ", ".join(PACKAGES)
 
 
 #: What run_code's description says of each agent language but Python (runtimes.RUNTIMES).

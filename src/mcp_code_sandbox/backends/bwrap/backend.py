@@ -79,15 +79,28 @@ from mcp_code_sandbox.backends.seccomp import build_seccomp_bpf
 from mcp_code_sandbox.errors import BackendUnavailable, NetworkNotAllowed, SandboxFailed
 from mcp_code_sandbox.settings import Settings
 
-__all__ = ["BwrapBackend", "BwrapSandbox"]
+__all__ = ["BWRAP_MISSING", "BwrapBackend", "BwrapSandbox", "bwrap_missing"]
 
 log = logging.getLogger(__name__)
 
 READY_TIMEOUT_S = 30.0
+#: Said (once at start, then by every call) when the one system program this backend
+#: cannot do without is missing: what it is and the command that installs it.
+BWRAP_MISSING = (
+    "bubblewrap (bwrap) is not installed, and every sandbox needs it. Install it, then "
+    "restart the server: `sudo apt install bubblewrap` (Debian, Ubuntu) or "
+    "`sudo dnf install bubblewrap` (Fedora)"
+)
 _STDERR_TAIL = 20
 _STDERR_LOG_LINES = 200
 #: The longest stderr line logged (longer ones are cut, and the rest of them dropped).
 _STDERR_LINE_BYTES = 500
+
+
+def bwrap_missing() -> str | None:
+    """:data:`BWRAP_MISSING` when no ``bwrap`` is on PATH; ``None`` when there is one.
+    Asked by the first-run build (``server.first_run``) before a call waits for it."""
+    return BWRAP_MISSING if shutil.which("bwrap") is None else None
 
 
 def _high_fd(fd: int) -> int:
@@ -272,9 +285,7 @@ class BwrapBackend(Backend):
     def _bwrap(self) -> str:
         path = shutil.which("bwrap")
         if path is None:
-            raise BackendUnavailable(
-                "bwrap not found: install bubblewrap (apt-get install bubblewrap)"
-            )
+            raise BackendUnavailable(BWRAP_MISSING)
         return path
 
     def _agent_package(self) -> Path:

@@ -31,6 +31,7 @@ __all__ = [
     "node_dir",
     "read_manifest",
     "read_node_runtime",
+    "runtime_packages",
     "runtime_status",
     "venv_dir",
 ]
@@ -49,6 +50,14 @@ PACKAGES: tuple[str, ...] = (
     "requests",
     "ipython",
 )
+
+
+def runtime_packages(settings: Settings) -> tuple[str, ...]:
+    """The Python packages this server's runtime env holds: ``SANDBOX_RUNTIME_PACKAGES``,
+    or :data:`PACKAGES` when that is empty (the default)."""
+    return tuple(settings.runtime_packages) or PACKAGES
+
+
 #: Bump when the layout of the runtime changes, to make ``setup`` rebuild.
 #: 2: pip in the venv and :data:`SESSION_SITE_PTH` (packages installed at run time).
 MANIFEST_FORMAT = 2
@@ -161,8 +170,13 @@ def needs_bind(prefix: Path) -> bool:
     return not (prefix == Path("/usr") or Path("/usr") in prefix.parents)
 
 
-def manifest_mismatch(manifest: dict[str, Any] | None, base: BaseInterpreter | None) -> str | None:
-    """Why ``manifest`` does not describe a usable runtime built from ``base``; ``None`` if it does.
+def manifest_mismatch(
+    manifest: dict[str, Any] | None,
+    base: BaseInterpreter | None,
+    packages: tuple[str, ...] = PACKAGES,
+) -> str | None:
+    """Why ``manifest`` does not describe a usable runtime of ``packages`` built from
+    ``base``; ``None`` if it does.
 
     ``base`` ``None`` skips the comparison with a freshly chosen interpreter (status only).
     """
@@ -170,7 +184,7 @@ def manifest_mismatch(manifest: dict[str, Any] | None, base: BaseInterpreter | N
         return "not built yet"
     if manifest.get("format") != MANIFEST_FORMAT:
         return "built by another version of mcp-code-sandbox"
-    if list(manifest.get("packages", [])) != list(PACKAGES):
+    if list(manifest.get("packages", [])) != list(packages):
         return "the package list changed"
     executable = Path(str(manifest.get("base_executable", "")))
     if not executable.exists():
@@ -188,7 +202,7 @@ def runtime_status(settings: Settings) -> RuntimeStatus:
     manifest = read_manifest(manifest_path(settings))
     exists = venv.is_dir()
     node = read_node_runtime(node_dir(settings))
-    reason = manifest_mismatch(manifest, None)
+    reason = manifest_mismatch(manifest, None, runtime_packages(settings))
     if reason is None and not (venv / "bin" / "python").exists():
         reason = "the venv's python is missing or its link is broken"
     if manifest is None or reason is not None:
