@@ -25,7 +25,15 @@ from mcp_code_sandbox.server.app import build_server
 from mcp_code_sandbox.service import SandboxService
 from tests.fakes import FakeBackend, fake_service
 
-TOOLS = {"run_code", "upload_file", "read_file", "list_files", "close_session", "list_runtimes"}
+TOOLS = {
+    "run_code",
+    "upload_file",
+    "read_file",
+    "list_files",
+    "close_session",
+    "list_runtimes",
+    "export_notebook",
+}
 
 
 @contextlib.asynccontextmanager
