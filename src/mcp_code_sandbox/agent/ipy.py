@@ -13,6 +13,7 @@ from typing import Any
 
 from .cells import Emit, Outcome, error_info, pick_mimes
 from .interrupts import InterruptGate
+from .tables import dataframe_markdown
 
 __all__ = ["make_ipython_shell"]
 
@@ -35,6 +36,15 @@ def make_ipython_shell(emit: Emit, gate: InterruptGate) -> Any:
 
         def write_output_prompt(self) -> None:
             pass
+
+        def compute_format_data(self, result: Any) -> Any:
+            """IPython's formats, plus a markdown table for a DataFrame (``tables``): it
+            is shown beside the text repr, which stays the ``result``."""
+            format_dict, md_dict = super().compute_format_data(result)
+            table = dataframe_markdown(result)
+            if table is not None and isinstance(format_dict, dict):
+                format_dict["text/markdown"] = table
+            return format_dict, md_dict
 
         def write_format_data(self, format_dict: Any, md_dict: Any = None) -> None:
             self.captured = dict(format_dict)

@@ -18,6 +18,7 @@ from typing import Any
 
 from .cells import Emit, Outcome, error_info, mime_bundle, pick_mimes
 from .interrupts import InterruptGate
+from .tables import dataframe_markdown
 
 __all__ = ["PlainShell"]
 
@@ -56,6 +57,9 @@ class PlainShell:
         if value is not None:
             self.namespace["_"] = value
             result = repr(value)
+            table = dataframe_markdown(value)
+            if table is not None:  # as IPython's shell does (``ipy``): a table to read
+                self._emit("display", {"text/markdown": table, "text/plain": result})
         return Outcome("ok", result, None, self.execution_count)
 
     def _execute(self, code: str, filename: str) -> Any:
