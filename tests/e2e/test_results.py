@@ -113,14 +113,14 @@ async def test_a_run_whose_session_is_closed_says_so(base: str, language: str) -
         await run(client, "1", session_id="doomed")
         started = asyncio.Event()
 
-        async def progress(value: float, total: float | None, message: str | None) -> None:
+        async def on_progress(progress: float, total: float | None, message: str | None) -> None:
             started.set()
 
         call = asyncio.create_task(
             client.call_tool(
                 "run_code",
                 {"code": code, "language": language, "session_id": "doomed"},
-                progress_callback=progress,
+                progress_callback=on_progress,
             )
         )
         await asyncio.wait_for(started.wait(), 60)
