@@ -268,7 +268,7 @@ class SandboxService:
             owner, session_id, create=False, wait_s=self.settings.exec_timeout_s
         ) as held:
             session = held.session
-            entries, missing = await self.threads.run(owner, self.runlog(session).entries)
+            entries, missing = await self.threads.run(owner, self.runlog(session).read)
             data = await self.threads.run(
                 owner, notebook.build_notebook, entries, missing, _image_reader(session)
             )

@@ -477,7 +477,12 @@ def test_savefig_into_workdir_is_not_captured_twice(ipy: Agent) -> None:
     assert ipy.run("plt.get_fignums()").done["result"] == "[]"
 
 
-def test_pandas_result_is_text(ipy: Agent) -> None:
+def test_pandas_result_is_text_and_a_markdown_table(ipy: Agent) -> None:
     result = ipy.run("import pandas as pd\npd.DataFrame({'a': [1, 2]})")
     assert result.done["result"] == "   a\n0  1\n1  2"
-    assert result.displays == []
+    table = "|  | a |\n| --- | --- |\n| 0 | 1 |\n| 1 | 2 |"
+    assert [d["data"] for d in result.displays] == [
+        {"text/markdown": table, "text/plain": "   a\n0  1\n1  2"}
+    ]
+    series = ipy.run("pd.Series([1, 2])")  # only frames: a Series is its text
+    assert series.displays == [] and series.done["result"]

@@ -103,7 +103,11 @@ class RunLog:
         with os.fdopen(fd, "ab") as out:
             out.write(line)
 
-    def entries(self) -> tuple[list[RunEntry], int]:
+    def entries(self) -> list[RunEntry]:
+        """The recorded runs, in the order they ran."""
+        return self.read()[0]
+
+    def read(self) -> tuple[list[RunEntry], int]:
         """The recorded runs in order, and how many runs were not recorded (the log was
         full) or cannot be read back."""
         try:
