@@ -19,9 +19,10 @@ from mcp import Client
 
 from mcp_code_sandbox.settings import Settings
 
+from ..conftest import each_backend
 from .conftest import http_server
 
-pytestmark = [pytest.mark.e2e, pytest.mark.bwrap]
+pytestmark = [pytest.mark.e2e]
 
 PNG = b"\x89PNG\r\n\x1a\n"
 RUNS: list[tuple[str, str]] = [
@@ -47,6 +48,7 @@ def data(result: Any) -> dict[str, Any]:
     return dict(result.structured_content)
 
 
+@each_backend
 async def test_export_notebook_writes_every_run_in_order(
     served: tuple[str, Settings],
 ) -> None:
@@ -122,6 +124,7 @@ def check_cells(nb: Any) -> None:
     assert base64.b64decode(embedded[0].data["image/png"]).startswith(PNG)
 
 
+@pytest.mark.bwrap
 async def test_export_notebook_refuses_bad_paths_and_sessions(
     served: tuple[str, Settings],
 ) -> None:
