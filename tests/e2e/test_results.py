@@ -58,6 +58,13 @@ async def test_figures_frames_runtimes_and_exit_codes(base: str) -> None:
         assert [c.type for c in result.content].count("image") == 1
         assert figure["displays"] == [], figure["displays"]  # not "<Figure size 640x480 ...>"
         assert "Figure size" not in json.dumps(figure)
+        # A figure that is the cell's value: its image, and no "<Figure ...>" result.
+        result = await client.call_tool(
+            "run_code", {"code": "plt.plot([3, 1])\nplt.gcf()", "session_id": "r"}
+        )
+        value = data(result)
+        assert [c.type for c in result.content].count("image") == 1
+        assert (value["result"], value["displays"]) == (None, [])
 
         frame = await run(client, FRAME)
         assert [d["mime_type"] for d in frame["displays"]] == ["text/markdown"]

@@ -12,6 +12,7 @@ import importlib
 from typing import Any
 
 from .cells import Emit, Outcome, error_info, pick_mimes
+from .figures import is_figure
 from .interrupts import InterruptGate
 from .tables import dataframe_markdown
 
@@ -30,6 +31,8 @@ def make_ipython_shell(emit: Emit, gate: InterruptGate) -> Any:
         """Keeps the last expression's formats instead of printing ``Out[n]:``."""
 
         captured: dict[str, Any] | None = None
+        #: The value was a matplotlib Figure (its image is captured at the cell's end).
+        figure = False
 
         def start_displayhook(self) -> None:
             pass
@@ -40,6 +43,7 @@ def make_ipython_shell(emit: Emit, gate: InterruptGate) -> Any:
         def compute_format_data(self, result: Any) -> Any:
             """IPython's formats, plus a markdown table for a DataFrame (``tables``): it
             is shown beside the text repr, which stays the ``result``."""
+            self.figure = is_figure(result)
             format_dict, md_dict = super().compute_format_data(result)
             table = dataframe_markdown(result)
             if table is not None and isinstance(format_dict, dict):
@@ -95,6 +99,7 @@ class IPythonShell:
         count = int(shell.execution_count)
         shell.last_traceback = None
         shell.displayhook.captured = None
+        shell.displayhook.figure = False
         try:
             with self._gate.armed():
                 result = shell.run_cell(code, store_history=True)
@@ -115,7 +120,7 @@ class IPythonShell:
 
     def _result_text(self) -> str | None:
         data = self._shell.displayhook.captured
-        if not data:
+        if not data or self._shell.displayhook.figure:
             return None
         picked = pick_mimes(data)
         if picked and len(picked) > 1:  # an image or markdown too: show it, like Out[n]
