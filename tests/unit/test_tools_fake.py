@@ -1,4 +1,4 @@
-"""The six tools through the SDK's in-memory MCP client, against ``build_server`` on the
+"""The tools through the SDK's in-memory MCP client, against ``build_server`` on the
 fake backend: what a client sees (structured results, content blocks, error codes)."""
 
 from __future__ import annotations

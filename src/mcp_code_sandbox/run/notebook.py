@@ -25,13 +25,6 @@ from collections.abc import Callable
 from typing import Any
 
 import nbformat
-from nbformat import NotebookNode
-from nbformat.v4 import (
-    new_code_cell,
-    new_markdown_cell,
-    new_notebook,
-    new_output,
-)
 
 from mcp_code_sandbox.run.execute import RunReport
 from mcp_code_sandbox.sessions.runlog import RecordedDisplay, RunEntry
@@ -45,6 +38,9 @@ MAGICS = {"bash": "%%bash", "javascript": "%%script node", "typescript": "%%scri
 MAX_IMAGE_FILES = 16
 _TEXT_DISPLAYS = ("text/markdown", "text/plain", "image/svg+xml", "text/html")
 _EMBEDDED = ("image/png", "image/jpeg")
+#: One cell or output, as nbformat 4 lays it out (checked once, for the whole notebook:
+#: nbformat's own ``new_*`` builders validate every piece, 5 ms each).
+Node = dict[str, Any]
 #: Read a workspace image for embedding: its bytes, or ``None`` when it is gone or too big.
 ReadImage = Callable[[str], bytes | None]
 
@@ -97,16 +93,32 @@ def build_notebook(entries: list[RunEntry], missing: int, read_image: ReadImage)
     cells = [_cell(entry, read_image) for entry in entries]
     dropped = sum(1 for entry in entries if entry.outputs_dropped)
     if missing or dropped:
-        cells.append(new_markdown_cell(_gaps(missing, dropped)))
-    nb = new_notebook(
-        cells=cells,
-        metadata={
-            "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
-            "language_info": {"name": "python"},
-        },
+        cells.append(_markdown(_gaps(missing, dropped)))
+    for number, cell in enumerate(cells, 1):
+        cell["id"] = f"run-{number}"
+    nb = nbformat.from_dict(
+        {
+            "nbformat": 4,
+            "nbformat_minor": 5,
+            "cells": cells,
+            "metadata": {
+                "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+                "language_info": {"name": "python"},
+            },
+        }
     )
     nbformat.validate(nb)  # raises ValidationError: our bug, an internal_error
     return nbformat.writes(nb).encode("utf-8")
+
+
+def _markdown(source: str, metadata: dict[str, Any] | None = None) -> Node:
+    return {"cell_type": "markdown", "source": source, "metadata": metadata or {}}
+
+
+def _output(kind: str, **fields: Any) -> Node:
+    if kind in ("display_data", "execute_result"):
+        fields.setdefault("metadata", {})
+    return {"output_type": kind, **fields}
 
 
 def _gaps(missing: int, dropped: int) -> str:
@@ -137,7 +149,7 @@ def _meta(entry: RunEntry) -> dict[str, Any]:
     return {"mcp_code_sandbox": meta}
 
 
-def _cell(entry: RunEntry, read_image: ReadImage) -> NotebookNode:
+def _cell(entry: RunEntry, read_image: ReadImage) -> Node:
     if entry.language != "python" and entry.language not in MAGICS:
         return _fenced(entry)
     source = entry.code if entry.language == "python" else f"{MAGICS[entry.language]}\n{entry.code}"
@@ -146,7 +158,7 @@ def _cell(entry: RunEntry, read_image: ReadImage) -> NotebookNode:
     outputs += [o for o in (_image_file(p, read_image) for p in entry.image_files) if o]
     if entry.result is not None:
         outputs.append(
-            new_output(
+            _output(
                 "execute_result",
                 data={"text/plain": entry.result},
                 execution_count=entry.execution_count,
@@ -154,51 +166,52 @@ def _cell(entry: RunEntry, read_image: ReadImage) -> NotebookNode:
         )
     if entry.status != "ok":
         outputs.append(_error(entry))
-    return new_code_cell(
-        source=source,
-        execution_count=entry.execution_count if entry.language == "python" else None,
-        outputs=outputs,
-        metadata=_meta(entry),
-    )
+    return {
+        "cell_type": "code",
+        "source": source,
+        "execution_count": entry.execution_count if entry.language == "python" else None,
+        "outputs": outputs,
+        "metadata": _meta(entry),
+    }
 
 
-def _streams(entry: RunEntry) -> list[NotebookNode]:
+def _streams(entry: RunEntry) -> list[Node]:
     return [
-        new_output("stream", name=name, text=text)
+        _output("stream", name=name, text=text)
         for name, text in (("stdout", entry.stdout), ("stderr", entry.stderr))
         if text
     ]
 
 
-def _display(display: RecordedDisplay) -> NotebookNode:
+def _display(display: RecordedDisplay) -> Node:
     if display.data is not None:
         value = base64.b64encode(display.data).decode("ascii")
     else:
         value = display.text or ""
-    return new_output("display_data", data={display.mime_type: value})
+    return _output("display_data", data={display.mime_type: value})
 
 
-def _image_file(path: str, read_image: ReadImage) -> NotebookNode | None:
+def _image_file(path: str, read_image: ReadImage) -> Node | None:
     """A workspace image the run saved, embedded when it is still there (and PNG or
     JPEG, which every notebook viewer shows); else its path, as plain text."""
     mime = "image/jpeg" if path.lower().endswith((".jpg", ".jpeg")) else "image/png"
     data = read_image(path) if path.lower().endswith((".png", ".jpg", ".jpeg")) else None
     if data is None:
-        return new_output("display_data", data={"text/plain": f"[image file /mnt/data/{path}]"})
-    return new_output(
+        return _output("display_data", data={"text/plain": f"[image file /mnt/data/{path}]"})
+    return _output(
         "display_data",
         data={mime: base64.b64encode(data).decode("ascii")},
         metadata={"filename": path},
     )
 
 
-def _error(entry: RunEntry) -> NotebookNode:
+def _error(entry: RunEntry) -> Node:
     error = entry.error or {}
     name = error.get("name") or ("Timeout" if entry.status == "timeout" else "Error")
     value = error.get("value") or _failed(entry)
     traceback = error.get("traceback") or ""
     lines = traceback.splitlines() or [f"{name}: {value}"]
-    return new_output("error", ename=name, evalue=value, traceback=lines)
+    return _output("error", ename=name, evalue=value, traceback=lines)
 
 
 def _failed(entry: RunEntry) -> str:
@@ -207,7 +220,7 @@ def _failed(entry: RunEntry) -> str:
     return entry.notice or entry.status
 
 
-def _fenced(entry: RunEntry) -> NotebookNode:
+def _fenced(entry: RunEntry) -> Node:
     """A runner language's run: its code and output, fenced (markdown cells have no
     outputs)."""
     fence = "`" * max(3, _longest_backticks(entry.code, entry.stdout, entry.stderr) + 1)
@@ -217,7 +230,7 @@ def _fenced(entry: RunEntry) -> NotebookNode:
     output = entry.stdout + entry.stderr
     if output:
         text += f"\n\nOutput:\n\n{fence}\n{output}\n{fence}"
-    return new_markdown_cell(text, metadata=_meta(entry))
+    return _markdown(text, metadata=_meta(entry))
 
 
 def _longest_backticks(*texts: str) -> int:
