@@ -19,6 +19,7 @@ from mcp_code_sandbox.backends.preparation import Preparation
 from mcp_code_sandbox.backends.runner_images import RunnerImages
 from mcp_code_sandbox.errors import (
     InvalidArgument,
+    InvalidFilename,
     NetworkNotAllowed,
     SandboxError,
     SessionNotFound,
@@ -26,18 +27,20 @@ from mcp_code_sandbox.errors import (
     UploadTooLarge,
 )
 from mcp_code_sandbox.metrics import Metrics
-from mcp_code_sandbox.run import execute
+from mcp_code_sandbox.run import execute, notebook
 from mcp_code_sandbox.run.languages import RUNTIMES, Languages, runner_summary
 from mcp_code_sandbox.run.probe import RuntimeProbe
 from mcp_code_sandbox.run.recent import RecentRuns
 from mcp_code_sandbox.run.request import RunRequest, check_request
 from mcp_code_sandbox.sessions.manager import SessionManager
 from mcp_code_sandbox.sessions.overview import SessionView, overview
+from mcp_code_sandbox.sessions.runlog import RunLog
+from mcp_code_sandbox.sessions.session import Session
 from mcp_code_sandbox.settings import Settings
 from mcp_code_sandbox.workspace import FileInfo, ListResult, ReadResult, measure
 from mcp_code_sandbox.workspace.pages import Page, page_of, whole_file
 
-__all__ = ["Download", "SandboxService", "Upload"]
+__all__ = ["Download", "Exported", "SandboxService", "Upload"]
 
 log = structlog.get_logger("mcp_code_sandbox.service")
 
@@ -60,6 +63,20 @@ class Download:
     source: BinaryIO
     info: FileInfo
 
+
+@dataclass(frozen=True)
+class Exported:
+    """A notebook ``export_notebook`` wrote: where, how big, how many runs."""
+
+    session_id: str
+    path: str
+    size_bytes: int
+    #: Runs in it (recorded ones; the notebook says how many were not).
+    runs: int
+
+
+#: Largest workspace image a notebook embeds (beyond: its path, as text).
+NOTEBOOK_IMAGE_BYTES = 5 * 1024 * 1024
 
 LanguagesChanged = Callable[[list[str]], Awaitable[None]]
 #: How long ``/readyz`` waits for the backend's answer (probes come every few seconds).
@@ -263,9 +280,12 @@ class SandboxService:
             )
             if runner is None:
                 await self._check_sandbox(held.session.sandbox, request.language, before)
+            started_wall = time.time()
             report = await execute.run(
                 held, handout, request, timeout, self._run_budget(), on_progress, started
             )
+            if not held.session.closed:
+                await self._record(held.session, request, report, started_wall)
             if held.session.closed:  # close_session landed during the run: it is gone
                 raise SessionNotFound(
                     f"session {held.session.id} was closed while this call ran; its "
@@ -285,6 +305,46 @@ class SandboxService:
             await self.probe.get(again=True)
             await self._languages_changed(before)
             raise
+
+    def runlog(self, session: Session) -> RunLog:
+        """``session``'s runs on the host (see :mod:`.sessions.runlog`)."""
+        return RunLog(self.settings.runlogs_dir, session.slot, self.settings.notebook_max_bytes)
+
+    async def _record(
+        self, session: Session, request: RunRequest, report: execute.RunReport, started: float
+    ) -> None:
+        """Append the run to the session's run log; a disk that fails only costs the
+        record (logged), never the run's result. Called with the session's lock held."""
+        entry = notebook.entry_of(
+            report,
+            request.code,
+            started,
+            max_images=self.settings.max_images,
+            max_image_bytes=self.settings.max_image_bytes,
+            max_text_bytes=self.settings.max_output_bytes,
+        )
+        try:
+            await self.threads.run(session.owner, self.runlog(session).append, entry)
+        except OSError as exc:
+            log.warning("run not recorded", session=session.id, error=str(exc))
+
+    async def export_notebook(self, owner: str, session_id: str, path: str) -> Exported:
+        """Write the session's runs as a Jupyter notebook at ``path`` in its workspace
+        (replacing a file there; the path is checked like an upload's, and must end in
+        ``.ipynb``), under the session's lock: ``export_notebook``."""
+        if not path.lower().endswith(".ipynb"):
+            raise InvalidFilename(f"{path!r}: a notebook's path must end in .ipynb")
+        async with self.sessions.acquire(
+            owner, session_id, create=False, wait_s=self.settings.exec_timeout_s
+        ) as held:
+            session = held.session
+            entries, missing = await self.threads.run(owner, self.runlog(session).read)
+            data = await self.threads.run(
+                owner, notebook.build_notebook, entries, missing, _image_reader(session)
+            )
+            write = session.workspace.write_file
+            info = await self.threads.run(owner, write, path, data, overwrite=True)
+        return Exported(session.id, info.path, info.size_bytes, len(entries))
 
     def _run_budget(self) -> execute.RunBudget:
         return execute.RunBudget(
@@ -453,3 +513,17 @@ class SandboxService:
                 }
             )
         return out
+
+
+def _image_reader(session: Session) -> notebook.ReadImage:
+    """Reads a workspace image for a notebook: its bytes, or ``None`` when it is gone,
+    no longer a regular file, or bigger than ``NOTEBOOK_IMAGE_BYTES``."""
+
+    def read(path: str) -> bytes | None:
+        try:
+            got = session.workspace.read_file(path, max_bytes=NOTEBOOK_IMAGE_BYTES)
+        except SandboxError:
+            return None
+        return got.data if got.eof else None
+
+    return read

@@ -139,6 +139,10 @@ class Settings(BaseSettings):
     max_image_bytes: Size = 1024**2
     max_images: int = Field(4, ge=0, le=64)
     max_read_bytes: Size = 1024**2
+    #: Disk each session's run record may take (``export_notebook``'s source, kept on
+    #: the host under ``state_dir/runlogs``). Past it, runs are recorded without their
+    #: outputs; past twice it, not at all.
+    notebook_max_bytes: Size = 32 * 1024**2
     #: The most bytes one tool result may take as a serialized JSON-RPC message (the
     #: structured content, its text copy, image blocks and links together). Half of the
     #: 1 MiB that the official MCP client accepts in one server-sent event; what does not
@@ -367,6 +371,11 @@ class Settings(BaseSettings):
     def sessions_dir(self) -> Path:
         """One small JSON record per session (no secrets, no code): see ``sessions.records``."""
         return self.state_dir / "sessions"
+
+    @property
+    def runlogs_dir(self) -> Path:
+        """Each session's runs, in order (``sessions.runlog``): one file per slot."""
+        return self.state_dir / "runlogs"
 
     @property
     def run_dir(self) -> Path:

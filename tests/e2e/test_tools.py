@@ -21,7 +21,15 @@ from mcp_code_sandbox.settings import Settings
 
 pytestmark = [pytest.mark.e2e, pytest.mark.bwrap]
 
-TOOLS = {"run_code", "upload_file", "read_file", "list_files", "close_session", "list_runtimes"}
+TOOLS = {
+    "run_code",
+    "upload_file",
+    "read_file",
+    "list_files",
+    "close_session",
+    "list_runtimes",
+    "export_notebook",
+}
 
 
 async def test_tools_schemas_and_annotations(inproc: Client) -> None:

@@ -79,6 +79,8 @@ async def test_sigkilled_server_reattaches_on_restart(settings: Settings, engine
             )
             assert first["session_created"] is True and first["status"] == "ok"
         [before] = records(settings)
+        # The session's runs are recorded on the host, under its slot.
+        assert [p.name for p in settings.runlogs_dir.iterdir()] == [f"{before['slot']}.jsonl"]
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
     [container] = ours(engine, settings)
@@ -100,6 +102,11 @@ async def test_sigkilled_server_reattaches_on_restart(settings: Settings, engine
                     {"session_id": "survivor", "code": "print(open('kept.txt').read())\nx + 1"},
                 )
             )
+            # A re-attached session keeps its runs: the notebook has both.
+            exported = structured(
+                await client.call_tool("export_notebook", {"session_id": "survivor"})
+            )
+            assert exported["runs"] == 2, exported
         [after] = records(settings)
         assert again["session_created"] is False
         assert again["state_lost"] is False, again
@@ -118,6 +125,7 @@ async def test_sigkilled_server_reattaches_on_restart(settings: Settings, engine
     # A clean shutdown is not a crash: nothing of the session remains.
     assert ours(engine, settings) == [] and records(settings) == []
     assert not any(settings.workspaces_dir.iterdir())
+    assert not any(settings.runlogs_dir.iterdir())
 
 
 async def test_a_clean_shutdown_can_leave_sessions_for_the_next_server(
@@ -198,6 +206,7 @@ async def test_session_past_its_ttl_is_removed_at_start(
     new = await _start(settings, restarted)
     assert gone(engine, container.id)
     assert records(settings) == [] and not any(settings.workspaces_dir.iterdir())
+    assert not any(settings.runlogs_dir.iterdir())  # its runs went with it
     report = await new.run_code("local", RunRequest("'x' in globals()"), "stale")
     assert report.session_created is True and report.result == "False"
     assert report.notice is not None and "expired after 30 min idle" in report.notice

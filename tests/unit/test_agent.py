@@ -544,7 +544,28 @@ def test_savefig_into_workdir_is_not_captured_twice(ipy: Agent) -> None:
     assert ipy.run("plt.get_fignums()").done["result"] == "[]"
 
 
-def test_pandas_result_is_text(ipy: Agent) -> None:
+def test_pandas_result_is_text_and_a_markdown_table(ipy: Agent) -> None:
     result = ipy.run("import pandas as pd\npd.DataFrame({'a': [1, 2]})")
     assert result.done["result"] == "   a\n0  1\n1  2"
-    assert result.displays == []
+    table = "|  | a |\n| --- | --- |\n| 0 | 1 |\n| 1 | 2 |"
+    assert [d["data"] for d in result.displays] == [
+        {"text/markdown": table, "text/plain": "   a\n0  1\n1  2"}
+    ]
+    series = ipy.run("pd.Series([1, 2])")  # only frames: a Series is its text
+    assert series.displays == [] and series.done["result"]
+
+
+def test_a_figure_value_is_its_image_not_its_repr(ipy: Agent) -> None:
+    result = ipy.run("import matplotlib.pyplot as plt\nplt.plot([1, 2])\nplt.gcf()")
+    assert result.done["result"] is None, result.done
+    assert [sorted(d["data"]) for d in result.displays] == [["image/png", "text/plain"]]
+
+
+def test_a_figure_value_has_no_result_in_the_plain_shell(tmp_path: Path) -> None:
+    agent = start_agent("plain", tmp_path)
+    try:
+        code = "class Figure:\n    pass\nFigure.__module__ = 'matplotlib.figure'\nFigure()"
+        assert agent.run(code).done["result"] is None
+        assert agent.run("object()").done["result"]  # other values are still their repr
+    finally:
+        assert agent.close() == 0

@@ -1,4 +1,4 @@
-"""The six tools through the SDK's in-memory MCP client, against ``build_server`` on the
+"""The tools through the SDK's in-memory MCP client, against ``build_server`` on the
 fake backend: what a client sees (structured results, content blocks, error codes)."""
 
 from __future__ import annotations
@@ -25,7 +25,15 @@ from mcp_code_sandbox.server.app import build_server
 from mcp_code_sandbox.service import SandboxService
 from tests.fakes import FakeBackend, fake_service
 
-TOOLS = {"run_code", "upload_file", "read_file", "list_files", "close_session", "list_runtimes"}
+TOOLS = {
+    "run_code",
+    "upload_file",
+    "read_file",
+    "list_files",
+    "close_session",
+    "list_runtimes",
+    "export_notebook",
+}
 
 
 @contextlib.asynccontextmanager

@@ -186,7 +186,9 @@ def test_quota_counts_what_the_sandbox_wrote(tmp_path: Path) -> None:
         ws.write_file("c", b"y" * 11, overwrite=False)
 
 
-def test_installed_packages_are_counted_but_neither_artifacts_nor_listed(ws: Workspace) -> None:
+def test_packages_and_saved_outputs_are_counted_but_neither_artifacts_nor_listed(
+    ws: Workspace,
+) -> None:
     before = ws.snapshot()
     site = ws.root / ".packages" / "python" / "lib" / "site-packages" / "demo"
     site.mkdir(parents=True)
@@ -199,9 +201,11 @@ def test_installed_packages_are_counted_but_neither_artifacts_nor_listed(ws: Wor
     assert after.hidden_bytes == 90 and after.used_bytes == 100
     listed = [entry.path for entry in ws.list_files(".").entries]
     assert ".packages" not in listed and not any(p.startswith(".packages/") for p in listed)
-    assert "data.csv" in listed and ".outputs/run-1.txt" in listed
+    assert not any(p.startswith(".outputs") for p in listed)
+    assert "data.csv" in listed
     by_path = [entry.path for entry in ws.list_files(".packages").entries]
     assert ".packages/python/lib/site-packages/demo/__init__.py" in by_path
+    assert [e.path for e in ws.list_files(".outputs").entries] == [".outputs/run-1.txt"]
 
 
 def test_invalid_quota_is_refused(tmp_path: Path) -> None:
@@ -351,7 +355,8 @@ def test_listing_subdir_non_recursive_and_errors(ws: Workspace) -> None:
     ws.write_file(".outputs/run-1.txt", b"out", overwrite=False)
     shallow = ws.list_files("/mnt/data/d", recursive=False)
     assert [e.path for e in shallow.entries] == ["d/x", "d/z.txt"]
-    assert ".outputs/run-1.txt" in {e.path for e in ws.list_files().entries}
+    assert ".outputs/run-1.txt" not in {e.path for e in ws.list_files().entries}
+    assert [e.path for e in ws.list_files(".outputs").entries] == [".outputs/run-1.txt"]
     (ws.root / "etc").symlink_to("/etc")
     with pytest.raises(InvalidPath):
         ws.list_files("etc")

@@ -24,7 +24,17 @@ from typing import Any
 
 from .cells import Emit
 
-__all__ = ["FigureCapture"]
+__all__ = ["FigureCapture", "is_figure"]
+
+
+def is_figure(obj: object) -> bool:
+    """Is ``obj`` a matplotlib Figure? Such a cell value comes back as the captured image
+    alone, as in Jupyter, not also as ``<Figure size 640x480 with 1 Axes>``."""
+    kind = type(obj)
+    return kind.__module__.startswith("matplotlib") and any(
+        k.__name__ == "Figure" and k.__module__ == "matplotlib.figure" for k in kind.__mro__
+    )
+
 
 #: Attribute set on a Figure saved into the workspace.
 _SAVED = "_mcs_saved_to_workdir"

@@ -14,7 +14,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from .cells import Emit, Outcome, error_info, pick_mimes
+from .figures import is_figure
 from .interrupts import InterruptGate
+from .tables import dataframe_markdown
 
 __all__ = ["make_ipython_shell"]
 
@@ -31,12 +33,24 @@ def make_ipython_shell(emit: Emit, gate: InterruptGate) -> Any:
         """Keeps the last expression's formats instead of printing ``Out[n]:``."""
 
         captured: dict[str, Any] | None = None
+        #: The value was a matplotlib Figure (its image is captured at the cell's end).
+        figure = False
 
         def start_displayhook(self) -> None:
             pass
 
         def write_output_prompt(self) -> None:
             pass
+
+        def compute_format_data(self, result: Any) -> Any:
+            """IPython's formats, plus a markdown table for a DataFrame (``tables``): it
+            is shown beside the text repr, which stays the ``result``."""
+            self.figure = is_figure(result)
+            format_dict, md_dict = super().compute_format_data(result)
+            table = dataframe_markdown(result)
+            if table is not None and isinstance(format_dict, dict):
+                format_dict["text/markdown"] = table
+            return format_dict, md_dict
 
         def write_format_data(self, format_dict: Any, md_dict: Any = None) -> None:
             self.captured = dict(format_dict)
@@ -95,6 +109,7 @@ class IPythonShell:
         count = int(shell.execution_count)
         shell.last_traceback = None
         shell.displayhook.captured = None
+        shell.displayhook.figure = False
         try:
             with self._gate.armed():
                 result = shell.run_cell(code, store_history=True)
@@ -115,7 +130,7 @@ class IPythonShell:
 
     def _result_text(self) -> str | None:
         data = self._shell.displayhook.captured
-        if not data:
+        if not data or self._shell.displayhook.figure:
             return None
         picked = pick_mimes(data)
         if picked and len(picked) > 1:  # an image or markdown too: show it, like Out[n]

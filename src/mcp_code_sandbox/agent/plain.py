@@ -17,7 +17,9 @@ from types import ModuleType
 from typing import Any
 
 from .cells import Emit, Outcome, error_info, mime_bundle, pick_mimes
+from .figures import is_figure
 from .interrupts import InterruptGate
+from .tables import dataframe_markdown
 
 __all__ = ["PlainShell"]
 
@@ -53,9 +55,14 @@ class PlainShell:
             text = _format(exc, filename)
             return Outcome("error", None, error_info(exc, text), self.execution_count)
         result = None
-        if value is not None:
+        if value is not None and is_figure(value):
+            self.namespace["_"] = value  # its image is captured at the cell's end
+        elif value is not None:
             self.namespace["_"] = value
             result = repr(value)
+            table = dataframe_markdown(value)
+            if table is not None:  # as IPython's shell does (``ipy``): a table to read
+                self._emit("display", {"text/markdown": table, "text/plain": result})
         return Outcome("ok", result, None, self.execution_count)
 
     def _execute(self, code: str, filename: str) -> Any:

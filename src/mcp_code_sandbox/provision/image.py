@@ -33,6 +33,7 @@ Semantics: progress lines go to ``progress`` (the CLI writes them to stderr), ne
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -402,6 +403,37 @@ def _build(client: Any, kwargs: dict[str, Any], progress: Progress) -> str:
     return image_id
 
 
+#: Prints ``{package: version}`` of the preinstalled packages, run in the built image.
+_VERSIONS_CODE = (
+    "import json, importlib.metadata as m; "
+    f"print(json.dumps({{p: m.version(p) for p in {list(PACKAGES)!r}}}))"
+)
+
+
+def _label_packages(client: Any, kwargs: dict[str, Any], progress: Progress) -> str | None:
+    """Label the image just built with its packages' versions (``sandbox.packages``, what
+    ``list_runtimes`` shows, as the bwrap runtime's manifest does): asked of the image
+    itself, then the same build again with the label (every layer cached). ``None`` (and
+    said) when the image does not answer: the image works without the label."""
+    try:
+        out = client.containers.run(
+            kwargs["tag"],
+            entrypoint=["/opt/sandbox/venv/bin/python", "-I", "-c", _VERSIONS_CODE],
+            command=[],
+            network_disabled=True,
+            remove=True,
+            user="1000:1000",
+        )
+        versions = json.loads(out)
+        if not isinstance(versions, dict):
+            raise ValueError("not an object")
+    except Exception as exc:  # docker-py's, or the output's: the label is optional
+        progress(f"package versions not read from the image ({exc}); not labelled")
+        return None
+    label = json.dumps({str(k): str(v) for k, v in versions.items()}, sort_keys=True)
+    return _build(client, {**kwargs, "labels": {"sandbox.packages": label}}, progress)
+
+
 def build_image(
     settings: Settings,
     *,
@@ -434,6 +466,8 @@ def build_image(
         registry = None if server else npm.get("registry")
         kwargs = build_kwargs(context, tag, chosen, registry)
         image_id = _build(client, kwargs, progress)
+        if not server:
+            image_id = _label_packages(client, kwargs, progress) or image_id
         timings["build"] = time.monotonic() - started
     except OSError as exc:
         raise BackendUnavailable(f"cannot build the image: {exc}") from None

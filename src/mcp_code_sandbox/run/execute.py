@@ -25,6 +25,7 @@ import structlog
 from mcp_code_sandbox.agent.budget import Budget
 from mcp_code_sandbox.errors import QuotaExceeded, SandboxError
 from mcp_code_sandbox.metrics import Metrics
+from mcp_code_sandbox.run.languages import RUNTIMES
 from mcp_code_sandbox.run.output import OutputCapture
 from mcp_code_sandbox.run.request import RunRequest
 from mcp_code_sandbox.sessions import quota
@@ -40,8 +41,10 @@ __all__ = [
     "ProgressSink",
     "RunBudget",
     "RunReport",
+    "exit_code",
     "join_notices",
     "run",
+    "timed_out",
 ]
 
 audit = structlog.get_logger("mcp_code_sandbox.audit")
@@ -155,14 +158,17 @@ async def run(
             held.notice,
             handout.notice,
             _over_quota(after, settings.workspace_quota_bytes),
-            # The interpreter's own restart; a replaced sandbox's notice said its own.
-            STATE_LOST if outcome.state_lost else None,
+            # A timeout in words (what became of the interpreter included); else the
+            # interpreter's own restart (a replaced sandbox's notice said its own).
+            timed_out(outcome, request.language, timeout_s)
+            or (STATE_LOST if outcome.state_lost else None),
         )
     )
     where = f"/mnt/data/{full_path}" if full_path else None
     stdout, stderr = capture.render("stdout", where), capture.render("stderr", where)
     report = RunReport(
-        **{name: getattr(outcome, name) for name in _OUTCOME_FIELDS},
+        **{name: getattr(outcome, name) for name in _OUTCOME_FIELDS if name != "exit_code"},
+        exit_code=exit_code(outcome, request.language),
         session_id=session.id,
         session_created=held.created,
         notice=notice,
@@ -181,6 +187,36 @@ async def run(
     _audit(session, request, report, capture)
     given.metrics.run_finished(report.language, report.status, report.duration_ms / 1000)
     return report
+
+
+def _stateful(language: str) -> bool:
+    runtime = RUNTIMES.get(language)
+    return runtime is not None and runtime.stateful
+
+
+def exit_code(outcome: Outcome, language: str) -> int | None:
+    """The run's exit code: a program's own; for the interpreter (which does not exit),
+    0 when the cell ran through and 1 when it did not, as ``python script.py`` would."""
+    if outcome.exit_code is not None or not _stateful(language):
+        return outcome.exit_code
+    return 0 if outcome.status == "ok" else 1
+
+
+def timed_out(outcome: Outcome, language: str, timeout_s: float) -> str | None:
+    """What a timeout did, in words; ``None`` when the run did not time out. The agent
+    interrupts the interpreter (``KeyboardInterrupt``) and restarts it only when the
+    code did not stop within its grace period (``state_lost``); a program is stopped."""
+    if outcome.status != "timeout":
+        return None
+    said = f"timed out after {timeout_s:g} s"
+    if not _stateful(language):
+        return f"{said}; the program was stopped (files in /mnt/data are kept)"
+    if outcome.state_lost:
+        return (
+            f"{said}; the code did not stop when interrupted, so the interpreter was "
+            "restarted: variables are gone, files in /mnt/data are kept"
+        )
+    return f"{said}; the interpreter was interrupted, variables kept"
 
 
 def _over_quota(after: Snapshot, limit: int) -> str | None:

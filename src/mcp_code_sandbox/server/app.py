@@ -107,13 +107,22 @@ def descriptions(
             "reach the end has next_offset: pass it as offset to get the rest."
         ),
         "list_files": "List files under a directory of a session's /mnt/data. A long "
-        "listing comes in pages: call again with offset=next_offset until it is null.",
+        "listing comes in pages: call again with offset=next_offset until it is null. "
+        "Saved full outputs (.outputs) and installed packages (.packages) are listed "
+        "only when path names them.",
         "close_session": (
             "Close a session: stop its sandbox and delete its files. Do this when done."
         ),
         "list_runtimes": (
             "List the languages run_code offers, with versions, preinstalled packages and "
             "the limits of every session."
+        ),
+        "export_notebook": (
+            "Save a session's runs, in order, as a Jupyter notebook (.ipynb) in its "
+            "/mnt/data: Python runs as code cells with their outputs, figures and errors; "
+            "bash, JavaScript and TypeScript runs as %%bash / %%script cells. Replaces a "
+            "file at that path. Returns its path"
+            + (" and a download_url for the person you work for." if http_base else ".")
         ),
     }
 
@@ -204,12 +213,12 @@ def _register_tools(
     *,
     again: bool = False,
 ) -> None:
-    """Register the six tools with ``languages`` in run_code's schema (the ``language``
+    """Register the tools with ``languages`` in run_code's schema (the ``language``
     enum) and description; ``again``: replace the ones registered before.
 
     The SDK builds a tool's schema once, from its signature, at ``add_tool``: so run_code
     is registered with the enum already in its signature (``ToolSet.run_code_tool``),
-    and all six again when the languages change, in the same order, through the SDK's
+    and all of them again when the languages change, in the same order, through the SDK's
     public ``remove_tool``/``add_tool`` (no await between them: no call sees a gap).
     The enum only advertises: a language not offered is refused by the service with
     ``unsupported_language``, whatever a client sends."""
@@ -228,6 +237,8 @@ def _register_tools(
         (tools.close_session, "close_session", "Close a session",
          _hints(read_only=False, destructive=True, idempotent=False)),
         (tools.list_runtimes, "list_runtimes", "List runtimes", readonly),
+        (tools.export_notebook, "export_notebook", "Export the session as a notebook",
+         _hints(read_only=False, destructive=True, idempotent=True)),
     ]  # fmt: skip
     for fn, name, title, tool_hints in table:
         if again:

@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field
 __all__ = [
     "CloseResult",
     "DisplayOut",
+    "ExportNotebookResult",
     "FileEntryOut",
     "FileOut",
     "ListFilesResult",
@@ -143,3 +144,13 @@ class PoolOut(BaseModel):
 class RuntimesResult(BaseModel):
     runtimes: list[RuntimeOut]
     pool: PoolOut
+
+
+class ExportNotebookResult(BaseModel):
+    session_id: str
+    path: str = Field(description="The notebook, relative to /mnt/data")
+    size_bytes: int
+    runs: int = Field(description="Runs in the notebook, in the order they ran")
+    download_url: str | None = Field(
+        None, description="Where a person can download it (over HTTP; none over stdio)"
+    )

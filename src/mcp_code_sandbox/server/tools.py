@@ -1,4 +1,4 @@
-"""The six tools of DESIGN §6. Each validates its arguments, calls the service, shapes.
+"""The tools of DESIGN §6. Each validates its arguments, calls the service, shapes.
 
 Owners: the authenticated principal over HTTP (a token's name, a JWT's subject), ``local``
 over stdio and over unauthenticated loopback HTTP (``auth.current_owner``).
@@ -15,7 +15,7 @@ from typing import Annotated, Any, ParamSpec
 
 import structlog
 from mcp.server.mcpserver import Context
-from mcp_types import CallToolResult
+from mcp_types import CallToolResult, ResourceLink
 from pydantic import Field
 
 from mcp_code_sandbox.errors import (
@@ -32,7 +32,12 @@ from mcp_code_sandbox.server.auth import current_owner
 from mcp_code_sandbox.server.downloads import UrlSigner
 from mcp_code_sandbox.server.fit import fit_count
 from mcp_code_sandbox.server.reads import read_result
-from mcp_code_sandbox.server.tool_results import error_result, run_result, structured_result
+from mcp_code_sandbox.server.tool_results import (
+    error_result,
+    file_uri,
+    run_result,
+    structured_result,
+)
 from mcp_code_sandbox.service import SandboxService
 from mcp_code_sandbox.workspace import ListResult
 
@@ -256,6 +261,34 @@ class ToolSet:
         runtimes = [models.RuntimeOut(**r) for r in await self.service.runtimes()]
         pool = models.PoolOut(**self.service.pool_status())
         return structured_result(models.RuntimesResult(runtimes=runtimes, pool=pool))
+
+    @tool_errors
+    async def export_notebook(
+        self,
+        session_id: RequiredSession,
+        path: Annotated[
+            str, Field(description="Where to write it, relative to /mnt/data; ends in .ipynb")
+        ] = "session.ipynb",
+    ) -> Annotated[CallToolResult, models.ExportNotebookResult]:
+        owner = current_owner()
+        done = await self.service.export_notebook(owner, session_id, path)
+        links = self._links(owner, done.session_id)
+        name = escape_name(done.path)
+        link = ResourceLink(
+            type="resource_link",
+            uri=file_uri(done.session_id, name),
+            name=name,
+            mime_type="application/x-ipynb+json",
+            size=done.size_bytes,
+        )
+        result = models.ExportNotebookResult(
+            session_id=done.session_id,
+            path=name,
+            size_bytes=done.size_bytes,
+            runs=done.runs,
+            download_url=links(name) if links else None,
+        )
+        return structured_result(result, [link])
 
 
 def _listing_page(

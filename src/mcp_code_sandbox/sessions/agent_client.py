@@ -140,9 +140,17 @@ class _Displays:
             self.kept.extend(_displays(str(message.get("source", "display")), data))
 
 
+#: A bundle's richer forms: beside one of these, its ``text/plain`` is only a fallback
+#: (``<Figure size 640x480 with 1 Axes>``) and is left out.
+_RICHER = frozenset({"image/png", "image/jpeg", "image/svg+xml", "text/markdown"})
+
+
 def _displays(source: str, data: dict[str, str]) -> list[Display]:
     out: list[Display] = []
+    fallback = not _RICHER.intersection(data)
     for mime, value in data.items():
+        if mime == "text/plain" and not fallback:
+            continue
         if not isinstance(value, str):
             continue
         if mime in ("image/png", "image/jpeg"):

@@ -68,7 +68,7 @@ from mcp_code_sandbox.backends.runner_images import RunnerImage, RunnerSandbox
 from mcp_code_sandbox.errors import MaxSessions, SandboxFailed, SessionBusy, SessionNotFound
 from mcp_code_sandbox.host import process_mark
 from mcp_code_sandbox.metrics import EndReason, Metrics
-from mcp_code_sandbox.sessions import quota, records
+from mcp_code_sandbox.sessions import quota, records, runlog
 from mcp_code_sandbox.sessions.agent_client import AgentClient
 from mcp_code_sandbox.sessions.ids import mint_session_id, session_key, validate_session_id
 from mcp_code_sandbox.sessions.pool import Pooled, WarmPool
@@ -487,6 +487,7 @@ class SessionManager:
             log.error("cannot remove a session's files", session=session.id, error=repr(exc))
             remains.append(f"its files in {session.workspace.root} could not be removed ({exc})")
         else:
+            runlog.remove_log(self.settings.runlogs_dir, session.slot)  # before its record
             records.remove_record(self.settings.sessions_dir, session.slot)
             if session.uid_lease is not None:
                 session.uid_lease.release()  # after the record: see ``uids``

@@ -33,7 +33,7 @@ import structlog
 from mcp_code_sandbox.backends.base import Backend, Leftover, Sandbox, SandboxSpec
 from mcp_code_sandbox.errors import SandboxError, SandboxFailed
 from mcp_code_sandbox.host import process_alive, read_mark
-from mcp_code_sandbox.sessions import records
+from mcp_code_sandbox.sessions import records, runlog
 from mcp_code_sandbox.sessions.uids import UidLease, UidPool
 from mcp_code_sandbox.settings import Settings
 from mcp_code_sandbox.workspace import remove_tree
@@ -139,6 +139,13 @@ async def _carry_out(ctx: _Context, plan: records.Plan) -> Recovered:
         recovered.lost.append((record.owner, record.session_id, why))
     for slot in plan.stray_slots:
         await _forget(ctx.settings, slot)
+    # Run logs whose record is gone (a server killed between removing the two).
+    sessions_dir = ctx.settings.sessions_dir
+    await asyncio.to_thread(
+        runlog.sweep,
+        ctx.settings.runlogs_dir,
+        lambda slot: records.record_path(sessions_dir, slot).exists(),
+    )
     await asyncio.to_thread(_sweep_volumes, ctx.settings)
     return recovered
 
@@ -187,6 +194,7 @@ async def _forget(settings: Settings, slot: str) -> None:
     record (that order: see :mod:`.records`)."""
     image = settings.volumes_dir / f"{slot}{IMAGE_SUFFIX}"
     await asyncio.to_thread(release, settings.workspaces_dir / slot, image)
+    runlog.remove_log(settings.runlogs_dir, slot)  # its runs, before the record
     records.remove_record(settings.sessions_dir, slot)
 
 

@@ -192,7 +192,9 @@ class Workspace:
             closing_fd(self._open_root()) as root,
             closing_fd(self._open_dir(root, parts, create=False)) as fd,
         ):
-            hidden = frozenset({PACKAGES_DIR}) if not parts else frozenset()
+            # Saved outputs and installed packages are not the session's files (see
+            # ``HIDDEN_DIRS``): listed only when asked for by path.
+            hidden = HIDDEN_DIRS if not parts else frozenset()
             walked = walk(fd, "/".join(parts), recursive=recursive, budget=budget, skip=hidden)
             entries = tuple(make_entry(path, st) for path, st in walked)
         return ListResult(shown, entries, budget.truncated)

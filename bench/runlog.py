@@ -1,0 +1,68 @@
+"""What recording a run costs (issue 15, the session as a notebook): ``RunLog.append`` per
+run, beside its baseline (one ``os.write`` of the same bytes to an open file, measured in
+the same process and moment), and building a notebook from a long log.
+
+    .venv/bin/python bench/runlog.py [--runs 500]
+
+Prints a Markdown table of medians; no sandbox is needed (the append runs in a worker
+thread after each run, so this is added to a run's round trip at most).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from mcp_code_sandbox.run.notebook import build_notebook
+from mcp_code_sandbox.sessions.runlog import RecordedDisplay, RunEntry, RunLog
+
+SLOT = "s" + "0" * 31 + "-00000000"
+
+
+def entries() -> dict[str, RunEntry]:
+    small = RunEntry("python", "1+1", "ok", 0, "", "", "2", None, 1, 3, time.time())
+    figure = RunEntry(
+        "python", "plt.plot(x)", "ok", 0, "step\n" * 100, "", None, None, 2, 40, time.time(),
+        displays=[RecordedDisplay("image/png", data=b"\x89PNG" + bytes(30_000))],
+    )  # fmt: skip
+    return {"1+1": small, "a 30 KB figure": figure}
+
+
+def median_us(fn: object, runs: int) -> float:
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        fn()  # type: ignore[operator]
+        times.append(time.perf_counter() - started)
+    return statistics.median(times) * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=500)
+    runs = parser.parse_args().runs
+    work = Path(tempfile.mkdtemp(prefix="mcs-runlog-"))
+    log = RunLog(work / "runlogs", SLOT, 1 << 30)
+    print("| what | RunLog.append (µs) | baseline: os.write of the same bytes (µs) |")
+    print("|---|---|---|")
+    with (work / "baseline").open("ab", buffering=0) as base:
+        for name, entry in entries().items():
+            probe = RunLog(work / "probe", name.replace(" ", "-"), 1 << 30)
+            probe.append(entry)
+            line = probe.path.read_bytes()  # the very bytes an append writes
+            ours = median_us(lambda e=entry: log.append(e), runs)
+            theirs = median_us(lambda b=line: os.write(base.fileno(), b), runs)
+            print(f"| {name} | {ours:.0f} | {theirs:.0f} |")
+    found, missing = log.read()
+    started = time.perf_counter()
+    notebook = build_notebook(found[:200], missing, lambda _: None)
+    took = (time.perf_counter() - started) * 1000
+    print(f"\nnotebook of 200 runs: {took:.0f} ms to build and validate, {len(notebook)} bytes")
+
+
+if __name__ == "__main__":
+    main()
