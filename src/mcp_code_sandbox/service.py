@@ -178,7 +178,10 @@ class SandboxService:
             await self.refresh_runners()  # an image built since the last look
         self.offer.check(request.language)
         timeout = check_request(self.settings, request)
-        if request.network:
+        network = request.network_wish
+        if network is not None:
+            # A host outside the server's policy is refused before any session is held.
+            self.sessions.sandboxes.egress.policy(network)
             why = (await asyncio.to_thread(self.backend.describe)).network_unavailable
             if why is not None:
                 raise NetworkNotAllowed(
@@ -188,14 +191,13 @@ class SandboxService:
         before = self.languages()
         async with self.sessions.acquire(owner, session_id, create=True, wait_s=timeout) as held:
             started = time.monotonic()  # the sandbox's start counts, the queue does not
-            handout = await self.sessions.executor(
-                held.session, network=request.network, runner=runner
-            )
+            handout = await self.sessions.executor(held.session, network=network, runner=runner)
             if runner is None:
                 await self._check_sandbox(held.session.sandbox, request.language, before)
             report = await execute.run(
                 held, handout, request, timeout, self._run_budget(), on_progress, started
             )
+            report.blocked_hosts = self.sessions.sandboxes.blocked_hosts(held.session)
             if held.session.closed:  # close_session landed during the run: it is gone
                 raise SessionNotFound(
                     f"session {held.session.id} was closed while this call ran; its "

@@ -118,6 +118,7 @@ def run_result(
             for c, name in zip(files, names, strict=True)
         ],
         files_truncated=len(report.files) > len(files),
+        blocked_hosts=[clean_text(host) for host in report.blocked_hosts],
         result_truncated=bool(report.cut.get("result")),
         error_truncated=bool(report.cut.get("error")),
         displays_truncated=bool(
