@@ -139,6 +139,18 @@ class Settings(BaseSettings):
     worker_threads: int = Field(8, ge=2, le=256)
 
     allow_network: bool = False
+    #: Hosts a networked sandbox may reach through its egress proxy (``egress.policy``):
+    #: names, ``*.name``, ``*``, presets ``pypi``/``npm``, addresses and networks. Empty
+    #: (the default): none; networked sandboxes then reach nothing until hosts are named.
+    network_allow: NameList = Field(default_factory=list)
+    #: Hosts refused even when the allow list matches them (same forms).
+    network_deny: NameList = Field(default_factory=list)
+    #: A TOML file of secrets the proxy adds to requests for their hosts (``egress.secrets``);
+    #: the sandbox sees placeholders only. None: no secrets.
+    secrets_file: Path | None = None
+    #: Extra CA certificates (PEM) the proxy trusts, besides the system roots, when it
+    #: checks an upstream it terminates TLS for; also trusted inside networked sandboxes.
+    network_upstream_ca: Path | None = None
     pass_through_env: NameList = Field(default_factory=list)
     allow_call_env: bool = False
     #: On a clean shutdown, leave sessions whose backend can re-attach (docker) running
@@ -208,7 +220,7 @@ class Settings(BaseSettings):
     def _upper_level(cls, value: object) -> object:
         return value.upper() if isinstance(value, str) else value
 
-    @field_validator("docker_host_state_dir", mode="before")
+    @field_validator("docker_host_state_dir", "secrets_file", "network_upstream_ca", mode="before")
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
         # A compose file passes an unset variable on as "".
@@ -236,6 +248,16 @@ class Settings(BaseSettings):
         now), for every sandbox's environment; names it does not have are left out."""
         env = os.environ if environ is None else environ
         return {name: env[name] for name in self.pass_through_env if name in env}
+
+    @field_validator("network_allow", "network_deny")
+    @classmethod
+    def _valid_network_entries(cls, entries: list[str]) -> list[str]:
+        # The parser is egress.policy's (a higher layer): checked there, at first use,
+        # and here by shape, so a typo stops the server at start with its name.
+        for entry in entries:
+            if not re.fullmatch(r"[A-Za-z0-9_.*:/\[\]-]+", entry):
+                raise ValueError(f"{entry!r} is not a host, *.host, *, preset, address or network")
+        return entries
 
     @field_validator("allowed_hosts")
     @classmethod
