@@ -56,6 +56,19 @@ SERVER = textwrap.dedent(
 )
 
 
+_CA_USAGE = x509.KeyUsage(
+    digital_signature=True,
+    content_commitment=False,
+    key_encipherment=False,
+    data_encipherment=False,
+    key_agreement=False,
+    key_cert_sign=True,
+    crl_sign=True,
+    encipher_only=False,
+    decipher_only=False,
+)
+
+
 @dataclass(frozen=True)
 class TestCA:
     """A CA and one leaf for ``names`` (and ``addresses``), as PEM files in ``root``."""
@@ -78,14 +91,7 @@ def make_ca(root: Path, names: list[str], addresses: list[str]) -> TestCA:
         .not_valid_before(now - datetime.timedelta(hours=1))
         .not_valid_after(now + datetime.timedelta(days=1))
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True, content_commitment=False, key_encipherment=False,
-                data_encipherment=False, key_agreement=False, key_cert_sign=True,
-                crl_sign=True, encipher_only=False, decipher_only=False,
-            ),
-            critical=True,
-        )  # fmt: skip
+        .add_extension(_CA_USAGE, critical=True)
         .add_extension(
             x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False
         )

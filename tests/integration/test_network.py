@@ -190,13 +190,13 @@ def _code(body: str) -> str:
 
 async def _run(
     svc: SandboxService, session: str, body: str, network: bool | list[str] = True
-) -> tuple[dict[str, str], RunReport]:
+) -> tuple[dict[str, Any], RunReport]:
     report = await svc.run_code("local", RunRequest(_code(body), network=network), session)
     assert report.status == "ok", (report.stdout, report.stderr, report.error)
     return json.loads(report.stdout.strip().splitlines()[-1]), report
 
 
-def _leaked(found: dict[str, str], net: LabNet, allowed: set[str]) -> dict[str, str]:
+def _leaked(found: dict[str, Any], net: LabNet, allowed: set[str]) -> dict[str, str]:
     """Answers that carry a token the sandbox must not have got."""
     return {
         where: body
@@ -321,7 +321,7 @@ async def test_a_secret_goes_to_its_host_only_and_never_into_the_sandbox(
 async def test_a_call_narrows_the_policy_to_its_hosts(
     net_service: SandboxService, testnet: LabNet
 ) -> None:
-    with pytest.raises(NetworkNotAllowed, match="evil.test"):
+    with pytest.raises(NetworkNotAllowed, match=r"evil\.test"):
         await _run(net_service, "net-narrow", 'out["x"] = 1', network=["allowed.test", "evil.test"])
     assert net_service.sessions.count() == 0  # refused before any sandbox
     found, report = await _run(
@@ -380,9 +380,7 @@ async def test_switching_network_restarts_the_sandbox_and_says_so(
 
 
 @each_runtime
-async def test_each_proxy_goes_with_its_sandbox(
-    make_service: MakeService, testnet: LabNet
-) -> None:
+async def test_each_proxy_goes_with_its_sandbox(make_service: MakeService, testnet: LabNet) -> None:
     async with make_service(**testnet.settings()) as svc:
         svc.sessions.sandboxes.egress.resolver = static_resolver(testnet.names)
         egress = svc.sessions.sandboxes.egress

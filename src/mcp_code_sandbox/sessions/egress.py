@@ -124,7 +124,8 @@ class EgressProxies:
         self.root.mkdir(mode=0o755, parents=True, exist_ok=True)
         host_dir = self.root / f"{key}-{secrets.token_hex(4)}"
         host_dir.mkdir(mode=0o755)
-        os.chmod(host_dir, 0o755)  # whatever the umask: the sandbox's uid must traverse it
+        # Whatever the umask: the sandbox's uid must traverse it (it holds no secret).
+        os.chmod(host_dir, 0o755)  # noqa: S103
         return host_dir
 
     def _sweep(self) -> None:
@@ -135,9 +136,8 @@ class EgressProxies:
 
     @staticmethod
     def _publish(host_dir: Path, ca: bytes | None) -> None:
-        """Let any uid connect to the socket (the sandbox's; the directory is only ever
-        bound into that one sandbox) and write the CA bundle beside it, read-only."""
-        os.chmod(host_dir / SOCKET_NAME, 0o666)
+        """Write the CA bundle beside the socket (whose mode the proxy already opened to
+        the sandbox's uid), read-only: public certificates, no key."""
         if ca is not None:
             bundle = host_dir / EGRESS_CA_NAME
             bundle.write_bytes(ca)

@@ -42,7 +42,6 @@ import socket
 import subprocess
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
