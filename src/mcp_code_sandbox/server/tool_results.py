@@ -34,7 +34,13 @@ from mcp_code_sandbox.settings import Settings
 
 __all__ = ["Images", "error_result", "file_uri", "image_blocks", "run_result", "structured_result"]
 
-_PLAIN_RUN_FIELDS = frozenset(RunResult.model_fields) - {"notice", "error", "files", "displays"}
+_PLAIN_RUN_FIELDS = frozenset(RunResult.model_fields) - {
+    "notice",
+    "error",
+    "files",
+    "displays",
+    "blocked_hosts",
+}
 #: Fields whose text a sandbox wrote (see :mod:`mcp_code_sandbox.sanitize`).
 _SANDBOX_TEXT = ("stdout", "stderr", "result")
 #: Changed files a run result lists (with links); the rest are counted, list_files has all.
