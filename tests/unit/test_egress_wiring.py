@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,7 +18,7 @@ from mcp_code_sandbox.run.request import RunRequest
 from mcp_code_sandbox.service import SandboxService
 from tests.fakes import FakeBackend, fake_service
 
-ALLOW = {"allow_network": True, "network_allow": "allowed.test,pypi"}
+ALLOW: dict[str, Any] = {"allow_network": True, "network_allow": "allowed.test,pypi"}
 
 
 async def run(svc: SandboxService, sid: str, network: bool | list[str]) -> None:
