@@ -94,6 +94,9 @@ class SandboxService:
         self._ready_lock = asyncio.Lock()
 
     async def start(self) -> None:
+        if self.settings.allow_network:
+            # A bad allowlist or secrets file stops the server now, not a user's call.
+            await asyncio.to_thread(self.sessions.sandboxes.egress.check)
         await self.sessions.start()
         await self.refresh_runners()
 

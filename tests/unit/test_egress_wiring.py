@@ -94,3 +94,17 @@ async def test_hosts_outside_the_policy_are_refused_before_a_session(state_dir: 
         assert networked(svc.backend) == []  # type: ignore[arg-type]
         with pytest.raises(NetworkNotAllowed, match="SANDBOX_ALLOW_NETWORK"):
             await svc.run_code("local", RunRequest("1", network=["allowed.test"]), "s")
+
+
+async def test_a_bad_secrets_file_stops_the_start(state_dir: Path) -> None:
+    from mcp_code_sandbox.egress.secrets import SecretsFileError
+
+    bad = state_dir.parent / f"{state_dir.name}-secrets.toml"
+    bad.write_text("[secrets.X]\nhosts = 'not a list'\n")
+    bad.chmod(0o600)
+    try:
+        with pytest.raises(SecretsFileError, match="secrets"):
+            async with fake_service(state_dir, secrets_file=str(bad), **ALLOW):
+                pass
+    finally:
+        bad.unlink()

@@ -74,6 +74,13 @@ class EgressProxies:
             self._policy = Policy.from_settings(self.settings)
         return self._policy.narrowed(hosts) if hosts else self._policy
 
+    def check(self) -> None:
+        """Parse the policy and read the secrets file now (blocking: a worker thread).
+        Called by the service at start when network is allowed; raises what they raise
+        (``ValueError`` for the policy, ``SecretsFileError`` naming the file)."""
+        self.policy()
+        self._loaded_secrets()
+
     def _loaded_secrets(self) -> tuple[Secret, ...]:
         """The secrets file, read on first use (it was checked when the server started)."""
         if self._secrets is None:
