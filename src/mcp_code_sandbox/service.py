@@ -191,6 +191,11 @@ class SandboxService:
                     f"network access is allowed by this server but not available: {why}"
                 )
         runner = self.offer.runner(request.language)
+        if runner is not None and network is not None:
+            raise NetworkNotAllowed(
+                f"{request.language} runs in a runner image, which has no agent to bridge the "
+                "egress proxy into its sandbox: run it without network"
+            )
         before = self.languages()
         async with self.sessions.acquire(owner, session_id, create=True, wait_s=timeout) as held:
             started = time.monotonic()  # the sandbox's start counts, the queue does not

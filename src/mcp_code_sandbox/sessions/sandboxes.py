@@ -19,7 +19,7 @@ import structlog
 
 from mcp_code_sandbox.backends.base import Backend, Limits, Sandbox, SandboxSpec
 from mcp_code_sandbox.backends.runner_images import RunnerImage, RunnerSandbox, runner_images_of
-from mcp_code_sandbox.errors import NetworkNotAllowed, SandboxFailed, SessionNotFound
+from mcp_code_sandbox.errors import SandboxFailed, SessionNotFound
 from mcp_code_sandbox.metrics import Metrics
 from mcp_code_sandbox.sessions.agent_client import AgentClient
 from mcp_code_sandbox.sessions.egress import EgressProxies, Wish
@@ -78,11 +78,6 @@ class Sandboxes:
         :meth:`_ensure_sandbox`."""
         session.runs += 1
         if runner is not None:
-            if network is not None:
-                raise NetworkNotAllowed(
-                    f"{runner.language} runs in a runner image, which has no agent to bridge "
-                    "the egress proxy into its sandbox: run it without network"
-                )
             container = await self._ensure_runner(session, runner, network=network)
 
             async def replace() -> RunnerSandbox:
