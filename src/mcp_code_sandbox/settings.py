@@ -35,6 +35,11 @@ __all__ = [
 
 #: A Host header value: a name or IPv4 address, or a bracketed IPv6 one; a port or ``*``.
 _HOST = re.compile(r"(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+)(:(\d{1,5}|\*))?")
+#: A network allow/deny entry by shape (``egress.policy`` parses it): ``*``, ``*.name``,
+#: a name or preset, an IPv4 or IPv6 address or network (brackets allowed).
+_NETWORK_ENTRY = re.compile(
+    r"\*|(\*\.)?[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*\.?|\[?[0-9A-Fa-f:.]+\]?(/\d{1,3})?"
+)
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 
@@ -255,7 +260,7 @@ class Settings(BaseSettings):
         # The parser is egress.policy's (a higher layer): checked there, at first use,
         # and here by shape, so a typo stops the server at start with its name.
         for entry in entries:
-            if not re.fullmatch(r"[A-Za-z0-9_.*:/\[\]-]+", entry):
+            if not _NETWORK_ENTRY.fullmatch(entry):
                 raise ValueError(f"{entry!r} is not a host, *.host, *, preset, address or network")
         return entries
 
