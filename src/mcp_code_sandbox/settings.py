@@ -8,6 +8,7 @@ is Docker's own setting). Invalid values stop the server with one line per probl
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from collections.abc import Mapping
@@ -150,6 +151,10 @@ class Settings(BaseSettings):
     network_allow: NameList = Field(default_factory=list)
     #: Hosts refused even when the allow list matches them (same forms).
     network_deny: NameList = Field(default_factory=list)
+    #: Names the proxy resolves from this list instead of DNS, ``name=address`` (several
+    #: addresses: ``name=a|b``), like curl's ``--resolve``: pinned names, split horizons,
+    #: test hosts. The address checks still apply (a private address needs an allow entry).
+    network_resolve: NameList = Field(default_factory=list)
     #: A TOML file of secrets the proxy adds to requests for their hosts (``egress.secrets``);
     #: the sandbox sees placeholders only. None: no secrets.
     secrets_file: Path | None = None
@@ -262,6 +267,20 @@ class Settings(BaseSettings):
         for entry in entries:
             if not _NETWORK_ENTRY.fullmatch(entry):
                 raise ValueError(f"{entry!r} is not a host, *.host, *, preset, address or network")
+        return entries
+
+    @field_validator("network_resolve")
+    @classmethod
+    def _valid_resolve(cls, entries: list[str]) -> list[str]:
+        for entry in entries:
+            name, _, addresses = entry.partition("=")
+            if not _NETWORK_ENTRY.fullmatch(name.strip()) or not addresses:
+                raise ValueError(f"{entry!r} is not name=address (or name=address|address)")
+            for address in addresses.split("|"):
+                try:
+                    ipaddress.ip_address(address.strip().strip("[]"))
+                except ValueError:
+                    raise ValueError(f"{entry!r}: {address!r} is not an IP address") from None
         return entries
 
     @field_validator("allowed_hosts")

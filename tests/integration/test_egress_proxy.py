@@ -354,17 +354,10 @@ async def test_the_host_header_must_match_the_request_line(lab: Lab) -> None:
 # -- secrets -------------------------------------------------------------------------
 
 
-async def _get_api(proxy: EgressProxy, lab: Lab, headers: dict[str, str]) -> dict[str, Any]:
-    async with (
-        bridge(proxy.socket_path) as port,
-        httpx.AsyncClient(
-            proxy=f"http://127.0.0.1:{port}", verify=client_context(proxy, lab)
-        ) as client,
-    ):
-        reply = await client.get(f"https://api.test:{lab.api.port}/v1", headers=headers)
-        assert reply.status_code == 200, reply.text
-        assert VALUE not in reply.text or "authorization" in reply.text
-        return reply.json()["headers"]
+async def _get_api(client: httpx.AsyncClient, lab: Lab, headers: dict[str, str]) -> dict[str, Any]:
+    reply = await client.get(f"https://api.test:{lab.api.port}/v1", headers=headers)
+    assert reply.status_code == 200, reply.text
+    return dict(reply.json()["headers"])
 
 
 async def test_a_secret_is_injected_for_its_host_and_never_logged(lab: Lab) -> None:
@@ -372,18 +365,28 @@ async def test_a_secret_is_injected_for_its_host_and_never_logged(lab: Lab) -> N
     token = placeholder(lab.secrets[0])
     try:
         with structlog.testing.capture_logs() as logs:
-            sent = await _get_api(proxy, lab, {"Authorization": f"Bearer {token}"})
-            absent = await _get_api(proxy, lab, {})
-            own = await _get_api(proxy, lab, {"Authorization": "Bearer mine"})
+            async with (
+                bridge(proxy.socket_path) as port,
+                httpx.AsyncClient(
+                    proxy=f"http://127.0.0.1:{port}", verify=client_context(proxy, lab)
+                ) as client,
+            ):
+                sent = await _get_api(client, lab, {"Authorization": f"Bearer {token}"})
+                absent = await _get_api(client, lab, {})
+                own = await _get_api(client, lab, {"Authorization": "Bearer mine"})
+                sent_again = await _get_api(client, lab, {"Authorization": f"Bearer {token}"})
             await asyncio.sleep(0.2)
     finally:
         await proxy.aclose()
     assert sent["authorization"] == f"Bearer {VALUE}"
     assert absent["authorization"] == f"Bearer {VALUE}"
     assert own["authorization"] == "Bearer mine"  # the code's own credential, untouched
+    assert sent_again["authorization"] == f"Bearer {VALUE}"  # every request on the connection
+    # One CONNECT, one intercepted session, one kept-alive upstream connection.
+    assert lab.api.connections == 1
     audits = [entry for entry in logs if entry["event"] == "egress"]
-    assert [a["secrets"] for a in audits] == [["API_KEY"], ["API_KEY"], []]
-    assert all(a["intercepted"] for a in audits)
+    assert len(audits) == 1
+    assert (audits[0]["secrets"], audits[0]["intercepted"]) == (["API_KEY"], True)
     assert VALUE not in repr(logs)
 
 

@@ -6,7 +6,7 @@ import ipaddress
 
 import pytest
 
-from mcp_code_sandbox.egress import Policy
+from mcp_code_sandbox.egress import Policy, resolver_from_settings
 from mcp_code_sandbox.egress.dns import is_own_address, static_resolver, vetted_addresses
 from mcp_code_sandbox.errors import NetworkNotAllowed
 from mcp_code_sandbox.settings import ConfigError, load_settings
@@ -173,3 +173,15 @@ def test_settings_read_the_lists_and_refuse_nonsense() -> None:
     )
     with pytest.raises(ConfigError, match="SANDBOX_NETWORK_ALLOW"):
         load_settings(environ={"SANDBOX_NETWORK_ALLOW": "https://example.com/"})
+
+
+async def test_pinned_names_resolve_from_the_settings_and_others_fall_back() -> None:
+    settings = load_settings(
+        environ={"SANDBOX_NETWORK_RESOLVE": "pypi.test=10.213.7.2, dual.test=10.0.0.1|[fd00::1]"}
+    )
+    resolve = resolver_from_settings(settings)
+    assert await resolve("PYPI.test", 443) == [ip("10.213.7.2")]
+    assert await resolve("dual.test", 443) == [ip("10.0.0.1"), ip("fd00::1")]
+    assert await resolve("localhost", 80)  # the host's resolver for the rest
+    with pytest.raises(ConfigError, match="SANDBOX_NETWORK_RESOLVE"):
+        load_settings(environ={"SANDBOX_NETWORK_RESOLVE": "pypi.test=not-an-ip"})

@@ -12,7 +12,13 @@ the proxy variables) belongs to the backends; this package is the host side::
     proxy.py     open_proxy() -> EgressProxy on a Unix socket: CONNECT and plain HTTP
 """
 
-from .dns import ResolveFailed, Resolver, static_resolver, system_resolver
+from .dns import (
+    ResolveFailed,
+    Resolver,
+    resolver_from_settings,
+    static_resolver,
+    system_resolver,
+)
 from .policy import PRESETS, Decision, Policy
 from .proxy import EgressProxy, blocked_message, open_proxy
 from .secrets import Secret, SecretsFileError, load_secrets, placeholder, placeholder_env
@@ -31,6 +37,7 @@ __all__ = [
     "open_proxy",
     "placeholder",
     "placeholder_env",
+    "resolver_from_settings",
     "static_resolver",
     "system_resolver",
 ]

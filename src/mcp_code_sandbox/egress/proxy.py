@@ -86,6 +86,19 @@ class _Audit:
     started: float = field(default_factory=time.monotonic)
 
 
+@dataclass
+class _Upstream:
+    """The proxy's own connection to an intercepted host, reused across requests."""
+
+    stream: SocketStream | None = None
+    conn: h11.Connection = field(default_factory=lambda: h11.Connection(h11.CLIENT))
+
+    async def drop(self) -> None:
+        if self.stream is not None:
+            stream, self.stream = self.stream, None
+            await stream.close()
+
+
 class EgressProxy:
     """A running proxy. Built by :func:`open_proxy`; the sandbox's owner (the session's
     sandbox wiring) reads :meth:`ca_bundle` once, :meth:`take_blocked` after each run,
@@ -182,6 +195,10 @@ class EgressProxy:
             await self._serve(client, audit)
         except (OSError, h11.ProtocolError, http.ReadTimeout, ssl.SSLError):
             pass  # the peer went away or spoke nonsense: the connection ends, the audit says so
+        except asyncio.CancelledError:
+            # aclose() ends open connections. Nobody awaits this task, and asyncio's
+            # stream callback would log a cancelled one as an error: end it normally.
+            pass
         except Exception:  # one connection's bug never stops the proxy
             log.exception("egress connection failed", session=self.session)
         finally:
@@ -387,29 +404,34 @@ class EgressProxy:
 
     async def _intercepted(self, tls: ByteStream, audit: _Audit, mine: Sequence[Secret]) -> None:
         """HTTP inside a TLS session the proxy terminated: each request goes to the
-        CONNECT host over the proxy's own verified TLS, with the secrets for it added."""
+        CONNECT host over the proxy's own verified TLS (one upstream connection, kept
+        alive while both ends allow), with the secrets for it added."""
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=http.MAX_HEAD)
-        for _ in range(MAX_REQUESTS_PER_CONNECTION):
-            event = await http.next_event(conn, tls, IDLE_S)
-            if not isinstance(event, h11.Request):
-                return
-            stated = (http.header(event.headers, b"host") or b"").decode("latin-1")
-            try:
-                same = normalize_host(urlsplit("//" + stated).hostname or "") == audit.host
-            except ValueError:
-                same = False
-            if not same or event.method == b"CONNECT":
-                await http.respond(
-                    conn, tls, 403, f"requests in this tunnel must be for {audit.host}",
-                    close=True,
-                )  # fmt: skip
-                return
-            headers = _with_secrets(http.forwardable(event.headers), mine, audit)
-            if not await self._relay_tls(conn, tls, event, headers, audit):
-                return
-            if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
-                return
-            conn.start_next_cycle()
+        upstream = _Upstream()
+        try:
+            for _ in range(MAX_REQUESTS_PER_CONNECTION):
+                event = await http.next_event(conn, tls, IDLE_S)
+                if not isinstance(event, h11.Request):
+                    return
+                stated = (http.header(event.headers, b"host") or b"").decode("latin-1")
+                try:
+                    same = normalize_host(urlsplit("//" + stated).hostname or "") == audit.host
+                except ValueError:
+                    same = False
+                if not same or event.method == b"CONNECT":
+                    await http.respond(
+                        conn, tls, 403, f"requests in this tunnel must be for {audit.host}",
+                        close=True,
+                    )  # fmt: skip
+                    return
+                headers = _with_secrets(http.forwardable(event.headers), mine, audit)
+                if not await self._relay_tls(conn, tls, event, headers, audit, upstream):
+                    return
+                if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
+                    return
+                conn.start_next_cycle()
+        finally:
+            await upstream.drop()
 
     async def _relay_tls(
         self,
@@ -418,29 +440,44 @@ class EgressProxy:
         request: h11.Request,
         headers: http.Headers,
         audit: _Audit,
+        upstream: _Upstream,
     ) -> bool:
-        """One request to the upstream over a fresh verified TLS connection."""
-        try:
-            addresses, verdict = await vetted_addresses(
-                self.policy, self._resolver, audit.host, audit.port
+        """One request to the upstream over ``upstream``'s connection, or a new
+        verified TLS connection when there is none (or the upstream closed it)."""
+        if upstream.stream is None or upstream.stream.reader.at_eof():
+            await upstream.drop()
+            try:
+                addresses, verdict = await vetted_addresses(
+                    self.policy, self._resolver, audit.host, audit.port
+                )
+                if not verdict.allowed:
+                    raise OSError(f"address refused ({verdict.rule})")
+                reader, writer = await self._dial(
+                    addresses, audit.port, self._upstream_tls, audit.host
+                )
+            except (OSError, TimeoutError, ResolveFailed, ssl.SSLError) as exc:
+                await http.respond(
+                    conn, tls, 502, f"could not reach {audit.host}: {exc}", close=True
+                )
+                return False
+            upstream.stream, upstream.conn = (
+                SocketStream(reader, writer),
+                h11.Connection(h11.CLIENT),
             )
-            if not verdict.allowed:
-                raise OSError(f"address refused ({verdict.rule})")
-            reader, writer = await self._dial(addresses, audit.port, self._upstream_tls, audit.host)
-        except (OSError, TimeoutError, ResolveFailed, ssl.SSLError) as exc:
-            await http.respond(conn, tls, 502, f"could not reach {audit.host}: {exc}", close=True)
-            return False
-        upstream = SocketStream(reader, writer)
+        stream, up = upstream.stream, upstream.conn
         try:
-            await http.relay(
-                conn, tls, request, request.target, [*headers, (b"connection", b"close")],
-                h11.Connection(h11.CLIENT), upstream, IDLE_S,
-            )  # fmt: skip
+            await http.relay(conn, tls, request, request.target, headers, up, stream, IDLE_S)
         except http.UpstreamFailed as exc:
+            await upstream.drop()
             await http.respond(conn, tls, 502, f"upstream {audit.host} failed: {exc}", close=True)
             return False
-        finally:
-            await upstream.close()
+        except BaseException:
+            await upstream.drop()
+            raise
+        if up.our_state is h11.DONE and up.their_state is h11.DONE:
+            up.start_next_cycle()
+        else:
+            await upstream.drop()
         return True
 
     # -- audit ----------------------------------------------------------------------
