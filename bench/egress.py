@@ -25,19 +25,21 @@ import json
 import os
 import ssl
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mcp_code_sandbox.egress import Policy, open_proxy, static_resolver  # noqa: E402
-from mcp_code_sandbox.egress.secrets import parse_secrets  # noqa: E402
-from tests.egress_lab import LabCA, bridge, upstream  # noqa: E402
+from mcp_code_sandbox.egress import Policy, open_proxy, static_resolver
+from mcp_code_sandbox.egress.secrets import parse_secrets
+from tests.egress_lab import LabCA, bridge, upstream
 
 MB10 = 10 * 1024 * 1024
 
@@ -78,103 +80,128 @@ async def _time(job: Callable[[], Awaitable[None]]) -> float:
     return time.perf_counter() - start
 
 
-@contextlib.asynccontextmanager
-async def _lab(tmp: Path) -> AsyncIterator[dict[str, object]]:
-    ca = LabCA(tmp)
-    secrets = parse_secrets(
-        {"secrets": {"KEY": {"value": "bench-value", "hosts": ["secret.test"]}}}
-    )
+NAMES = ("open.test", "secret.test", "plain.test")
+
+
+async def _serve_upstreams(where: Path) -> None:
+    """Child process 1: the upstreams (the test CA's key stays here)."""
+    ca = LabCA(where)
     async with (
         upstream() as plain,
         upstream(ca.server_context("open.test")) as open_tls,
         upstream(ca.server_context("secret.test")) as secret_tls,
     ):
-        proxy = await open_proxy(
-            tmp / "egress.sock",
-            Policy.parse(["open.test", "secret.test", "plain.test", "127.0.0.1/32"]),
-            secrets,
-            owner="bench",
-            session="bench",
-            metrics=None,
-            upstream_ca=ca.path,
-            resolver=static_resolver(
-                {n: ["127.0.0.1"] for n in ("open.test", "secret.test", "plain.test")}
-            ),
-        )
-        bundle = proxy.ca_bundle()
-        assert bundle is not None
-        (tmp / "bundle.pem").write_bytes(bundle)
-        try:
-            async with bridge(proxy.socket_path) as port:
-                yield {
-                    "ca": ca,
-                    "port": port,
-                    "plain": plain.port,
-                    "open": open_tls.port,
-                    "secret": secret_tls.port,
-                    "bundle": ssl.create_default_context(cafile=str(tmp / "bundle.pem")),
-                }
-        finally:
-            await proxy.aclose()
+        ports = {"plain": plain.port, "open": open_tls.port, "secret": secret_tls.port}
+        (where / "upstreams.json").write_text(json.dumps(ports))
+        await asyncio.Event().wait()
+
+
+async def _serve_proxy(where: Path) -> None:
+    """Child process 2: the proxy (as in the server) and the bridge (as in the sandbox)."""
+    secrets = parse_secrets(
+        {"secrets": {"KEY": {"value": "bench-value", "hosts": ["secret.test"]}}}
+    )
+    proxy = await open_proxy(
+        where / "egress.sock",
+        Policy.parse([*NAMES, "127.0.0.1/32"]),
+        secrets,
+        owner="bench",
+        session="bench",
+        metrics=None,
+        upstream_ca=where / "upstream-ca.pem",
+        resolver=static_resolver({name: ["127.0.0.1"] for name in NAMES}),
+    )
+    bundle = proxy.ca_bundle()
+    assert bundle is not None
+    (where / "bundle.pem").write_bytes(bundle)
+    async with bridge(proxy.socket_path) as port:
+        (where / "proxy.json").write_text(json.dumps({"port": port}))
+        await asyncio.Event().wait()
+
+
+def _wait_for(path: Path, child: subprocess.Popen[bytes]) -> dict[str, int]:
+    deadline = time.monotonic() + 60
+    while not path.exists():
+        if child.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"{path.name} never appeared (child exit {child.poll()})")
+        time.sleep(0.05)
+    return json.loads(path.read_text())  # type: ignore[no-any-return]
+
+
+@contextlib.contextmanager
+def _lab(where: Path) -> Iterator[dict[str, Any]]:
+    """Upstreams and proxy in their own processes (as in production: neither shares the
+    client's CPU time slice or event loop), their logs to files in ``where``."""
+    children: list[subprocess.Popen[bytes]] = []
+    try:
+        for role in ("upstreams", "proxy"):
+            log = (where / f"{role}.log").open("wb")
+            argv = [sys.executable, __file__, "--role", role, "--dir", str(where)]
+            children.append(subprocess.Popen(argv, stdout=log, stderr=log))
+            info = _wait_for(where / f"{role}.json", children[-1])
+            if role == "upstreams":
+                ports = info
+        yield {
+            **ports,
+            "port": info["port"],
+            "ca": where / "upstream-ca.pem",
+            "bundle": where / "bundle.pem",
+        }
+    finally:
+        for child in children:
+            child.kill()
+            child.wait(10)
 
 
 async def main(runs: int) -> list[dict[str, object]]:
-    with tempfile.TemporaryDirectory() as tmp:
-        async with _lab(Path(tmp)) as lab:
-            ca = lab["ca"]
-            assert isinstance(ca, LabCA)
-            direct_ctx = ca.client_context()
-            via = f"http://127.0.0.1:{lab['port']}"
-            bundle = lab["bundle"]
-            assert isinstance(bundle, ssl.SSLContext)
+    with tempfile.TemporaryDirectory() as tmp, _lab(Path(tmp)) as lab:
+        direct_ctx = ssl.create_default_context(cafile=str(lab["ca"]))
+        bundle = ssl.create_default_context(cafile=str(lab["bundle"]))
+        via = f"http://127.0.0.1:{lab['port']}"
 
-            def direct() -> httpx.AsyncClient:
-                return httpx.AsyncClient(transport=_Pinned(direct_ctx))
+        def direct() -> httpx.AsyncClient:
+            return httpx.AsyncClient(transport=_Pinned(direct_ctx))
 
-            def proxied() -> httpx.AsyncClient:
-                return httpx.AsyncClient(proxy=via, verify=bundle)
+        def proxied() -> httpx.AsyncClient:
+            return httpx.AsyncClient(proxy=via, verify=bundle)
 
-            open_url = f"https://open.test:{lab['open']}"
-            secret_url = f"https://secret.test:{lab['secret']}"
-            plain_url = f"http://plain.test:{lab['plain']}"
-            big = f"/bytes/{MB10}"
-            rows: dict[str, dict[str, Callable[[], Awaitable[None]]]] = {
-                "10 MB HTTPS download": {
-                    "direct": lambda: _with(direct, open_url + big, _download),
-                    "via proxy (tunnel)": lambda: _with(proxied, open_url + big, _download),
-                    "via proxy (intercepted)": lambda: _with(proxied, secret_url + big, _download),
-                },
-                "10 MB plain HTTP download": {
-                    "direct": lambda: _with(direct, plain_url + big, _download),
-                    "via proxy": lambda: _with(proxied, plain_url + big, _download),
-                },
-                "100 small HTTPS GETs, one client": {
-                    "direct": lambda: _with(direct, open_url + "/small", _small),
-                    "via proxy (tunnel)": lambda: _with(proxied, open_url + "/small", _small),
-                    "via proxy (intercepted)": lambda: _with(
-                        proxied, secret_url + "/small", _small
-                    ),
-                },
-                "100 small HTTPS GETs, new connection each": {
-                    "direct": lambda: _small_new(direct, open_url + "/small"),
-                    "via proxy (tunnel)": lambda: _small_new(proxied, open_url + "/small"),
-                    "via proxy (intercepted)": lambda: _small_new(proxied, secret_url + "/small"),
-                },
-            }
-            results: list[dict[str, object]] = []
-            for row, variants in rows.items():
-                samples: dict[str, list[float]] = {name: [] for name in variants}
-                for name, job in variants.items():  # warm-up
-                    await job()
-                for _ in range(runs):
-                    for name, job in variants.items():
-                        samples[name].append(await _time(job))
-                for name, taken in samples.items():
-                    results.append(
-                        {"row": row, "variant": name, **_stats(taken), "samples_s": taken}
-                    )
-                print(f"done: {row}", file=sys.stderr)
-            return results
+        open_url = f"https://open.test:{lab['open']}"
+        secret_url = f"https://secret.test:{lab['secret']}"
+        plain_url = f"http://plain.test:{lab['plain']}"
+        big = f"/bytes/{MB10}"
+        rows: dict[str, dict[str, Callable[[], Awaitable[None]]]] = {
+            "10 MB HTTPS download": {
+                "direct": lambda: _with(direct, open_url + big, _download),
+                "via proxy (tunnel)": lambda: _with(proxied, open_url + big, _download),
+                "via proxy (intercepted)": lambda: _with(proxied, secret_url + big, _download),
+            },
+            "10 MB plain HTTP download": {
+                "direct": lambda: _with(direct, plain_url + big, _download),
+                "via proxy": lambda: _with(proxied, plain_url + big, _download),
+            },
+            "100 small HTTPS GETs, one client": {
+                "direct": lambda: _with(direct, open_url + "/small", _small),
+                "via proxy (tunnel)": lambda: _with(proxied, open_url + "/small", _small),
+                "via proxy (intercepted)": lambda: _with(proxied, secret_url + "/small", _small),
+            },
+            "100 small HTTPS GETs, new connection each": {
+                "direct": lambda: _small_new(direct, open_url + "/small"),
+                "via proxy (tunnel)": lambda: _small_new(proxied, open_url + "/small"),
+                "via proxy (intercepted)": lambda: _small_new(proxied, secret_url + "/small"),
+            },
+        }
+        results: list[dict[str, object]] = []
+        for row, variants in rows.items():
+            samples: dict[str, list[float]] = {name: [] for name in variants}
+            for job in variants.values():  # warm-up
+                await job()
+            for _ in range(runs):
+                for name, job in variants.items():
+                    samples[name].append(await _time(job))
+            for name, taken in samples.items():
+                results.append({"row": row, "variant": name, **_stats(taken), "samples_s": taken})
+            print(f"done: {row}", file=sys.stderr)
+        return results
 
 
 class _Pinned(httpx.AsyncHTTPTransport):
@@ -213,7 +240,13 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--role", choices=["upstreams", "proxy"], help=argparse.SUPPRESS)
+    parser.add_argument("--dir", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.role == "upstreams":
+        asyncio.run(_serve_upstreams(args.dir))
+    if args.role == "proxy":
+        asyncio.run(_serve_proxy(args.dir))
     load = os.getloadavg()
     found = asyncio.run(main(args.runs))
     print(

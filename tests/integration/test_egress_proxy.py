@@ -28,6 +28,7 @@ from mcp_code_sandbox.egress import (
 )
 from mcp_code_sandbox.egress import proxy as proxy_module
 from mcp_code_sandbox.egress.secrets import parse_secrets
+from mcp_code_sandbox.errors import SandboxFailed
 from mcp_code_sandbox.metrics import Metrics
 
 from ..egress_lab import LabCA, Upstream, bridge, upstream
@@ -476,3 +477,29 @@ async def test_an_oversized_head_ends_the_connection(lab: Lab) -> None:
         writer.close()
     finally:
         await proxy.aclose()
+
+
+async def test_a_call_narrows_the_policy_of_a_running_proxy(lab: Lab) -> None:
+    proxy = await lab.proxy()
+    server = proxy.policy
+    try:
+        proxy.use_policy(server.narrowed(["other.test"]))
+        head, _, writer = await connect_raw(proxy, f"api.test:{lab.api.port}")
+        writer.close()
+        assert head.startswith(b"HTTP/1.1 403 ")
+        head, _, writer = await connect_raw(proxy, f"other.test:{lab.other.port}")
+        writer.close()
+        assert head.startswith(b"HTTP/1.1 200 ")
+        proxy.use_policy(Policy())  # a call without network in a networked session
+        head, _, writer = await connect_raw(proxy, f"other.test:{lab.other.port}")
+        writer.close()
+        assert head.startswith(b"HTTP/1.1 403 ")
+    finally:
+        await proxy.aclose()
+
+
+async def test_a_socket_that_cannot_be_made_is_sandbox_failed(lab: Lab) -> None:
+    with pytest.raises(SandboxFailed, match="egress proxy"):
+        await open_proxy(
+            lab.tmp / "missing" / "egress.sock", Policy(), (), owner="a", session="s", metrics=None
+        )

@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 import h11
 import structlog
 
+from mcp_code_sandbox.errors import SandboxFailed
 from mcp_code_sandbox.metrics import Metrics
 
 from . import http
@@ -61,6 +62,8 @@ CONNECT_TIMEOUT_S = 10.0
 HANDSHAKE_TIMEOUT_S = 10.0
 #: Hosts kept for :meth:`EgressProxy.take_blocked` between two calls.
 MAX_BLOCKED = 32
+#: Certificates kept per proxy (one per intercepted host name).
+MAX_LEAVES = 64
 #: An intercepted connection's bound on requests (each gets its own upstream exchange).
 MAX_REQUESTS_PER_CONNECTION = 1000
 
@@ -135,6 +138,12 @@ class EgressProxy:
         self._server: asyncio.Server | None = None
 
     # -- the API --------------------------------------------------------------------
+
+    def use_policy(self, policy: Policy) -> None:
+        """Judge new connections by ``policy`` from now on (a call's narrowed policy, the
+        server's, or ``Policy()`` to refuse everything while a call has no network).
+        Connections already open keep the verdict they got."""
+        self.policy = policy
 
     def ca_bundle(self) -> bytes | None:
         """PEM to trust inside the sandbox (``SSL_CERT_FILE``, ``REQUESTS_CA_BUNDLE``,
@@ -397,8 +406,12 @@ class EgressProxy:
             await self._intercepted(outcome.stream, audit, mine)
 
     async def _leaf(self, host: str) -> ssl.SSLContext:
+        """This proxy's certificate for ``host``, made once (in a thread) and kept; at
+        most :data:`MAX_LEAVES` are kept (a secret for ``*.x`` allows many names)."""
         assert self._ca is not None
         if host not in self._leaves:
+            if len(self._leaves) >= MAX_LEAVES:
+                del self._leaves[next(iter(self._leaves))]
             self._leaves[host] = await asyncio.to_thread(self._ca.leaf_context, host)
         return self._leaves[host]
 
@@ -563,8 +576,10 @@ async def open_proxy(
 
     ``secrets``: all the server's secrets (the proxy picks those whose hosts a CONNECT
     names). ``upstream_ca``: extra roots for upstreams (``SANDBOX_NETWORK_UPSTREAM_CA``).
-    ``resolver``: how names resolve (default: the host's resolver). The blocking set-up
-    (a CA key, reading the roots) runs in a worker thread.
+    ``resolver``: how names resolve (default: the host's resolver;
+    ``dns.resolver_from_settings`` adds ``SANDBOX_NETWORK_RESOLVE``). The blocking set-up
+    (a CA key, reading the roots) runs in a worker thread. Raises
+    :class:`~mcp_code_sandbox.errors.SandboxFailed` when the socket cannot be made.
     """
     ca: EphemeralCA | None = None
     bundle: bytes | None = None
@@ -577,7 +592,12 @@ async def open_proxy(
         socket_path, policy, secrets, owner=owner, session=session, metrics=metrics,
         resolver=resolver or system_resolver, ca=ca, bundle=bundle, upstream_tls=upstream_tls,
     )  # fmt: skip
-    await proxy.start()
+    try:
+        await proxy.start()
+    except OSError as exc:
+        raise SandboxFailed(
+            f"could not start the sandbox's egress proxy on {socket_path}: {exc.strerror or exc}"
+        ) from None
     return proxy
 
 

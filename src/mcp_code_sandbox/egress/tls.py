@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import os
 import ssl
 from dataclasses import dataclass
@@ -161,9 +162,12 @@ def system_roots_pem() -> bytes:
     return b""
 
 
+@functools.lru_cache(maxsize=4)
 def upstream_context(extra_ca: Path | None) -> ssl.SSLContext:
     """How the proxy verifies an upstream it terminates TLS for: the system roots plus
-    ``extra_ca`` (``SANDBOX_NETWORK_UPSTREAM_CA``), hostname checked. Blocking."""
+    ``extra_ca`` (``SANDBOX_NETWORK_UPSTREAM_CA``), hostname checked. Blocking (loading
+    the roots takes tens of ms), so made once per file and shared by every proxy: the
+    context is only read after this, which ``ssl`` allows from any thread."""
     context = ssl.create_default_context()
     if extra_ca is not None:
         context.load_verify_locations(cafile=str(extra_ca))
