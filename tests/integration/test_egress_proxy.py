@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import ssl
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from mcp_code_sandbox.egress.secrets import parse_secrets
 from mcp_code_sandbox.errors import SandboxFailed
 from mcp_code_sandbox.metrics import Metrics
 
+from ..conftest import shared_runtime_dir
 from ..egress_lab import LabCA, Upstream, bridge, upstream
 
 VALUE = "sk-live-NEVER-IN-THE-SANDBOX-42"
@@ -503,3 +505,95 @@ async def test_a_socket_that_cannot_be_made_is_sandbox_failed(lab: Lab) -> None:
         await open_proxy(
             lab.tmp / "missing" / "egress.sock", Policy(), (), owner="a", session="s", metrics=None
         )
+
+
+# -- real clients --------------------------------------------------------------------
+
+
+async def _run(*argv: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+async def test_curl_through_the_proxy(lab: Lab) -> None:
+    """curl offers HTTP/2 by ALPN; the intercepting side answers HTTP/1.1 and curl follows."""
+    proxy = await lab.proxy()
+    bundle = lab.tmp / "bundle.pem"
+    bundle.write_bytes(proxy.ca_bundle() or b"")
+    token = placeholder(lab.secrets[0])
+    try:
+        async with bridge(proxy.socket_path) as port:
+            via = ["curl", "-sS", "--proxy", f"http://127.0.0.1:{port}", "--cacert", str(bundle)]
+            code, out, err = await _run(
+                *via, "-H", f"Authorization: Bearer {token}", f"https://api.test:{lab.api.port}/c"
+            )
+            assert code == 0, err
+            assert json.loads(out)["headers"]["authorization"] == f"Bearer {VALUE}"
+            code, out, err = await _run(*via, f"https://other.test:{lab.other.port}/c")
+            assert code == 0, err
+            code, out, err = await _run(*via, f"http://plain.test:{lab.plain.port}/c")
+            assert code == 0 and json.loads(out)["target"] == "/c", err
+            code, out, err = await _run(*via, f"https://blocked.test:{lab.api.port}/c")
+            assert code != 0 and "403" in err
+    finally:
+        await proxy.aclose()
+
+
+#: The sandbox's Node.js (24: its fetch follows HTTPS_PROXY under NODE_USE_ENV_PROXY).
+NODE = shared_runtime_dir() / "node" / "bin" / "node"
+
+
+@pytest.mark.skipif(not NODE.exists(), reason="no runtime env: run mcp-code-sandbox setup")
+async def test_node_fetch_through_the_proxy(lab: Lab) -> None:
+    """Node's fetch with NODE_USE_ENV_PROXY and the bundle as NODE_EXTRA_CA_CERTS: the
+    secret arrives upstream while node only ever held the placeholder."""
+    proxy = await lab.proxy()
+    bundle = lab.tmp / "bundle.pem"
+    bundle.write_bytes(proxy.ca_bundle() or b"")
+    token = placeholder(lab.secrets[0])
+    script = (
+        f"fetch('https://api.test:{lab.api.port}/n', {{headers: {{authorization: "
+        f"'Bearer ' + process.env.API_KEY}}}}).then(r => r.text()).then(t => console.log(t))"
+    )
+    try:
+        async with bridge(proxy.socket_path) as port:
+            env = {
+                "PATH": "/usr/bin:/bin",
+                "HTTPS_PROXY": f"http://127.0.0.1:{port}",
+                "HTTP_PROXY": f"http://127.0.0.1:{port}",
+                "NODE_USE_ENV_PROXY": "1",
+                "NODE_EXTRA_CA_CERTS": str(bundle),
+                "API_KEY": token,
+            }
+            code, out, err = await _run(str(NODE), "-e", script, env=env)
+    finally:
+        await proxy.aclose()
+    assert code == 0, err
+    assert json.loads(out)["headers"]["authorization"] == f"Bearer {VALUE}"
+
+
+async def test_two_sandboxes_proxies_share_nothing(lab: Lab) -> None:
+    """One proxy closing, blocking or failing leaves another's connections, blocked list
+    and CA alone."""
+    first = await lab.proxy()
+    second = await open_proxy(
+        lab.tmp / "second.sock", Policy.parse(["other.test", "127.0.0.1/32"]), lab.secrets,
+        owner="bob", session="sess_two", metrics=None, upstream_ca=lab.ca.path,
+        resolver=static_resolver({"other.test": ["127.0.0.1"]}),
+    )  # fmt: skip
+    try:
+        _, _, writer = await connect_raw(first, "evil.test:443")
+        writer.close()
+        await first.aclose()
+        head, _, writer = await connect_raw(second, f"other.test:{lab.other.port}")
+        writer.close()
+        assert head.startswith(b"HTTP/1.1 200 ")
+        assert second.take_blocked() == []
+        assert first.ca_bundle() != second.ca_bundle()  # a CA of its own each
+    finally:
+        await second.aclose()
