@@ -10,7 +10,18 @@ from mcp_code_sandbox import metrics as metrics_module
 from mcp_code_sandbox.egress import blocked_message
 from mcp_code_sandbox.metrics import Metrics
 
-MODULES = ["", ".policy", ".dns", ".secrets", ".tls", ".http", ".streams", ".proxy"]
+MODULES = [
+    "",
+    ".policy",
+    ".dns",
+    ".secrets",
+    ".tls",
+    ".http",
+    ".streams",
+    ".intercept",
+    ".audit",
+    ".proxy",
+]
 
 
 @pytest.mark.parametrize("suffix", MODULES)
