@@ -468,7 +468,7 @@ async def test_connections_past_the_limit_get_503(
     assert second.startswith(b"HTTP/1.1 503 ")
 
 
-async def test_an_oversized_head_ends_the_connection(lab: Lab) -> None:
+async def test_an_oversized_head_or_garbage_ends_that_connection_only(lab: Lab) -> None:
     proxy = await lab.proxy()
     try:
         reader, writer = await asyncio.open_unix_connection(str(proxy.socket_path))
@@ -477,6 +477,16 @@ async def test_an_oversized_head_ends_the_connection(lab: Lab) -> None:
             await writer.drain()
             await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
         writer.close()
+        reader, writer = await asyncio.open_unix_connection(str(proxy.socket_path))
+        writer.write(b"\x16\x03\x01\x00\xff\x00garbage\r\n\r\n")
+        assert b"200" not in await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+        async with (
+            bridge(proxy.socket_path) as port,
+            httpx.AsyncClient(proxy=f"http://127.0.0.1:{port}") as client,
+        ):
+            reply = await client.get(f"http://plain.test:{lab.plain.port}/after")
+        assert reply.status_code == 200
     finally:
         await proxy.aclose()
 
