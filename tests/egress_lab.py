@@ -21,7 +21,7 @@ import h11
 from mcp_code_sandbox.egress.tls import EphemeralCA
 
 
-class TestCA:
+class LabCA:
     """The test's own CA (not the proxy's): upstream certificates for test names."""
 
     def __init__(self, directory: Path) -> None:

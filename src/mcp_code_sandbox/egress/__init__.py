@@ -8,11 +8,20 @@ the proxy variables) belongs to the backends; this package is the host side::
     dns.py       resolution by the proxy, and the address check before every connect
     secrets.py   SANDBOX_SECRETS_FILE: secrets, their hosts and header, placeholders
     tls.py       SNI check of CONNECT tunnels; TLS termination with an ephemeral CA
+    streams.py   counted, bounded byte streams; the two-way pipe of a tunnel
     http.py      HTTP/1.1 relaying with h11
+    intercept.py requests inside a terminated TLS session: the secrets added
+    audit.py     one audit line and one metrics count per connection
     proxy.py     open_proxy() -> EgressProxy on a Unix socket: CONNECT and plain HTTP
 """
 
-from .dns import ResolveFailed, Resolver, static_resolver, system_resolver
+from .dns import (
+    ResolveFailed,
+    Resolver,
+    resolver_from_settings,
+    static_resolver,
+    system_resolver,
+)
 from .policy import PRESETS, Decision, Policy
 from .proxy import EgressProxy, blocked_message, open_proxy
 from .secrets import Secret, SecretsFileError, load_secrets, placeholder, placeholder_env
@@ -31,6 +40,7 @@ __all__ = [
     "open_proxy",
     "placeholder",
     "placeholder_env",
+    "resolver_from_settings",
     "static_resolver",
     "system_resolver",
 ]

@@ -14,13 +14,18 @@ import errno
 import ipaddress
 import socket
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
-from .policy import Decision, IPAddress, Policy, parse_address
+from .policy import Decision, IPAddress, Policy, normalize_host, parse_address
+
+if TYPE_CHECKING:
+    from mcp_code_sandbox.settings import Settings
 
 __all__ = [
     "ResolveFailed",
     "Resolver",
     "is_own_address",
+    "resolver_from_settings",
     "static_resolver",
     "system_resolver",
     "vetted_addresses",
@@ -74,10 +79,21 @@ def static_resolver(
     return resolve
 
 
+def resolver_from_settings(settings: Settings) -> Resolver:
+    """The server's resolver: ``network_resolve`` (``name=address|address``) first, the
+    host's resolver for every other name."""
+    table: dict[str, list[str]] = {}
+    for entry in settings.network_resolve:
+        name, _, addresses = entry.partition("=")
+        table[normalize_host(name)] = [a.strip().strip("[]") for a in addresses.split("|")]
+    return static_resolver(table, fallback=system_resolver) if table else system_resolver
+
+
 def is_own_address(address: IPAddress) -> bool:
     """Whether ``address`` belongs to this host: binding a socket to an address that is
-    not one of the host's fails (EADDRNOTAVAIL). Blocking but one quick system call; the
-    proxy calls it in a worker thread. Unsure (another error): treated as own (refused)."""
+    not one of the host's fails (EADDRNOTAVAIL). Two system calls that never wait on I/O
+    (no packet is sent; a thread hop would cost more), so the proxy calls it inline.
+    Unsure (another error): treated as own (refused)."""
     family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
     try:
         with socket.socket(family, socket.SOCK_STREAM) as probe:
@@ -100,8 +116,7 @@ async def vetted_addresses(
     if not addresses:
         raise ResolveFailed(f"{host} has no address")
     for address in addresses:
-        own = await asyncio.to_thread(is_own_address, address)
-        verdict = policy.check_address(address, own=own)
+        verdict = policy.check_address(address, own=is_own_address(address))
         if not verdict.allowed:
             return [], verdict
     return addresses, Decision(True, "addresses-ok")

@@ -24,31 +24,31 @@ import asyncio
 import contextlib
 import os
 import ssl
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import h11
 import structlog
 
+from mcp_code_sandbox.errors import SandboxFailed
 from mcp_code_sandbox.metrics import Metrics
 
 from . import http
+from .audit import Audit
 from .dns import ResolveFailed, Resolver, system_resolver, vetted_addresses
+from .intercept import Intercepted
 from .policy import Decision, IPAddress, Policy, normalize_host
 from .secrets import Secret, secrets_for
-from .streams import ByteStream, Counter, SocketStream
+from .streams import IDLE_S, ByteStream, SocketStream, pipe
 from .tls import (
     EphemeralCA,
-    Intercepted,
+    Handshaken,
     NotTls,
     SniRefused,
     Tunnel,
     accept_tls,
-    system_roots_pem,
-    upstream_context,
+    prepare_tls,
 )
 
 __all__ = ["EgressProxy", "blocked_message", "open_proxy"]
@@ -56,34 +56,17 @@ __all__ = ["EgressProxy", "blocked_message", "open_proxy"]
 log = structlog.get_logger("mcp_code_sandbox.egress")
 
 MAX_CONNECTIONS = 64
-IDLE_S = 300.0
 CONNECT_TIMEOUT_S = 10.0
 HANDSHAKE_TIMEOUT_S = 10.0
 #: Hosts kept for :meth:`EgressProxy.take_blocked` between two calls.
 MAX_BLOCKED = 32
-#: An intercepted connection's bound on requests (each gets its own upstream exchange).
-MAX_REQUESTS_PER_CONNECTION = 1000
+#: Certificates kept per proxy (one per intercepted host name).
+MAX_LEAVES = 64
 
 
 def blocked_message(host: str) -> str:
     """The body of a refusal: what the model reads and can act on."""
     return f"blocked by sandbox network policy: {host} is not in the allowlist"
-
-
-@dataclass
-class _Audit:
-    """What one proxied connection's audit line says."""
-
-    kind: str  # "connect" | "http"
-    host: str = ""
-    port: int = 0
-    allowed: bool = False
-    rule: str = ""
-    up: Counter = field(default_factory=Counter)  # sandbox -> upstream
-    down: Counter = field(default_factory=Counter)  # upstream -> sandbox
-    secrets: set[str] = field(default_factory=set)
-    intercepted: bool = False
-    started: float = field(default_factory=time.monotonic)
 
 
 class EgressProxy:
@@ -122,6 +105,12 @@ class EgressProxy:
         self._server: asyncio.Server | None = None
 
     # -- the API --------------------------------------------------------------------
+
+    def use_policy(self, policy: Policy) -> None:
+        """Judge new connections by ``policy`` from now on (a call's narrowed policy, the
+        server's, or ``Policy()`` to refuse everything while a call has no network).
+        Connections already open keep the verdict they got."""
+        self.policy = policy
 
     def ca_bundle(self) -> bytes | None:
         """PEM to trust inside the sandbox (``SSL_CERT_FILE``, ``REQUESTS_CA_BUNDLE``,
@@ -166,7 +155,7 @@ class EgressProxy:
         task = asyncio.current_task()
         assert task is not None
         self._tasks.add(task)
-        audit = [_Audit("http")]  # the current request's (plain HTTP: one per request)
+        audit = [Audit("http")]  # the current request's (plain HTTP: one per request)
         client = SocketStream(reader, writer, received=audit[0].up, sent=audit[0].down)
         self._open += 1
         try:
@@ -182,6 +171,10 @@ class EgressProxy:
             await self._serve(client, audit)
         except (OSError, h11.ProtocolError, http.ReadTimeout, ssl.SSLError):
             pass  # the peer went away or spoke nonsense: the connection ends, the audit says so
+        except asyncio.CancelledError:
+            # aclose() ends open connections. Nobody awaits this task, and asyncio's
+            # stream callback would log a cancelled one as an error: end it normally.
+            pass
         except Exception:  # one connection's bug never stops the proxy
             log.exception("egress connection failed", session=self.session)
         finally:
@@ -189,9 +182,9 @@ class EgressProxy:
             await client.close()
             self._tasks.discard(task)
             if audit[0].host:
-                self._audit(audit[0])
+                audit[0].emit(self.session, self.owner, self._metrics)
 
-    async def _serve(self, client: SocketStream, audit: list[_Audit]) -> None:
+    async def _serve(self, client: SocketStream, audit: list[Audit]) -> None:
         """Requests on one connection: a CONNECT ends the loop (the connection becomes
         the tunnel); plain requests may follow each other (keep-alive), each with its
         own audit line."""
@@ -208,13 +201,13 @@ class EgressProxy:
                 return
             if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
                 return
-            self._audit(audit[0])
-            audit[0] = _Audit("http")
+            audit[0].emit(self.session, self.owner, self._metrics)
+            audit[0] = Audit("http")
             client.received, client.sent = audit[0].up, audit[0].down
             conn.start_next_cycle()
 
     async def _refuse(
-        self, conn: h11.Connection, client: ByteStream, audit: _Audit, decision: Decision
+        self, conn: h11.Connection, client: ByteStream, audit: Audit, decision: Decision
     ) -> None:
         audit.allowed, audit.rule = False, decision.rule
         self._note_blocked(audit.host)
@@ -225,7 +218,7 @@ class EgressProxy:
             self._blocked[host] = None
 
     async def _judge(
-        self, conn: h11.Connection, client: ByteStream, audit: _Audit
+        self, conn: h11.Connection, client: ByteStream, audit: Audit
     ) -> list[IPAddress] | None:
         """The addresses to connect to, or None after answering the client (403/502)."""
         decision = self.policy.decide(audit.host, audit.port)
@@ -267,7 +260,7 @@ class EgressProxy:
     # -- plain HTTP -----------------------------------------------------------------
 
     async def _plain(
-        self, conn: h11.Connection, client: SocketStream, request: h11.Request, audit: _Audit
+        self, conn: h11.Connection, client: SocketStream, request: h11.Request, audit: Audit
     ) -> bool:
         """One absolute-form request. Returns whether the connection may go on."""
         url = urlsplit(request.target.decode("latin-1"))
@@ -318,7 +311,7 @@ class EgressProxy:
     # -- CONNECT --------------------------------------------------------------------
 
     async def _connect(
-        self, conn: h11.Connection, client: SocketStream, request: h11.Request, audit: _Audit
+        self, conn: h11.Connection, client: SocketStream, request: h11.Request, audit: Audit
     ) -> None:
         target = request.target.decode("latin-1")
         try:
@@ -359,10 +352,10 @@ class EgressProxy:
 
     async def _after_hello(
         self,
-        outcome: Tunnel | SniRefused | NotTls | Intercepted,
+        outcome: Tunnel | SniRefused | NotTls | Handshaken,
         client: SocketStream,
         upstream: SocketStream,
-        audit: _Audit,
+        audit: Audit,
         mine: Sequence[Secret],
     ) -> None:
         if isinstance(outcome, SniRefused):
@@ -373,142 +366,39 @@ class EgressProxy:
         elif isinstance(outcome, Tunnel):
             audit.allowed = True
             await upstream.write(outcome.hello)
-            await _pipe(client, upstream, audit)
+            await pipe(client, upstream, IDLE_S)
         else:
             audit.allowed, audit.intercepted = True, True
             await upstream.close()  # reopened with TLS, verified by the proxy
-            await self._intercepted(outcome.stream, audit, mine)
+            session = Intercepted(
+                outcome.stream, audit.host, mine, lambda: self._dial_tls(audit.host, audit.port)
+            )
+            try:
+                await session.serve()
+            finally:
+                audit.secrets.update(session.used)
 
     async def _leaf(self, host: str) -> ssl.SSLContext:
+        """This proxy's certificate for ``host``, made once (in a thread) and kept; at
+        most :data:`MAX_LEAVES` are kept (a secret for ``*.x`` allows many names)."""
         assert self._ca is not None
         if host not in self._leaves:
+            if len(self._leaves) >= MAX_LEAVES:
+                del self._leaves[next(iter(self._leaves))]
             self._leaves[host] = await asyncio.to_thread(self._ca.leaf_context, host)
         return self._leaves[host]
 
-    async def _intercepted(self, tls: ByteStream, audit: _Audit, mine: Sequence[Secret]) -> None:
-        """HTTP inside a TLS session the proxy terminated: each request goes to the
-        CONNECT host over the proxy's own verified TLS, with the secrets for it added."""
-        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=http.MAX_HEAD)
-        for _ in range(MAX_REQUESTS_PER_CONNECTION):
-            event = await http.next_event(conn, tls, IDLE_S)
-            if not isinstance(event, h11.Request):
-                return
-            stated = (http.header(event.headers, b"host") or b"").decode("latin-1")
-            try:
-                same = normalize_host(urlsplit("//" + stated).hostname or "") == audit.host
-            except ValueError:
-                same = False
-            if not same or event.method == b"CONNECT":
-                await http.respond(
-                    conn, tls, 403, f"requests in this tunnel must be for {audit.host}",
-                    close=True,
-                )  # fmt: skip
-                return
-            headers = _with_secrets(http.forwardable(event.headers), mine, audit)
-            if not await self._relay_tls(conn, tls, event, headers, audit):
-                return
-            if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
-                return
-            conn.start_next_cycle()
-
-    async def _relay_tls(
-        self,
-        conn: h11.Connection,
-        tls: ByteStream,
-        request: h11.Request,
-        headers: http.Headers,
-        audit: _Audit,
-    ) -> bool:
-        """One request to the upstream over a fresh verified TLS connection."""
+    async def _dial_tls(self, host: str, port: int) -> SocketStream:
+        """A new connection to an intercepted host, its certificate verified by the proxy
+        (the system roots and ``upstream_ca``), its addresses checked again."""
         try:
-            addresses, verdict = await vetted_addresses(
-                self.policy, self._resolver, audit.host, audit.port
-            )
+            addresses, verdict = await vetted_addresses(self.policy, self._resolver, host, port)
             if not verdict.allowed:
                 raise OSError(f"address refused ({verdict.rule})")
-            reader, writer = await self._dial(addresses, audit.port, self._upstream_tls, audit.host)
+            reader, writer = await self._dial(addresses, port, self._upstream_tls, host)
         except (OSError, TimeoutError, ResolveFailed, ssl.SSLError) as exc:
-            await http.respond(conn, tls, 502, f"could not reach {audit.host}: {exc}", close=True)
-            return False
-        upstream = SocketStream(reader, writer)
-        try:
-            await http.relay(
-                conn, tls, request, request.target, [*headers, (b"connection", b"close")],
-                h11.Connection(h11.CLIENT), upstream, IDLE_S,
-            )  # fmt: skip
-        except http.UpstreamFailed as exc:
-            await http.respond(conn, tls, 502, f"upstream {audit.host} failed: {exc}", close=True)
-            return False
-        finally:
-            await upstream.close()
-        return True
-
-    # -- audit ----------------------------------------------------------------------
-
-    def _audit(self, audit: _Audit) -> None:
-        log.info(
-            "egress",
-            session=self.session,
-            owner=self.owner,
-            kind=audit.kind,
-            host=audit.host,
-            port=audit.port,
-            allowed=audit.allowed,
-            rule=audit.rule,
-            bytes_up=audit.up.bytes,
-            bytes_down=audit.down.bytes,
-            intercepted=audit.intercepted,
-            secrets=sorted(audit.secrets),
-            duration_ms=round((time.monotonic() - audit.started) * 1000),
-        )
-        if self._metrics is not None:
-            rule = audit.rule.partition(":")[2] if audit.allowed else ""
-            label = rule if rule.startswith("*") else audit.host
-            self._metrics.egress_connection(label, audit.allowed)
-
-
-def _with_secrets(headers: http.Headers, secrets: Sequence[Secret], audit: _Audit) -> http.Headers:
-    """Each secret's header set from its template when the request lacks it or carries
-    the placeholder in it; a header the code set to anything else is left alone."""
-    out = list(headers)
-    for secret in secrets:
-        name = secret.header_name.lower().encode()
-        present = [i for i, (k, _) in enumerate(out) if k.lower() == name]
-        if present and not any(secret.placeholder.encode() in out[i][1] for i in present):
-            continue
-        out = [kv for i, kv in enumerate(out) if i not in present]
-        out.append((secret.header_name.encode(), secret.header_value().encode()))
-        audit.secrets.add(secret.name)
-    return out
-
-
-async def _pipe(client: SocketStream, upstream: SocketStream, audit: _Audit) -> None:
-    """Copy both ways until either side ends or neither sends for :data:`IDLE_S`."""
-    last = [time.monotonic()]
-
-    async def copy(source: SocketStream, sink: SocketStream) -> None:
-        while True:
-            try:
-                data = await asyncio.wait_for(source.read(), IDLE_S)
-            except TimeoutError:
-                if time.monotonic() - last[0] >= IDLE_S:
-                    return
-                continue
-            if not data:
-                return
-            last[0] = time.monotonic()
-            await sink.write(data)
-
-    tasks = [
-        asyncio.create_task(copy(client, upstream)),
-        asyncio.create_task(copy(upstream, client)),
-    ]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+            raise http.UpstreamFailed(f"could not reach {host}: {exc}") from None
+        return SocketStream(reader, writer)
 
 
 async def open_proxy(
@@ -526,28 +416,26 @@ async def open_proxy(
 
     ``secrets``: all the server's secrets (the proxy picks those whose hosts a CONNECT
     names). ``upstream_ca``: extra roots for upstreams (``SANDBOX_NETWORK_UPSTREAM_CA``).
-    ``resolver``: how names resolve (default: the host's resolver). The blocking set-up
-    (a CA key, reading the roots) runs in a worker thread.
+    ``resolver``: how names resolve (default: the host's resolver;
+    ``dns.resolver_from_settings`` adds ``SANDBOX_NETWORK_RESOLVE``). The blocking set-up
+    (a CA key, reading the roots) runs in a worker thread. Raises
+    :class:`~mcp_code_sandbox.errors.SandboxFailed` when the socket cannot be made.
     """
     ca: EphemeralCA | None = None
     bundle: bytes | None = None
     upstream_tls: ssl.SSLContext | None = None
     if secrets or upstream_ca is not None:
         ca, bundle, upstream_tls = await asyncio.to_thread(
-            _prepare_tls, session, bool(secrets), upstream_ca
+            prepare_tls, session, bool(secrets), upstream_ca
         )
     proxy = EgressProxy(
         socket_path, policy, secrets, owner=owner, session=session, metrics=metrics,
         resolver=resolver or system_resolver, ca=ca, bundle=bundle, upstream_tls=upstream_tls,
     )  # fmt: skip
-    await proxy.start()
+    try:
+        await proxy.start()
+    except OSError as exc:
+        raise SandboxFailed(
+            f"could not start the sandbox's egress proxy on {socket_path}: {exc.strerror or exc}"
+        ) from None
     return proxy
-
-
-def _prepare_tls(
-    label: str, with_ca: bool, upstream_ca: Path | None
-) -> tuple[EphemeralCA | None, bytes, ssl.SSLContext]:
-    ca = EphemeralCA(label) if with_ca else None
-    extra = upstream_ca.read_bytes() if upstream_ca is not None else b""
-    bundle = (ca.pem() if ca else b"") + system_roots_pem() + b"\n" + extra
-    return ca, bundle, upstream_context(upstream_ca)

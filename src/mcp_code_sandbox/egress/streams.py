@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from typing import Protocol
 
-__all__ = ["CHUNK", "ByteStream", "Counter", "SocketStream"]
+__all__ = ["CHUNK", "IDLE_S", "ByteStream", "Counter", "SocketStream", "pipe"]
 
 #: The most bytes one read returns.
 CHUNK = 64 * 1024
+#: Seconds a proxied connection may stay silent (both ways) before the proxy ends it.
+IDLE_S = 300.0
 
 
 class Counter:
@@ -63,3 +66,30 @@ class SocketStream:
         self.writer.close()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.writer.wait_closed(), 5)
+
+
+async def pipe(one: ByteStream, other: ByteStream, idle_s: float) -> None:
+    """Copy both ways until either side ends (or fails), or neither sends for ``idle_s``
+    (one direction may be quiet for long while the other streams: a download)."""
+    last = [time.monotonic()]
+
+    async def copy(source: ByteStream, sink: ByteStream) -> None:
+        while True:
+            try:
+                data = await asyncio.wait_for(source.read(), idle_s)
+            except TimeoutError:
+                if time.monotonic() - last[0] >= idle_s:
+                    return
+                continue
+            if not data:
+                return
+            last[0] = time.monotonic()
+            await sink.write(data)
+
+    tasks = [asyncio.create_task(copy(one, other)), asyncio.create_task(copy(other, one))]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

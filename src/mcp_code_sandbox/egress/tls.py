@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import os
 import ssl
 from dataclasses import dataclass
@@ -31,11 +32,12 @@ from .streams import CHUNK, ByteStream, Counter
 __all__ = [
     "ALPN",
     "EphemeralCA",
-    "Intercepted",
+    "Handshaken",
     "NotTls",
     "SniRefused",
     "Tunnel",
     "accept_tls",
+    "prepare_tls",
     "system_roots_pem",
     "upstream_context",
 ]
@@ -161,14 +163,29 @@ def system_roots_pem() -> bytes:
     return b""
 
 
+@functools.lru_cache(maxsize=4)
 def upstream_context(extra_ca: Path | None) -> ssl.SSLContext:
     """How the proxy verifies an upstream it terminates TLS for: the system roots plus
-    ``extra_ca`` (``SANDBOX_NETWORK_UPSTREAM_CA``), hostname checked. Blocking."""
+    ``extra_ca`` (``SANDBOX_NETWORK_UPSTREAM_CA``), hostname checked. Blocking (loading
+    the roots takes tens of ms), so made once per file and shared by every proxy: the
+    context is only read after this, which ``ssl`` allows from any thread."""
     context = ssl.create_default_context()
     if extra_ca is not None:
         context.load_verify_locations(cafile=str(extra_ca))
     context.set_alpn_protocols(ALPN)
     return context
+
+
+def prepare_tls(
+    label: str, with_ca: bool, upstream_ca: Path | None
+) -> tuple[EphemeralCA | None, bytes, ssl.SSLContext]:
+    """A proxy's TLS pieces (blocking: the proxy calls it in a thread): its CA when it has
+    secrets to add, the sandbox's bundle (that CA, the system roots, ``upstream_ca``)
+    and the context it verifies upstreams with."""
+    ca = EphemeralCA(label) if with_ca else None
+    extra = upstream_ca.read_bytes() if upstream_ca is not None else b""
+    bundle = (ca.pem() if ca else b"") + system_roots_pem() + b"\n" + extra
+    return ca, bundle, upstream_context(upstream_ca)
 
 
 @dataclass(frozen=True)
@@ -194,7 +211,7 @@ class NotTls:
 
 
 @dataclass
-class Intercepted:
+class Handshaken:
     """The handshake with the client completed under this proxy's certificate."""
 
     stream: TlsStream
@@ -209,7 +226,7 @@ def sni_matches(sni: str | None, connect_host: str) -> bool:
 
 async def accept_tls(
     client: ByteStream, first: bytes, connect_host: str, leaf: ssl.SSLContext | None
-) -> Tunnel | SniRefused | NotTls | Intercepted:
+) -> Tunnel | SniRefused | NotTls | Handshaken:
     """Read the client's ClientHello (``first``: bytes already read) and decide: refuse
     an SNI other than ``connect_host``; without ``leaf``, hand back the bytes for a
     tunnel; with it, finish the handshake as ``connect_host``. The caller bounds the
@@ -259,7 +276,7 @@ async def accept_tls(
                 return SniRefused(sni_seen[0])
             return NotTls(f"TLS handshake failed: {exc.reason or exc}")
         await client.write(outgoing.read())
-        return Intercepted(TlsStream(tls, incoming, outgoing, client))
+        return Handshaken(TlsStream(tls, incoming, outgoing, client))
 
 
 class TlsStream:
