@@ -294,8 +294,8 @@ async def test_sessions_survive_a_crash_of_the_server_container(deploy: Any) -> 
 
 
 #: Run in the sandbox through the MCP client: HTTP and HTTPS to the allowed upstream (by
-#: its address: no name of the test network exists in the server container's DNS), a host
-#: address the allowlist does not name, and raw TCP.
+#: a name only the proxy's SANDBOX_NETWORK_RESOLVE knows), a host address the allowlist
+#: does not name, and raw TCP.
 NETWORK_PROBE = """
 import json, os, socket, urllib.request, urllib.error
 def get(url):
@@ -342,13 +342,16 @@ async def test_network_by_policy_through_compose(
         deployment: Deployment = deploy(
             SANDBOX_DOCKER_RUNTIME=runtime,
             SANDBOX_ALLOW_NETWORK="true",
-            SANDBOX_NETWORK_ALLOW=f"{ns.ns_ip}/32",
+            # By name, resolved by the proxy from this list (the name is in no DNS); the
+            # address entry lets it land on the upstream's private address.
+            SANDBOX_NETWORK_ALLOW=f"upstream.test,{ns.ns_ip}/32",
+            SANDBOX_NETWORK_RESOLVE=f"upstream.test={ns.ns_ip}",
             SANDBOX_NETWORK_UPSTREAM_CA="/var/lib/mcp-code-sandbox/upstream-ca.pem",
         )
         # Read when a proxy opens: the state dir is where the server's container sees it.
         shutil.copyfile(ca.ca_pem, deployment.host_state_dir / "upstream-ca.pem")
         code = (
-            f"URL = 'http://{ns.ns_ip}:8080/'\nURL_TLS = 'https://{ns.ns_ip}:8443/'\n"
+            "URL = 'http://upstream.test:8080/'\nURL_TLS = 'https://upstream.test:8443/'\n"
             f"BLOCKED = 'http://{ns.host_ip}:8080/'\nTCP = ('{ns.ns_ip}', 8080)\n"
         ) + NETWORK_PROBE
         async with deployment.client() as client:

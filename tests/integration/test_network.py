@@ -7,7 +7,7 @@ egress proxy's Unix socket, bridged to ``127.0.0.1`` by the agent, with ``HTTP_P
 friends set. The test network: a namespace ``mcs-nt-*`` joined to the host by a veth pair
 (10.213.N.1 on the host, 10.213.N.2 inside), with HTTP and HTTPS servers inside on
 10.213.N.2 (their certificate from a CA of the test's own, which the proxy is told to
-trust: ``SANDBOX_NETWORK_UPSTREAM_CA``), one on 169.254.213.7, a link-local address on the
+trust: ``SANDBOX_NETWORK_UPSTREAM_CA``), one on a 169.254.x.y, a link-local address on the
 namespace's loopback routed from the host through the veth, and on the host itself
 servers on 127.0.0.1 and 0.0.0.0 (like the server's own ports). Names resolve through a
 static table given to the proxies (``allowed.test`` and friends exist in no DNS here).
@@ -30,7 +30,6 @@ from typing import Any
 
 import pytest
 
-from mcp_code_sandbox.egress.dns import static_resolver
 from mcp_code_sandbox.errors import NetworkNotAllowed
 from mcp_code_sandbox.run.execute import RunReport
 from mcp_code_sandbox.run.request import RunRequest
@@ -45,7 +44,9 @@ pytestmark = pytest.mark.skipif(
     reason="needs root and iproute2 to build the test network",
 )
 
-LINK_LOCAL = "169.254.213.7"
+#: A host route goes to it: random, so that test runs beside this one (another checkout's)
+#: do not collide on the host's routing table.
+LINK_LOCAL = f"169.254.{secrets.randbelow(100) + 100}.{secrets.randbelow(200) + 20}"
 HTTP, HTTPS = 8080, 8443
 SECRET_NAME = "MCS_TEST_API_KEY"
 BLOCKED_MESSAGE = "blocked by sandbox network policy: {} is not in the allowlist"
@@ -74,6 +75,8 @@ class LabNet:
             "network_allow": ",".join([*allow, f"{self.ns_ip}/32"]),
             "secrets_file": str(self.secrets_file),
             "network_upstream_ca": str(self.ca.ca_pem),
+            # These names exist in no DNS here: the proxies resolve them from the list.
+            "network_resolve": ",".join(f"{n}={'|'.join(a)}" for n, a in self.names.items()),
             "exec_timeout_s": 90,
         }
 
@@ -145,7 +148,6 @@ def testnet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabNet]:
 @pytest.fixture
 async def net_service(make_service: MakeService, testnet: LabNet) -> AsyncIterator[SandboxService]:
     async with make_service(**testnet.settings()) as svc:
-        svc.sessions.sandboxes.egress.resolver = static_resolver(testnet.names)
         yield svc
 
 
@@ -382,7 +384,6 @@ async def test_switching_network_restarts_the_sandbox_and_says_so(
 @each_runtime
 async def test_each_proxy_goes_with_its_sandbox(make_service: MakeService, testnet: LabNet) -> None:
     async with make_service(**testnet.settings()) as svc:
-        svc.sessions.sandboxes.egress.resolver = static_resolver(testnet.names)
         egress = svc.sessions.sandboxes.egress
         await _run(svc, "net-life-a", 'out["x"] = 1')
         await _run(svc, "net-life-b", 'out["x"] = 1')

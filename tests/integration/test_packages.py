@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 import pytest
 
-from mcp_code_sandbox.egress.dns import static_resolver
 from mcp_code_sandbox.errors import QuotaExceeded, SessionNotFound
 from mcp_code_sandbox.run.execute import RunReport
 from mcp_code_sandbox.run.request import RunRequest
@@ -37,7 +36,7 @@ pytestmark = pytest.mark.skipif(
 PORT = 8081
 
 
-#: The index's name: in no DNS here, the proxies resolve it from a table (see ``svc``).
+#: The index's name: in no DNS here, the proxies resolve it from ``network_resolve``.
 INDEX_NAME = "pkgs.test"
 
 
@@ -90,13 +89,16 @@ def index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Index]:
 def _allowing(index: Index) -> dict[str, object]:
     """Settings whose allowlist names the index (and, as it is a private address, lets
     that name land on it): pip and npm reach it through the egress proxy, by name."""
-    return {"allow_network": True, "network_allow": f"{INDEX_NAME},{index.address}/32"}
+    return {
+        "allow_network": True,
+        "network_allow": f"{INDEX_NAME},{index.address}/32",
+        "network_resolve": f"{INDEX_NAME}={index.address}",  # in no DNS here
+    }
 
 
 @pytest.fixture
 async def svc(make_service: MakeService, index: Index) -> AsyncIterator[SandboxService]:
     async with make_service(exec_timeout_s=120, **_allowing(index)) as service:
-        service.sessions.sandboxes.egress.resolver = static_resolver({INDEX_NAME: [index.address]})
         yield service
 
 
@@ -197,7 +199,6 @@ async def test_packages_count_towards_the_workspace_quota(
     make_service: MakeService, index: Index
 ) -> None:
     async with make_service(workspace_quota_bytes=100_000, **_allowing(index)) as svc:
-        svc.sessions.sandboxes.egress.resolver = static_resolver({INDEX_NAME: [index.address]})
         report = ok(
             await run(
                 svc, "pk-quota", f"pip install -q {index.pip} mcs-big-pkg", "bash", network=True

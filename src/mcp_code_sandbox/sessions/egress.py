@@ -30,7 +30,7 @@ from pathlib import Path
 import structlog
 
 from mcp_code_sandbox.backends.base import Egress
-from mcp_code_sandbox.egress.dns import Resolver
+from mcp_code_sandbox.egress.dns import resolver_from_settings
 from mcp_code_sandbox.egress.policy import Policy
 from mcp_code_sandbox.egress.proxy import EgressProxy, open_proxy
 from mcp_code_sandbox.egress.secrets import Secret, load_secrets, placeholder_env
@@ -62,9 +62,8 @@ class EgressProxies:
         self._policy: Policy | None = None
         self._secrets: tuple[Secret, ...] | None = None
         self._swept = False
-        #: How the proxies resolve names: ``None`` for the host's resolver. Only tests
-        #: set it (their upstreams' names exist in no DNS of this machine).
-        self.resolver: Resolver | None = None
+        #: How the proxies resolve names: ``network_resolve`` first, then the host's DNS.
+        self._resolver = resolver_from_settings(settings)
 
     def policy(self, hosts: tuple[str, ...] = ()) -> Policy:
         """The server's policy, or (``hosts``) the call's narrower one. Raises
@@ -105,7 +104,7 @@ class EgressProxies:
                 session=session_id,
                 metrics=self.metrics,
                 upstream_ca=self.settings.network_upstream_ca,
-                resolver=self.resolver,
+                resolver=self._resolver,
             )
         except BaseException:
             await asyncio.to_thread(shutil.rmtree, host_dir, True)
