@@ -104,10 +104,11 @@ class Sandboxes:
     ) -> tuple[AgentClient, str | None]:
         """The session's agent, starting a sandbox if it has none or its one died.
 
-        ``network``: what this call asked for. A sandbox's network is fixed when it
-        starts, and a call gets exactly what it asked for: one whose wish differs from
-        the running sandbox's restarts it (files kept, variables lost, said in the
-        notice), so ``network=false`` always means no network at all.
+        ``network``: what this call asked for (a :data:`.egress.Wish`). A sandbox's
+        network (its egress proxy and that proxy's hosts) is fixed when it starts, and a
+        call gets exactly what it asked for: one whose wish differs from the running
+        sandbox's restarts it (files kept, variables lost, said in the notice), so
+        ``network=false`` always means no network at all.
 
         Returns a notice when a previous sandbox was lost (variables are gone then).
         Called with the session's lock held. Raises ``SessionNotFound`` when the session
