@@ -412,3 +412,42 @@ async def test_network_not_allowed_unless_the_server_allows_it(
                 await svc.run_code("local", RunRequest("print(1)", network=network), "net-no")
     finally:
         await svc.aclose()
+
+
+@each_runtime
+async def test_every_language_finds_the_proxy(net_service: SandboxService, testnet: LabNet) -> None:
+    """Node's fetch (NODE_USE_ENV_PROXY), bun's fetch and a shell's curl (where the
+    sandbox has one) read the same variables: each reaches the allowed host and gets the
+    policy's 403 for another."""
+    token = testnet.token(f"{testnet.ns_ip}:{HTTP}")
+    tls_token = testnet.token(f"{testnet.ns_ip}:{HTTPS}")
+    fetch = (
+        "for (const url of URLS) {\n"
+        "  try {\n"
+        "    const r = await fetch(url);\n"
+        "    console.log(r.status, await r.text());\n"
+        "  } catch (e) { console.log('error', e.message, e.cause && e.cause.code); }\n}\n"
+    )
+    urls = [f"https://allowed.test:{HTTPS}/", f"https://other.test:{HTTPS}/"]
+    for language in ("javascript", "typescript"):
+        body = f"const URLS = {json.dumps(urls)};\n{fetch}"
+        code = body if language == "typescript" else f"(async () => {{\n{body}}})();"
+        report = await net_service.run_code(
+            "local", RunRequest(code, language, network=True), "net-langs"
+        )
+        assert report.status == "ok", (language, report.stdout, report.stderr)
+        lines = report.stdout.strip().splitlines()
+        assert lines[0] == f"200 {tls_token} -", (language, lines)
+        assert lines[1].startswith("error"), (language, lines)  # the CONNECT got a 403
+    shell = (
+        "if command -v curl >/dev/null; then "
+        f"curl -sS http://allowed.test:{HTTP}/; echo; "
+        f"curl -sS -o /dev/null -w '%{{http_code}}' http://other.test:{HTTP}/; "
+        "else echo no-curl; fi"
+    )
+    report = await net_service.run_code(
+        "local", RunRequest(shell, "bash", network=True), "net-langs"
+    )
+    assert report.status == "ok", (report.stdout, report.stderr)
+    if report.stdout.strip() != "no-curl":
+        assert report.stdout.strip().splitlines() == [f"{token} -", "403"], report.stdout
