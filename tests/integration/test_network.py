@@ -338,6 +338,21 @@ async def test_a_call_narrows_the_policy_to_its_hosts(
     assert found["asked"].startswith("200 tok-")
     assert found["not_asked"].startswith("403 ") and "secret.test" in found["not_asked"]
     assert report.blocked_hosts == ["secret.test"]
+    # The next call's hosts replace them on the running sandbox: variables are kept.
+    found, report = await _run(
+        net_service,
+        "net-narrow",
+        f"""
+        out["kept"] = "get" in globals()
+        out["now_asked"] = get("http://secret.test:{HTTP}/")
+        out["no_longer"] = get("http://allowed.test:{HTTP}/")
+        """,
+        network=["secret.test"],
+    )
+    assert not report.state_lost and found["kept"] is True
+    assert found["now_asked"].startswith("200 tok-")
+    assert found["no_longer"].startswith("403 ")
+    assert report.blocked_hosts == ["allowed.test"]
 
 
 @each_runtime
@@ -375,7 +390,7 @@ async def test_switching_network_restarts_the_sandbox_and_says_so(
     kept = await run("local", RunRequest("print(x)", network=True), "net-switch")
     assert kept.status == "error" and kept.error and kept.error["name"] == "NameError"
     _, narrowed = await _run(net_service, "net-switch", "x = 2", network=["allowed.test"])
-    assert narrowed.state_lost  # other hosts: another proxy, so another sandbox
+    assert not narrowed.state_lost and narrowed.notice is None  # other hosts: same sandbox
     found, report = await _run(net_service, "net-switch", f'out["r"] = get("{url}")', False)
     assert found["r"].startswith("error")
     assert report.state_lost and report.notice and "without network" in report.notice

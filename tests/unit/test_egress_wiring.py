@@ -64,7 +64,9 @@ async def test_the_proxy_goes_on_every_stop_path(state_dir: Path) -> None:
         await run(svc, "a", True)
         await run(svc, "b", ["allowed.test"])
         assert egress.open_count == 2 and len(egress_dirs(svc)) == 2
-        await run(svc, "b", ["pypi"])  # other hosts: replaced, a new proxy
+        made = len(svc.backend.created)  # type: ignore[attr-defined]
+        await run(svc, "b", ["pypi"])  # other hosts: the same sandbox and proxy, narrowed
+        assert len(svc.backend.created) == made  # type: ignore[attr-defined]
         assert egress.open_count == 2 and len(egress_dirs(svc)) == 2
         await run(svc, "b", False)  # replaced without network
         assert egress.open_count == 1

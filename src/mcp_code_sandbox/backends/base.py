@@ -83,9 +83,8 @@ class Egress:
     sandbox stops; a backend only binds the directory (see ``mcp_code_sandbox.egress``)."""
 
     host_dir: Path
-    #: The hosts this sandbox's call asked for: ``None`` for the server's whole policy
-    #: (``network=true``), else a subset of it. Compared to decide whether a call may reuse
-    #: a running sandbox.
+    #: The hosts the last call with network asked for: ``None`` for the server's whole
+    #: policy (``network=true``), else a subset of it (its proxy judges by them).
     hosts: tuple[str, ...] | None = None
 
 

@@ -56,9 +56,9 @@ def descriptions(
         "sockets do not work), to the hosts its allowlist names ("
         + (", ".join(settings.network_allow) or "none yet")
         + "); a refused request gets a 403 and its host is listed in blocked_hosts. "
-        "A session's sandbox is restarted when a call's "
-        "network differs from the previous call's (files kept, variables lost), so pass "
-        "the same value on every call of a session. With network, `pip install` (or "
+        "A session's sandbox is restarted when a call switches network on or off "
+        "(files kept, variables lost; other hosts alone do not restart it), so keep "
+        "network on for every call of a session that needs it. With network, `pip install` (or "
         "%pip), `npm install` and `bun add` work: packages go to /mnt/data/.packages, "
         "are importable by bare name for the rest of the session, count towards its "
         f"{_size(settings.workspace_quota_bytes)} quota, and are not listed as files."

@@ -110,8 +110,9 @@ class ToolSet:
                     "network_not_allowed): true for every host the server's allowlist "
                     'names, or a list of those hosts (e.g. ["pypi", "api.example.com"]). '
                     "It goes through the server's egress proxy (HTTP/HTTPS only, via "
-                    "HTTP_PROXY); refused hosts are listed in blocked_hosts. Changing it "
-                    "within a session restarts the sandbox: files kept, variables lost"
+                    "HTTP_PROXY); refused hosts are listed in blocked_hosts. Switching it "
+                    "on or off within a session restarts the sandbox (files kept, "
+                    "variables lost); other hosts on a networked sandbox do not"
                 )
             ),
         ] = False,

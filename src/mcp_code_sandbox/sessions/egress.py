@@ -14,7 +14,8 @@ builds a spec with network and :meth:`EgressProxies.close` on every stop of that
 shutdown for those left running (a detached sandbox loses its way out with its server).
 
 Semantics of a call's wish (``Wish``): ``None`` no network; ``()`` the server's whole
-policy (``network=true``); a tuple of hosts, a subset of that policy.
+policy (``network=true``); a tuple of hosts, a subset of that policy. A call with network
+on a sandbox that has it gives the running proxy its own policy (:meth:`EgressProxies.narrow`).
 """
 
 from __future__ import annotations
@@ -119,6 +120,17 @@ class EgressProxies:
         env = egress_env(ca is not None)
         env.update(placeholder_env(secrets_))
         return Egress(host_dir, hosts or None), env
+
+    def narrow(self, egress: Egress, hosts: tuple[str, ...]) -> Egress:
+        """Give the running proxy of ``egress`` the policy of a call that asked for
+        ``hosts`` (``()``: the server's); the sandbox's :class:`Egress` from now on.
+        Called by the session side for a call with network on a sandbox that has it.
+        Raises ``NetworkNotAllowed`` as :meth:`policy` does (the service checked first)."""
+        policy = self.policy(hosts)
+        proxy = self._open.get(egress.host_dir)
+        if proxy is not None:
+            proxy.use_policy(policy)
+        return Egress(egress.host_dir, hosts or None)
 
     def _make_dir(self, key: str) -> Path:
         """A fresh directory for one sandbox's proxy (a random suffix: a sandbox of the

@@ -104,11 +104,12 @@ class Sandboxes:
     ) -> tuple[AgentClient, str | None]:
         """The session's agent, starting a sandbox if it has none or its one died.
 
-        ``network``: what this call asked for (a :data:`.egress.Wish`). A sandbox's
-        network (its egress proxy and that proxy's hosts) is fixed when it starts, and a
-        call gets exactly what it asked for: one whose wish differs from the running
-        sandbox's restarts it (files kept, variables lost, said in the notice), so
-        ``network=false`` always means no network at all.
+        ``network``: what this call asked for (a :data:`.egress.Wish`). Whether a sandbox
+        has network (an egress proxy's socket) is fixed when it starts, and a call gets
+        exactly what it asked for: one that switches network on or off restarts it
+        (files kept, variables lost, said in the notice), so ``network=false`` always
+        means no network at all. Between calls with network, only the hosts may change:
+        the running proxy takes the call's policy (connections already open keep theirs).
 
         Returns a notice when a previous sandbox was lost (variables are gone then).
         Called with the session's lock held. Raises ``SessionNotFound`` when the session
@@ -116,12 +117,18 @@ class Sandboxes:
         """
         check_open(session)
         notice = None
-        if session.sandbox is not None and _wish(session.sandbox.spec) != network:
+        running = session.sandbox
+        if running is not None and running.spec.egress is not None and network is not None:
+            # Network both times: the call's hosts go to the running proxy; no restart.
+            running.spec = dataclasses.replace(
+                running.spec, egress=self.egress.narrow(running.spec.egress, network)
+            )
+        elif running is not None and _wish(running.spec) != network:
             await self.stop_sandbox(session)
             notice = (
                 f"the sandbox of session {session.id} was restarted "
                 + (
-                    "with network, as this call asked for it (or for other hosts)"
+                    "with network, as this call asked for it (network=true)"
                     if network is not None
                     else "without network, as this call did not ask for it (network=false)"
                 )
