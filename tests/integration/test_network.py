@@ -177,6 +177,21 @@ _HELPERS = textwrap.dedent(
             return "sent"
         except OSError as e:
             return f"error {e!r}"
+    def fronted(connect_host, sni, port):
+        # CONNECT to one host through the bridge, then a ClientHello naming another.
+        import ssl
+        try:
+            s = socket.create_connection(("127.0.0.1", 3128), timeout=10)
+            target = f"{connect_host}:{port}"
+            s.sendall(f"CONNECT {target} HTTP/1.1\\r\\nHost: {target}\\r\\n\\r\\n".encode())
+            head = s.recv(4096).decode("latin-1")
+            if not head.startswith("HTTP/1.1 200"):
+                return "connect " + head.split("\\r\\n")[0]
+            tls = ssl.create_default_context().wrap_socket(s, server_hostname=sni)
+            tls.sendall(f"GET / HTTP/1.0\\r\\nHost: {sni}\\r\\n\\r\\n".encode())
+            return "tls " + tls.recv(4096).decode("latin-1")
+        except (OSError, ssl.SSLError) as e:
+            return f"error {e!r}"
     def dns(name):
         try:
             return str(socket.getaddrinfo(name, 80))
@@ -230,6 +245,8 @@ async def test_allowed_hosts_over_http_and_https_and_nothing_else(
         out["tcp_host"] = tcp("{testnet.host_ip}", {p_any})
         out["udp"] = udp("{testnet.ns_ip}", 53)
         out["dns"] = dns("allowed.test")
+        out["sni_same"] = fronted("allowed.test", "allowed.test", {HTTPS})
+        out["sni_fronted"] = fronted("allowed.test", "other.test", {HTTPS})
         """,
     )
     assert found["http"] == f"200 {testnet.token(f'{testnet.ns_ip}:{HTTP}')} -"
@@ -242,6 +259,10 @@ async def test_allowed_hosts_over_http_and_https_and_nothing_else(
     assert found["ip_literal"].startswith("200 tok-")
     for key in ("ip_link_local", "ip_host", "own", "link_local", "loopback"):
         assert not found[key].startswith("200"), (key, found[key])
+    # Domain fronting: the ClientHello must name the CONNECT host (the upstream's
+    # certificate is valid for both names, so only the proxy can stop it).
+    assert found["sni_same"].startswith("tls HTTP/1.0 200"), found["sni_same"]
+    assert found["sni_fronted"].startswith("error"), found["sni_fronted"]
     for key in ("tcp", "tcp_host", "udp", "dns"):
         assert found[key].startswith("error"), (key, found[key])
     allowed = {testnet.token(f"{testnet.ns_ip}:{HTTP}"), testnet.token(f"{testnet.ns_ip}:{HTTPS}")}
