@@ -11,8 +11,9 @@
 #   MCS_ENGINE_WAIT      seconds to wait for the engine to answer (default 60)
 #   MCS_RUNSC_ARGS       runsc's runtime arguments, space-separated (default
 #                        "--network=none --host-uds=open"). The docker backend's agent
-#                        connects to a Unix socket the host listens on (--connect); under
-#                        gVisor that needs --host-uds=open (connect only, never create).
+#                        connects to a Unix socket the host listens on (--connect), and a
+#                        sandbox with network to its egress proxy's socket; under gVisor
+#                        both need --host-uds=open (connect only, never create).
 #   MCS_CHECK_IMAGE      image for the runsc check (default: the sandbox image if built,
 #                        else any local image; skipped when there is none)
 set -euo pipefail

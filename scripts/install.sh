@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # Install what mcp-code-sandbox needs on a Debian/Ubuntu machine, skipping what is there:
-# system packages (bubblewrap, libseccomp, npm, and slirp4netns and iptables for network by
-# permission), a virtualenv in .venv with the package, and the
+# system packages (bubblewrap, libseccomp, npm), a virtualenv in .venv with the package, and the
 # sandbox runtime environment (`mcp-code-sandbox setup`). Idempotent; every line of output
 # goes to stderr, so this can run in front of a stdio MCP server.
 # Usage: scripts/install.sh [--dev]
@@ -18,8 +17,6 @@ if [[ "$(id -u)" -ne 0 ]]; then sudo="sudo"; fi
 missing=()
 command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
 ldconfig -p 2>/dev/null | grep 'libseccomp\.so\.2' >/dev/null || missing+=(libseccomp2)  # not -q: pipefail + SIGPIPE
-command -v slirp4netns >/dev/null 2>&1 || missing+=(slirp4netns)
-command -v iptables >/dev/null 2>&1 || [[ -x /usr/sbin/iptables ]] || missing+=(iptables)
 command -v python3 >/dev/null 2>&1 || missing+=(python3)
 if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then missing+=(python3-venv); fi
 # npm fetches the sandbox's Node.js, bun and npm packages (setup works without it: Python only).

@@ -86,6 +86,9 @@ class FakeBackend(Backend):
         self._path = path
         #: The next this-many ``create`` calls raise ``SandboxFailed`` (a start that fails).
         self.fail_creates = 0
+        #: What ``describe`` says of network; ``None``: the session side's egress proxies
+        #: are real, so a test of them sets it (the fake sandbox never uses the socket).
+        self.network_unavailable: str | None = "the fake backend has no network support"
         #: Every spec ``create`` was called with, in order (the probe's too).
         self.created: list[SandboxSpec] = []
         #: ``spec.key`` of every sandbox stopped.
@@ -158,7 +161,7 @@ class FakeBackend(Backend):
                 ("memory", "cpu", "pids", "tmp", "file_size", "network"), none
             ),
             runtimes={},
-            network_unavailable="the fake backend has no network support",
+            network_unavailable=self.network_unavailable,
         )
 
     # -- for tests --------------------------------------------------------------------------

@@ -17,11 +17,14 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
+from mcp_code_sandbox.agent.egress import EGRESS_DIR, EGRESS_PORT
 from mcp_code_sandbox.agent.packages import PACKAGES_DIR
 
 __all__ = [
     "AGENT_LIB_DIR",
     "AGENT_MODULE",
+    "EGRESS_CA_NAME",
+    "EGRESS_DIR",
     "SANDBOX_GID",
     "SANDBOX_NODE",
     "SANDBOX_NODE_MODULES_LINK",
@@ -32,6 +35,7 @@ __all__ = [
     "WORKSPACE_DIR",
     "AgentLimits",
     "agent_argv",
+    "egress_env",
     "sandbox_env",
 ]
 
@@ -57,6 +61,35 @@ AGENT_LIB_DIR = "/opt/sandbox/lib"
 AGENT_MODULE = "mcs_agent"
 SANDBOX_UID = 1000
 SANDBOX_GID = 1000
+
+
+#: The CA bundle's file name in the egress directory (present only when the proxy
+#: intercepts TLS for secrets): the sandbox's own ephemeral CA plus the system roots.
+EGRESS_CA_NAME = "ca.pem"
+
+
+def egress_env(ca_bundle: bool) -> dict[str, str]:
+    """The variables that send every language's HTTP clients to the agent's bridge to the
+    egress proxy (``agent.egress``), for a sandbox with network. ``ca_bundle``: point
+    the TLS clients at ``EGRESS_CA_NAME`` too (Python's ssl, requests, pip, Node).
+
+    Every spelling is set because each client reads its own: curl, requests and pip read
+    ``*_PROXY`` (curl only lower-case ``http_proxy``), npm its ``npm_config_*``, Node's own
+    fetch only with ``NODE_USE_ENV_PROXY``. ``NO_PROXY`` keeps loopback direct."""
+    url = f"http://127.0.0.1:{EGRESS_PORT}"
+    env: dict[str, str] = {}
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+        env[name] = env[name.lower()] = url
+    env["NO_PROXY"] = env["no_proxy"] = "localhost,127.0.0.1,::1"
+    env["PIP_PROXY"] = url
+    env["npm_config_proxy"] = env["npm_config_https_proxy"] = url
+    env["NODE_USE_ENV_PROXY"] = "1"
+    if ca_bundle:
+        bundle = f"{EGRESS_DIR}/{EGRESS_CA_NAME}"
+        for name in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS", "PIP_CERT"):
+            env[name] = bundle
+        env["npm_config_cafile"] = bundle
+    return env
 
 
 class AgentLimits(Protocol):

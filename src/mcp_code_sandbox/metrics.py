@@ -43,6 +43,9 @@ POOL_RESULTS = ("hit", "miss")
 POOL_STATES = ("ready", "starting")
 #: From a pool claim (well under a millisecond) to a slow gVisor start.
 START_BUCKETS = (0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+#: Distinct ``host`` label values of the egress counters, per outcome; later hosts count
+#: as ``other`` (a sandbox choosing blocked names freely must not grow the registry).
+MAX_EGRESS_HOSTS = 200
 #: From a 20 ms cell to the largest default ``MAX_EXEC_TIMEOUT_S``.
 DURATION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
@@ -128,6 +131,15 @@ class Metrics:
             ["state"],
             registry=r,
         )
+        self._egress = Counter(
+            "mcp_sandbox_egress_connections",
+            "Connections through the sandboxes' egress proxies, by outcome (allowed or "
+            "blocked) and host (an allowlist wildcard such as *.example.com for the hosts it "
+            f"matched; 'other' past {MAX_EGRESS_HOSTS} distinct hosts)",
+            ["outcome", "host"],
+            registry=r,
+        )
+        self._egress_hosts: dict[str, set[str]] = {"allowed": set(), "blocked": set()}
         # Every series of a known label set exists from the start, at 0: a rate() over a
         # series that appears only with its first failure misses that failure.
         for reason in END_REASONS:
@@ -160,6 +172,18 @@ class Metrics:
 
     def backend_error(self, code: str) -> None:
         self._backend_errors.labels(code if code in BACKEND_CODES else SandboxFailed.code).inc()
+
+    def egress_connection(self, host: str, allowed: bool) -> None:
+        """One connection through an egress proxy (``egress.proxy``). ``host``: the host,
+        or the wildcard entry that allowed it; bounded to :data:`MAX_EGRESS_HOSTS`."""
+        outcome = "allowed" if allowed else "blocked"
+        seen = self._egress_hosts[outcome]
+        if host not in seen:
+            if len(seen) >= MAX_EGRESS_HOSTS:
+                host = "other"
+            else:
+                seen.add(host)
+        self._egress.labels(outcome, host[:253]).inc()
 
     @contextlib.contextmanager
     def counting_backend_errors(self) -> Iterator[None]:

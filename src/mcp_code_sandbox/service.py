@@ -137,6 +137,9 @@ class SandboxService:
             preparing.listeners.append(self.refresh_runners)
 
     async def start(self) -> None:
+        if self.settings.allow_network:
+            # A bad allowlist or secrets file stops the server now, not a user's call.
+            await asyncio.to_thread(self.sessions.sandboxes.egress.check)
         if self.preparing is not None:
             self.preparing.start()
         await self.sessions.start()
@@ -260,30 +263,37 @@ class SandboxService:
         if request.language not in self.languages():
             await self.refresh_runners()  # an image built since the last look
         self.offer.check(request.language)
-        if request.network:
+        network = request.network_wish
+        if network is not None:
+            # A host outside the server's policy is refused before any session is held.
+            self.sessions.sandboxes.egress.policy(network)
             why = (await asyncio.to_thread(self.backend.describe)).network_unavailable
             if why is not None:
                 raise NetworkNotAllowed(
                     f"network access is allowed by this server but not available: {why}"
                 )
         runner = self.offer.runner(request.language)
+        if runner is not None and network is not None:
+            raise NetworkNotAllowed(
+                f"{request.language} runs in a runner image, which has no agent to bridge the "
+                "egress proxy into its sandbox: run it without network"
+            )
         before = self.languages()
         # Pooled sandboxes are made for calls with no network, no runner and no env of
         # their own: a call asking for any of these starts its sandbox as before.
-        pooled = not request.network and not request.env and runner is None
+        pooled = network is None and not request.env and runner is None
         async with self.sessions.acquire(
             owner, session_id, create=True, wait_s=timeout, pool=pooled
         ) as held:
             started = time.monotonic()  # the sandbox's start counts, the queue does not
-            handout = await self.sessions.executor(
-                held.session, network=request.network, runner=runner
-            )
+            handout = await self.sessions.executor(held.session, network=network, runner=runner)
             if runner is None:
                 await self._check_sandbox(held.session.sandbox, request.language, before)
             started_wall = time.time()
             report = await execute.run(
                 held, handout, request, timeout, self._run_budget(), on_progress, started
             )
+            report.blocked_hosts = self.sessions.sandboxes.blocked_hosts(held.session)
             if not held.session.closed:
                 await self._record(held.session, request, report, started_wall)
             if held.session.closed:  # close_session landed during the run: it is gone

@@ -8,6 +8,7 @@ is Docker's own setting). Invalid values stop the server with one line per probl
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from collections.abc import Mapping
@@ -35,6 +36,11 @@ __all__ = [
 
 #: A Host header value: a name or IPv4 address, or a bracketed IPv6 one; a port or ``*``.
 _HOST = re.compile(r"(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+)(:(\d{1,5}|\*))?")
+#: A network allow/deny entry by shape (``egress.policy`` parses it): ``*``, ``*.name``,
+#: a name or preset, an IPv4 or IPv6 address or network (brackets allowed).
+_NETWORK_ENTRY = re.compile(
+    r"\*|(\*\.)?[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*\.?|\[?[0-9A-Fa-f:.]+\]?(/\d{1,3})?"
+)
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 
@@ -152,6 +158,22 @@ class Settings(BaseSettings):
     worker_threads: int = Field(8, ge=2, le=256)
 
     allow_network: bool = False
+    #: Hosts a networked sandbox may reach through its egress proxy (``egress.policy``):
+    #: names, ``*.name``, ``*``, presets ``pypi``/``npm``, addresses and networks. Empty
+    #: (the default): none; networked sandboxes then reach nothing until hosts are named.
+    network_allow: NameList = Field(default_factory=list)
+    #: Hosts refused even when the allow list matches them (same forms).
+    network_deny: NameList = Field(default_factory=list)
+    #: Names the proxy resolves from this list instead of DNS, ``name=address`` (several
+    #: addresses: ``name=a|b``), like curl's ``--resolve``: pinned names, split horizons,
+    #: test hosts. The address checks still apply (a private address needs an allow entry).
+    network_resolve: NameList = Field(default_factory=list)
+    #: A TOML file of secrets the proxy adds to requests for their hosts (``egress.secrets``);
+    #: the sandbox sees placeholders only. None: no secrets.
+    secrets_file: Path | None = None
+    #: Extra CA certificates (PEM) the proxy trusts, besides the system roots, when it
+    #: checks an upstream it terminates TLS for; also trusted inside networked sandboxes.
+    network_upstream_ca: Path | None = None
     pass_through_env: NameList = Field(default_factory=list)
     allow_call_env: bool = False
     #: On a clean shutdown, leave sessions whose backend can re-attach (docker) running
@@ -228,7 +250,7 @@ class Settings(BaseSettings):
     def _upper_level(cls, value: object) -> object:
         return value.upper() if isinstance(value, str) else value
 
-    @field_validator("docker_host_state_dir", mode="before")
+    @field_validator("docker_host_state_dir", "secrets_file", "network_upstream_ca", mode="before")
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
         # A compose file passes an unset variable on as "".
@@ -273,6 +295,30 @@ class Settings(BaseSettings):
             if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?", name):
                 raise ValueError(f"{name!r} is not a package name (give names only, no versions)")
         return names
+
+    @field_validator("network_allow", "network_deny")
+    @classmethod
+    def _valid_network_entries(cls, entries: list[str]) -> list[str]:
+        # The parser is egress.policy's (a higher layer): checked there, at first use,
+        # and here by shape, so a typo stops the server at start with its name.
+        for entry in entries:
+            if not _NETWORK_ENTRY.fullmatch(entry):
+                raise ValueError(f"{entry!r} is not a host, *.host, *, preset, address or network")
+        return entries
+
+    @field_validator("network_resolve")
+    @classmethod
+    def _valid_resolve(cls, entries: list[str]) -> list[str]:
+        for entry in entries:
+            name, _, addresses = entry.partition("=")
+            if not _NETWORK_ENTRY.fullmatch(name.strip()) or not addresses:
+                raise ValueError(f"{entry!r} is not name=address (or name=address|address)")
+            for address in addresses.split("|"):
+                try:
+                    ipaddress.ip_address(address.strip().strip("[]"))
+                except ValueError:
+                    raise ValueError(f"{entry!r}: {address!r} is not an IP address") from None
+        return entries
 
     @field_validator("allowed_hosts")
     @classmethod

@@ -291,3 +291,78 @@ async def test_sessions_survive_a_crash_of_the_server_container(deploy: Any) -> 
         structured(await client.call_tool("close_session", {"session_id": sid}))
     pidfiles = list((deployment.host_state_dir / "run").glob("*.pid"))
     assert len(pidfiles) == 1, f"the dead server's pid file is still there: {pidfiles}"
+
+
+#: Run in the sandbox through the MCP client: HTTP and HTTPS to the allowed upstream (by
+#: a name only the proxy's SANDBOX_NETWORK_RESOLVE knows), a host address the allowlist
+#: does not name, and raw TCP.
+NETWORK_PROBE = """
+import json, os, socket, urllib.request, urllib.error
+def get(url):
+    try:
+        with urllib.request.urlopen(url, timeout=30) as r:
+            return f"{r.status} {r.read().decode()}"
+    except urllib.error.HTTPError as e:
+        return f"{e.code} {e.read().decode()}"
+    except Exception as e:
+        return f"error {e!r}"
+out = {"http": get(URL), "https": get(URL_TLS), "blocked": get(BLOCKED)}
+try:
+    socket.create_connection(TCP, timeout=3).close()
+    out["tcp"] = "connected"
+except OSError as e:
+    out["tcp"] = f"error {e!r}"
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("runtime", ["runc", "runsc"])
+async def test_network_by_policy_through_compose(
+    deploy: Any, runtime: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The server in its container runs each networked sandbox's egress proxy (no host
+    firewall needed): the allowed upstream answers over HTTP and HTTPS (the test's own CA,
+    given to the server as SANDBOX_NETWORK_UPSTREAM_CA), another address gets the 403 and
+    is listed in blocked_hosts, and raw TCP has no route."""
+    import json
+    import sys
+
+    from .. import labnet, netlab
+
+    require_docker(runtime)
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("needs root and iproute2 to build the test network")
+    root = tmp_path_factory.mktemp("deploy-net")
+    with labnet.namespace("mcs-dn") as ns:
+        ca = netlab.make_ca(root, ["upstream.test"], [ns.ns_ip])
+        tokens = {port: f"tok-{secrets.token_hex(6)}" for port in (8080, 8443)}
+        for port, tls in ((8080, []), (8443, [str(ca.cert), str(ca.key)])):
+            argv = [sys.executable, "-c", netlab.SERVER, ns.ns_ip, str(port), tokens[port], "-"]
+            labnet.serve_inside(ns, [*argv, *tls], ns.ns_ip, port)
+        deployment: Deployment = deploy(
+            SANDBOX_DOCKER_RUNTIME=runtime,
+            SANDBOX_ALLOW_NETWORK="true",
+            # By name, resolved by the proxy from this list (the name is in no DNS); the
+            # address entry lets it land on the upstream's private address.
+            SANDBOX_NETWORK_ALLOW=f"upstream.test,{ns.ns_ip}/32",
+            SANDBOX_NETWORK_RESOLVE=f"upstream.test={ns.ns_ip}",
+            SANDBOX_NETWORK_UPSTREAM_CA="/var/lib/mcp-code-sandbox/upstream-ca.pem",
+        )
+        # Read when a proxy opens: the state dir is where the server's container sees it.
+        shutil.copyfile(ca.ca_pem, deployment.host_state_dir / "upstream-ca.pem")
+        code = (
+            "URL = 'http://upstream.test:8080/'\nURL_TLS = 'https://upstream.test:8443/'\n"
+            f"BLOCKED = 'http://{ns.host_ip}:8080/'\nTCP = ('{ns.ns_ip}', 8080)\n"
+        ) + NETWORK_PROBE
+        async with deployment.client() as client:
+            ran = structured(await client.call_tool("run_code", {"code": code, "network": True}))
+        assert ran["status"] == "ok", ran
+        found = json.loads(ran["stdout"].strip().splitlines()[-1])
+        assert found["http"] == f"200 {tokens[8080]} -", found
+        assert found["https"] == f"200 {tokens[8443]} -", found
+        assert (
+            found["blocked"].startswith("403 ")
+            and "blocked by sandbox network policy" in (found["blocked"])
+        )
+        assert found["tcp"].startswith("error"), found
+        assert ran["blocked_hosts"] == [ns.host_ip], ran

@@ -202,9 +202,11 @@ async def test_unsupported_language(inproc: Client) -> None:
 
 
 async def test_network_not_allowed(inproc: Client) -> None:
-    assert_error(
-        await inproc.call_tool("run_code", {"code": "1", "network": True}), "network_not_allowed"
-    )
+    for network in (True, ["pypi", "api.example.com"]):  # a list of hosts is valid input
+        assert_error(
+            await inproc.call_tool("run_code", {"code": "1", "network": network}),
+            "network_not_allowed",
+        )
 
 
 async def test_env_not_allowed(inproc: Client) -> None:

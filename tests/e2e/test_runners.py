@@ -277,3 +277,21 @@ async def test_a_language_the_image_lacks_is_refused_and_then_not_offered(
             await service.aclose()
     finally:
         remove_image(engine, tag)
+
+
+@docker_only
+async def test_a_runner_language_is_refused_network_clearly(
+    make_service: Any, build_runner: Callable[[dict[str, str]], str]
+) -> None:
+    """A runner image has no agent to bridge the egress proxy into its container: network
+    for it is refused before any session, saying so (network_not_allowed)."""
+    from mcp_code_sandbox.errors import NetworkNotAllowed
+    from mcp_code_sandbox.run.request import RunRequest
+
+    build_runner(PERL_LABELS)
+    async with make_service(allow_network=True, network_allow="pypi") as svc:
+        with pytest.raises(NetworkNotAllowed, match="runner image"):
+            await svc.run_code("local", RunRequest("print 1", "perl", network=True), "rn-net")
+        assert svc.sessions.count() == 0
+        ran = await svc.run_code("local", RunRequest('print "ok"', "perl"), "rn-net")
+        assert ran.stdout == "ok"

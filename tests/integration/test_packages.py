@@ -26,7 +26,7 @@ from mcp_code_sandbox.run.request import RunRequest
 from mcp_code_sandbox.service import SandboxService
 
 from .. import labnet, pkgindex
-from ..conftest import MakeService, each_backend
+from ..conftest import MakeService, each_backend, each_runtime
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None,
@@ -36,12 +36,18 @@ pytestmark = pytest.mark.skipif(
 PORT = 8081
 
 
+#: The index's name: in no DNS here, the proxies resolve it from ``network_resolve``.
+INDEX_NAME = "pkgs.test"
+
+
 @dataclass
 class Index:
     url: str
     host: str
     #: package name -> the token its module holds
     tokens: dict[str, str]
+    #: The index's address in the test namespace (what ``INDEX_NAME`` resolves to).
+    address: str
 
     @property
     def pip(self) -> str:
@@ -52,7 +58,7 @@ class Index:
 def index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Index]:
     root = tmp_path_factory.mktemp("index")
     with labnet.namespace("mcs-pk") as ns:
-        url = f"http://{ns.ns_ip}:{PORT}"
+        url = f"http://{INDEX_NAME}:{PORT}"
         tokens = {name: f"tok-{secrets.token_hex(6)}" for name in ("py", "js", "bun")}
         pkgindex.add_wheel(
             root,
@@ -77,12 +83,22 @@ def index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Index]:
             )
         argv = [sys.executable, "-c", pkgindex.SERVER, str(root), ns.ns_ip, str(PORT)]
         labnet.serve_inside(ns, argv, ns.ns_ip, PORT)
-        yield Index(url, ns.ns_ip, tokens)
+        yield Index(url, INDEX_NAME, tokens, ns.ns_ip)
+
+
+def _allowing(index: Index) -> dict[str, object]:
+    """Settings whose allowlist names the index (and, as it is a private address, lets
+    that name land on it): pip and npm reach it through the egress proxy, by name."""
+    return {
+        "allow_network": True,
+        "network_allow": f"{INDEX_NAME},{index.address}/32",
+        "network_resolve": f"{INDEX_NAME}={index.address}",  # in no DNS here
+    }
 
 
 @pytest.fixture
-async def svc(make_service: MakeService) -> AsyncIterator[SandboxService]:
-    async with make_service(exec_timeout_s=120, allow_network=True) as service:
+async def svc(make_service: MakeService, index: Index) -> AsyncIterator[SandboxService]:
+    async with make_service(exec_timeout_s=120, **_allowing(index)) as service:
         yield service
 
 
@@ -97,7 +113,7 @@ def ok(report: RunReport) -> RunReport:
     return report
 
 
-@each_backend
+@each_runtime
 async def test_pip_install_persists_in_the_session_and_leaves_no_artifacts(
     svc: SandboxService, index: Index
 ) -> None:
@@ -137,7 +153,7 @@ async def test_installed_packages_vanish_with_the_session(
     assert fresh.status == "error" and fresh.error and fresh.error["name"] == "ModuleNotFoundError"
 
 
-@each_backend
+@each_runtime
 async def test_npm_install_and_bun_add_import_by_bare_name(
     svc: SandboxService, index: Index
 ) -> None:
@@ -182,7 +198,7 @@ async def test_npm_install_and_bun_add_import_by_bare_name(
 async def test_packages_count_towards_the_workspace_quota(
     make_service: MakeService, index: Index
 ) -> None:
-    async with make_service(allow_network=True, workspace_quota_bytes=100_000) as svc:
+    async with make_service(workspace_quota_bytes=100_000, **_allowing(index)) as svc:
         report = ok(
             await run(
                 svc, "pk-quota", f"pip install -q {index.pip} mcs-big-pkg", "bash", network=True

@@ -6,11 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from mcp_code_sandbox.backends.base import Limits, SandboxSpec
+from mcp_code_sandbox.backends.base import Egress, Limits, SandboxSpec
 from mcp_code_sandbox.backends.bwrap.argv import (
     HostLayout,
     Mounts,
-    NetFds,
     build_bwrap_argv,
     build_launcher_argv,
     drop_uid_argv,
@@ -74,26 +73,24 @@ def test_isolation_flags() -> None:
     assert args[args.index("--gid") + 1] == "1000"
 
 
-def test_every_sandbox_has_its_own_net_namespace() -> None:
-    net = NetFds(status_fd=21, block_fd=22, resolv_fd=23)
+def test_every_sandbox_has_its_own_empty_net_namespace() -> None:
+    """With network or without, the namespace is empty: network is the egress proxy's
+    directory bound read-only, never an interface (no slirp, no resolv.conf)."""
+    import dataclasses
+
+    networked = spec(egress=Egress(Path("/state/egress/k1-ab")))
+    mounts = dataclasses.replace(MOUNTS, egress="/state/egress/k1-ab")
     args = build_bwrap_argv(
-        "/usr/bin/bwrap",
-        spec(network=True),
-        MOUNTS,
-        LAYOUT,
-        rlimit_memory=False,
-        env_fd=14,
-        net=net,
+        "/usr/bin/bwrap", networked, mounts, LAYOUT, rlimit_memory=False, env_fd=14
     )
     assert "--unshare-net" in args and "--unshare-net" in argv()
-    # bwrap reports the pid and waits until slirp4netns is attached, before the agent runs
-    assert args[args.index("--json-status-fd") + 1] == "21"
-    assert args[args.index("--block-fd") + 1] == "22"
-    assert ("23", "/etc/resolv.conf") in pairs(args, "--ro-bind-data")
-    assert args.index("--block-fd") < args.index("--")
-    assert "--block-fd" not in argv() and "/etc/resolv.conf" not in argv()
-    with pytest.raises(ValueError, match="NetFds"):
-        argv(network=True)
+    assert ("/state/egress/k1-ab", "/run/mcs-egress") in pairs(args, "--ro-bind")
+    assert "/run/mcs-egress" not in argv()
+    assert "/etc/resolv.conf" not in args and "--block-fd" not in args
+    with pytest.raises(ValueError, match="egress"):
+        argv(egress=Egress(Path("/state/egress/k1-ab")))  # a spec with network, no mount
+    with pytest.raises(ValueError, match="egress"):
+        build_bwrap_argv("/usr/bin/bwrap", spec(), mounts, LAYOUT, rlimit_memory=False, env_fd=14)
 
 
 def test_binds() -> None:

@@ -13,7 +13,7 @@ import docker.errors
 import pytest
 import requests
 
-from mcp_code_sandbox.backends.base import Limits, SandboxSpec
+from mcp_code_sandbox.backends.base import Egress, Limits, SandboxSpec
 from mcp_code_sandbox.backends.docker import engine as docker_engine
 from mcp_code_sandbox.backends.docker import spec as docker_spec
 from mcp_code_sandbox.backends.docker.backend import DockerBackend
@@ -85,17 +85,32 @@ def test_a_session_uid_is_the_containers_user_and_label() -> None:
         assert docker_spec.uid_from_label(bad) is None
 
 
-def test_network_only_when_the_spec_asks() -> None:
-    settings = load_settings({}, environ={})
-    k = container_kwargs(
-        spec(network=True), settings, "img:1", instance="h", run_dir=RUN_DIR, network="mcs-n"
-    )
-    assert k["network_mode"] == "mcs-n"  # the server's fenced network, never "bridge"
-    assert k["sysctls"]["net.ipv6.conf.all.disable_ipv6"] == "1"
+def test_network_is_the_egress_socket_never_an_interface() -> None:
+    k = kwargs(egress=Egress(Path("/var/lib/mcs/egress/k1-ab")))
+    assert k["network_mode"] == "none"  # with network too: the proxy's socket is the way
     assert k["labels"]["mcp-code-sandbox.network"] == "true"
-    assert "sysctls" not in kwargs() and kwargs(network=False)["network_mode"] == "none"
-    with pytest.raises(ValueError, match="network"):
-        kwargs(network=True)
+    assert "sysctls" not in k
+    mounts = {m["Target"]: m for m in k["mounts"]}
+    assert mounts["/run/mcs-egress"]["Source"] == "/var/lib/mcs/egress/k1-ab"
+    assert mounts["/run/mcs-egress"]["ReadOnly"] is True
+    plain = kwargs()
+    assert "/run/mcs-egress" not in {m["Target"] for m in plain["mounts"]}
+    assert "mcp-code-sandbox.network" not in plain["labels"]
+
+
+def test_egress_dir_is_bound_from_the_engines_view_of_the_state_dir() -> None:
+    settings = load_settings(
+        {"state_dir": "/state", "docker_host_state_dir": "/srv/mcs-state"}, environ={}
+    )
+    k = container_kwargs(
+        spec(egress=Egress(Path("/state/egress/k1-ab")), workspace=Path("/state/workspaces/k1")),
+        settings,
+        "img:1",
+        instance="h",
+        run_dir=Path("/state/run/k1-abcd"),
+    )
+    mounts = {m["Target"]: m for m in k["mounts"]}
+    assert mounts["/run/mcs-egress"]["Source"] == "/srv/mcs-state/egress/k1-ab"
 
 
 def test_limits() -> None:

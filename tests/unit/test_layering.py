@@ -7,6 +7,7 @@ Layers, lowest first; a module imports only its own layer or lower (issue 11)::
     agent/                                   (stdlib only: it runs inside the sandbox)
     errors settings sanitize host layout logs metrics   (and the package's __init__)
     workspace/
+    egress/                                  (the host side of the sandbox's proxy)
     backends/
     sessions/
     run/
@@ -42,6 +43,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"agent"}),
     frozenset({"", "errors", "settings", "sanitize", "host", "layout", "logs", "metrics"}),
     frozenset({"workspace"}),
+    frozenset({"egress"}),
     frozenset({"backends"}),
     frozenset({"sessions"}),
     frozenset({"run"}),

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from mcp_code_sandbox.backends.base import Limits, SandboxSpec
+from mcp_code_sandbox.backends.base import Egress, Limits, SandboxSpec
 from mcp_code_sandbox.backends.docker.labels import runner_from_labels
 from mcp_code_sandbox.backends.docker.runners import KEEPALIVE, choose_runners, runner_kwargs
 from mcp_code_sandbox.backends.runner_images import RunnerImage
@@ -295,11 +295,12 @@ def test_runner_mounts_the_workspace_and_its_own_run_dir() -> None:
     assert all(m["Type"] == "bind" for m in mounts.values())
 
 
-def test_runner_network_only_when_the_spec_asks() -> None:
-    values: dict[str, Any] = {"key": "k1", "owner": "a", "session_id": "s", "network": True}
+def test_runner_has_no_interface_even_with_network() -> None:
+    values: dict[str, Any] = {"key": "k1", "owner": "a", "session_id": "s"}
     values["uid"] = 0x7000_0001
+    values["egress"] = Egress(Path("/var/lib/mcs/egress/k1-ab"))
     spec = SandboxSpec(workspace=WORKSPACE, limits=LIMITS, **values)
     settings = load_settings({}, environ={})
-    k = runner_kwargs(spec, settings, PERL, instance="h-1-ab", run_dir=RUN_DIR, network="mcs-n")
-    assert k["network_mode"] == "mcs-n"
+    k = runner_kwargs(spec, settings, PERL, instance="h-1-ab", run_dir=RUN_DIR)
+    assert k["network_mode"] == "none"
     assert kwargs()["network_mode"] == "none"

@@ -29,6 +29,7 @@ import os
 import sys
 
 from .config import AgentConfig
+from .egress import start_bridge
 from .hostlink import RECONNECT_GIVE_UP_S, HostLink, connect
 from .kernelproc import KernelStartError
 from .protocol import write_frame
@@ -81,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     try:
         config = AgentConfig.from_json(args.config)
+        # Before any user code: the bridge's port must be the agent's (see .egress).
+        start_bridge()
         link = HostLink(channel, args.connect, args.reconnect_s)
         supervisor = Supervisor(link, args.workdir, config, args.plain)
         if args.connect is not None:  # up to here, errors explain a failed start

@@ -44,6 +44,7 @@ __all__ = [
     "Backend",
     "Channel",
     "Description",
+    "Egress",
     "Enforcement",
     "Leftover",
     "Limits",
@@ -75,6 +76,20 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class Egress:
+    """A sandbox's way out: a host directory holding the egress proxy's Unix socket (and,
+    when the proxy intercepts TLS for secrets, its CA bundle), which the backend binds
+    read-only at ``layout.EGRESS_DIR``. The session side opens the proxy, puts the proxy
+    variables in ``SandboxSpec.env`` (``layout.egress_env``) and closes it when the
+    sandbox stops; a backend only binds the directory (see ``mcp_code_sandbox.egress``)."""
+
+    host_dir: Path
+    #: The hosts the last call with network asked for: ``None`` for the server's whole
+    #: policy (``network=true``), else a subset of it (its proxy judges by them).
+    hosts: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
 class SandboxSpec:
     """What the session manager asks a backend for."""
 
@@ -85,9 +100,10 @@ class SandboxSpec:
     #: Host directory bound read-write at ``WORKSPACE_DIR``; the backend never writes to it.
     workspace: Path
     limits: Limits
-    #: Outbound network through the backend's fenced network (see ``netfilter``); the
-    #: manager asks for it only when the server allows it and the call wants it.
-    network: bool = False
+    #: Outbound network, only through the host's egress proxy: ``None`` for none at all.
+    #: Either way the sandbox has an empty network namespace (loopback only); the session
+    #: side sets it only when the server allows network and the call asks for it.
+    egress: Egress | None = None
     #: Environment of every process in the sandbox, on top of the backend's base env.
     env: Mapping[str, str] = field(default_factory=dict)
     #: The host uid (and gid: the same number) the sandbox's processes run as, which owns
@@ -97,6 +113,11 @@ class SandboxSpec:
     #: Modules the interpreter imports before the sandbox is ready: a pooled sandbox's
     #: warm-up (``sessions.pool``); empty for a session's own.
     preload: tuple[str, ...] = ()
+
+    @property
+    def network(self) -> bool:
+        """Does the sandbox have a way out (through its ``egress`` proxy)?"""
+        return self.egress is not None
 
 
 @dataclass(frozen=True)
@@ -199,9 +220,8 @@ class Description:
     Semantics: ``runtimes`` maps a language to ``version``, ``packages`` {name: version}
     and ``image`` (``None`` for none), or to ``{"available": False}`` when the backend
     knows that language is not installed; a language missing from it is offered with an
-    unknown version. ``network_unavailable`` is ``None`` when the backend can give a
-    sandbox a fenced network here, else why not (it still fails closed in ``create`` when
-    the fence cannot be set up after all).
+    unknown version. ``network_unavailable`` is ``None`` when the backend can bind the
+    egress proxy's socket into a sandbox here, else why not.
     """
 
     #: How each limit is enforced: keys ``memory``, ``cpu``, ``pids``, ``tmp``,

@@ -93,10 +93,7 @@ def _bwrap_checks(bwrap: str, uid: int | None) -> list[Check]:
 
 
 def _bwrap_network_check(settings: Settings) -> Check:
-    how = (
-        "outbound access through slirp4netns; its group's connections to this host's "
-        "addresses, 169.254.0.0/16, container bridges and IPv6 are rejected (iptables OUTPUT)"
-    )
+    how = "the sandbox keeps its empty network namespace (bwrap --unshare-net, loopback only)"
     why_not = BwrapBackend(settings).describe().network_unavailable
     return network_check(settings, why_not, how)
 

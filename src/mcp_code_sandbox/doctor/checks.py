@@ -29,7 +29,9 @@ class Check(NamedTuple):
 
 
 def network_check(settings: Settings, why_not: str | None, how: str) -> Check:
-    """Whether network-by-permission works here, and how it is fenced (both backends)."""
+    """Whether network-by-permission works here, and what enforces it (every backend):
+    ``how`` says how this backend keeps the sandbox's namespace empty and binds the
+    egress proxy's socket in."""
     base = "each sandbox has no network unless a call asks for it"
     if not settings.allow_network:
         return Check("network", True, f"{base}; network=true is refused (SANDBOX_ALLOW_NETWORK)")
@@ -38,7 +40,14 @@ def network_check(settings: Settings, why_not: str | None, how: str) -> Check:
             "network", False, f"{base}; SANDBOX_ALLOW_NETWORK=true but {why_not}",
             "see above, or unset SANDBOX_ALLOW_NETWORK",
         )  # fmt: skip
-    return Check("network", True, f"{base}; network=true gives {how}")
+    allow = ", ".join(settings.network_allow) or "nothing (SANDBOX_NETWORK_ALLOW is empty)"
+    deny = ", ".join(settings.network_deny)
+    return Check(
+        "network", True,
+        f"{base}; with network=true {how}, and its only way out is this server's egress "
+        f"proxy (HTTP CONNECT and plain HTTP, by host; SNI checked) over a Unix socket bound "
+        f"into it, allowing {allow}" + (f" but not {deny}" if deny else ""),
+    )  # fmt: skip
 
 
 def uid_range_detail(settings: Settings) -> tuple[str, str | None]:

@@ -83,7 +83,8 @@ def _engine_checks(client: Any, settings: Settings, where: str) -> list[Check]:
         "memory, cpu and pids by the engine's cgroups; network only where allowed and asked for",
     ))  # fmt: skip
     backend = DockerBackend(settings, docker_environ())
-    checks.append(_network_check(backend, settings))
+    runsc = (info.get("Runtimes") or {}).get("runsc") or {}
+    checks.append(_network_check(backend, settings, list(runsc.get("runtimeArgs") or [])))
     checks.append(_quota_check(backend, settings))
     checks.append(uid_check(settings, info.get("SecurityOptions") or []))
     return checks
@@ -141,15 +142,20 @@ def _quota_check(backend: DockerBackend, settings: Settings) -> Check:
     return workspace_quota_check(settings, backend)
 
 
-def _network_check(backend: DockerBackend, settings: Settings) -> Check:
+def _network_check(backend: DockerBackend, settings: Settings, runsc_args: list[str]) -> Check:
     try:
         why_not = backend.describe().network_unavailable
     finally:
         backend.engine.close()  # describe() may have opened a client
-    how = (
-        "outbound access on a bridge network of the server's with inter-container traffic "
-        "off; INPUT rejects what comes from it to this host, DOCKER-USER 169.254.0.0/16; "
-        "no IPv6 inside"
+    if settings.docker_runtime == "runsc" and "--host-uds=open" not in runsc_args:
+        why_not = why_not or (
+            "runsc is registered without --host-uds=open, so a gVisor sandbox cannot connect "
+            "to the egress proxy's socket (scripts/docker-engine.sh registers it)"
+        )
+    how = "the container keeps network_mode none (loopback only)" + (
+        ", under gVisor with runsc --host-uds=open (connect to a bound socket, never create)"
+        if settings.docker_runtime == "runsc"
+        else ""
     )
     return network_check(settings, why_not, how)
 

@@ -100,6 +100,8 @@ class RunReport(Outcome):
     image_files: list[ImageFile] = field(default_factory=list)
     #: The workspace scan stopped at its limit: more files may have changed than listed.
     files_partial: bool = False
+    #: Hosts the sandbox's egress proxy refused during the run (set by the service).
+    blocked_hosts: list[str] = field(default_factory=list)
 
 
 #: The outcome's fields the report carries over as they are (not ``state_lost``: a

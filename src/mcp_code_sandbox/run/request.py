@@ -7,7 +7,7 @@ sandbox. Whether the language is offered is :class:`.languages.Languages`'s to s
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from mcp_code_sandbox.errors import CodeTooLarge, EnvNotAllowed, InvalidArgument, NetworkNotAllowed
@@ -22,9 +22,21 @@ class RunRequest:
     language: str = "python"
     #: ``None``: the server's default (``exec_timeout_s``).
     timeout_s: float | None = None
-    network: bool = False
+    #: ``True``: the server's whole network policy; a list: only those hosts (a subset
+    #: of it); ``False`` or an empty list: no network.
+    network: bool | Sequence[str] = False
     #: Variables for this call only; ``None`` or empty: none.
     env: Mapping[str, str] | None = None
+
+    @property
+    def network_wish(self) -> tuple[str, ...] | None:
+        """The network as the session side takes it: ``None`` none, ``()`` the server's
+        policy, else the hosts asked for (see ``sessions.egress``)."""
+        if self.network is True:
+            return ()
+        if self.network is False or not self.network:
+            return None
+        return tuple(str(host) for host in self.network)
 
 
 def check_request(settings: Settings, request: RunRequest) -> float:
@@ -35,7 +47,7 @@ def check_request(settings: Settings, request: RunRequest) -> float:
             f"code is larger than {settings.max_code_bytes} bytes; upload data with "
             "upload_file and read it from /mnt/data instead of inlining it"
         )
-    if request.network and not settings.allow_network:
+    if request.network_wish is not None and not settings.allow_network:
         raise NetworkNotAllowed(
             "this server does not allow network access from sandboxes "
             "(the operator can set SANDBOX_ALLOW_NETWORK=true)"

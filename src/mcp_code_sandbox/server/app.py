@@ -52,10 +52,14 @@ def descriptions(
     """Every tool's description, from the settings; ``http_base``: where the HTTP server
     serves files (``None`` over stdio, which has no file routes)."""
     net = (
-        "Outbound network can be requested with network=true (the internet, not this host, "
-        "other sandboxes or 169.254.x.x); a session's sandbox is restarted when a call's "
-        "network differs from the previous call's (files kept, variables lost), so pass "
-        "the same value on every call of a session. With network, `pip install` (or "
+        "Outbound network can be requested with network=true, or a list of hosts: HTTP and "
+        "HTTPS only, through the server's egress proxy (HTTP_PROXY is set; DNS and raw "
+        "sockets do not work), to the hosts its allowlist names ("
+        + (", ".join(settings.network_allow) or "none yet")
+        + "); a refused request gets a 403 and its host is listed in blocked_hosts. "
+        "A session's sandbox is restarted when a call switches network on or off "
+        "(files kept, variables lost; other hosts alone do not restart it), so keep "
+        "network on for every call of a session that needs it. With network, `pip install` (or "
         "%pip), `npm install` and `bun add` work: packages go to /mnt/data/.packages, "
         "are importable by bare name for the rest of the session, count towards its "
         f"{_size(settings.workspace_quota_bytes)} quota, and are not listed as files."

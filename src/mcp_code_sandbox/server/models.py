@@ -72,6 +72,10 @@ class RunResult(BaseModel):
     files_truncated: bool = Field(
         False, description="`files` lists only some of the changed files: list_files has all"
     )
+    blocked_hosts: list[str] = Field(
+        default_factory=list,
+        description="Hosts the network policy refused during this run (network=true only)",
+    )
 
 
 class UploadResult(BaseModel):

@@ -34,7 +34,13 @@ from mcp_code_sandbox.settings import Settings
 
 __all__ = ["Images", "error_result", "file_uri", "image_blocks", "run_result", "structured_result"]
 
-_PLAIN_RUN_FIELDS = frozenset(RunResult.model_fields) - {"notice", "error", "files", "displays"}
+_PLAIN_RUN_FIELDS = frozenset(RunResult.model_fields) - {
+    "notice",
+    "error",
+    "files",
+    "displays",
+    "blocked_hosts",
+}
 #: Fields whose text a sandbox wrote (see :mod:`mcp_code_sandbox.sanitize`).
 _SANDBOX_TEXT = ("stdout", "stderr", "result")
 #: Changed files a run result lists (with links); the rest are counted, list_files has all.
@@ -118,6 +124,7 @@ def run_result(
             for c, name in zip(files, names, strict=True)
         ],
         files_truncated=len(report.files) > len(files),
+        blocked_hosts=[clean_text(host) for host in report.blocked_hosts],
         result_truncated=bool(report.cut.get("result")),
         error_truncated=bool(report.cut.get("error")),
         displays_truncated=bool(

@@ -108,12 +108,16 @@ class ToolSet:
         session_id: SessionArg = None,
         timeout_s: Annotated[float | None, Field(description="Wall-time limit in seconds")] = None,
         network: Annotated[
-            bool,
+            bool | list[str],
             Field(
                 description=(
                     "Outbound network for this call, where the server allows it (else "
-                    "network_not_allowed). Changing it within a session restarts the "
-                    "sandbox: files kept, variables lost"
+                    "network_not_allowed): true for every host the server's allowlist "
+                    'names, or a list of those hosts (e.g. ["pypi", "api.example.com"]). '
+                    "It goes through the server's egress proxy (HTTP/HTTPS only, via "
+                    "HTTP_PROXY); refused hosts are listed in blocked_hosts. Switching it "
+                    "on or off within a session restarts the sandbox (files kept, "
+                    "variables lost); other hosts on a networked sandbox do not"
                 )
             ),
         ] = False,

@@ -70,6 +70,7 @@ from mcp_code_sandbox.host import process_mark
 from mcp_code_sandbox.metrics import EndReason, Metrics
 from mcp_code_sandbox.sessions import quota, records, runlog
 from mcp_code_sandbox.sessions.agent_client import AgentClient
+from mcp_code_sandbox.sessions.egress import Wish
 from mcp_code_sandbox.sessions.ids import mint_session_id, session_key, validate_session_id
 from mcp_code_sandbox.sessions.pool import Pooled, WarmPool
 from mcp_code_sandbox.sessions.quota import QuotaMode
@@ -182,6 +183,7 @@ class SessionManager:
         ):
             if isinstance(outcome, BaseException):
                 log.error("session not cleaned up at shutdown", error=repr(outcome))
+        await self.sandboxes.egress.aclose()  # the proxies of detached sandboxes
         try:
             await self.backend.aclose()
         except Exception:
@@ -414,7 +416,7 @@ class SessionManager:
         return self.sandboxes.limits()
 
     async def executor(
-        self, session: Session, *, network: bool = False, runner: RunnerImage | None = None
+        self, session: Session, *, network: Wish = None, runner: RunnerImage | None = None
     ) -> Handout:
         """What runs this call's code in ``session`` (see :meth:`.sandboxes.Sandboxes.executor`).
         Called by the service with the session's lock held."""

@@ -11,6 +11,7 @@ a stop that failed or was cut short is kept in the session's ``unstopped`` and r
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -22,6 +23,7 @@ from mcp_code_sandbox.backends.runner_images import RunnerImage, RunnerSandbox, 
 from mcp_code_sandbox.errors import SandboxFailed, SessionNotFound
 from mcp_code_sandbox.metrics import Metrics
 from mcp_code_sandbox.sessions.agent_client import AgentClient
+from mcp_code_sandbox.sessions.egress import EgressProxies, Wish
 from mcp_code_sandbox.sessions.executor import Guarded, Outcome, lost
 from mcp_code_sandbox.sessions.runner_client import RunnerClient
 from mcp_code_sandbox.sessions.session import (
@@ -50,6 +52,7 @@ class Sandboxes:
         self.settings = settings
         self.backend = backend
         self.metrics = metrics
+        self.egress = EgressProxies(settings, metrics)
 
     def limits(self) -> Limits:
         s = self.settings
@@ -62,7 +65,7 @@ class Sandboxes:
         )
 
     async def executor(
-        self, session: Session, *, network: bool = False, runner: RunnerImage | None = None
+        self, session: Session, *, network: Wish = None, runner: RunnerImage | None = None
     ) -> Handout:
         """What runs this call's code in ``session``: its agent, or (``runner``) its
         container of that runner image; started if need be, replaced if it died.
@@ -98,14 +101,16 @@ class Sandboxes:
         return lost(str(exc))
 
     async def _ensure_sandbox(
-        self, session: Session, *, network: bool = False
+        self, session: Session, *, network: Wish = None
     ) -> tuple[AgentClient, str | None]:
         """The session's agent, starting a sandbox if it has none or its one died.
 
-        ``network``: what this call asked for. A sandbox's network is fixed when it
-        starts, and a call gets exactly what it asked for: one whose wish differs from
-        the running sandbox's restarts it (files kept, variables lost, said in the
-        notice), so ``network=false`` always means no network at all.
+        ``network``: what this call asked for (a :data:`.egress.Wish`). Whether a sandbox
+        has network (an egress proxy's socket) is fixed when it starts, and a call gets
+        exactly what it asked for: one that switches network on or off restarts it
+        (files kept, variables lost, said in the notice), so ``network=false`` always
+        means no network at all. Between calls with network, only the hosts may change:
+        the running proxy takes the call's policy (connections already open keep theirs).
 
         Returns a notice when a previous sandbox was lost (variables are gone then).
         Called with the session's lock held. Raises ``SessionNotFound`` when the session
@@ -113,13 +118,19 @@ class Sandboxes:
         """
         check_open(session)
         notice = None
-        if session.sandbox is not None and session.sandbox.spec.network != network:
+        running = session.sandbox
+        if running is not None and running.spec.egress is not None and network is not None:
+            # Network both times: the call's hosts go to the running proxy; no restart.
+            running.spec = dataclasses.replace(
+                running.spec, egress=self.egress.narrow(running.spec.egress, network)
+            )
+        elif running is not None and _wish(running.spec) != network:
             await self.stop_sandbox(session)
             notice = (
                 f"the sandbox of session {session.id} was restarted "
                 + (
-                    "with network, as this call asked (network=true)"
-                    if network
+                    "with network, as this call asked for it (network=true)"
+                    if network is not None
                     else "without network, as this call did not ask for it (network=false)"
                 )
                 + ". Files in /mnt/data are kept; variables and imports from before are gone "
@@ -134,20 +145,21 @@ class Sandboxes:
                 "Files in /mnt/data are kept; variables and imports from before are gone"
             )
         if session.sandbox is None or session.agent is None:
-            spec = self.spec(
-                session.key, session.owner, session.id, session.workspace, network, session.uid
+            spec = await self._networked(
+                self.spec(session.key, session.owner, session.id, session.workspace, session.uid),
+                network,
             )
             began = time.monotonic()
             with self.metrics.counting_backend_errors():
                 sandbox = await self._create(
-                    session, lambda: self.backend.create(spec), self.backend.stop
+                    session, lambda: self._started(spec, self.backend.create), self._stop
                 )
             self.metrics.cold_started(time.monotonic() - began)
             session.sandbox, session.agent = sandbox, AgentClient(sandbox.channel)
         return session.agent, notice
 
     async def _ensure_runner(
-        self, session: Session, runner: RunnerImage, *, network: bool = False
+        self, session: Session, runner: RunnerImage, *, network: Wish = None
     ) -> RunnerSandbox:
         """The session's container of ``runner``, started on first use and again after a
         run had to kill it, when the language's image changed, or when this call's
@@ -156,14 +168,12 @@ class Sandboxes:
         check_open(session)
         current = session.runners.get(runner.language)
         if current is not None and (
-            not current.usable or current.runner != runner or current.spec.network != network
+            not current.usable or current.runner != runner or _wish(current.spec) != network
         ):
             await self.drop_runner(session, runner.language)
             current = None
         if current is None:
-            spec = self.spec(
-                session.key, session.owner, session.id, session.workspace, network, session.uid
-            )
+            spec = self.spec(session.key, session.owner, session.id, session.workspace, session.uid)
             with self.metrics.counting_backend_errors():
                 current = await self._create(
                     session,
@@ -243,9 +253,7 @@ class Sandboxes:
         """Stop a sandbox or runner of ``session``; one whose stop failed (logged) or was
         cancelled half-way is kept in ``unstopped``, and ending the session tries again."""
         stop: Any = (
-            self.backend.stop
-            if isinstance(thing, Sandbox)
-            else runner_images_of(self.backend).stop_runner
+            self._stop if isinstance(thing, Sandbox) else runner_images_of(self.backend).stop_runner
         )
         session.unstopped.append(thing)  # until stopped: a stop cut short is tried again
         if await stop_logged(stop, thing, session):
@@ -257,21 +265,60 @@ class Sandboxes:
         owner: str,
         session_id: str,
         workspace: Workspace,
-        network: bool = False,
         uid: int | None = None,
     ) -> SandboxSpec:
+        """A spec without network (:meth:`_networked` adds it)."""
         return SandboxSpec(
             key=key,
             owner=owner,
             session_id=session_id,
             workspace=workspace.root,
             limits=self.limits(),
-            network=network,
             env=self.settings.pass_through_values(),
             uid=uid,
         )
+
+    # -- network: an egress proxy per sandbox that has it (see .egress) ---------------------
+
+    async def _networked(self, spec: SandboxSpec, network: Wish) -> SandboxSpec:
+        """``spec`` with network as ``network`` wishes: a new egress proxy and its
+        variables. Its proxy is closed by :meth:`_started` when the start fails and by
+        :meth:`_stop` when the sandbox stops."""
+        if network is None:
+            return spec
+        egress, env = await self.egress.open(spec.key, spec.owner, spec.session_id, network)
+        return dataclasses.replace(spec, egress=egress, env={**spec.env, **env})
+
+    async def _started(
+        self, spec: SandboxSpec, create: Callable[[SandboxSpec], Awaitable[_T]]
+    ) -> _T:
+        try:
+            return await create(spec)
+        except BaseException:
+            await self.egress.close(spec.egress)
+            raise
+
+    async def _stop(self, sandbox: Sandbox) -> None:
+        """The backend's stop, then (whatever it did) the sandbox's egress proxy."""
+        try:
+            await self.backend.stop(sandbox)
+        finally:
+            await self.egress.close(sandbox.spec.egress)
+
+    def blocked_hosts(self, session: Session) -> list[str]:
+        """Hosts the session's sandbox's proxy refused since the last call (its runners
+        have none). Called by the service after a run, for the result."""
+        sandbox = session.sandbox
+        return self.egress.take_blocked([sandbox.spec.egress] if sandbox is not None else [])
 
     async def stop_sandbox(self, session: Session) -> None:
         sandbox, session.sandbox, session.agent = session.sandbox, None, None
         if sandbox is not None:
             await self.free(session, sandbox)
+
+
+def _wish(spec: SandboxSpec) -> Wish:
+    """What network a running sandbox was started with, as a call's wish."""
+    if spec.egress is None:
+        return None
+    return spec.egress.hosts or ()

@@ -1,1 +1,1 @@
-"""The bubblewrap backend: argv building, the backend, its network (slirp4netns) and cgroups."""
+"""The bubblewrap backend: argv building, the backend and cgroups."""

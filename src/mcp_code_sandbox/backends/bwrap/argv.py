@@ -19,6 +19,7 @@ from mcp_code_sandbox.backends.base import SandboxSpec
 from mcp_code_sandbox.layout import (
     AGENT_LIB_DIR,
     AGENT_MODULE,
+    EGRESS_DIR,
     SANDBOX_GID,
     SANDBOX_NODE,
     SANDBOX_NODE_MODULES_LINK,
@@ -37,7 +38,6 @@ __all__ = [
     "STAGE",
     "HostLayout",
     "Mounts",
-    "NetFds",
     "build_bwrap_argv",
     "build_launcher_argv",
     "drop_uid_argv",
@@ -147,6 +147,9 @@ class Mounts:
     group_fd: int
     #: Node.js, bun and npm packages for ``SANDBOX_NODE``; ``None`` when not provisioned.
     node: str | None = None
+    #: The egress proxy's directory (``SandboxSpec.egress``) for ``EGRESS_DIR``; ``None``
+    #: for a sandbox without network.
+    egress: str | None = None
 
 
 def env_args(spec: SandboxSpec) -> bytes:
@@ -157,16 +160,6 @@ def env_args(spec: SandboxSpec) -> bytes:
     return b"".join(part.encode() + b"\0" for part in parts)
 
 
-@dataclass(frozen=True)
-class NetFds:
-    """The fds of a sandbox with network (see :mod:`.net`): where bwrap reports the
-    sandbox's pid, where it waits for slirp4netns, and the sandbox's resolv.conf."""
-
-    status_fd: int
-    block_fd: int
-    resolv_fd: int
-
-
 def build_bwrap_argv(
     bwrap: str,
     spec: SandboxSpec,
@@ -175,15 +168,15 @@ def build_bwrap_argv(
     *,
     rlimit_memory: bool,
     env_fd: int,
-    net: NetFds | None = None,
 ) -> list[str]:
     """The bwrap command line of one sandbox (its environment comes from ``env_fd``, a
     file of :func:`env_args`). Pure: unit-tested without bwrap.
 
-    Every sandbox has its own net namespace; with ``net`` slirp4netns is attached to it
-    before the agent starts (``spec.network`` without ``net`` is a caller's bug)."""
-    if spec.network and net is None:
-        raise ValueError("a sandbox with network needs its NetFds")
+    Every sandbox has its own, empty net namespace (loopback only). One with network
+    gets the egress proxy's directory read-only at ``EGRESS_DIR``: its socket is the only
+    way out (``spec.network`` without ``mounts.egress`` is a caller's bug)."""
+    if spec.network != (mounts.egress is not None):
+        raise ValueError("a sandbox has the egress directory exactly when it has network")
     argv = [
         bwrap,
         "--unshare-user",
@@ -211,9 +204,6 @@ def build_bwrap_argv(
         str(mounts.seccomp_fd),
         *system_binds(layout),
     ]
-    if net is not None:
-        argv += ["--json-status-fd", str(net.status_fd), "--block-fd", str(net.block_fd)]
-        argv += ["--perms", "0644", "--ro-bind-data", str(net.resolv_fd), "/etc/resolv.conf"]
     argv += [
         "--perms",
         "0644",
@@ -247,6 +237,8 @@ def build_bwrap_argv(
         argv += ["--symlink", f"{SANDBOX_NODE}/node_modules", SANDBOX_NODE_MODULES_LINK]
         link, target = SESSION_NODE_MODULES_LINK
         argv += ["--symlink", target, link]
+    if mounts.egress is not None:
+        argv += ["--ro-bind", mounts.egress, EGRESS_DIR]
     # The workspace last: nothing may be mounted over or under it afterwards.
     argv += ["--bind", mounts.workspace, WORKSPACE_DIR, "--chdir", AGENT_LIB_DIR]
     # The root itself is bwrap's tmpfs: make it (/etc, /opt, /mnt...) read-only too.

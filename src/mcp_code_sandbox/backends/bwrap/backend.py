@@ -42,7 +42,6 @@ import socket
 import subprocess
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,22 +60,19 @@ from mcp_code_sandbox.backends.base import (
     wait_ready,
 )
 from mcp_code_sandbox.backends.bwrap import cgroups
-from mcp_code_sandbox.backends.bwrap import net as bwrap_net
 from mcp_code_sandbox.backends.bwrap.argv import (
     GROUP,
     PASSWD,
     STAGE,
     HostLayout,
     Mounts,
-    NetFds,
     build_bwrap_argv,
     build_launcher_argv,
     env_args,
 )
 from mcp_code_sandbox.backends.bwrap.runtime import runtime_status
-from mcp_code_sandbox.backends.netfilter import Iptables, slirp_rules
 from mcp_code_sandbox.backends.seccomp import build_seccomp_bpf
-from mcp_code_sandbox.errors import BackendUnavailable, NetworkNotAllowed, SandboxFailed
+from mcp_code_sandbox.errors import BackendUnavailable, SandboxFailed
 from mcp_code_sandbox.settings import Settings
 
 __all__ = ["BWRAP_MISSING", "BwrapBackend", "BwrapSandbox", "bwrap_missing"]
@@ -126,47 +122,6 @@ def _data_fd(data: bytes) -> int:
     return _high_fd(fd)
 
 
-@dataclass
-class SandboxNet:
-    """The host's ends of a networked sandbox: bwrap's status pipe (read end, open for the
-    sandbox's life: bwrap writes to it again when the sandbox exits), the pipe bwrap
-    blocks on until slirp4netns is up, and slirp4netns itself once started."""
-
-    status_r: int
-    block_w: int
-    slirp: bwrap_net.SlirpNet | None = None
-
-    @classmethod
-    def open(cls) -> tuple[SandboxNet, NetFds]:
-        status_r, status_w = os.pipe()
-        block_r, block_w = os.pipe()
-        os.set_inheritable(status_r, False)
-        os.set_inheritable(block_w, False)
-        fds = NetFds(
-            _high_fd(status_w),
-            _high_fd(block_r),
-            _data_fd(bwrap_net.RESOLV_CONF.encode()),
-        )
-        return cls(status_r, block_w), fds
-
-    async def attach(self) -> None:
-        """Start slirp4netns in the sandbox's net namespace, then let bwrap go on."""
-        pid = await asyncio.to_thread(bwrap_net.read_child_pid, self.status_r, READY_TIMEOUT_S)
-        self.slirp = await bwrap_net.SlirpNet.start(pid, Iptables())
-        os.write(self.block_w, b"1")
-        os.close(self.block_w)
-        self.block_w = -1
-
-    async def close(self) -> None:
-        for fd in (self.block_w, self.status_r):
-            if fd >= 0:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-        self.block_w = self.status_r = -1
-        if self.slirp is not None:
-            await self.slirp.close()
-
-
 class BwrapSandbox(Sandbox):
     def __init__(
         self,
@@ -176,12 +131,10 @@ class BwrapSandbox(Sandbox):
         cgroup: cgroups.CgroupHandle | None,
         stderr: deque[bytes],
         stderr_task: asyncio.Task[None],
-        net: SandboxNet | None = None,
     ) -> None:
         super().__init__(spec, channel, backend_id=str(proc.pid))
         self.proc = proc
         self.cgroup = cgroup
-        self.net = net
         self.stderr_tail = stderr
         self._stderr_task = stderr_task
 
@@ -230,9 +183,6 @@ class BwrapBackend(Backend):
         # otherwise all run as the server's uid, the only one its user namespaces can map.
         self.per_sandbox_uids = self._root
         self._compiled = False
-        self._iptables = Iptables()
-        #: Did this server start a slirp4netns (and so set the shared OUTPUT rules)?
-        self._slirp_used = False
 
     @property
     def cgroups(self) -> cgroups.CgroupSupport:
@@ -242,12 +192,12 @@ class BwrapBackend(Backend):
 
     def describe(self) -> Description:
         """Limits by this host's cgroups (or rlimits), languages from the runtime
-        environment's manifest and the host's bash, network where slirp4netns and
-        iptables are (see :meth:`Backend.describe` for who calls it)."""
+        environment's manifest and the host's bash; network everywhere, as it is only
+        the egress proxy's socket bound in (see :meth:`Backend.describe` for who calls it)."""
         return Description(
             enforcement=self._enforcement(),
             runtimes=self._runtimes(),
-            network_unavailable=self._network_unavailable(),
+            network_unavailable=None,
         )
 
     def _enforcement(self) -> dict[str, Enforcement]:
@@ -303,6 +253,8 @@ class BwrapBackend(Backend):
             sources["base"] = str(status.base_prefix)
         if status.node_dir is not None:
             sources["node"] = str(status.node_dir)
+        if spec.egress is not None:
+            sources["egress"] = str(spec.egress.host_dir)
         stage = [(src, name) for name, src in sources.items()] if self._root else None
         seen = {name: f"{STAGE}/{name}" if self._root else src for name, src in sources.items()}
         base = (seen["base"], sources["base"]) if "base" in seen else None
@@ -312,6 +264,7 @@ class BwrapBackend(Backend):
             seen["agent"],
             base,
             node=seen.get("node"),
+            egress=seen.get("egress"),
             seccomp_fd=_data_fd(build_seccomp_bpf()),
             passwd_fd=_data_fd(PASSWD.encode()),
             group_fd=_data_fd(GROUP.encode()),
@@ -325,15 +278,10 @@ class BwrapBackend(Backend):
         if not status.ok:
             raise BackendUnavailable(status.detail)
 
-    def _network_unavailable(self) -> str | None:
-        return bwrap_net.network_unavailable(self._iptables)
-
     async def create(self, spec: SandboxSpec) -> Sandbox:
         bwrap = self._bwrap()
         if self._root and spec.uid is None:  # never a sandbox as root
             raise SandboxFailed("a sandbox of a server run as root needs a host uid of its own")
-        if spec.network and (why := self._network_unavailable()) is not None:
-            raise NetworkNotAllowed(f"network is not available on this host: {why}")
         if not self._compiled:
             self._compiled = True
             await asyncio.to_thread(_precompile, self._agent_package())
@@ -342,10 +290,6 @@ class BwrapBackend(Backend):
         mounts, stage = self._mounts(spec)
         env_fd = _data_fd(env_args(spec))
         data_fds = [mounts.seccomp_fd, mounts.passwd_fd, mounts.group_fd, env_fd]
-        net, net_fds = SandboxNet.open() if spec.network else (None, None)
-        if net_fds is not None:
-            data_fds += [net_fds.status_fd, net_fds.block_fd, net_fds.resolv_fd]
-            self._slirp_used = True
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         child_fd = _high_fd(child.detach())
         cgroup: cgroups.CgroupHandle | None = None
@@ -364,7 +308,6 @@ class BwrapBackend(Backend):
                 self._layout,
                 rlimit_memory=rlimit_memory,
                 env_fd=env_fd,
-                net=net_fds,
             )
             proc = await asyncio.create_subprocess_exec(
                 *argv,
@@ -377,15 +320,11 @@ class BwrapBackend(Backend):
             )
         except OSError as exc:
             parent.close()
-            if net is not None:
-                await net.close()
             if cgroup is not None:
                 await asyncio.to_thread(cgroup.remove)
             raise SandboxFailed(f"cannot start the sandbox: {exc}") from None
         except BaseException:
             parent.close()
-            if net is not None:
-                await net.close()
             raise
         finally:
             for fd in (child_fd, *data_fds):
@@ -394,10 +333,8 @@ class BwrapBackend(Backend):
         tail: deque[bytes] = deque(maxlen=_STDERR_TAIL)
         assert proc.stderr is not None
         task = asyncio.create_task(_log_stderr(proc.stderr, spec.key, tail))
-        sandbox = BwrapSandbox(spec, Channel(reader, writer), proc, cgroup, tail, task, net)
+        sandbox = BwrapSandbox(spec, Channel(reader, writer), proc, cgroup, tail, task)
         try:
-            if net is not None:
-                await net.attach()
             sandbox.ready = await wait_ready(
                 sandbox, READY_TIMEOUT_S, functools.partial(self._not_ready, sandbox)
             )
@@ -428,8 +365,6 @@ class BwrapBackend(Backend):
         key = sandbox.spec.key
         await stop_step(key, "end its processes", _end_process(sandbox))
         await stop_step(key, "close its channel", _sync(sandbox.channel.close))
-        if sandbox.net is not None:
-            await stop_step(key, "stop its network", sandbox.net.close())
         if sandbox.cgroup is not None:
             await stop_step(key, "remove its cgroup", _remove_cgroup(key, sandbox.cgroup))
         sandbox._stderr_task.cancel()
@@ -441,12 +376,6 @@ class BwrapBackend(Backend):
         if not isinstance(sandbox, BwrapSandbox) or sandbox.cgroup is None:
             return None
         return await asyncio.to_thread(sandbox.cgroup.usage)
-
-    async def aclose(self) -> None:
-        # The OUTPUT rules are shared by every server on this host (one group for all
-        # slirp4netns): they go when the last slirp4netns has.
-        if self._slirp_used and not await asyncio.to_thread(bwrap_net.other_slirps):
-            await asyncio.to_thread(self._iptables.remove, slirp_rules())
 
     async def list_leftovers(self) -> list[Leftover]:
         # bwrap sandboxes die with their server (--die-with-parent): what a dead server

@@ -1,1 +1,1 @@
-"""The Docker backend: container specs, the engine, the backend, sandboxes, networks, runners."""
+"""The Docker backend: container specs, the engine, the backend, sandboxes, runners."""

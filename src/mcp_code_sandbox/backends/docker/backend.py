@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import secrets
 import shutil
@@ -80,7 +79,6 @@ from mcp_code_sandbox.backends.base import (
 )
 from mcp_code_sandbox.backends.docker.engine import Engine, engine_ready, instance_alive
 from mcp_code_sandbox.backends.docker.labels import RUNNER_FILTER, info_from_labels
-from mcp_code_sandbox.backends.docker.net import SandboxNetworks
 from mcp_code_sandbox.backends.docker.runners import (
     DockerRunner,
     choose_runners,
@@ -99,7 +97,6 @@ from mcp_code_sandbox.backends.docker.spec import (
     CHANNEL_DIR,
     LABEL_INSTANCE,
     LABEL_KEY,
-    LABEL_NETWORK,
     LABEL_OWNER,
     LABEL_RUN_DIR,
     LABEL_RUNNER,
@@ -111,7 +108,7 @@ from mcp_code_sandbox.backends.docker.spec import (
     uid_from_label,
 )
 from mcp_code_sandbox.backends.runner_images import RunnerImage, RunnerImages, RunnerSandbox
-from mcp_code_sandbox.errors import NetworkNotAllowed, SandboxError, SandboxFailed
+from mcp_code_sandbox.errors import SandboxError, SandboxFailed
 from mcp_code_sandbox.host import can_chown, process_mark
 from mcp_code_sandbox.layout import WORKSPACE_DIR
 from mcp_code_sandbox.settings import Settings
@@ -159,7 +156,6 @@ class DockerBackend(Backend, RunnerImages):
         self._runtime_info: dict[str, dict[str, Any]] | None = None
         #: Why labelled images were left out, as last logged (logged again on a change).
         self._skipped: list[str] = []
-        self._networks = SandboxNetworks(self.instance, self.engine.call)
 
     async def client(self) -> Any:
         """The engine's client (made on first use). Called by this backend and tests."""
@@ -169,12 +165,13 @@ class DockerBackend(Backend, RunnerImages):
 
     def describe(self) -> Description:
         """Limits by the engine's cgroups, languages from the image's labels (read once:
-        never what a sandbox's agent said, that is its tenant's, see ``probe``), network
-        unless under gVisor or without iptables (see :meth:`Backend.describe`)."""
+        never what a sandbox's agent said, that is its tenant's, see ``probe``); network
+        everywhere, as it is only the egress proxy's socket bound in (see
+        :meth:`Backend.describe`)."""
         return Description(
             enforcement=self._enforcement(),
             runtimes=self._runtimes(),
-            network_unavailable=self._network_unavailable(),
+            network_unavailable=None,
         )
 
     def _enforcement(self) -> dict[str, Enforcement]:
@@ -201,23 +198,11 @@ class DockerBackend(Backend, RunnerImages):
         await self.engine.call(client.ping)
         await self.engine.call(client.images.get, self.image)
 
-    def _network_unavailable(self) -> str | None:
-        return self._networks.unavailable(self.settings.docker_runtime)
-
-    async def _network(self, client: Any, spec: SandboxSpec) -> str | None:
-        """The sandboxes' network when ``spec`` asks for one (fails closed, see :mod:`.net`)."""
-        if not spec.network:
-            return None
-        if (why := self._network_unavailable()) is not None:
-            raise NetworkNotAllowed(f"network is not available: {why}")
-        return await self._networks.get(client)
-
     async def create(self, spec: SandboxSpec) -> Sandbox:
         sandbox_ids(spec)  # refuses, before anything is made, to run a sandbox as root
         client = await self.client()
         await self.engine.call(client.images.get, self.image)
         await self.engine.require_runtime(client)
-        network = await self._network(client, spec)
         run_dir, listener = await asyncio.to_thread(self._listen, spec)
         kwargs = container_kwargs(
             spec,
@@ -225,7 +210,6 @@ class DockerBackend(Backend, RunnerImages):
             self.image,
             instance=self.instance,
             run_dir=run_dir,
-            network=network,
         )
         container: Any = None
         try:
@@ -319,7 +303,6 @@ class DockerBackend(Backend, RunnerImages):
                     uid=uid_from_label(labels.get(LABEL_UID)),
                 )
             )
-        await self._networks.prune(client, ours_too=False)
         return leftovers
 
     def _same_state_dir(self, attrs: Mapping[str, Any]) -> bool:
@@ -384,9 +367,9 @@ class DockerBackend(Backend, RunnerImages):
         if not ready.get("reattached"):  # a fresh agent would have lost the variables
             sandbox.close()
             return None
-        if (container.labels or {}).get(LABEL_NETWORK) == "true":
-            # On a dead server's network, still fenced (``list_leftovers`` saw to it).
-            sandbox.spec = dataclasses.replace(spec, network=True)
+        # One that had network keeps none: its egress proxy died with its server (the
+        # socket it has bound refuses), so it is taken back as without network, and a
+        # call with network=true starts a new sandbox with a new proxy.
         sandbox.ready = ready
         return sandbox
 
@@ -439,10 +422,7 @@ class DockerBackend(Backend, RunnerImages):
         run_dir = await asyncio.to_thread(
             make_run_dir, self.settings.run_dir, f"{spec.key}-{runner.language}"
         )
-        network = await self._network(client, spec)
-        kwargs = runner_kwargs(
-            spec, self.settings, runner, instance=self.instance, run_dir=run_dir, network=network
-        )
+        kwargs = runner_kwargs(spec, self.settings, runner, instance=self.instance, run_dir=run_dir)
         container: Any = None
         try:
             container = await self.engine.call(client.containers.create, **kwargs)
@@ -471,11 +451,6 @@ class DockerBackend(Backend, RunnerImages):
         return _usage_of(stats if isinstance(stats, dict) else {})
 
     async def aclose(self) -> None:
-        if self.engine.connected is not None:
-            try:
-                await self._networks.prune(self.engine.connected, ours_too=True)
-            except SandboxError as exc:
-                log.warning("sandbox networks not removed: %s", exc.message)
         await self.engine.aclose()
 
 

@@ -125,12 +125,9 @@ def runner_kwargs(
     *,
     instance: str,
     run_dir: Path,
-    network: str | None = None,
 ) -> dict[str, Any]:
     """``containers.create`` kwargs for a runner: a session's sandbox, another main process."""
-    kwargs = container_kwargs(
-        spec, settings, runner.image_id, instance=instance, run_dir=run_dir, network=network
-    )
+    kwargs = container_kwargs(spec, settings, runner.image_id, instance=instance, run_dir=run_dir)
     kwargs["entrypoint"] = list(KEEPALIVE[:1])
     kwargs["command"] = list(KEEPALIVE[1:])
     kwargs["working_dir"] = WORKSPACE_DIR

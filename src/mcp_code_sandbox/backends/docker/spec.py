@@ -23,12 +23,17 @@ from docker.types import LogConfig, Mount, Ulimit
 from mcp_code_sandbox.backends.base import SandboxSpec
 from mcp_code_sandbox.backends.seccomp import docker_seccomp_opt
 from mcp_code_sandbox.errors import SandboxFailed
-from mcp_code_sandbox.layout import AGENT_LIB_DIR, WORKSPACE_DIR, agent_argv, sandbox_env
+from mcp_code_sandbox.layout import (
+    AGENT_LIB_DIR,
+    EGRESS_DIR,
+    WORKSPACE_DIR,
+    agent_argv,
+    sandbox_env,
+)
 from mcp_code_sandbox.settings import Settings
 
 __all__ = [
     "CHANNEL_DIR",
-    "IPV6_OFF",
     "LABEL_INSTANCE",
     "LABEL_KEY",
     "LABEL_NETWORK",
@@ -53,19 +58,13 @@ LABEL_KEY = f"{_PREFIX}.key"
 LABEL_INSTANCE = f"{_PREFIX}.instance"
 #: On a runner's container (:mod:`.runners`): its language.
 LABEL_RUNNER = f"{_PREFIX}.runner"
-#: On a container: "true" when it is on the sandboxes' network. On that network: its
-#: bridge interface's name (see :mod:`.net`).
+#: On a container: "true" when it has network (the egress proxy's socket bound in).
 LABEL_NETWORK = f"{_PREFIX}.network"
 #: Name of the sandbox's run dir under ``settings.run_dir``, removed with the container.
 LABEL_RUN_DIR = f"{_PREFIX}.rundir"
 #: The session's own host uid that the container runs as (``SandboxSpec.uid``); absent
 #: when the containers run as the server's uid.
 LABEL_UID = f"{_PREFIX}.uid"
-#: Sysctls of every networked sandbox: no IPv6 inside (see :mod:`.net`).
-IPV6_OFF = {
-    "net.ipv6.conf.all.disable_ipv6": "1",
-    "net.ipv6.conf.default.disable_ipv6": "1",
-}
 CHANNEL_DIR = "/run/mcs"
 SOCKET_NAME = "agent.sock"
 _NOFILE = 4096
@@ -123,16 +122,14 @@ def container_kwargs(
     *,
     instance: str,
     run_dir: Path,
-    network: str | None = None,
 ) -> dict[str, Any]:
     """Everything ``containers.create`` gets for one sandbox. Pure: no engine needed.
 
-    ``network``: the sandboxes' network (:mod:`.net`), required when ``spec.network``
-    and otherwise ignored: without it the container has none (``network_mode`` none)."""
-    if spec.network and network is None:
-        raise ValueError("a sandbox with network needs the sandboxes' network")
+    Every container has ``network_mode`` none (loopback only), with network or without:
+    one with network gets the egress proxy's directory (``spec.egress``) read-only at
+    ``EGRESS_DIR``, whose socket is its only way out (under gVisor, connecting to it
+    needs runsc's ``--host-uds=open``, which ``scripts/docker-engine.sh`` registers)."""
     limits = spec.limits
-    networked: dict[str, Any] = {"sysctls": dict(IPV6_OFF)} if spec.network else {}
     socket_path = f"{CHANNEL_DIR}/{SOCKET_NAME}"
     command = agent_argv(
         limits,
@@ -175,8 +172,7 @@ def container_kwargs(
         "stdin_open": False,
         "tty": False,
         "auto_remove": False,  # a dead container's log tail explains a failed start
-        "network_mode": network if spec.network else "none",
-        **networked,
+        "network_mode": "none",
         "cap_drop": ["ALL"],
         "security_opt": security_opt(settings.docker_runtime),
         "read_only": True,
@@ -198,6 +194,18 @@ def container_kwargs(
                 read_only=False,
             ),
             Mount(CHANNEL_DIR, str(engine_path(run_dir, settings)), type="bind", read_only=True),
+            *(
+                [
+                    Mount(
+                        EGRESS_DIR,
+                        str(engine_path(spec.egress.host_dir, settings)),
+                        type="bind",
+                        read_only=True,
+                    )
+                ]
+                if spec.egress is not None
+                else []
+            ),
         ],
         # User code can reopen the agent's stderr through /proc: cap what the engine keeps.
         "log_config": LogConfig(type="json-file", config={"max-size": "1m", "max-file": "1"}),

@@ -1,0 +1,441 @@
+"""One sandbox's egress proxy: an HTTP proxy on a Unix socket, its only way out.
+
+The sandbox side (``backends``) binds the socket into the sandbox and bridges it to
+``127.0.0.1:<port>`` there, with ``HTTP(S)_PROXY`` pointing at it. Per connection:
+
+- ``CONNECT host:port`` (HTTPS): the policy decides by the CONNECT host, then by every
+  address it resolves to; a refusal is the CONNECT's answer, a 403 whose body says
+  ``blocked by sandbox network policy: <host> is not in the allowlist``. After ``200``
+  the ClientHello's SNI must equal the host (``tls.accept_tls``). Hosts with secrets are
+  intercepted (:mod:`.secrets`); all others are tunnelled, bytes untouched.
+- ``GET http://host/...`` (plain HTTP, absolute form): decided by the host, which the
+  request line and the ``Host`` header must agree on; forwarded with ``h11``.
+
+Bounds: :data:`MAX_CONNECTIONS` at once (more are answered 503), heads of
+``http.MAX_HEAD`` bytes, :data:`IDLE_S` without a byte either way, ten seconds for DNS, the
+upstream's connect and the TLS handshake. Every connection ends in one audit line (logger
+``mcp_code_sandbox.egress``) and one metrics count. A failure inside one connection ends
+that connection only, and one sandbox's proxy shares nothing with another's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import ssl
+from collections.abc import Sequence
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import h11
+import structlog
+
+from mcp_code_sandbox.errors import SandboxFailed
+from mcp_code_sandbox.metrics import Metrics
+
+from . import http
+from .audit import Audit
+from .dns import ResolveFailed, Resolver, system_resolver, vetted_addresses
+from .intercept import Intercepted
+from .policy import Decision, IPAddress, Policy, normalize_host
+from .secrets import Secret, secrets_for
+from .streams import IDLE_S, ByteStream, SocketStream, pipe
+from .tls import (
+    EphemeralCA,
+    Handshaken,
+    NotTls,
+    SniRefused,
+    Tunnel,
+    accept_tls,
+    prepare_tls,
+)
+
+__all__ = ["EgressProxy", "blocked_message", "open_proxy"]
+
+log = structlog.get_logger("mcp_code_sandbox.egress")
+
+MAX_CONNECTIONS = 64
+CONNECT_TIMEOUT_S = 10.0
+HANDSHAKE_TIMEOUT_S = 10.0
+#: Hosts kept for :meth:`EgressProxy.take_blocked` between two calls.
+MAX_BLOCKED = 32
+#: Certificates kept per proxy (one per intercepted host name).
+MAX_LEAVES = 64
+
+
+def blocked_message(host: str) -> str:
+    """The body of a refusal: what the model reads and can act on."""
+    return f"blocked by sandbox network policy: {host} is not in the allowlist"
+
+
+class EgressProxy:
+    """A running proxy. Built by :func:`open_proxy`; the sandbox's owner (the session's
+    sandbox wiring) reads :meth:`ca_bundle` once, :meth:`take_blocked` after each run,
+    and calls :meth:`aclose` when the sandbox goes."""
+
+    def __init__(
+        self,
+        socket_path: Path,
+        policy: Policy,
+        secrets: Sequence[Secret],
+        *,
+        owner: str,
+        session: str,
+        metrics: Metrics | None,
+        resolver: Resolver,
+        ca: EphemeralCA | None,
+        bundle: bytes | None,
+        upstream_tls: ssl.SSLContext | None,
+    ) -> None:
+        self.socket_path = socket_path
+        self.policy = policy
+        self.secrets = tuple(secrets)
+        self.owner = owner
+        self.session = session
+        self._metrics = metrics
+        self._resolver = resolver
+        self._ca = ca
+        self._bundle = bundle
+        self._upstream_tls = upstream_tls
+        self._leaves: dict[str, ssl.SSLContext] = {}
+        self._blocked: dict[str, None] = {}
+        self._open = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._server: asyncio.Server | None = None
+
+    # -- the API --------------------------------------------------------------------
+
+    def use_policy(self, policy: Policy) -> None:
+        """Judge new connections by ``policy`` from now on (a call's narrowed policy, the
+        server's, or ``Policy()`` to refuse everything while a call has no network).
+        Connections already open keep the verdict they got."""
+        self.policy = policy
+
+    def ca_bundle(self) -> bytes | None:
+        """PEM to trust inside the sandbox (``SSL_CERT_FILE``, ``REQUESTS_CA_BUNDLE``,
+        ``NODE_EXTRA_CA_CERTS``, ``PIP_CERT``): this proxy's CA, the system roots and
+        the extra upstream CA. None when there are no secrets and no extra CA: the
+        sandbox then needs nothing but its own roots (the proxy intercepts nothing)."""
+        return self._bundle
+
+    def take_blocked(self) -> list[str]:
+        """Hosts refused since the last call (each once, at most :data:`MAX_BLOCKED`),
+        for the run result; the list is emptied."""
+        hosts, self._blocked = list(self._blocked), {}
+        return hosts
+
+    async def aclose(self) -> None:
+        """Stop listening, end every open connection, remove the socket. Bounded."""
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=5)
+        if self._server is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._server.wait_closed(), 5)
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
+
+    # -- serving --------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Listen on :attr:`socket_path`; its mode lets any uid connect (the sandbox's
+        uid differs from the server's): the directory it lies in is the gate."""
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
+        self._server = await asyncio.start_unix_server(
+            self._accept, path=str(self.socket_path), limit=http.MAX_HEAD
+        )
+        os.chmod(self.socket_path, 0o666)  # noqa: S103 - the directory guards it
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        audit = [Audit("http")]  # the current request's (plain HTTP: one per request)
+        client = SocketStream(reader, writer, received=audit[0].up, sent=audit[0].down)
+        self._open += 1
+        try:
+            if self._open > MAX_CONNECTIONS:
+                conn = h11.Connection(h11.SERVER)
+                with contextlib.suppress(Exception):
+                    await http.next_event(conn, client, HANDSHAKE_TIMEOUT_S)
+                    await http.respond(
+                        conn, client, 503, f"too many connections (at most {MAX_CONNECTIONS})",
+                        close=True,
+                    )  # fmt: skip
+                return
+            await self._serve(client, audit)
+        except (OSError, h11.ProtocolError, http.ReadTimeout, ssl.SSLError):
+            pass  # the peer went away or spoke nonsense: the connection ends, the audit says so
+        except asyncio.CancelledError:
+            # aclose() ends open connections. Nobody awaits this task, and asyncio's
+            # stream callback would log a cancelled one as an error: end it normally.
+            pass
+        except Exception:  # one connection's bug never stops the proxy
+            log.exception("egress connection failed", session=self.session)
+        finally:
+            self._open -= 1
+            await client.close()
+            self._tasks.discard(task)
+            if audit[0].host:
+                audit[0].emit(self.session, self.owner, self._metrics)
+
+    async def _serve(self, client: SocketStream, audit: list[Audit]) -> None:
+        """Requests on one connection: a CONNECT ends the loop (the connection becomes
+        the tunnel); plain requests may follow each other (keep-alive), each with its
+        own audit line."""
+        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=http.MAX_HEAD)
+        while True:
+            event = await http.next_event(conn, client, IDLE_S)
+            if not isinstance(event, h11.Request):
+                return
+            if event.method == b"CONNECT":
+                audit[0].kind = "connect"
+                await self._connect(conn, client, event, audit[0])
+                return
+            if not await self._plain(conn, client, event, audit[0]):
+                return
+            if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
+                return
+            audit[0].emit(self.session, self.owner, self._metrics)
+            audit[0] = Audit("http")
+            client.received, client.sent = audit[0].up, audit[0].down
+            conn.start_next_cycle()
+
+    async def _refuse(
+        self, conn: h11.Connection, client: ByteStream, audit: Audit, decision: Decision
+    ) -> None:
+        audit.allowed, audit.rule = False, decision.rule
+        self._note_blocked(audit.host)
+        await http.respond(conn, client, 403, blocked_message(audit.host))
+
+    def _note_blocked(self, host: str) -> None:
+        if host not in self._blocked and len(self._blocked) < MAX_BLOCKED:
+            self._blocked[host] = None
+
+    async def _judge(
+        self, conn: h11.Connection, client: ByteStream, audit: Audit
+    ) -> list[IPAddress] | None:
+        """The addresses to connect to, or None after answering the client (403/502)."""
+        decision = self.policy.decide(audit.host, audit.port)
+        audit.rule = decision.rule
+        if not decision.allowed:
+            await self._refuse(conn, client, audit, decision)
+            return None
+        try:
+            addresses, verdict = await vetted_addresses(
+                self.policy, self._resolver, audit.host, audit.port
+            )
+        except ResolveFailed:
+            audit.rule = "dns-failed"
+            await http.respond(conn, client, 502, f"{audit.host} did not resolve")
+            return None
+        if not verdict.allowed:
+            await self._refuse(conn, client, audit, verdict)
+            return None
+        return addresses
+
+    async def _dial(
+        self, addresses: Sequence[IPAddress], port: int, tls: ssl.SSLContext | None, host: str
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """Connect to the first address that answers (bounded per address)."""
+        failure: Exception = OSError("no address")
+        for address in addresses:
+            try:
+                return await asyncio.wait_for(
+                    asyncio.open_connection(
+                        str(address), port, ssl=tls, server_hostname=host if tls else None,
+                        limit=http.MAX_HEAD,
+                    ),
+                    CONNECT_TIMEOUT_S,
+                )  # fmt: skip
+            except (OSError, TimeoutError) as exc:
+                failure = exc
+        raise failure
+
+    # -- plain HTTP -----------------------------------------------------------------
+
+    async def _plain(
+        self, conn: h11.Connection, client: SocketStream, request: h11.Request, audit: Audit
+    ) -> bool:
+        """One absolute-form request. Returns whether the connection may go on."""
+        url = urlsplit(request.target.decode("latin-1"))
+        if url.scheme != "http" or not url.hostname:
+            await http.respond(
+                conn, client, 400,
+                "this proxy takes absolute http:// URLs; use CONNECT for https",
+                close=True,
+            )  # fmt: skip
+            return False
+        try:
+            host, port = normalize_host(url.hostname), url.port or 80
+            stated = urlsplit("//" + (http.header(request.headers, b"host") or b"").decode())
+            agrees = normalize_host(stated.hostname or "") == host and (stated.port or 80) == port
+        except ValueError:
+            agrees = False
+        if not agrees:
+            await http.respond(
+                conn, client, 400, "the Host header must name the request's host", close=True
+            )
+            return False
+        audit.host, audit.port = host, port
+        addresses = await self._judge(conn, client, audit)
+        if addresses is None:
+            return True
+        try:
+            reader, writer = await self._dial(addresses, port, None, host)
+        except (OSError, TimeoutError) as exc:
+            audit.rule += " (connect failed)"
+            await http.respond(conn, client, 502, f"could not connect to {host}:{port}: {exc}")
+            return True
+        audit.allowed = True
+        upstream = SocketStream(reader, writer)
+        path = (url.path or "/") + (f"?{url.query}" if url.query else "")
+        headers = [*http.forwardable(request.headers), (b"connection", b"close")]
+        try:
+            await http.relay(
+                conn, client, request, path.encode("latin-1"), headers,
+                h11.Connection(h11.CLIENT), upstream, IDLE_S,
+            )  # fmt: skip
+        except http.UpstreamFailed as exc:
+            await http.respond(conn, client, 502, f"upstream {host} failed: {exc}", close=True)
+            return False
+        finally:
+            await upstream.close()
+        return True
+
+    # -- CONNECT --------------------------------------------------------------------
+
+    async def _connect(
+        self, conn: h11.Connection, client: SocketStream, request: h11.Request, audit: Audit
+    ) -> None:
+        target = request.target.decode("latin-1")
+        try:
+            url = urlsplit("//" + target)
+            host, port = normalize_host(url.hostname or ""), url.port
+        except ValueError:
+            host, port = "", None
+        if not host or port is None:
+            await http.respond(conn, client, 400, "CONNECT needs host:port", close=True)
+            return
+        audit.host, audit.port = host, port
+        addresses = await self._judge(conn, client, audit)
+        if addresses is None:
+            return
+        mine = secrets_for(self.secrets, host)
+        leaf = await self._leaf(host) if mine else None
+        try:
+            reader, writer = await self._dial(addresses, port, None, host)
+        except (OSError, TimeoutError) as exc:
+            audit.rule += " (connect failed)"
+            await http.respond(conn, client, 502, f"could not connect to {host}:{port}: {exc}")
+            return
+        upstream = SocketStream(reader, writer)
+        try:
+            await client.write(
+                conn.send(
+                    h11.Response(status_code=200, headers=[], reason=b"Connection established")
+                )
+                or b""
+            )
+            first = conn.trailing_data[0]
+            outcome = await asyncio.wait_for(
+                accept_tls(client, first, host, leaf), HANDSHAKE_TIMEOUT_S
+            )
+            await self._after_hello(outcome, client, upstream, audit, mine)
+        finally:
+            await upstream.close()
+
+    async def _after_hello(
+        self,
+        outcome: Tunnel | SniRefused | NotTls | Handshaken,
+        client: SocketStream,
+        upstream: SocketStream,
+        audit: Audit,
+        mine: Sequence[Secret],
+    ) -> None:
+        if isinstance(outcome, SniRefused):
+            audit.allowed, audit.rule = False, f"sni-mismatch:{outcome.sni or '(none)'}"
+            self._note_blocked(outcome.sni or audit.host)
+        elif isinstance(outcome, NotTls):
+            audit.allowed, audit.rule = False, f"not-tls ({outcome.reason})"
+        elif isinstance(outcome, Tunnel):
+            audit.allowed = True
+            await upstream.write(outcome.hello)
+            await pipe(client, upstream, IDLE_S)
+        else:
+            audit.allowed, audit.intercepted = True, True
+            await upstream.close()  # reopened with TLS, verified by the proxy
+            session = Intercepted(
+                outcome.stream, audit.host, mine, lambda: self._dial_tls(audit.host, audit.port)
+            )
+            try:
+                await session.serve()
+            finally:
+                audit.secrets.update(session.used)
+
+    async def _leaf(self, host: str) -> ssl.SSLContext:
+        """This proxy's certificate for ``host``, made once (in a thread) and kept; at
+        most :data:`MAX_LEAVES` are kept (a secret for ``*.x`` allows many names)."""
+        assert self._ca is not None
+        if host not in self._leaves:
+            if len(self._leaves) >= MAX_LEAVES:
+                del self._leaves[next(iter(self._leaves))]
+            self._leaves[host] = await asyncio.to_thread(self._ca.leaf_context, host)
+        return self._leaves[host]
+
+    async def _dial_tls(self, host: str, port: int) -> SocketStream:
+        """A new connection to an intercepted host, its certificate verified by the proxy
+        (the system roots and ``upstream_ca``), its addresses checked again."""
+        try:
+            addresses, verdict = await vetted_addresses(self.policy, self._resolver, host, port)
+            if not verdict.allowed:
+                raise OSError(f"address refused ({verdict.rule})")
+            reader, writer = await self._dial(addresses, port, self._upstream_tls, host)
+        except (OSError, TimeoutError, ResolveFailed, ssl.SSLError) as exc:
+            raise http.UpstreamFailed(f"could not reach {host}: {exc}") from None
+        return SocketStream(reader, writer)
+
+
+async def open_proxy(
+    socket_path: Path,
+    policy: Policy,
+    secrets: Sequence[Secret],
+    *,
+    owner: str,
+    session: str,
+    metrics: Metrics | None,
+    upstream_ca: Path | None = None,
+    resolver: Resolver | None = None,
+) -> EgressProxy:
+    """Start a sandbox's proxy listening on ``socket_path`` (created; replaced if stale).
+
+    ``secrets``: all the server's secrets (the proxy picks those whose hosts a CONNECT
+    names). ``upstream_ca``: extra roots for upstreams (``SANDBOX_NETWORK_UPSTREAM_CA``).
+    ``resolver``: how names resolve (default: the host's resolver;
+    ``dns.resolver_from_settings`` adds ``SANDBOX_NETWORK_RESOLVE``). The blocking set-up
+    (a CA key, reading the roots) runs in a worker thread. Raises
+    :class:`~mcp_code_sandbox.errors.SandboxFailed` when the socket cannot be made.
+    """
+    ca: EphemeralCA | None = None
+    bundle: bytes | None = None
+    upstream_tls: ssl.SSLContext | None = None
+    if secrets or upstream_ca is not None:
+        ca, bundle, upstream_tls = await asyncio.to_thread(
+            prepare_tls, session, bool(secrets), upstream_ca
+        )
+    proxy = EgressProxy(
+        socket_path, policy, secrets, owner=owner, session=session, metrics=metrics,
+        resolver=resolver or system_resolver, ca=ca, bundle=bundle, upstream_tls=upstream_tls,
+    )  # fmt: skip
+    try:
+        await proxy.start()
+    except OSError as exc:
+        raise SandboxFailed(
+            f"could not start the sandbox's egress proxy on {socket_path}: {exc.strerror or exc}"
+        ) from None
+    return proxy

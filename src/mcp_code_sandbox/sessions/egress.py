@@ -1,0 +1,194 @@
+"""The egress proxies of the sandboxes that have network: one per sandbox, opened before
+it starts and closed when it stops.
+
+A sandbox never has a route out (every backend gives it an empty network namespace);
+with network it gets a directory of the host, bound read-only at ``layout.EGRESS_DIR``,
+holding the Unix socket of its own proxy (:mod:`mcp_code_sandbox.egress.proxy`), which
+allows what the server's policy (or the call's narrower list of hosts) allows, and, for
+secrets, the bundle of the CA it intercepts TLS with. The agent bridges the socket to
+``127.0.0.1`` (``agent.egress``), and the proxy variables of every language point there.
+
+Owned by :class:`.sandboxes.Sandboxes`: it calls :meth:`EgressProxies.open` while it
+builds a spec with network and :meth:`EgressProxies.close` on every stop of that sandbox
+(free, replace, session end), whatever the stop did; the manager calls :meth:`aclose` at
+shutdown for those left running (a detached sandbox loses its way out with its server).
+
+Semantics of a call's wish (``Wish``): ``None`` no network; ``()`` the server's whole
+policy (``network=true``); a tuple of hosts, a subset of that policy. A call with network
+on a sandbox that has it gives the running proxy its own policy (:meth:`EgressProxies.narrow`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
+
+import structlog
+
+from mcp_code_sandbox.backends.base import Egress
+from mcp_code_sandbox.egress.dns import resolver_from_settings
+from mcp_code_sandbox.egress.policy import Policy
+from mcp_code_sandbox.egress.proxy import EgressProxy, open_proxy
+from mcp_code_sandbox.egress.secrets import Secret, load_secrets, placeholder_env
+from mcp_code_sandbox.layout import EGRESS_CA_NAME, egress_env
+from mcp_code_sandbox.metrics import Metrics
+from mcp_code_sandbox.settings import Settings
+
+__all__ = ["SOCKET_NAME", "EgressProxies", "Wish"]
+
+log = structlog.get_logger("mcp_code_sandbox.sessions.egress")
+
+#: The proxy's socket in its directory (``agent.egress.EGRESS_SOCKET`` inside).
+SOCKET_NAME = "proxy.sock"
+Wish = tuple[str, ...] | None
+#: A run result lists at most this many blocked hosts, each cut to a DNS name's length.
+MAX_BLOCKED = 50
+MAX_HOST_CHARS = 253
+
+
+class EgressProxies:
+    """Every open egress proxy of this server, by its directory."""
+
+    def __init__(self, settings: Settings, metrics: Metrics) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        #: In the state dir: the Docker engine binds it from its own view of that dir.
+        self.root = settings.state_dir / "egress"
+        self._open: dict[Path, EgressProxy] = {}
+        self._policy: Policy | None = None
+        self._secrets: tuple[Secret, ...] | None = None
+        self._swept = False
+        #: How the proxies resolve names: ``network_resolve`` first, then the host's DNS.
+        self._resolver = resolver_from_settings(settings)
+
+    def policy(self, hosts: tuple[str, ...] = ()) -> Policy:
+        """The server's policy, or (``hosts``) the call's narrower one. Raises
+        ``NetworkNotAllowed`` naming a host the server does not allow. Called by the
+        service to refuse a call before it holds a session, and by :meth:`open`."""
+        if self._policy is None:
+            self._policy = Policy.from_settings(self.settings)
+        return self._policy.narrowed(hosts) if hosts else self._policy
+
+    def check(self) -> None:
+        """Parse the policy and read the secrets file now (blocking: a worker thread).
+        Called by the service at start when network is allowed; raises what they raise
+        (``ValueError`` for the policy, ``SecretsFileError`` naming the file)."""
+        self.policy()
+        self._loaded_secrets()
+
+    def _loaded_secrets(self) -> tuple[Secret, ...]:
+        """The secrets file, read on first use (it was checked when the server started)."""
+        if self._secrets is None:
+            path = self.settings.secrets_file
+            self._secrets = () if path is None else load_secrets(path)
+        return self._secrets
+
+    async def open(
+        self, key: str, owner: str, session_id: str, hosts: tuple[str, ...]
+    ) -> tuple[Egress, dict[str, str]]:
+        """A new proxy for one sandbox of ``key``; its :class:`Egress` for the spec and
+        the variables the sandbox gets (proxy URLs, CA bundle, secrets' placeholders)."""
+        policy = self.policy(hosts)
+        secrets_ = self._loaded_secrets()
+        host_dir = await asyncio.to_thread(self._make_dir, key)
+        try:
+            proxy = await open_proxy(
+                host_dir / SOCKET_NAME,
+                policy,
+                secrets_,
+                owner=owner,
+                session=session_id,
+                metrics=self.metrics,
+                upstream_ca=self.settings.network_upstream_ca,
+                resolver=self._resolver,
+            )
+        except BaseException:
+            await asyncio.to_thread(shutil.rmtree, host_dir, True)
+            raise
+        self._open[host_dir] = proxy
+        try:
+            ca = proxy.ca_bundle()
+            await asyncio.to_thread(self._publish, host_dir, ca)
+        except BaseException:
+            await self.close(Egress(host_dir))
+            raise
+        env = egress_env(ca is not None)
+        env.update(placeholder_env(secrets_))
+        return Egress(host_dir, hosts or None), env
+
+    def narrow(self, egress: Egress, hosts: tuple[str, ...]) -> Egress:
+        """Give the running proxy of ``egress`` the policy of a call that asked for
+        ``hosts`` (``()``: the server's); the sandbox's :class:`Egress` from now on.
+        Called by the session side for a call with network on a sandbox that has it.
+        Raises ``NetworkNotAllowed`` as :meth:`policy` does (the service checked first)."""
+        policy = self.policy(hosts)
+        proxy = self._open.get(egress.host_dir)
+        if proxy is not None:
+            proxy.use_policy(policy)
+        return Egress(egress.host_dir, hosts or None)
+
+    def _make_dir(self, key: str) -> Path:
+        """A fresh directory for one sandbox's proxy (a random suffix: a sandbox of the
+        same session that a dead server left running still has its old one bound).
+        Those of a previous server are removed first: their proxies are gone."""
+        if not self._swept:
+            self._swept = True
+            self._sweep()
+        self.root.mkdir(mode=0o755, parents=True, exist_ok=True)
+        host_dir = self.root / f"{key}-{secrets.token_hex(4)}"
+        host_dir.mkdir(mode=0o755)
+        # Whatever the umask: the sandbox's uid must traverse it (it holds no secret).
+        os.chmod(host_dir, 0o755)  # noqa: S103
+        return host_dir
+
+    def _sweep(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            for entry in self.root.iterdir():
+                if entry not in self._open:
+                    shutil.rmtree(entry, ignore_errors=True)
+
+    @staticmethod
+    def _publish(host_dir: Path, ca: bytes | None) -> None:
+        """Write the CA bundle beside the socket (whose mode the proxy already opened to
+        the sandbox's uid), read-only: public certificates, no key."""
+        if ca is not None:
+            bundle = host_dir / EGRESS_CA_NAME
+            bundle.write_bytes(ca)
+            os.chmod(bundle, 0o444)
+
+    async def close(self, egress: Egress | None) -> None:
+        """Close the proxy of ``egress`` and remove its directory; nothing for ``None`` or
+        one already closed. Never raises (logged): called on every stop path."""
+        if egress is None:
+            return
+        proxy = self._open.pop(egress.host_dir, None)
+        if proxy is not None:
+            try:
+                await proxy.aclose()
+            except Exception:
+                log.exception("cannot close an egress proxy", dir=str(egress.host_dir))
+        await asyncio.to_thread(shutil.rmtree, egress.host_dir, True)
+
+    def take_blocked(self, egresses: Iterable[Egress | None]) -> list[str]:
+        """The hosts the proxies of ``egresses`` refused since the last call, each once,
+        sorted: for the run result (``blocked_hosts``)."""
+        blocked: set[str] = set()
+        for egress in egresses:
+            if egress is not None and (proxy := self._open.get(egress.host_dir)) is not None:
+                # Names the sandbox sent: bounded here, escaped by the tool layer.
+                blocked.update(host[:MAX_HOST_CHARS] for host in proxy.take_blocked())
+        return sorted(blocked)[:MAX_BLOCKED]
+
+    async def aclose(self) -> None:
+        """Close every proxy still open (sandboxes detached at shutdown)."""
+        for host_dir in list(self._open):
+            await self.close(Egress(host_dir))
+
+    @property
+    def open_count(self) -> int:
+        return len(self._open)

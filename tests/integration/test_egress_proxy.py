@@ -1,0 +1,609 @@
+"""The egress proxy with real sockets on this host: upstream servers on 127.0.0.1 (plain
+and TLS with the test's own CA), the proxy on a Unix socket, clients through a TCP bridge
+as the sandbox has. Names resolve through an injected resolver (no ``/etc/hosts``), and
+127.0.0.1 is opened by an explicit address entry where a test needs to reach it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import ssl
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import structlog
+from cryptography import x509
+
+from mcp_code_sandbox.egress import (
+    EgressProxy,
+    Policy,
+    Secret,
+    open_proxy,
+    placeholder,
+    static_resolver,
+)
+from mcp_code_sandbox.egress import proxy as proxy_module
+from mcp_code_sandbox.egress.secrets import parse_secrets
+from mcp_code_sandbox.errors import SandboxFailed
+from mcp_code_sandbox.metrics import Metrics
+
+from ..conftest import shared_runtime_dir
+from ..egress_lab import LabCA, Upstream, bridge, upstream
+
+VALUE = "sk-live-NEVER-IN-THE-SANDBOX-42"
+NAMES = ("api.test", "other.test", "plain.test", "blocked.test")
+BLOCKED = "blocked by sandbox network policy: {} is not in the allowlist"
+
+
+@dataclass
+class Lab:
+    tmp: Path
+    ca: LabCA
+    plain: Upstream
+    api: Upstream  # TLS, certificate for api.test
+    other: Upstream  # TLS, certificate for other.test
+    secrets: tuple[Secret, ...]
+
+    async def proxy(
+        self,
+        allow: Sequence[str] = ("api.test", "other.test", "plain.test", "127.0.0.1/32"),
+        deny: Sequence[str] = (),
+        *,
+        secrets: bool = True,
+        upstream_ca: bool = True,
+        resolve: dict[str, list[str]] | None = None,
+        metrics: Metrics | None = None,
+    ) -> EgressProxy:
+        table: dict[str, list[str]] = {name: ["127.0.0.1"] for name in NAMES}
+        return await open_proxy(
+            self.tmp / "egress.sock",
+            Policy.parse(allow, deny),
+            self.secrets if secrets else (),
+            owner="alice",
+            session="sess_test",
+            metrics=metrics,
+            upstream_ca=self.ca.path if upstream_ca else None,
+            resolver=static_resolver(resolve or table),
+        )
+
+
+@pytest.fixture
+async def lab(tmp_path: Path) -> AsyncIterator[Lab]:
+    ca = LabCA(tmp_path)
+    secrets = parse_secrets(
+        {"secrets": {"API_KEY": {"value": VALUE, "hosts": ["api.test"]}}}, key=b"t" * 32
+    )
+    async with (
+        upstream() as plain,
+        upstream(ca.server_context("api.test")) as api,
+        upstream(ca.server_context("other.test")) as other,
+    ):
+        yield Lab(tmp_path, ca, plain, api, other, secrets)
+
+
+def client_context(proxy: EgressProxy, lab: Lab) -> ssl.SSLContext:
+    """What the sandbox trusts: the proxy's bundle, or (no bundle) the test's CA."""
+    bundle = proxy.ca_bundle()
+    if bundle is None:
+        return lab.ca.client_context()
+    path = lab.tmp / "bundle.pem"
+    path.write_bytes(bundle)
+    return ssl.create_default_context(cafile=str(path))
+
+
+async def connect_raw(
+    proxy: EgressProxy, target: str
+) -> tuple[bytes, asyncio.StreamReader, asyncio.StreamWriter]:
+    """A CONNECT by hand: (the response head, reader, writer)."""
+    reader, writer = await asyncio.open_unix_connection(str(proxy.socket_path))
+    writer.write(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+    await writer.drain()
+    head = await reader.readuntil(b"\r\n\r\n")
+    return head, reader, writer
+
+
+async def read_body(reader: asyncio.StreamReader, head: bytes) -> bytes:
+    length = int(
+        next(
+            line.split(b":")[1]
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length")
+        )
+    )
+    return await reader.readexactly(length)
+
+
+# -- allowed -------------------------------------------------------------------------
+
+
+async def test_allowed_plain_http_reaches_the_upstream(lab: Lab) -> None:
+    metrics = Metrics("test")
+    proxy = await lab.proxy(metrics=metrics)
+    try:
+        async with (
+            bridge(proxy.socket_path) as port,
+            httpx.AsyncClient(proxy=f"http://127.0.0.1:{port}") as client,
+        ):
+            with structlog.testing.capture_logs() as logs:
+                for _ in range(2):  # keep-alive: two requests, two audit lines
+                    reply = await client.get(f"http://plain.test:{lab.plain.port}/hello?x=1")
+                    assert reply.status_code == 200
+                    assert reply.json()["target"] == "/hello?x=1"
+                    assert reply.json()["headers"]["host"] == f"plain.test:{lab.plain.port}"
+                    assert "proxy-connection" not in reply.json()["headers"]
+                await client.aclose()
+                await asyncio.sleep(0.2)
+    finally:
+        await proxy.aclose()
+    audits = [entry for entry in logs if entry["event"] == "egress"]
+    assert len(audits) == 2
+    assert dict(audits[0]) | {"bytes_up": 0, "bytes_down": 0, "duration_ms": 0} == {
+        "event": "egress", "log_level": "info", "session": "sess_test", "owner": "alice",
+        "kind": "http", "host": "plain.test", "port": lab.plain.port, "allowed": True,
+        "rule": "allow:plain.test", "bytes_up": 0, "bytes_down": 0, "intercepted": False,
+        "secrets": [], "duration_ms": 0,
+    }  # fmt: skip
+    assert audits[0]["bytes_down"] > 100 and audits[0]["bytes_up"] > 50
+    text = metrics.render(None)[0].decode()
+    assert 'mcp_sandbox_egress_connections_total{host="plain.test",outcome="allowed"} 2.0' in text
+    assert not proxy.socket_path.exists()
+
+
+async def test_allowed_https_is_tunnelled_untouched(lab: Lab) -> None:
+    """No secret for other.test: the client sees the upstream's own certificate (the
+    test CA's), not one of the proxy's, and its headers arrive as sent."""
+    proxy = await lab.proxy()
+    try:
+        head, reader, writer = await connect_raw(proxy, f"other.test:{lab.other.port}")
+        assert head.startswith(b"HTTP/1.1 200 ")
+        await writer.start_tls(lab.ca.client_context(), server_hostname="other.test")
+        der = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
+        issuer = x509.load_der_x509_certificate(der).issuer.rfc4514_string()
+        assert "tests upstream" in issuer
+        token = placeholder(lab.secrets[0])
+        writer.write(
+            b"GET /x HTTP/1.1\r\nHost: other.test\r\nConnection: close\r\n"
+            + f"Authorization: Bearer {token}\r\n\r\n".encode()
+        )
+        reply = await reader.read()
+        writer.close()
+    finally:
+        await proxy.aclose()
+    echoed = json.loads(reply.split(b"\r\n\r\n", 1)[1])
+    # A placeholder sent to a host the secret is not for stays a placeholder.
+    assert echoed["headers"]["authorization"] == f"Bearer {token}"
+    assert VALUE not in reply.decode()
+
+
+async def test_https_through_httpx_with_the_proxy_bundle(lab: Lab) -> None:
+    proxy = await lab.proxy()
+    bundle = proxy.ca_bundle()
+    assert bundle is not None and b"sandbox egress CA" not in bundle  # PEM, not names
+    assert bundle.count(b"BEGIN CERTIFICATE") > 2  # the proxy's CA, the roots, the test CA
+    try:
+        async with (
+            bridge(proxy.socket_path) as port,
+            httpx.AsyncClient(
+                proxy=f"http://127.0.0.1:{port}", verify=client_context(proxy, lab)
+            ) as client,
+        ):
+            reply = await client.get(f"https://other.test:{lab.other.port}/tunnel")
+            assert reply.status_code == 200 and reply.json()["target"] == "/tunnel"
+    finally:
+        await proxy.aclose()
+
+
+async def test_without_secrets_or_extra_ca_there_is_no_bundle(lab: Lab) -> None:
+    proxy = await lab.proxy(secrets=False, upstream_ca=False)
+    try:
+        assert proxy.ca_bundle() is None
+    finally:
+        await proxy.aclose()
+
+
+# -- refused -------------------------------------------------------------------------
+
+
+async def test_a_blocked_host_gets_a_403_it_can_read(lab: Lab) -> None:
+    metrics = Metrics("test")
+    proxy = await lab.proxy(metrics=metrics)
+    try:
+        async with (
+            bridge(proxy.socket_path) as port,
+            httpx.AsyncClient(proxy=f"http://127.0.0.1:{port}") as client,
+        ):
+            reply = await client.get(f"http://blocked.test:{lab.plain.port}/")
+            assert reply.status_code == 403
+            assert reply.text.strip() == BLOCKED.format("blocked.test")
+        head, reader, writer = await connect_raw(proxy, f"blocked.test:{lab.api.port}")
+        assert head.startswith(b"HTTP/1.1 403 Forbidden")
+        assert (await read_body(reader, head)).decode().strip() == BLOCKED.format("blocked.test")
+        writer.close()
+        head, reader, writer = await connect_raw(proxy, "evil.test:443")
+        writer.close()
+        assert proxy.take_blocked() == ["blocked.test", "evil.test"]
+        assert proxy.take_blocked() == []
+    finally:
+        await proxy.aclose()
+    await asyncio.sleep(0)
+    text = metrics.render(None)[0].decode()
+    assert 'mcp_sandbox_egress_connections_total{host="blocked.test",outcome="blocked"} 2.0' in text
+    assert lab.plain.requests == [] and lab.api.connections == 0
+
+
+async def test_deny_beats_a_wildcard(lab: Lab) -> None:
+    proxy = await lab.proxy(allow=["*", "127.0.0.1/32"], deny=["other.test"])
+    try:
+        head, _, writer = await connect_raw(proxy, f"other.test:{lab.other.port}")
+        writer.close()
+        assert head.startswith(b"HTTP/1.1 403 ")
+        head, _, writer = await connect_raw(proxy, f"api.test:{lab.api.port}")
+        writer.close()
+        assert head.startswith(b"HTTP/1.1 200 ")
+    finally:
+        await proxy.aclose()
+
+
+async def test_an_sni_other_than_the_connect_host_is_refused(lab: Lab) -> None:
+    """Domain fronting: CONNECT to an allowed name, then a ClientHello for another."""
+    proxy = await lab.proxy(secrets=False)
+    try:
+        with structlog.testing.capture_logs() as logs:
+            head, _, writer = await connect_raw(proxy, f"other.test:{lab.other.port}")
+            assert head.startswith(b"HTTP/1.1 200 ")
+            with pytest.raises(ssl.SSLError, match=r"ACCESS_DENIED|access denied"):
+                await writer.start_tls(lab.ca.client_context(), server_hostname="api.test")
+            writer.close()
+            await asyncio.sleep(0.2)
+        assert proxy.take_blocked() == ["api.test"]
+    finally:
+        await proxy.aclose()
+    audit = next(entry for entry in logs if entry["event"] == "egress")
+    assert (audit["allowed"], audit["rule"]) == (False, "sni-mismatch:api.test")
+    assert lab.other.connections == 0 and lab.api.connections == 0
+
+
+async def test_a_tunnel_without_sni_or_without_tls_is_refused(lab: Lab) -> None:
+    proxy = await lab.proxy(secrets=False)
+    try:
+        _, _, writer = await connect_raw(proxy, f"other.test:{lab.other.port}")
+        context = ssl.create_default_context(cafile=str(lab.ca.path))
+        context.check_hostname = False
+        with pytest.raises(ssl.SSLError, match=r"ACCESS_DENIED|access denied"):
+            await writer.start_tls(context, server_hostname=None)
+        writer.close()
+        _, reader, writer = await connect_raw(proxy, f"other.test:{lab.other.port}")
+        writer.write(b"SSH-2.0-OpenSSH_9.6\r\n" * 4000)  # not TLS; more than a ClientHello
+        await writer.drain()
+        assert await asyncio.wait_for(reader.read(), 15) == b""
+        writer.close()
+    finally:
+        await proxy.aclose()
+    assert lab.other.connections == 0
+
+
+async def test_ip_literals_need_an_address_entry(lab: Lab) -> None:
+    proxy = await lab.proxy(allow=["*"])
+    try:
+        for target in (f"127.0.0.1:{lab.api.port}", "93.184.216.34:443", "[::1]:443"):
+            head, reader, writer = await connect_raw(proxy, target)
+            body = (await read_body(reader, head)).decode()
+            writer.close()
+            assert head.startswith(b"HTTP/1.1 403 "), target
+            assert "is not in the allowlist" in body
+        assert proxy.take_blocked() == ["127.0.0.1", "93.184.216.34", "::1"]
+    finally:
+        await proxy.aclose()
+
+
+@pytest.mark.parametrize(
+    ("address", "opened", "rule"),
+    [
+        ("127.0.0.1", [], "private-address"),  # DNS rebinding to loopback
+        ("10.1.2.3", [], "private-address"),
+        ("169.254.10.10", [], "private-address"),  # link-local
+        ("169.254.169.254", [], "metadata-address"),
+        ("169.254.169.254", ["169.254.0.0/16", "0.0.0.0/0"], "metadata-address"),
+        ("fd00:ec2::254", ["fd00::/8"], "metadata-address"),
+    ],
+)
+async def test_a_name_resolving_to_a_private_address_is_refused(
+    lab: Lab, address: str, opened: list[str], rule: str
+) -> None:
+    """The name is allowed; what it resolves to is not (and is never connected to).
+    Metadata addresses stay refused under broad address entries."""
+    proxy = await lab.proxy(allow=["*.test", *opened], resolve={"rebind.test": [address]})
+    try:
+        with structlog.testing.capture_logs() as logs:
+            head, reader, writer = await connect_raw(proxy, f"rebind.test:{lab.api.port}")
+            body = (await read_body(reader, head)).decode()
+            writer.close()
+            await asyncio.sleep(0.1)
+    finally:
+        await proxy.aclose()
+    assert head.startswith(b"HTTP/1.1 403 ")
+    assert body.strip() == BLOCKED.format("rebind.test")
+    audit = next(entry for entry in logs if entry["event"] == "egress")
+    assert (audit["allowed"], audit["rule"]) == (False, rule)
+    assert lab.api.connections == 0
+
+
+async def test_the_host_header_must_match_the_request_line(lab: Lab) -> None:
+    proxy = await lab.proxy()
+    try:
+        reader, writer = await asyncio.open_unix_connection(str(proxy.socket_path))
+        writer.write(
+            f"GET http://plain.test:{lab.plain.port}/ HTTP/1.1\r\n".encode()
+            + b"Host: blocked.test\r\n\r\n"
+        )
+        head = await reader.readuntil(b"\r\n\r\n")
+        writer.close()
+        assert head.startswith(b"HTTP/1.1 400 ")
+        reader, writer = await asyncio.open_unix_connection(str(proxy.socket_path))
+        writer.write(b"GET /relative HTTP/1.1\r\nHost: plain.test\r\n\r\n")
+        head = await reader.readuntil(b"\r\n\r\n")
+        writer.close()
+        assert head.startswith(b"HTTP/1.1 400 ")
+    finally:
+        await proxy.aclose()
+    assert lab.plain.requests == []
+
+
+# -- secrets -------------------------------------------------------------------------
+
+
+async def _get_api(client: httpx.AsyncClient, lab: Lab, headers: dict[str, str]) -> dict[str, Any]:
+    reply = await client.get(f"https://api.test:{lab.api.port}/v1", headers=headers)
+    assert reply.status_code == 200, reply.text
+    return dict(reply.json()["headers"])
+
+
+async def test_a_secret_is_injected_for_its_host_and_never_logged(lab: Lab) -> None:
+    proxy = await lab.proxy()
+    token = placeholder(lab.secrets[0])
+    try:
+        with structlog.testing.capture_logs() as logs:
+            async with (
+                bridge(proxy.socket_path) as port,
+                httpx.AsyncClient(
+                    proxy=f"http://127.0.0.1:{port}", verify=client_context(proxy, lab)
+                ) as client,
+            ):
+                sent = await _get_api(client, lab, {"Authorization": f"Bearer {token}"})
+                absent = await _get_api(client, lab, {})
+                own = await _get_api(client, lab, {"Authorization": "Bearer mine"})
+                sent_again = await _get_api(client, lab, {"Authorization": f"Bearer {token}"})
+            await asyncio.sleep(0.2)
+    finally:
+        await proxy.aclose()
+    assert sent["authorization"] == f"Bearer {VALUE}"
+    assert absent["authorization"] == f"Bearer {VALUE}"
+    assert own["authorization"] == "Bearer mine"  # the code's own credential, untouched
+    assert sent_again["authorization"] == f"Bearer {VALUE}"  # every request on the connection
+    # One CONNECT, one intercepted session, one kept-alive upstream connection.
+    assert lab.api.connections == 1
+    audits = [entry for entry in logs if entry["event"] == "egress"]
+    assert len(audits) == 1
+    assert (audits[0]["secrets"], audits[0]["intercepted"]) == (["API_KEY"], True)
+    assert VALUE not in repr(logs)
+
+
+async def test_a_secret_never_goes_over_plain_http_or_to_another_host(lab: Lab) -> None:
+    proxy = await lab.proxy(allow=["api.test", "other.test", "127.0.0.1/32"])
+    token = placeholder(lab.secrets[0])
+    try:
+        async with (
+            bridge(proxy.socket_path) as port,
+            httpx.AsyncClient(
+                proxy=f"http://127.0.0.1:{port}", verify=client_context(proxy, lab)
+            ) as client,
+        ):
+            plain = await client.get(
+                f"http://api.test:{lab.plain.port}/", headers={"Authorization": f"Bearer {token}"}
+            )
+            other = await client.get(
+                f"https://other.test:{lab.other.port}/",
+                headers={"Authorization": f"Bearer {token}"},
+            )
+    finally:
+        await proxy.aclose()
+    assert plain.json()["headers"]["authorization"] == f"Bearer {token}"
+    assert other.json()["headers"]["authorization"] == f"Bearer {token}"
+
+
+async def test_the_proxy_verifies_the_upstream_it_terminates_for(lab: Lab) -> None:
+    """Without the test CA among its roots, the proxy refuses the upstream (502)."""
+    proxy = await lab.proxy(upstream_ca=False)
+    try:
+        async with (
+            bridge(proxy.socket_path) as port,
+            httpx.AsyncClient(
+                proxy=f"http://127.0.0.1:{port}", verify=client_context(proxy, lab)
+            ) as client,
+        ):
+            reply = await client.get(f"https://api.test:{lab.api.port}/v1")
+    finally:
+        await proxy.aclose()
+    assert reply.status_code == 502
+    assert "CERTIFICATE_VERIFY_FAILED" in reply.text or "certificate verify failed" in reply.text
+    assert lab.api.requests == []
+
+
+async def test_the_interception_certificate_is_for_the_host_only(lab: Lab) -> None:
+    proxy = await lab.proxy()
+    try:
+        _, _, writer = await connect_raw(proxy, f"api.test:{lab.api.port}")
+        await writer.start_tls(client_context(proxy, lab), server_hostname="api.test")
+        der = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
+        writer.close()
+    finally:
+        await proxy.aclose()
+    cert = x509.load_der_x509_certificate(der)
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert names.get_values_for_type(x509.DNSName) == ["api.test"]
+    assert "sandbox egress CA" in cert.issuer.rfc4514_string()
+
+
+# -- bounds --------------------------------------------------------------------------
+
+
+async def test_connections_past_the_limit_get_503(
+    lab: Lab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(proxy_module, "MAX_CONNECTIONS", 1)
+    proxy = await lab.proxy()
+    try:
+        head, _, held = await connect_raw(proxy, f"other.test:{lab.other.port}")
+        assert head.startswith(b"HTTP/1.1 200 ")
+        second, _, writer = await connect_raw(proxy, f"other.test:{lab.other.port}")
+        writer.close()
+        held.close()
+    finally:
+        await proxy.aclose()
+    assert second.startswith(b"HTTP/1.1 503 ")
+
+
+async def test_an_oversized_head_or_garbage_ends_that_connection_only(lab: Lab) -> None:
+    proxy = await lab.proxy()
+    try:
+        reader, writer = await asyncio.open_unix_connection(str(proxy.socket_path))
+        writer.write(b"GET http://plain.test/ HTTP/1.1\r\nX: " + b"a" * 200_000)
+        with pytest.raises((ConnectionError, asyncio.IncompleteReadError)):
+            await writer.drain()
+            await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        writer.close()
+        reader, writer = await asyncio.open_unix_connection(str(proxy.socket_path))
+        writer.write(b"\x16\x03\x01\x00\xff\x00garbage\r\n\r\n")
+        assert b"200" not in await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+        async with (
+            bridge(proxy.socket_path) as port,
+            httpx.AsyncClient(proxy=f"http://127.0.0.1:{port}") as client,
+        ):
+            reply = await client.get(f"http://plain.test:{lab.plain.port}/after")
+        assert reply.status_code == 200
+    finally:
+        await proxy.aclose()
+
+
+async def test_a_call_narrows_the_policy_of_a_running_proxy(lab: Lab) -> None:
+    proxy = await lab.proxy()
+    server = proxy.policy
+    try:
+        proxy.use_policy(server.narrowed(["other.test"]))
+        head, _, writer = await connect_raw(proxy, f"api.test:{lab.api.port}")
+        writer.close()
+        assert head.startswith(b"HTTP/1.1 403 ")
+        head, _, writer = await connect_raw(proxy, f"other.test:{lab.other.port}")
+        writer.close()
+        assert head.startswith(b"HTTP/1.1 200 ")
+        proxy.use_policy(Policy())  # a call without network in a networked session
+        head, _, writer = await connect_raw(proxy, f"other.test:{lab.other.port}")
+        writer.close()
+        assert head.startswith(b"HTTP/1.1 403 ")
+    finally:
+        await proxy.aclose()
+
+
+async def test_a_socket_that_cannot_be_made_is_sandbox_failed(lab: Lab) -> None:
+    with pytest.raises(SandboxFailed, match="egress proxy"):
+        await open_proxy(
+            lab.tmp / "missing" / "egress.sock", Policy(), (), owner="a", session="s", metrics=None
+        )
+
+
+# -- real clients --------------------------------------------------------------------
+
+
+async def _run(*argv: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+async def test_curl_through_the_proxy(lab: Lab) -> None:
+    """curl offers HTTP/2 by ALPN; the intercepting side answers HTTP/1.1 and curl follows."""
+    proxy = await lab.proxy()
+    bundle = lab.tmp / "bundle.pem"
+    bundle.write_bytes(proxy.ca_bundle() or b"")
+    token = placeholder(lab.secrets[0])
+    try:
+        async with bridge(proxy.socket_path) as port:
+            via = ["curl", "-sS", "--proxy", f"http://127.0.0.1:{port}", "--cacert", str(bundle)]
+            code, out, err = await _run(
+                *via, "-H", f"Authorization: Bearer {token}", f"https://api.test:{lab.api.port}/c"
+            )
+            assert code == 0, err
+            assert json.loads(out)["headers"]["authorization"] == f"Bearer {VALUE}"
+            code, out, err = await _run(*via, f"https://other.test:{lab.other.port}/c")
+            assert code == 0, err
+            code, out, err = await _run(*via, f"http://plain.test:{lab.plain.port}/c")
+            assert code == 0 and json.loads(out)["target"] == "/c", err
+            code, out, err = await _run(*via, f"https://blocked.test:{lab.api.port}/c")
+            assert code != 0 and "403" in err
+    finally:
+        await proxy.aclose()
+
+
+#: The sandbox's Node.js (24: its fetch follows HTTPS_PROXY under NODE_USE_ENV_PROXY).
+NODE = shared_runtime_dir() / "node" / "bin" / "node"
+
+
+@pytest.mark.skipif(not NODE.exists(), reason="no runtime env: run mcp-code-sandbox setup")
+async def test_node_fetch_through_the_proxy(lab: Lab) -> None:
+    """Node's fetch with NODE_USE_ENV_PROXY and the bundle as NODE_EXTRA_CA_CERTS: the
+    secret arrives upstream while node only ever held the placeholder."""
+    proxy = await lab.proxy()
+    bundle = lab.tmp / "bundle.pem"
+    bundle.write_bytes(proxy.ca_bundle() or b"")
+    token = placeholder(lab.secrets[0])
+    script = (
+        f"fetch('https://api.test:{lab.api.port}/n', {{headers: {{authorization: "
+        f"'Bearer ' + process.env.API_KEY}}}}).then(r => r.text()).then(t => console.log(t))"
+    )
+    try:
+        async with bridge(proxy.socket_path) as port:
+            env = {
+                "PATH": "/usr/bin:/bin",
+                "HTTPS_PROXY": f"http://127.0.0.1:{port}",
+                "HTTP_PROXY": f"http://127.0.0.1:{port}",
+                "NODE_USE_ENV_PROXY": "1",
+                "NODE_EXTRA_CA_CERTS": str(bundle),
+                "API_KEY": token,
+            }
+            code, out, err = await _run(str(NODE), "-e", script, env=env)
+    finally:
+        await proxy.aclose()
+    assert code == 0, err
+    assert json.loads(out)["headers"]["authorization"] == f"Bearer {VALUE}"
+
+
+async def test_two_sandboxes_proxies_share_nothing(lab: Lab) -> None:
+    """One proxy closing, blocking or failing leaves another's connections, blocked list
+    and CA alone."""
+    first = await lab.proxy()
+    second = await open_proxy(
+        lab.tmp / "second.sock", Policy.parse(["other.test", "127.0.0.1/32"]), lab.secrets,
+        owner="bob", session="sess_two", metrics=None, upstream_ca=lab.ca.path,
+        resolver=static_resolver({"other.test": ["127.0.0.1"]}),
+    )  # fmt: skip
+    try:
+        _, _, writer = await connect_raw(first, "evil.test:443")
+        writer.close()
+        await first.aclose()
+        head, _, writer = await connect_raw(second, f"other.test:{lab.other.port}")
+        writer.close()
+        assert head.startswith(b"HTTP/1.1 200 ")
+        assert second.take_blocked() == []
+        assert first.ca_bundle() != second.ca_bundle()  # a CA of its own each
+    finally:
+        await second.aclose()
