@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import ipaddress
+import os
+import subprocess
+from urllib.parse import urlsplit
 
 import pytest
 
-from mcp_code_sandbox.egress import Policy, resolver_from_settings
+from mcp_code_sandbox.egress import Policy, preset_hosts, resolver_from_settings
 from mcp_code_sandbox.egress.dns import is_own_address, static_resolver, vetted_addresses
 from mcp_code_sandbox.errors import NetworkNotAllowed
 from mcp_code_sandbox.settings import ConfigError, load_settings
@@ -34,9 +37,18 @@ def test_exact_names_and_wildcards() -> None:
     assert not policy.decide("example.com", 443).allowed
 
 
-def test_presets_expand_to_their_registries() -> None:
+def test_presets_expand_to_the_hosts_pip_and_npm_download_from() -> None:
+    from pip._internal.models.index import PyPI
+
+    npm = subprocess.run(
+        ["npm", "config", "get", "registry", "--userconfig", "/nonexistent"],
+        capture_output=True, text=True, check=True, env={"PATH": os.environ["PATH"]},
+    ).stdout  # fmt: skip
+    registries = [PyPI.netloc, PyPI.file_storage_domain, urlsplit(npm.strip()).hostname or ""]
+    assert preset_hosts("pypi") == tuple(registries[:2])
+    assert preset_hosts("npm") == (registries[2],)
     policy = Policy.parse(["pypi", "npm"])
-    for host in ("pypi.org", "files.pythonhosted.org", "registry.npmjs.org"):
+    for host in registries:
         assert policy.decide(host, 443).allowed, host
     assert not policy.decide("evil.org", 443).allowed
 
@@ -117,22 +129,23 @@ async def test_a_name_resolving_to_loopback_is_refused_dns_rebinding() -> None:
 
 
 def test_narrowed_keeps_a_subset_and_the_servers_denies() -> None:
+    index, files = preset_hosts("pypi")
     server = Policy.parse(["pypi", "*.example.test", "10.213.0.0/16"], ["bad.example.test"])
-    call = server.narrowed(["pypi.org", "api.example.test", "*.cdn.example.test", "10.213.1.0/24"])
-    assert call.decide("pypi.org", 443).allowed
-    assert not call.decide("files.pythonhosted.org", 443).allowed  # not asked for
+    call = server.narrowed([index, "api.example.test", "*.cdn.example.test", "10.213.1.0/24"])
+    assert call.decide(index, 443).allowed
+    assert not call.decide(files, 443).allowed  # not asked for
     assert call.decide("x.cdn.example.test", 443).allowed
     assert call.decide("10.213.1.5", 80).allowed
     assert not call.decide("10.213.2.5", 80).allowed
     # Names the call allowed may still resolve into the server's ranges.
     assert call.check_address(ip("10.213.2.5"), own=False).allowed
-    assert server.narrowed(["pypi"]).decide("files.pythonhosted.org", 443).allowed
+    assert server.narrowed(["pypi"]).decide(files, 443).allowed
 
 
 @pytest.mark.parametrize(
     ("asked", "named"),
     [
-        (["pypi.org", "evil.test"], "evil.test"),
+        (["api.example.test", "evil.test"], "evil.test"),
         (["*.test"], "*.test"),  # wider than *.example.test
         (["example.test"], "example.test"),  # *.x never covers x
         (["bad.example.test"], "bad.example.test"),  # denied by the server

@@ -22,7 +22,8 @@ from .dns import (
     static_resolver,
     system_resolver,
 )
-from .policy import PRESETS, Decision, Policy
+from .policy import Decision, Policy
+from .presets import PRESETS, preset_hosts
 from .proxy import EgressProxy, blocked_message, open_proxy
 from .secrets import Secret, SecretsFileError, load_secrets, placeholder, placeholder_env
 
@@ -40,6 +41,7 @@ __all__ = [
     "open_proxy",
     "placeholder",
     "placeholder_env",
+    "preset_hosts",
     "resolver_from_settings",
     "static_resolver",
     "system_resolver",

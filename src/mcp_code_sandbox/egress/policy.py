@@ -7,7 +7,8 @@ both lists, comma-separated:
 - ``example.com``: that name exactly (any port).
 - ``*.example.com``: every name below ``example.com``, not ``example.com`` itself.
 - ``*``: every name (never an address: IP literals always need an entry of their own).
-- a preset: ``pypi`` or ``npm`` (:data:`PRESETS`), expanded to its names.
+- a preset: ``pypi`` or ``npm`` (:mod:`.presets`), expanded to the hosts pip and npm
+  download from by default.
 - an address or network: ``10.0.0.5``, ``10.213.0.0/16``, ``::1``, ``[fd00::1]``.
 
 Semantics: a name is allowed when an allow entry matches it and no deny entry does (deny
@@ -31,6 +32,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
+from mcp_code_sandbox.egress.presets import PRESETS, preset_hosts
 from mcp_code_sandbox.errors import NetworkNotAllowed
 
 if TYPE_CHECKING:
@@ -38,7 +40,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "METADATA",
-    "PRESETS",
     "Decision",
     "IPAddress",
     "IPNetwork",
@@ -50,12 +51,6 @@ __all__ = [
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
-#: Named sets of hosts an allow (or deny) list may use by name. Package registries only:
-#: the hosts ``pip install`` and ``npm install`` download from.
-PRESETS: Final[dict[str, tuple[str, ...]]] = {
-    "pypi": ("pypi.org", "files.pythonhosted.org"),
-    "npm": ("registry.npmjs.org",),
-}
 #: Cloud instance metadata (AWS, GCP, Azure, OpenStack; AWS's IPv6 one).
 METADATA: Final[frozenset[IPAddress]] = frozenset(
     {ipaddress.ip_address("169.254.169.254"), ipaddress.ip_address("fd00:ec2::254")}
@@ -133,7 +128,10 @@ class _Entries:
             if not entry:
                 continue
             if entry in PRESETS:
-                names.extend(PRESETS[entry])
+                try:
+                    names.extend(preset_hosts(entry))
+                except ValueError as exc:
+                    raise ValueError(f"{what}: {exc}") from None
             elif (network := _network(entry)) is not None:
                 networks.append(network)
             elif entry == "*":
