@@ -227,6 +227,9 @@ def server_env(
         "SANDBOX_BACKEND": server_backend,
         "SANDBOX_MAX_SESSIONS": "64",
         "SANDBOX_LOG_LEVEL": "WARNING",
+        # The rows here measure the cold path: no warm pool (a setting unknown to a
+        # server without one is ignored).
+        "SANDBOX_POOL_SIZE": "0",
     }
     if docker_runtime is not None:
         env |= {"SANDBOX_DOCKER_RUNTIME": docker_runtime, "SANDBOX_IMAGE": image}
@@ -312,10 +315,15 @@ def process_role(cmdline: str) -> str:
 
 
 class Bench:
-    def __init__(self, client: Client, runs: int, backend: str) -> None:
+    def __init__(
+        self, client: Client, runs: int, backend: str, bare: tuple[str, list[str]] | None = None
+    ) -> None:
         self.client = client
         self.runs = runs
         self.backend = backend
+        #: The bare baseline of a new session, as (its name, its argv), timed between our
+        #: samples (:meth:`new_session`) so that both see the same load.
+        self.bare = bare
 
     def row(
         self,
@@ -348,21 +356,26 @@ class Bench:
         value = await make()
         return (time.perf_counter() - start) * 1000, value
 
-    async def new_session(self) -> tuple[Row, Row]:
+    async def new_session(self) -> tuple[Row, Row, list[Row]]:
         # The very first sandbox of a server pays one-off costs (imports, host probe,
         # page cache): measured once and reported apart from the steady state.
         first_ms, content = await self.timed(lambda: self.run("print(1)"))
         await self.call("close_session", session_id=content["session_id"])
+        if self.bare is not None:
+            time_command(self.bare[1], 0)  # its two warm-ups
         samples: list[float] = []
         server_ms: list[float] = []
+        bare_ms: list[float] = []
         for _ in range(self.runs):
             ms, content = await self.timed(lambda: self.run("print(1)"))
             assert content["stdout"] == "1\n" and content["session_created"], content
             samples.append(ms)
             server_ms.append(float(content["duration_ms"]))
             await self.call("close_session", session_id=content["session_id"])
+            if self.bare is not None:  # the server is idle now: one bare sample
+                bare_ms += await asyncio.to_thread(time_command, self.bare[1], 1, 0)
         row = self.row(
-            "new session → first result of `print(1)`",
+            "new session → first result of `print(1)`, cold (pool off)",
             "ms",
             samples,
             f"no pool; server's duration_ms median {statistics.median(server_ms):.0f} ms",
@@ -374,39 +387,67 @@ class Bench:
             [first_ms],
             "one-off, excluded from the row above",
         )
-        return row, first
+        bare = []
+        if self.bare is not None:
+            bare.append(
+                self.row(
+                    f"baseline, interleaved: {self.bare[0]}",
+                    "ms",
+                    bare_ms,
+                    "one sample after each of the row above's, same load; "
+                    f"ours ÷ this: {statistics.median(samples) / statistics.median(bare_ms):.2f}× "
+                    f"(median), {p90(samples) / p90(bare_ms):.2f}× (p90)",
+                )
+            )
+        return row, first, bare
 
-    async def warm(self) -> Row:
+    async def _sdk_round_trip(self) -> Any:
+        return await self.client.list_prompts(cache_mode="bypass")
+
+    async def warm(self) -> list[Row]:
+        """The warm ``1+1`` round trip beside its two floors, one of each in turn per
+        sample (same load): ``list_runtimes`` (a tool call that starts no sandbox) and
+        the SDK's own round trip (``prompts/list``, answered by the SDK alone: this
+        server has no prompts; the client's cache bypassed)."""
         sid = (await self.run("print(1)"))["session_id"]
         for _ in range(3):
             await self.run("1+1", sid)
+            await self.call("list_runtimes")
         samples: list[float] = []
         server_ms: list[float] = []
+        runtimes: list[float] = []
+        sdk: list[float] = []
         for _ in range(self.runs):
             ms, content = await self.timed(lambda: self.run("1+1", sid))
             assert content["result"] == "2", content
             samples.append(ms)
             server_ms.append(float(content["duration_ms"]))
+            runtimes.append((await self.timed(lambda: self.call("list_runtimes")))[0])
+            sdk.append((await self.timed(self._sdk_round_trip))[0])
         await self.call("close_session", session_id=sid)
-        return self.row(
-            "warm round trip of `1+1`",
-            "ms",
-            samples,
-            f"cell's own time ≈ 0; server's duration_ms median "
-            f"{statistics.median(server_ms):.0f} ms",
-            {"server_duration_ms": server_ms},
-        )
-
-    async def floor(self) -> Row:
-        samples = [
-            (await self.timed(lambda: self.call("list_runtimes")))[0] for _ in range(self.runs)
+        return [
+            self.row(
+                "warm round trip of `1+1` over stdio",
+                "ms",
+                samples,
+                f"cell's own time ≈ 0; server's duration_ms median "
+                f"{statistics.median(server_ms):.0f} ms; over the SDK's round trip: "
+                f"{statistics.median(samples) - statistics.median(sdk):.2f} ms (medians)",
+                {"server_duration_ms": server_ms},
+            ),
+            self.row(
+                "reference: `list_runtimes` round trip over stdio",
+                "ms",
+                runtimes,
+                "a tool call that touches no sandbox, interleaved with the row above",
+            ),
+            self.row(
+                "reference: the SDK's own round trip (`prompts/list`) over stdio",
+                "ms",
+                sdk,
+                "answered by the SDK alone (no prompts), client cache bypassed; interleaved",
+            ),
         ]
-        return self.row(
-            "reference: `list_runtimes` round trip",
-            "ms",
-            samples,
-            "a tool call that touches no sandbox: the MCP/stdio floor",
-        )
 
     async def pandas(self) -> Row:
         sid = (await self.run(SETUP_FRAME))["session_id"]
@@ -682,29 +723,47 @@ def shim_pid(cid: str) -> int:
     return int(stat.rsplit(")", 1)[1].split()[1])
 
 
-def time_command(argv: list[str], runs: int) -> list[float]:
+def time_command(argv: list[str], runs: int, warmups: int = 2) -> list[float]:
     samples: list[float] = []
-    for i in range(runs + 2):  # two warm-ups
+    for i in range(runs + warmups):
         start = time.perf_counter()
         out = subprocess.run(argv, capture_output=True, check=False)
         ms = (time.perf_counter() - start) * 1000
         if out.returncode != 0 or out.stdout != b"1\n":
             raise RuntimeError(f"{argv[0]} failed ({out.returncode}): {out.stderr.decode()[-500:]}")
-        if i >= 2:
+        if i >= warmups:
             samples.append(ms)
     return samples
 
 
-def bwrap_baselines(runs: int) -> list[Row]:
-    venv = RUNTIME_DIR / "venv"
-    bwrap = shutil.which("bwrap") or "bwrap"
-    # The backend's own probe command line (what doctor runs too), with the venv bound.
-    argv = minimal_argv(
-        bwrap,
+def bare_bwrap_argv() -> list[str]:
+    """The floor of any bwrap sandbox: the backend's own probe command line (what doctor
+    runs too), with the runtime venv bound, starting the same interpreter."""
+    return minimal_argv(
+        shutil.which("bwrap") or "bwrap",
         ["--unshare-all", "--die-with-parent"],
         [SANDBOX_PYTHON, "-c", "print(1)"],
-        binds=["--ro-bind", str(venv), SANDBOX_VENV],
+        binds=["--ro-bind", str(RUNTIME_DIR / "venv"), SANDBOX_VENV],
     )
+
+
+def docker_run_argv(backend: str, image: str) -> list[str]:
+    """A bare ``docker run`` of the image's python on the same engine and runtime."""
+    runtime = SERVER_BACKEND[backend][1] or "runc"
+    argv = ["docker", "run", "--rm", "--network", "none", "--runtime", runtime]
+    return [*argv, "--entrypoint", IMAGE_PYTHON, image, "-c", "print(1)"]
+
+
+def bare_baseline(backend: str, image: str) -> tuple[str, list[str]]:
+    """The new-session row's baseline, as (its name, its argv)."""
+    if backend == "bwrap":
+        return "bare bwrap of the runtime's python `print(1)`", bare_bwrap_argv()
+    return f"bare `docker run` of the image ({backend}) `print(1)`", docker_run_argv(backend, image)
+
+
+def bwrap_baselines(runs: int) -> list[Row]:
+    venv = RUNTIME_DIR / "venv"
+    argv = bare_bwrap_argv()
     return [
         Row(
             "bwrap",
@@ -726,8 +785,7 @@ def bwrap_baselines(runs: int) -> list[Row]:
 def docker_baselines(backend: str, image: str, runs: int) -> list[Row]:
     """``docker run`` and ``docker exec`` of ``python -c 'print(1)'``, same engine and image."""
     runtime = SERVER_BACKEND[backend][1] or "runc"
-    run_argv = ["docker", "run", "--rm", "--network", "none", "--runtime", runtime]
-    run_argv += ["--entrypoint", IMAGE_PYTHON, image, "-c", "print(1)"]
+    run_argv = docker_run_argv(backend, image)
     rows = [
         Row(
             backend,
@@ -839,12 +897,14 @@ async def measure(backend: str, args: argparse.Namespace, state_dir: Path, repor
         # The 2026-07-28 client has no handshake: the first call waits for the server.
         await client.call_tool("list_runtimes", {})
         server_ms = (time.perf_counter() - start) * 1000
-        bench = Bench(client, runs, backend)
-        log(f"[{backend}] new session → first result …")
-        new, first = await bench.new_session()
-        log(f"[{backend}] warm round trip …")
+        bench = Bench(client, runs, backend, bare_baseline(backend, args.image))
+        log(f"[{backend}] new session → first result, beside its bare baseline …")
+        new, first, bare = await bench.new_session()
+        log(f"[{backend}] warm round trip, beside list_runtimes and the SDK's …")
         warm = await bench.warm()
-        floor = await bench.floor()
+        if args.quick:
+            report.rows += [new, *bare, *warm]
+            return
         log(f"[{backend}] pandas groupby …")
         pandas = await bench.pandas()
         log(f"[{backend}] {PRINTED_LINES:,} printed lines …")
@@ -853,7 +913,7 @@ async def measure(backend: str, args: argparse.Namespace, state_dir: Path, repor
         parallel = await bench.parallel()
         log(f"[{backend}] idle memory …")
         memory, report.processes[backend] = await bench.memory(state_dir)
-        report.rows += [new, warm, floor, pandas, *printed, parallel, *memory]
+        report.rows += [new, *bare, *warm, pandas, *printed, parallel, *memory]
     log(f"[{backend}] baselines …")
     if backend == "bwrap":
         report.rows += bwrap_baselines(runs)
@@ -883,6 +943,7 @@ def find_row(rows: list[Row], backend: str, prefix: str) -> Row | None:
 def ratios(rows: list[Row], backends: list[str]) -> list[str]:
     """Ours ÷ anchor, on medians (and p90s), per Docker backend."""
     pairs = [
+        ("new session", "new session → first", "baseline, interleaved: bare `docker run"),
         ("new session", "new session → first", "baseline: `docker run"),
         ("new session", "new session → first", "baseline: `docker exec"),
         ("warm round trip", "warm round trip", "baseline: `docker exec"),
@@ -904,7 +965,9 @@ def ratios(rows: list[Row], backends: list[str]) -> list[str]:
             short = (
                 "llm-sandbox"
                 if theirs.metric.startswith("peer:")
-                else theirs.metric.split(" …")[0].removeprefix("baseline: ")
+                else theirs.metric.split(" …")[0]
+                .removeprefix("baseline: ")
+                .removeprefix("baseline, interleaved: ")
             )
             lines.append(
                 f"| {backend} | {label} | {short} | {ours.median:.1f} ms | "
@@ -937,6 +1000,11 @@ def main(argv: list[str] | None = None) -> int:
         "--server-log", type=Path, help="run the server at DEBUG level and log to this file"
     )
     parser.add_argument("--keep", action="store_true", help="keep the state directories")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="only the new-session and warm round-trip rows, beside their interleaved baselines",
+    )
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error("--runs must be at least 1")

@@ -49,7 +49,14 @@ def configure_logging(settings: Settings) -> None:
         logging.getLogger(chatty).setLevel(max(logging.INFO, root.level))
     logging.getLogger("uvicorn.access").setLevel(logging.WARNING)
     structlog.configure(
-        processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
+        # A line below the level is dropped first, not after the processors have stamped
+        # and dressed it (the stdlib logger would drop it at the end anyway): a run's
+        # audit line at WARNING cost a tenth of a warm `1+1` for nothing.
+        processors=[
+            structlog.stdlib.filter_by_level,
+            *shared,
+            structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
+        ],
         logger_factory=structlog.stdlib.LoggerFactory(),
         wrapper_class=structlog.stdlib.BoundLogger,
         cache_logger_on_first_use=True,

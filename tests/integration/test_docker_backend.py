@@ -20,6 +20,7 @@ import pytest
 
 from mcp_code_sandbox.backends.base import Limits, SandboxSpec
 from mcp_code_sandbox.backends.docker.backend import DockerBackend, DockerSandbox
+from mcp_code_sandbox.errors import BackendUnavailable
 from mcp_code_sandbox.settings import Settings, docker_environ, load_settings
 
 from ..conftest import require_docker, sandbox_owner
@@ -212,3 +213,20 @@ async def test_containers_of_a_dead_instance_are_leftovers(
         await dead.stop(box)  # already removed: not an error
     finally:
         await dead.aclose()
+
+
+async def test_missing_image_is_backend_unavailable_and_leaves_nothing(
+    settings: Settings, host_uid: int | None
+) -> None:
+    # create() no longer looks the image up first: the engine's refusal of the create
+    # must say the same (how to build it), and leave no run dir behind.
+    missing = settings.model_copy(update={"image": "mcs-no-such-image:never"})
+    backend = DockerBackend(missing, docker_environ())
+    try:
+        with pytest.raises(BackendUnavailable) as caught:
+            await start(backend, "noimg", host_uid)
+        assert "mcs-no-such-image:never" in caught.value.message
+        assert "mcp-code-sandbox image build" in caught.value.message
+        assert not any(missing.run_dir.glob("noimg-*"))
+    finally:
+        await backend.aclose()

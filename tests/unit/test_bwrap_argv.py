@@ -200,3 +200,10 @@ def test_minimal_argv_is_the_probe_doctor_and_bench_run() -> None:
     ]  # fmt: skip
     launcher = build_launcher_argv(11, [], None, 70000)
     assert launcher[-len(drop_uid_argv(70000)) :] == drop_uid_argv(70000)
+
+
+@pytest.mark.parametrize("name", ["a b", "x/y", "ws\n/tmp/etc none bind", ""])
+def test_a_stage_name_that_is_not_a_plain_word_is_refused(name: str) -> None:
+    # The launcher writes one line per stage into the table `mount -a` reads.
+    with pytest.raises(ValueError, match="not a stage name"):
+        build_launcher_argv(11, [], [("/srv/ws", name)], None)

@@ -16,7 +16,7 @@ from mcp_code_sandbox.errors import (
     NetworkNotAllowed,
     UnsupportedLanguage,
 )
-from mcp_code_sandbox.run.execute import RunReport
+from mcp_code_sandbox.run.execute import INLINE_SNAPSHOT_ENTRIES, RunReport
 from mcp_code_sandbox.run.request import RunRequest
 from mcp_code_sandbox.service import SandboxService
 from tests.fakes import FakeBackend, fake_service
@@ -116,6 +116,22 @@ async def test_files_created_and_modified_are_listed(state_dir: Path) -> None:
         assert [(i.path, len(i.data)) for i in report.image_files] == [("out/chart.png", 108)]
         quiet = await run(svc, "open('data.csv').read()")
         assert quiet.files == [] and quiet.result == "'a\\n1\\n2\\n'"
+
+
+async def test_changes_are_found_in_workspaces_on_both_sides_of_the_inline_snapshot(
+    state_dir: Path,
+) -> None:
+    # Up to INLINE_SNAPSHOT_ENTRIES entries the snapshot before a run is taken on the event
+    # loop, above it in a worker thread: the files a run changed are the same either way.
+    async with fake_service(state_dir) as svc:
+        for count in (INLINE_SNAPSHOT_ENTRIES - 2, INLINE_SNAPSHOT_ENTRIES * 3):
+            sid = f"ws{count}"
+            made = await run(svc, f"for i in range({count}): open(f'f{{i}}.txt', 'w')", sid)
+            assert len(made.files) == count
+            code = "open('f1.txt', 'w').write('x')\nopen('new.txt', 'w').write('y')"
+            report = await run(svc, code, sid)
+            changes = [(f.path, f.change) for f in report.files]
+            assert changes == [("f1.txt", "modified"), ("new.txt", "created")], count
 
 
 async def test_long_output_is_cut_and_saved_whole(state_dir: Path) -> None:

@@ -12,7 +12,12 @@ import pytest
 
 from mcp_code_sandbox.backends.base import Egress, Limits, SandboxSpec
 from mcp_code_sandbox.backends.docker.labels import runner_from_labels
-from mcp_code_sandbox.backends.docker.runners import KEEPALIVE, choose_runners, runner_kwargs
+from mcp_code_sandbox.backends.docker.runners import (
+    KEEPALIVE,
+    choose_runners,
+    runner_kwargs,
+    tagged_id,
+)
 from mcp_code_sandbox.backends.runner_images import RunnerImage
 from mcp_code_sandbox.backends.seccomp import docker_seccomp_opt
 from mcp_code_sandbox.settings import load_settings
@@ -304,3 +309,21 @@ def test_runner_has_no_interface_even_with_network() -> None:
     k = runner_kwargs(spec, settings, PERL, instance="h-1-ab", run_dir=RUN_DIR)
     assert k["network_mode"] == "none"
     assert kwargs()["network_mode"] == "none"
+
+
+def test_the_default_image_is_found_in_the_list_by_its_exact_tag() -> None:
+    listed = [
+        {"Id": "sha256:a", "RepoTags": ["mcp-code-sandbox:latest", "mine:1"]},
+        {"Id": "sha256:b", "RepoTags": ["registry:5000/team/py:2"]},
+        {"Id": "sha256:c", "RepoTags": ["<none>:<none>"]},
+    ]
+    assert tagged_id(listed, "mcp-code-sandbox:latest") == "sha256:a"
+    assert tagged_id(listed, "mcp-code-sandbox") == "sha256:a"  # no tag: :latest
+    assert tagged_id(listed, "mine:1") == "sha256:a"
+    assert tagged_id(listed, "registry:5000/team/py:2") == "sha256:b"
+    # Anything else is the engine's to resolve (the caller inspects it).
+    assert tagged_id(listed, "registry:5000/team/py") is None  # that is :latest
+    assert tagged_id(listed, "mine:2") is None
+    assert tagged_id(listed, "sha256:a") is None
+    assert tagged_id(listed, "mcp-code-sandbox@sha256:0123") is None
+    assert tagged_id([], "mcp-code-sandbox:latest") is None

@@ -52,6 +52,9 @@ audit = structlog.get_logger("mcp_code_sandbox.audit")
 #: Image files larger than this are linked, not embedded (decoding them costs too much).
 MAX_IMAGE_FILE_BYTES = 20 * 1024 * 1024
 PROGRESS_EVERY_S = 2.0
+#: A workspace with at most this many entries is snapshotted before a run on the event
+#: loop (see :func:`_small_snapshot`): a trip to a worker thread costs more than that walk.
+INLINE_SNAPSHOT_ENTRIES = 64
 
 ProgressSink = Callable[[float, str], Awaitable[None]]
 
@@ -133,7 +136,9 @@ async def run(
     session, settings, threads = held.session, given.settings, given.threads
     # A notice here means the previous sandbox had died: its variables are gone.
     replaced = handout.notice is not None
-    before = await threads.run(session.owner, session.workspace.snapshot)
+    before = _small_snapshot(session)
+    if before is None:
+        before = await threads.run(session.owner, session.workspace.snapshot)
     # The spool (an unnamed temp file) is only made once the output passes the budget.
     capture = OutputCapture(settings.stream_bytes, _open_spool)
     progress = asyncio.create_task(_report_progress(capture, started, on_progress))
@@ -149,12 +154,16 @@ async def run(
         else:
             done, stopped = await quota.guarded(session.workspace, execute)
             outcome = done or _stopped(stopped or "")
-    finally:
+    except BaseException:
         progress.cancel()
-        full_output = await threads.run(session.owner, capture.finish)
-    full_path = await _save_full_output(threads, session, full_output, f"run-{handout.run}")
-    after, changes = await threads.run(session.owner, _changes_since, session, before)
-    images = await threads.run(session.owner, _read_images, session, changes, settings)
+        await threads.run(session.owner, capture.finish)  # closes the spool, if one was made
+        raise
+    progress.cancel()
+    # What follows the run is blocking work, in one trip to the owner's threads (a trip
+    # costs a thread's wake-up and the event loop's, which is most of a warm `1+1`).
+    full_path, after, changes, images = await threads.run(
+        session.owner, _after_run, session, capture, before, f"run-{handout.run}", settings
+    )
     notice = join_notices(
         (
             held.notice,
@@ -249,20 +258,38 @@ async def _report_progress(
             await on_progress(elapsed, capture.tail() or f"running for {elapsed:.0f} s")
 
 
+def _small_snapshot(session: Session) -> Snapshot | None:
+    """The workspace's snapshot taken here, on the event loop, when it has at most
+    ``INLINE_SNAPSHOT_ENTRIES`` entries (most workspaces; the walk reads no more than
+    that many, so it stays well under a millisecond), else ``None``: then the whole walk
+    goes to a worker thread. The same snapshot either way: a walk that did not run out
+    of entries saw them all."""
+    small = session.workspace.snapshot(INLINE_SNAPSHOT_ENTRIES)
+    return None if small.truncated else small
+
+
+def _after_run(
+    session: Session, capture: OutputCapture, before: Snapshot, run_name: str, settings: Settings
+) -> tuple[str | None, Snapshot, list[Change], list[ImageFile]]:
+    """Everything blocking after a run, in order, in one worker thread: the output's end
+    (its spool read back), the full output saved when it was cut, the workspace's changes
+    since ``before``, and the images among them."""
+    full_path = _save_full_output(session, capture.finish(), run_name)
+    after, changes = _changes_since(session, before)
+    return full_path, after, changes, _read_images(session, changes, settings)
+
+
 def _changes_since(session: Session, before: Snapshot) -> tuple[Snapshot, list[Change]]:
     after = session.workspace.snapshot(count_hidden=True)
     return after, session.workspace.diff(before, after)
 
 
-async def _save_full_output(
-    threads: WorkerThreads, session: Session, data: bytes | None, run_name: str
-) -> str | None:
+def _save_full_output(session: Session, data: bytes | None, run_name: str) -> str | None:
     if data is None:
         return None
     rel = f".outputs/{run_name}.txt"
-    write = session.workspace.write_file
     try:
-        await threads.run(session.owner, write, rel, data, overwrite=True)
+        session.workspace.write_file(rel, data, overwrite=True)
     except QuotaExceeded:
         return None
     return rel

@@ -32,7 +32,15 @@ from mcp_code_sandbox.server.media import MAX_PIXELS, fit_image
 from mcp_code_sandbox.server.models import DisplayOut, FileOut, RunError, RunResult
 from mcp_code_sandbox.settings import Settings
 
-__all__ = ["Images", "error_result", "file_uri", "image_blocks", "run_result", "structured_result"]
+__all__ = [
+    "Images",
+    "error_result",
+    "file_uri",
+    "image_blocks",
+    "light",
+    "run_result",
+    "structured_result",
+]
 
 _PLAIN_RUN_FIELDS = frozenset(RunResult.model_fields) - {
     "notice",
@@ -46,6 +54,11 @@ _SANDBOX_TEXT = ("stdout", "stderr", "result")
 #: Changed files a run result lists (with links); the rest are counted, list_files has all.
 MAX_FILES_LISTED = 100
 _TEXT_DISPLAYS = ("text/markdown", "text/plain", "image/svg+xml", "text/html")
+_IMAGE_DISPLAYS = ("image/png", "image/jpeg")
+#: A report with no image and at most this much text (and few files) is shaped on the
+#: event loop: well under a millisecond, less than the trip to a worker thread costs.
+LIGHT_TEXT_BYTES = 16 * 1024
+LIGHT_FILES = 16
 
 
 def file_uri(session_id: str, path: str) -> str:
@@ -66,6 +79,20 @@ def structured_result(model: BaseModel, extra: list[ContentBlock] | None = None)
     return CallToolResult(content=[text, *(extra or [])], structured_content=data)
 
 
+def light(report: RunReport) -> bool:
+    """Is shaping ``report`` (:func:`run_result`) cheap enough for the event loop? No
+    image to decode, little text, few files: what most cells return. The tool layer asks,
+    and sends anything else to a worker thread."""
+    if report.image_files or len(report.files) > LIGHT_FILES:
+        return False
+    if any(d.mime_type.startswith(_IMAGE_DISPLAYS) for d in report.displays):
+        return False
+    error = report.error or {}
+    size = len(report.stdout) + len(report.stderr) + len(report.result or "")
+    size += sum(len(str(v)) for v in error.values()) + sum(len(d.data) for d in report.displays)
+    return size + len(report.notice or "") <= LIGHT_TEXT_BYTES
+
+
 def run_result(
     report: RunReport, settings: Settings, link: Callable[[str], str] | None = None
 ) -> CallToolResult:
@@ -74,9 +101,7 @@ def run_result(
 
     Blocking (it decodes and re-encodes images): call it in a worker thread."""
     candidates = [
-        (d.data, d.mime_type)
-        for d in report.displays
-        if d.mime_type.startswith(("image/png", "image/jpeg"))
+        (d.data, d.mime_type) for d in report.displays if d.mime_type.startswith(_IMAGE_DISPLAYS)
     ]
     candidates += [(f.data, f.mime_type) for f in report.image_files]
     # Images share half of the result budget (base64 is 4/3 of the bytes).

@@ -35,6 +35,7 @@ from mcp_code_sandbox.server.reads import read_result
 from mcp_code_sandbox.server.tool_results import (
     error_result,
     file_uri,
+    light,
     run_result,
     structured_result,
 )
@@ -130,8 +131,11 @@ class ToolSet:
         report = await self.service.run_code(
             owner, request, session_id, on_progress=_progress_sink(ctx)
         )
-        # Shaping decodes and re-encodes images: blocking work, in the owner's threads.
+        # Shaping decodes and re-encodes images: blocking work, in the owner's threads,
+        # unless there is none and little text (most cells: then the trip costs more).
         links = self._links(owner, report.session_id)
+        if light(report):
+            return run_result(report, self.settings, links)
         return await self.service.threads.run(owner, run_result, report, self.settings, links)
 
     def run_code_tool(self, languages: Sequence[str]) -> Callable[..., Awaitable[CallToolResult]]:

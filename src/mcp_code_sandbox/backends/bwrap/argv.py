@@ -11,6 +11,7 @@ Only :meth:`HostLayout.probe` reads anything: the host's top-level directories.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,6 +94,9 @@ GROUP = f"root:x:0:\nsandbox:x:{SANDBOX_GID}:\nnogroup:x:65534:\n"
 # Sources are opened before the tmpfs covers $STAGE (a workspace may live below /tmp)
 # and bound from those fds; --no-canonicalize keeps mount from turning them into paths.
 # They are opened in this mount namespace: a bind from another one fails with EINVAL.
+# All the binds are one `mount -a` of a table written into the stage itself (each mount
+# point made by X-mount.mkdir, 0755 as mkdir made them): two programs run, not one mkdir
+# and one mount per source (that was ~20 ms of every sandbox's start).
 _LAUNCH = r"""
 set -e
 fd=$1; shift; exec 3<&"$fd"; eval "exec $fd<&-"
@@ -101,14 +105,19 @@ while [ "$n" -gt 0 ]; do echo $$ > "$1"; shift; n=$((n - 1)); done
 n=$1; shift
 fds=()
 for ((i = 0; i < n; i++)); do exec {src}<"${@:2*i+1:1}"; fds+=("$src"); done
-if [ "$n" -gt 0 ]; then /usr/bin/mount -t tmpfs -o mode=0755,size=1m mcs-stage "$STAGE"; fi
-for ((i = 0; i < n; i++)); do
-  /usr/bin/mkdir "$STAGE/$2"
-  /usr/bin/mount --no-canonicalize --bind "/proc/self/fd/${fds[i]}" "$STAGE/$2"
-  eval "exec ${fds[i]}<&-"; shift 2
-done
+if [ "$n" -gt 0 ]; then
+  /usr/bin/mount -t tmpfs -o mode=0755,size=1m mcs-stage "$STAGE"
+  for ((i = 0; i < n; i++)); do
+    printf '/proc/self/fd/%s %s/%s none bind,X-mount.mkdir 0 0\n' "${fds[i]}" "$STAGE" "$2"
+    shift 2
+  done > "$STAGE/.binds"
+  /usr/bin/mount --no-canonicalize -a -T "$STAGE/.binds"
+  for src in "${fds[@]}"; do eval "exec $src<&-"; done
+fi
 exec "$@"
 """
+#: Names a stage may bind (a line of the table ``mount -a`` reads: no blanks, no ``/``).
+_STAGE_NAME = re.compile(r"[a-z]+")
 
 
 @dataclass(frozen=True)
@@ -253,6 +262,9 @@ def build_launcher_argv(
     drop_uid: int | None,
 ) -> list[str]:
     """The prefix that places the sandbox in its cgroups and (as root) drops the uid."""
+    for _, name in stage or []:
+        if not _STAGE_NAME.fullmatch(name):
+            raise ValueError(f"not a stage name: {name!r}")
     prefix = ["/usr/bin/unshare", "--mount", "--propagation", "private"] if stage else []
     binds = [part for source, name in stage or [] for part in (source, name)]
     argv = [

@@ -84,6 +84,7 @@ from mcp_code_sandbox.backends.docker.runners import (
     choose_runners,
     listed_images,
     runner_kwargs,
+    tagged_id,
 )
 from mcp_code_sandbox.backends.docker.sandbox import (
     DockerSandbox,
@@ -201,7 +202,8 @@ class DockerBackend(Backend, RunnerImages):
     async def create(self, spec: SandboxSpec) -> Sandbox:
         sandbox_ids(spec)  # refuses, before anything is made, to run a sandbox as root
         client = await self.client()
-        await self.engine.call(client.images.get, self.image)
+        # No look at the image first: a create without it fails with ImageNotFound, which
+        # says the same (``map_docker_error``), and a new session pays one round trip less.
         await self.engine.require_runtime(client)
         run_dir, listener = await asyncio.to_thread(self._listen, spec)
         kwargs = container_kwargs(
@@ -395,10 +397,14 @@ class DockerBackend(Backend, RunnerImages):
         # The list endpoint alone (docker-py's images.list inspects each image after
         # listing, and one removed in between would fail the whole discovery).
         labelled = await self.engine.call(client.api.images, filters=RUNNER_FILTER)
-        try:
-            default_id = (await self.engine.call(client.images.get, self.image)).id
-        except SandboxError:
-            default_id = None  # create() says so; runners can still be offered
+        # The default image is labelled as a runner too, so the list usually names it:
+        # one engine call per list_runtimes, not two.
+        default_id = tagged_id(labelled, self.image)
+        if default_id is None:
+            try:
+                default_id = (await self.engine.call(client.images.get, self.image)).id
+            except SandboxError:
+                default_id = None  # create() says so; runners can still be offered
         runners, skipped = choose_runners(
             listed_images(labelled), default_image_id=default_id, taken=builtin
         )

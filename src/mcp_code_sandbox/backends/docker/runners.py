@@ -50,6 +50,7 @@ __all__ = [
     "choose_runners",
     "listed_images",
     "runner_kwargs",
+    "tagged_id",
 ]
 
 #: The runner container's main process: wait, doing nothing, until stopped.
@@ -79,6 +80,19 @@ def listed_images(
             )
         )
     return out
+
+
+def tagged_id(listed: Iterable[Mapping[str, Any]], image: str) -> str | None:
+    """The id of the image tagged ``image`` in the engine's image list, or ``None`` when
+    no listed image carries that very tag (then ask the engine: ``image`` may be an id, a
+    digest, or an image the list left out). A name without a tag means ``:latest``, as
+    the engine reads it. Saves :meth:`DockerBackend.discover_runners` an inspect."""
+    last = image.rsplit("/", 1)[-1]
+    tag = image if ":" in last or "@" in last else f"{image}:latest"
+    for entry in listed:
+        if tag in (entry.get("RepoTags") or []):
+            return str(entry.get("Id"))
+    return None
 
 
 def choose_runners(
