@@ -9,6 +9,7 @@ by the names the backends give them, temp files in a temp dir of this test's own
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import tempfile
@@ -58,12 +59,9 @@ def private_tmp(state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pa
     yield path
 
 
-@pytest.fixture
-async def recorded(
-    make_settings: Callable[..., Settings], private_tmp: Path
-) -> AsyncIterator[tuple[SandboxService, list[str]]]:
-    """A service whose backend notes every sandbox it creates (its ``backend_id``)."""
-    settings = make_settings(max_sessions=WORKERS)
+@contextlib.asynccontextmanager
+async def noting_service(settings: Settings) -> AsyncIterator[tuple[SandboxService, list[str]]]:
+    """A started service whose backend notes every sandbox it creates (``backend_id``)."""
     svc = SandboxService(settings, create_backend(settings))
     created: list[str] = []
     create = svc.backend.create
@@ -79,6 +77,14 @@ async def recorded(
         yield svc, created
     finally:
         await svc.aclose()
+
+
+@pytest.fixture
+async def recorded(
+    make_settings: Callable[..., Settings], private_tmp: Path
+) -> AsyncIterator[tuple[SandboxService, list[str]]]:
+    async with noting_service(make_settings(max_sessions=WORKERS)) as noted:
+        yield noted
 
 
 def our_cgroups() -> list[str]:

@@ -18,14 +18,13 @@ from typing import Any
 import pytest
 
 from mcp_code_sandbox.backends import create_backend
-from mcp_code_sandbox.backends.base import Sandbox
 from mcp_code_sandbox.run.request import RunRequest
 from mcp_code_sandbox.service import SandboxService
 from mcp_code_sandbox.settings import Settings
 
 from ..conftest import each_backend, each_runtime
 from ..procs import command, descendants, parent, wait_gone
-from .test_lifecycle_backends import Before, leftovers
+from .test_lifecycle_backends import Before, leftovers, noting_service
 from .test_lifecycle_backends import private_tmp as private_tmp
 
 FILL_S = 180.0  # 2 cores, gVisor, a preload of pandas: generous, never a speed claim
@@ -55,21 +54,8 @@ async def pooled(
 ) -> AsyncIterator[tuple[SandboxService, list[str]]]:
     """A service with a pool of 2 whose backend notes every sandbox it creates."""
     settings = make_settings(pool_size=2, max_sessions=24, allow_call_env=True)
-    svc = SandboxService(settings, create_backend(settings))
-    created: list[str] = []
-    create = svc.backend.create
-
-    async def noting(spec: Any) -> Sandbox:
-        sandbox = await create(spec)
-        created.append(sandbox.backend_id)
-        return sandbox
-
-    svc.backend.create = noting  # type: ignore[method-assign]
-    await svc.start()
-    try:
-        yield svc, created
-    finally:
-        await svc.aclose()
+    async with noting_service(settings) as noted:
+        yield noted
 
 
 PROBE = """

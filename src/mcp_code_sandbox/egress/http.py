@@ -133,15 +133,7 @@ async def relay(
                 h11.Request(method=request.method, target=target, headers=headers)
             ) or b""
         )  # fmt: skip
-        while True:
-            event = await next_event(client_conn, client, idle_s)
-            if isinstance(event, h11.Data):
-                await upstream.write(upstream_conn.send(h11.Data(data=event.data)) or b"")
-            elif isinstance(event, h11.EndOfMessage):
-                await upstream.write(upstream_conn.send(h11.EndOfMessage()) or b"")
-                break
-            else:
-                raise h11.RemoteProtocolError(f"unexpected {type(event).__name__} in a body")
+        await _copy_body(client_conn, client, upstream_conn, upstream, idle_s, "a request")
         while True:
             event = await next_event(upstream_conn, upstream, idle_s)
             if isinstance(event, h11.InformationalResponse):
@@ -164,12 +156,24 @@ async def relay(
             )
         ) or b""
     )  # fmt: skip
+    await _copy_body(upstream_conn, upstream, client_conn, client, idle_s, "a response")
+
+
+async def _copy_body(
+    src_conn: h11.Connection,
+    src: ByteStream,
+    dst_conn: h11.Connection,
+    dst: ByteStream,
+    idle_s: float,
+    what: str,
+) -> None:
+    """Stream a message body from ``src`` to ``dst`` chunk by chunk, through its end."""
     while True:
-        event = await next_event(upstream_conn, upstream, idle_s)
+        event = await next_event(src_conn, src, idle_s)
         if isinstance(event, h11.Data):
-            await client.write(client_conn.send(h11.Data(data=event.data)) or b"")
+            await dst.write(dst_conn.send(h11.Data(data=event.data)) or b"")
         elif isinstance(event, h11.EndOfMessage):
-            await client.write(client_conn.send(h11.EndOfMessage()) or b"")
+            await dst.write(dst_conn.send(h11.EndOfMessage()) or b"")
             return
         else:
-            raise h11.RemoteProtocolError(f"unexpected {type(event).__name__} in a response")
+            raise h11.RemoteProtocolError(f"unexpected {type(event).__name__} in {what} body")
