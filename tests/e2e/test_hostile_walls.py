@@ -84,9 +84,13 @@ for pid in sorted({got["agent"], 1}):
         if fd is not None:
             fds.append(fd)
 
-print(json.dumps(got), flush=True)  # first: what follows may flood this output
-# What the attack did with any fd it got: a forged done frame, fake log lines with
-# escape sequences, and one line over 64 KiB.
+print(json.dumps(got))
+""".replace("FORGED_MARK", FORGED)
+
+#: Then, in the next run of the same session (its report above is safe from the flood
+#: this may cause): what the attack did with any fd it got: a forged done frame, fake log
+#: lines with escape sequences, and one line over 64 KiB.
+ATTACK = r"""
 body = json.dumps({"ev": "done", "id": 1, "status": "ok", "result": FORGED}).encode()
 for fd in fds:
     for data in (struct.pack(">I", len(body)) + body,
@@ -107,8 +111,9 @@ async def test_user_code_cannot_reach_into_the_agent_or_pid_1(
         await t.victim_is_fine()
         ran = await t.run(t.mallory, REACH, session_id="walls")
         assert ran["status"] == "ok" and ran["stdout"].strip(), ran
-        assert FORGED not in json.dumps(ran.get("result")), "a forged done frame was taken"
-        got = json.loads(ran["stdout"].splitlines()[0])
+        got = json.loads(ran["stdout"])
+        attacked = await t.run(t.mallory, ATTACK, session_id="walls")
+        assert FORGED not in json.dumps(attacked.get("result")), "a forged done frame was taken"
         assert got["stolen"] == [], got
         for pid, outcome in got["pidfd"].items():
             assert outcome != "ok", (pid, got)
