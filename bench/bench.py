@@ -645,7 +645,9 @@ def our_containers(server: int, sids: set[str]) -> dict[str, str]:
     The backend labels each container with its server instance (``host-pid-random``) and
     session id; other servers on this engine (test suites) have other instances.
     """
-    prefix = f"{socket.gethostname()}-{server}-"
+    # ``<host>-<pid>.<start time>-<random>`` (or, before the start time was added to it,
+    # ``<host>-<pid>-<random>``).
+    prefixes = (f"{socket.gethostname()}-{server}.", f"{socket.gethostname()}-{server}-")
     listing = docker(
         "ps",
         "--no-trunc",
@@ -657,7 +659,7 @@ def our_containers(server: int, sids: set[str]) -> dict[str, str]:
     found: dict[str, str] = {}
     for line in listing.splitlines():
         cid, instance, sid = [*line.split("\t"), "", ""][:3]
-        if instance.startswith(prefix) and sid in sids:
+        if instance.startswith(prefixes) and sid in sids:
             found[cid] = sid
     return found
 

@@ -142,7 +142,11 @@ def pooled_pss_mib(backend: str, state_dir: Path, size: int) -> list[float]:
         # Everything under the server is the pool's: one bwrap tree per sandbox.
         total = sum(pss_kib(pid) for pid in descendants(server)) / 1024
         return [total / size]
-    pool = our_containers(server, {""})  # the pool's containers are labelled with no session
+    # The pool's containers are labelled with an empty session id (docker's template
+    # prints an empty label as "<no value>" on some versions).
+    pool = our_containers(server, {"", "<no value>"})
+    if not pool:
+        raise RuntimeError("no pooled container found to measure")
     return [sum(pss_kib(pid) for pid in cgroup_pids(cid)) / 1024 for cid in pool]
 
 
@@ -176,7 +180,7 @@ async def measure(backend: str, args: argparse.Namespace) -> list[Row]:
         Row(backend, f"burst of {BURST} new sessions, pool off: wall", "ms", cold_burst,
             f"{cold_failed} failed of {BURST * len(cold_burst)}"),
         Row(backend, "idle memory of one pooled sandbox (PSS)", "MiB", memory,
-            "all its processes: bwrap, agent, kernel with the preload"),
+            "its processes: bwrap or the container's init, agent, kernel with the preload"),
     ]  # fmt: skip
     if backend != "bwrap":
         rows += peer(backend, args)
@@ -216,12 +220,12 @@ def main() -> int:
     rows: list[Row] = []
     for backend in backends:
         rows += asyncio.run(measure(backend, args))
+    if args.json:  # first: the samples survive a failure to print
+        args.json.write_text(json.dumps([r.__dict__ for r in rows], indent=1))
     facts_end = machine_facts(backends, args.image)
     print("\n".join(f"- {k}: {v}" for k, v in facts.items()))
     print(f"- loadavg (1/5/15 min) at the end: {facts_end['loadavg (1/5/15 min) at start']}\n")
     print(markdown_table(rows))
-    if args.json:
-        args.json.write_text(json.dumps([r.__dict__ for r in rows], indent=1))
     return 0
 
 
