@@ -125,7 +125,7 @@ class Settings(BaseSettings):
     max_sessions_per_owner: int | None = Field(None, ge=1)
     #: Sandboxes kept started, connected and preloaded for new sessions (``sessions.pool``);
     #: 0 turns the pool off. They count toward no session limit; each holds an idle
-    #: interpreter (about 100 MiB with the default preload).
+    #: interpreter (about 120 MiB with the default preload).
     pool_size: int = Field(2, ge=0, le=64)
     #: A pooled sandbox older than this is replaced, never handed out.
     pool_max_age_s: float = Field(3600.0, gt=0)
