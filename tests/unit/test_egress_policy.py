@@ -198,3 +198,28 @@ async def test_pinned_names_resolve_from_the_settings_and_others_fall_back() -> 
     assert await resolve("localhost", 80)  # the host's resolver for the rest
     with pytest.raises(ConfigError, match="SANDBOX_NETWORK_RESOLVE"):
         load_settings(environ={"SANDBOX_NETWORK_RESOLVE": "pypi.test=not-an-ip"})
+
+
+def test_presets_are_learnt_once_even_when_they_cannot_be(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A failure is kept too: a call naming a preset never runs npm again (nor on the
+    event loop: the server learns them at start, in a worker thread)."""
+    from mcp_code_sandbox.egress import presets
+
+    asked: list[str] = []
+
+    def no_npm() -> tuple[str, ...]:
+        asked.append("npm")
+        raise ValueError("the npm preset: npm is not on the server's PATH")
+
+    monkeypatch.setitem(presets.PRESETS, "npm", no_npm)
+    presets._learnt.cache_clear()
+    try:
+        presets.learn_presets()
+        for _ in range(3):
+            with pytest.raises(ValueError, match="not on the server's PATH"):
+                Policy.parse(["npm"])
+        assert asked == ["npm"]
+    finally:
+        presets._learnt.cache_clear()

@@ -23,7 +23,7 @@ from .dns import (
     system_resolver,
 )
 from .policy import Decision, Policy
-from .presets import PRESETS, preset_hosts
+from .presets import PRESETS, learn_presets, preset_hosts
 from .proxy import EgressProxy, blocked_message, open_proxy
 from .secrets import Secret, SecretsFileError, load_secrets, placeholder, placeholder_env
 
@@ -37,6 +37,7 @@ __all__ = [
     "Secret",
     "SecretsFileError",
     "blocked_message",
+    "learn_presets",
     "load_secrets",
     "open_proxy",
     "placeholder",

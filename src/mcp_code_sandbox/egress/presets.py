@@ -6,7 +6,8 @@ the server: its ``PyPI`` index, and the host its files are served from), npm's f
 own default configuration (``npm config get registry`` with empty user and global config
 files, so that no mirror the host's npm is configured with stands in for it). Each is
 learnt once per process. An operator whose sandboxes use a mirror names the mirror's host
-instead.
+instead. Both are learnt when the server starts (:func:`learn_presets`, in a worker
+thread), never on the event loop.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import tempfile
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-__all__ = ["PRESETS", "preset_hosts"]
+__all__ = ["PRESETS", "learn_presets", "preset_hosts"]
 
 _NPM_TIMEOUT_S = 20.0
 
@@ -65,7 +66,26 @@ PRESETS: dict[str, Callable[[], tuple[str, ...]]] = {"pypi": _pypi, "npm": _npm}
 
 
 @functools.cache
+def _learnt(name: str) -> tuple[str, ...] | str:
+    """The preset's hosts, or why they cannot be learnt: a failure is kept too, so npm
+    runs at most once per process whatever the calls name."""
+    try:
+        return PRESETS[name]()
+    except ValueError as exc:
+        return str(exc)
+
+
+def learn_presets() -> None:
+    """Learn every preset now (blocking: npm runs once). Called at start in a worker
+    thread (``sessions.egress``), so that a call naming a preset only reads the cache."""
+    for name in PRESETS:
+        _learnt(name)
+
+
 def preset_hosts(name: str) -> tuple[str, ...]:
     """The hosts of preset ``name`` (a key of :data:`PRESETS`). Raises ValueError when
     they cannot be learnt here (npm missing): the entry is then refused like a typo."""
-    return PRESETS[name]()
+    learnt = _learnt(name)
+    if isinstance(learnt, str):
+        raise ValueError(learnt)
+    return learnt

@@ -33,6 +33,7 @@ import structlog
 from mcp_code_sandbox.backends.base import Egress
 from mcp_code_sandbox.egress.dns import resolver_from_settings
 from mcp_code_sandbox.egress.policy import Policy
+from mcp_code_sandbox.egress.presets import learn_presets
 from mcp_code_sandbox.egress.proxy import EgressProxy, open_proxy
 from mcp_code_sandbox.egress.secrets import Secret, load_secrets, placeholder_env
 from mcp_code_sandbox.layout import EGRESS_CA_NAME, egress_env
@@ -77,7 +78,9 @@ class EgressProxies:
     def check(self) -> None:
         """Parse the policy and read the secrets file now (blocking: a worker thread).
         Called by the service at start when network is allowed; raises what they raise
-        (``ValueError`` for the policy, ``SecretsFileError`` naming the file)."""
+        (``ValueError`` for the policy, ``SecretsFileError`` naming the file). The
+        presets are learnt here too (npm runs once), so no call waits for them."""
+        learn_presets()
         self.policy()
         self._loaded_secrets()
 
