@@ -21,6 +21,7 @@ from mcp_code_sandbox.settings import Settings
 
 pytestmark = [pytest.mark.e2e, pytest.mark.bwrap]
 
+#: The contract's tools (DESIGN.md), for this test and the fast one on the fake backend.
 TOOLS = {
     "run_code",
     "upload_file",

@@ -23,17 +23,8 @@ from mcp_types import (
 from mcp_code_sandbox.run.languages import RUNTIMES
 from mcp_code_sandbox.server.app import build_server
 from mcp_code_sandbox.service import SandboxService
+from tests.e2e.test_tools import TOOLS
 from tests.fakes import FakeBackend, fake_service
-
-TOOLS = {
-    "run_code",
-    "upload_file",
-    "read_file",
-    "list_files",
-    "close_session",
-    "list_runtimes",
-    "export_notebook",
-}
 
 
 @contextlib.asynccontextmanager
