@@ -2,8 +2,9 @@
 # Make a Docker engine with gVisor available on a Debian/Ubuntu machine (root), idempotently:
 #   1. install Debian's docker.io, runsc (gVisor), debootstrap and docker-compose (for
 #      deploy/compose.yaml; skipped when the `docker compose` plugin answers) where missing;
-#   2. register runsc as a runtime (runtime arguments $MCS_RUNSC_ARGS) in
-#      /etc/docker/daemon.json, merging into an existing file, never clobbering it;
+#   2. register runsc as a runtime (runtime arguments $MCS_RUNSC_ARGS) and turn on the
+#      engine's experimental API (checkpoints: a paused gVisor session keeps its memory)
+#      in /etc/docker/daemon.json, merging into an existing file, never clobbering it;
 #   3. start dockerd in the background if no engine answers, and wait (bounded) for it;
 #   4. once an image exists locally, check `docker run --runtime=runsc IMAGE true`.
 # Everything is printed to stderr. Environment:
@@ -55,7 +56,8 @@ runsc_path() {
     command -v runsc 2>/dev/null || echo /usr/bin/runsc
 }
 
-# Merge {"runtimes": {"runsc": {...}}} into daemon.json; prints "changed" when it wrote.
+# Merge {"runtimes": {"runsc": {...}}, "experimental": true} into daemon.json; prints
+# "changed" when it wrote.
 register_runsc() {
     mkdir -p "$(dirname "$DAEMON_JSON")"
     python3 - "$DAEMON_JSON" "$(runsc_path)" "$RUNSC_ARGS" <<'PY'
@@ -73,9 +75,11 @@ if not isinstance(config, dict):
     sys.exit(f"docker-engine: error: {path} is not a JSON object")
 wanted = {"path": runsc, "runtimeArgs": args}
 runtimes = config.setdefault("runtimes", {})
-if runtimes.get("runsc") == wanted:
+# Checkpoints (pausing a gVisor session with its memory) are an experimental engine API.
+if runtimes.get("runsc") == wanted and config.get("experimental") is True:
     sys.exit(0)
 runtimes["runsc"] = wanted
+config["experimental"] = True
 tmp = path + ".tmp"
 with open(tmp, "w", encoding="utf-8") as f:
     json.dump(config, f, indent=2)
@@ -148,4 +152,9 @@ fi
 docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q '"runsc"' \
     || die "the engine does not list runsc among its runtimes (see $DAEMON_JSON)"
 log "runtimes: $(docker info --format '{{range $k, $v := .Runtimes}}{{$k}} {{end}}')"
+if [ "$(docker info --format '{{.ExperimentalBuild}}' 2>/dev/null)" != "true" ]; then
+    # Not reloaded by SIGHUP, and a restart here would stop running containers.
+    log "warning: the running engine has no experimental API: paused gVisor sessions keep"
+    log "their variables, not their whole memory, until dockerd is restarted"
+fi
 check_runsc

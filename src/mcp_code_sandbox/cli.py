@@ -165,6 +165,8 @@ def _serve(settings: Settings, transport: str) -> int:
     if transport == "http":  # refuse an open bind or bad tokens before any sandbox work
         check_http_exposure(settings)
         build_auth(settings)
+    if settings.keep_sessions_on_shutdown is None:  # HTTP keeps sessions; stdio does not
+        settings = settings.model_copy(update={"keep_sessions_on_shutdown": transport == "http"})
     backend = create_backend(settings)
     # No runtime env yet (a first `uvx mcp-code-sandbox`): serve at once, build it beside.
     service = SandboxService(settings, backend, runtime_preparation(settings, backend))

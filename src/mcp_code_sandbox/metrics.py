@@ -34,8 +34,13 @@ __all__ = ["END_REASONS", "STATUSES", "EndReason", "Metrics"]
 
 #: Why a session ended: ``close_session``, the idle TTL, or the max lifetime. A shutdown
 #: is not counted: the process (and its counters) ends with it.
-EndReason = Literal["closed", "idle", "lifetime"]
-END_REASONS: tuple[EndReason, ...] = ("closed", "idle", "lifetime")
+EndReason = Literal["closed", "idle", "lifetime", "disk"]
+END_REASONS: tuple[EndReason, ...] = ("closed", "idle", "lifetime", "disk")
+#: How a session was paused (and resumed): its whole memory, its variables, its files.
+PAUSE_KINDS = ("memory", "variables", "files")
+SESSION_STATES = ("running", "paused")
+#: Why a pause kept less than the backend offers (``pause_fallbacks``).
+FALLBACK_REASONS = ("checkpoint_failed", "save_failed", "no_interpreter", "network")
 STATUSES = ("ok", "error", "timeout", "cancelled")
 BACKEND_CODES = (BackendUnavailable.code, SandboxFailed.code)
 #: Whether a new session found a warm sandbox in the pool.
@@ -70,7 +75,8 @@ class Metrics:
         )
         self._ended = Counter(
             "mcp_sandbox_sessions_ended",
-            "Sessions ended, by reason: closed (close_session), idle (TTL), lifetime (max age)",
+            "Sessions ended, by reason: closed (close_session), idle (TTL), lifetime (max "
+            "age), disk (paused state past SANDBOX_PAUSED_DISK_BYTES)",
             ["reason"],
             registry=r,
         )
@@ -140,12 +146,43 @@ class Metrics:
             registry=r,
         )
         self._egress_hosts: dict[str, set[str]] = {"allowed": set(), "blocked": set()}
+        self._states = Gauge(
+            "mcp_sandbox_sessions", "Sessions by state: running or paused", ["state"], registry=r
+        )
+        self._pause_s = Histogram(
+            "mcp_sandbox_pause_seconds",
+            "Time to pause a session, by kind: memory, variables or files",
+            ["kind"],
+            buckets=START_BUCKETS,
+            registry=r,
+        )
+        self._resume_s = Histogram(
+            "mcp_sandbox_resume_seconds",
+            "Time to resume a paused session (sandbox back, state loaded), by kind",
+            ["kind"],
+            buckets=START_BUCKETS,
+            registry=r,
+        )
+        self._paused_bytes = Gauge(
+            "mcp_sandbox_paused_bytes",
+            "Bytes of paused sessions' state on disk (checkpoints, saved variables, files)",
+            registry=r,
+        )
+        self._fallbacks = Counter(
+            "mcp_sandbox_pause_fallbacks",
+            "Pauses that kept less than the backend offers, by what they kept and why",
+            ["kind", "reason"],
+            registry=r,
+        )
         # Every series of a known label set exists from the start, at 0: a rate() over a
         # series that appears only with its first failure misses that failure.
         for reason in END_REASONS:
             self._ended.labels(reason)
         for result in POOL_RESULTS:
             self._pool_claims.labels(result)
+        for kind in PAUSE_KINDS:
+            self._pause_s.labels(kind)
+            self._resume_s.labels(kind)
         for code in ERROR_CODES:
             self._tool_errors.labels(code)
         for code in BACKEND_CODES:
@@ -154,6 +191,22 @@ class Metrics:
     def track_sessions(self, count: Callable[[], int]) -> None:
         """Read the open sessions from ``count`` at every scrape (never drifts)."""
         self._active.set_function(count)
+
+    def track_states(self, count: Callable[[str], int], paused_bytes: Callable[[], int]) -> None:
+        """Read sessions by state, and the paused bytes, at every scrape."""
+        for state in SESSION_STATES:
+            self._states.labels(state).set_function(functools.partial(count, state))
+        self._paused_bytes.set_function(paused_bytes)
+
+    def paused(self, kind: str, seconds: float, fallback: str | None) -> None:
+        """One pause: what it kept (``kind``), how long it took, and why it kept less
+        than the backend offers (``fallback``, one of :data:`FALLBACK_REASONS`)."""
+        self._pause_s.labels(kind).observe(seconds)
+        if fallback is not None:
+            self._fallbacks.labels(kind, fallback).inc()
+
+    def resumed(self, kind: str, seconds: float) -> None:
+        self._resume_s.labels(kind).observe(seconds)
 
     def session_created(self) -> None:
         self._created.inc()

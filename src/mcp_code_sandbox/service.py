@@ -33,7 +33,7 @@ from mcp_code_sandbox.run.probe import RuntimeProbe
 from mcp_code_sandbox.run.recent import RecentRuns
 from mcp_code_sandbox.run.request import RunRequest, check_request
 from mcp_code_sandbox.sessions.manager import SessionManager
-from mcp_code_sandbox.sessions.overview import SessionView, overview
+from mcp_code_sandbox.sessions.overview import SessionSummary, SessionView, overview, summaries
 from mcp_code_sandbox.sessions.runlog import RunLog
 from mcp_code_sandbox.sessions.session import Session
 from mcp_code_sandbox.settings import Settings
@@ -455,6 +455,10 @@ class SandboxService:
 
     async def close_session(self, owner: str, session_id: str) -> None:
         await self.sessions.close(owner, session_id)
+
+    async def list_sessions(self, owner: str) -> list[SessionSummary]:
+        """``list_sessions``: ``owner``'s sessions only, running and paused."""
+        return await summaries(self.sessions.listed(owner), self.threads)
 
     def pool_status(self) -> dict[str, Any]:
         """The warm pool as ``list_runtimes``, ``/readyz`` and ``/ui`` show it: ``size``

@@ -117,8 +117,22 @@ class Settings(BaseSettings):
 
     exec_timeout_s: float = Field(60.0, gt=0)
     max_exec_timeout_s: float = Field(600.0, gt=0)
-    session_ttl_m: float = Field(30.0, gt=0)
-    session_max_lifetime_h: float = Field(24.0, gt=0)
+    #: Idle minutes before a session expires (paused or not): 7 days, so an agent that
+    #: comes back after a weekend finds its session; a paused one holds only disk.
+    session_ttl_m: float = Field(7 * 24 * 60.0, gt=0)
+    #: Hours after which a session expires however active: 30 days bounds what an
+    #: abandoned-but-poked session holds on disk.
+    session_max_lifetime_h: float = Field(30 * 24.0, gt=0)
+    #: Idle minutes before a session is paused (``sessions.pause``): its sandbox stops and
+    #: leaves RAM; its memory (gVisor) or variables and files stay on disk, and the next
+    #: call resumes it. 0 turns pausing off (sessions keep their sandbox until they expire).
+    pause_after_m: float = Field(10.0, ge=0)
+    #: Paused state on disk, all sessions together (checkpoint images, saved variables
+    #: and workspaces of paused sessions); past it the longest-idle paused sessions expire.
+    paused_disk_bytes: Size = 10 * 1024**3
+    #: Most bytes one session's saved variables may take; the largest values that do
+    #: not fit are dropped and named.
+    pause_max_bytes: Size = 512 * 1024**2
     max_sessions: int = Field(10, ge=1)
     #: Sessions one owner may hold at once (with or without a sandbox: an upload makes
     #: one too). None: the default, :attr:`sessions_per_owner`.
@@ -176,9 +190,11 @@ class Settings(BaseSettings):
     network_upstream_ca: Path | None = None
     pass_through_env: NameList = Field(default_factory=list)
     allow_call_env: bool = False
-    #: On a clean shutdown, leave sessions whose backend can re-attach (docker) running
-    #: for the next server on this state dir, as a crash would (within ~10 min).
-    keep_sessions_on_shutdown: bool = False
+    #: On a clean shutdown, pause every session for the next server on this state dir
+    #: instead of ending them. None (the default): true for HTTP (a deploy is invisible
+    #: to clients), false for stdio (a client that leaves leaves nothing behind); the
+    #: CLI decides it from ``--transport``.
+    keep_sessions_on_shutdown: bool | None = None
 
     http_host: str = "127.0.0.1"
     http_port: int = Field(8080, ge=0, le=65535)

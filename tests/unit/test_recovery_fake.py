@@ -83,7 +83,7 @@ async def test_a_dead_servers_sessions_are_adopted_or_dropped(state_dir: Path) -
     settings = fake_settings(state_dir)
     kept = plant(settings, backend, "kept")
     lost = plant(settings, backend, "lost", sandbox=False)
-    stale = plant(settings, backend, "stale", idle_s=2 * 3600)
+    stale = plant(settings, backend, "stale", idle_s=8 * 24 * 3600)  # past the 7-day TTL
     forged = plant(settings, backend, "forged", labels_owner="mallory")
     stray = settings.workspaces_dir / records.new_slot(session_key("alice", "stray"))
     stray.mkdir()
@@ -101,7 +101,7 @@ async def test_a_dead_servers_sessions_are_adopted_or_dropped(state_dir: Path) -
             assert (again.result, again.session_created) == ("[]", True)
             assert again.notice and "was lost when the server restarted" in again.notice
             expired = await run(svc, "1", "stale")
-            assert expired.notice and "session stale expired after 30 min idle" in expired.notice
+            assert expired.notice and "session stale expired after 10080 min idle" in expired.notice
             # Nobody else sees the adopted session.
             other = await run(svc, "import os; os.listdir('.')", "kept", owner="bob")
             assert (other.result, other.session_created) == ("[]", True)

@@ -31,8 +31,8 @@ def test_defaults_match_the_design() -> None:
     assert s.pids_limit == 256
     assert s.exec_timeout_s == 60
     assert s.max_exec_timeout_s == 600
-    assert s.session_ttl_m == 30
-    assert s.session_max_lifetime_h == 24
+    assert s.session_ttl_m == 7 * 24 * 60
+    assert s.session_max_lifetime_h == 30 * 24
     assert s.max_sessions == 10
     assert s.max_upload_bytes == 50 * 1024**2
     assert s.max_output_bytes == 100 * 1024

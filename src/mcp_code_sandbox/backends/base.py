@@ -43,6 +43,7 @@ from mcp_code_sandbox.errors import SandboxFailed
 __all__ = [
     "Backend",
     "Channel",
+    "Checkpoint",
     "Description",
     "Egress",
     "Enforcement",
@@ -213,6 +214,18 @@ class Sandbox(abc.ABC):
 
 
 @dataclass(frozen=True)
+class Checkpoint:
+    """A paused sandbox's memory on disk (:meth:`Backend.checkpoint`): what
+    :meth:`Backend.restore` needs, and what it costs. Kept in the session's record, so
+    a later server resumes it too."""
+
+    #: The backend's name for the stopped sandbox holding the image (a container id).
+    backend_id: str
+    #: Bytes the image takes on disk; ``None`` when the backend cannot read it.
+    bytes: int | None = None
+
+
+@dataclass(frozen=True)
 class Description:
     """What a backend reports of itself: for ``list_runtimes`` (the service) and
     ``doctor``. Cheap to make: no sandbox is started (see :meth:`Backend.describe`).
@@ -295,6 +308,33 @@ class Backend(abc.ABC):
         ``--die-with-parent``) leave nothing to re-attach to.
         """
         return None
+
+    async def checkpoints(self) -> str | None:
+        """Why this backend cannot keep a paused sandbox's memory here (``None``: it
+        can, with :meth:`checkpoint`). Called by the session manager at start and by
+        ``doctor``; asks the engine at most once (the answer is kept). The default
+        cannot: the session manager then saves the interpreter's variables instead."""
+        return "this backend cannot checkpoint a sandbox's memory"
+
+    async def checkpoint(self, sandbox: Sandbox) -> Checkpoint:
+        """Stop ``sandbox`` with its whole memory saved to disk, freeing its RAM; what
+        :meth:`restore` brings back. Called by the session manager to pause an idle
+        session, after its agent let go of the channel (``park``). Raises
+        ``SandboxFailed`` when it could not (the sandbox may still run then: the caller
+        stops it)."""
+        raise SandboxFailed(await self.checkpoints() or "no checkpoint here")
+
+    async def restore(self, checkpoint: Checkpoint, spec: SandboxSpec) -> Sandbox:
+        """Start the sandbox ``checkpoint`` saved, as it was, once its agent said
+        ``ready`` (with ``reattached``). Called by the session manager on the first call
+        to a paused session. Raises ``SandboxFailed`` when it cannot (the caller then
+        discards the checkpoint and starts a fresh sandbox)."""
+        raise SandboxFailed(await self.checkpoints() or "no checkpoint here")
+
+    async def discard(self, checkpoint: Checkpoint) -> None:  # noqa: B027 - nothing by default
+        """Remove a checkpoint and what holds it, for good; a no-op when gone. Called by
+        the session manager when a paused session expires or its restore failed. Never
+        raises (logs what it could not free)."""
 
     @abc.abstractmethod
     async def list_leftovers(self) -> list[Leftover]:

@@ -20,6 +20,7 @@ from mcp_code_sandbox.backends.seccomp import build_seccomp_bpf
 from mcp_code_sandbox.doctor.checks import (
     Check,
     network_check,
+    pause_check,
     uid_range_detail,
     workspace_quota_check,
 )
@@ -201,6 +202,7 @@ def check_bwrap(settings: Settings) -> list[Check]:
         _uid_check(settings),
         workspace_quota_check(settings, BwrapBackend(settings)),
         _bwrap_network_check(settings),
+        pause_check("bwrap has no checkpoint: CRIU does not run on this kernel generation"),
     ]
 
 

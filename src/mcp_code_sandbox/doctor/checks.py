@@ -17,7 +17,15 @@ from mcp_code_sandbox.sessions.recovery import alive
 from mcp_code_sandbox.sessions.uids import uid_pool
 from mcp_code_sandbox.settings import Settings
 
-__all__ = ["Check", "network_check", "pool_check", "uid_range_detail", "workspace_quota_check"]
+__all__ = [
+    "Check",
+    "network_check",
+    "pause_check",
+    "pausing_check",
+    "pool_check",
+    "uid_range_detail",
+    "workspace_quota_check",
+]
 
 
 class Check(NamedTuple):
@@ -92,4 +100,43 @@ def pool_check(settings: Settings) -> Check:
         f"{settings.pool_size} sandboxes kept ready per server, replaced after "
         f"{settings.pool_max_age_s:g} s, preloading {preload}; {len(held)} pooled "
         "(ready or starting) held by servers running on this state dir now",
+    )
+
+
+#: What a variables pause keeps, and what it cannot.
+_VARIABLES = (
+    "variables (each value pickled with cloudpickle inside the sandbox into /mnt/data/"
+    ".session, modules re-imported, what cannot be pickled named); open files, threads "
+    "and processes do not survive"
+)
+
+
+def pause_check(no_memory: str | None) -> Check:
+    """Which pause kind this backend offers here: ``no_memory`` is why it cannot keep a
+    sandbox's whole memory (``Backend.checkpoints``), ``None`` when it can."""
+    if no_memory is None:
+        return Check(
+            "pause",
+            True,
+            "an idle session is paused with its whole memory (a gVisor checkpoint: "
+            "variables, imports, open figures and history come back); one with network, "
+            f"or whose checkpoint fails, with its {_VARIABLES}",
+        )
+    return Check("pause", True, f"an idle session is paused with its {_VARIABLES} ({no_memory})")
+
+
+def pausing_check(settings: Settings) -> Check:
+    """The pause settings, and the paused sessions servers on this state dir hold now."""
+    if settings.pause_after_m == 0:
+        head = "idle sessions are not paused (SANDBOX_PAUSE_AFTER_M=0)"
+    else:
+        head = f"idle sessions are paused after {settings.pause_after_m:g} min"
+    paused = [r for r in records.load_records(settings.sessions_dir) if r.paused is not None]
+    return Check(
+        "pausing",
+        True,
+        f"{head}; they expire after {settings.session_ttl_m:g} min idle or "
+        f"{settings.session_max_lifetime_h:g} h in all; paused state is kept within "
+        f"{settings.paused_disk_bytes} bytes (the longest idle expire first); "
+        f"{len(paused)} paused sessions on this state dir now",
     )

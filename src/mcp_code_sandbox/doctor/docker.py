@@ -13,7 +13,7 @@ from typing import Any
 import docker
 
 from mcp_code_sandbox import host
-from mcp_code_sandbox.backends.docker.backend import DockerBackend
+from mcp_code_sandbox.backends.docker.backend import DockerBackend, no_checkpoints
 from mcp_code_sandbox.backends.docker.engine import foreign, probe_engine
 from mcp_code_sandbox.backends.docker.labels import RUNNER_FILTER, is_runner
 from mcp_code_sandbox.backends.docker.runners import choose_runners, listed_images
@@ -21,6 +21,7 @@ from mcp_code_sandbox.backends.seccomp import deny_rules
 from mcp_code_sandbox.doctor.checks import (
     Check,
     network_check,
+    pause_check,
     uid_range_detail,
     workspace_quota_check,
 )
@@ -87,6 +88,7 @@ def _engine_checks(client: Any, settings: Settings, where: str) -> list[Check]:
     checks.append(_network_check(backend, settings, list(runsc.get("runtimeArgs") or [])))
     checks.append(_quota_check(backend, settings))
     checks.append(uid_check(settings, info.get("SecurityOptions") or []))
+    checks.append(pause_check(no_checkpoints(settings, info)))
     return checks
 
 

@@ -12,7 +12,7 @@ from typing import TextIO
 
 from mcp_code_sandbox.doctor import bwrap, docker
 from mcp_code_sandbox.doctor.bwrap import check_bwrap
-from mcp_code_sandbox.doctor.checks import Check, pool_check
+from mcp_code_sandbox.doctor.checks import Check, pausing_check, pool_check
 from mcp_code_sandbox.doctor.docker import check_docker
 from mcp_code_sandbox.settings import Settings
 
@@ -35,7 +35,7 @@ def run_doctor(settings: Settings, out: TextIO = sys.stdout) -> int:
         chosen = "docker" if usable["docker"] else "bwrap"
     state = "ready" if usable[chosen] else "NOT usable"
     print("sessions:", file=out)
-    _print([pool_check(settings)], out)
+    _print([pool_check(settings), pausing_check(settings)], out)
     print(f"backend in use ({settings.backend}): {chosen}, {state}", file=out)
     return 0 if usable[chosen] else 1
 

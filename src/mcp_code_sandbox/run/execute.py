@@ -105,6 +105,8 @@ class RunReport(Outcome):
     files_partial: bool = False
     #: Hosts the sandbox's egress proxy refused during the run (set by the service).
     blocked_hosts: list[str] = field(default_factory=list)
+    #: How a paused session came back for this run (``memory``, ``variables``), if it was.
+    resumed: str | None = None
 
 
 #: The outcome's fields the report carries over as they are (not ``state_lost``: a
@@ -194,6 +196,7 @@ async def run(
         image_files=images,
         files_partial=before.truncated or after.truncated,
         state_lost=outcome.state_lost or replaced,
+        resumed=handout.resumed,
     )
     _audit(session, request, report, capture)
     given.metrics.run_finished(report.language, report.status, report.duration_ms / 1000)

@@ -117,6 +117,12 @@ def descriptions(
         "close_session": (
             "Close a session: stop its sandbox and delete its files. Do this when done."
         ),
+        "list_sessions": (
+            "List your sessions: id, when created and last active, state (running, or "
+            "paused: idle, put away to disk, resumed by the next run_code), the size of "
+            "its files, and the variables a paused session saved. Use it to find a "
+            "session to come back to."
+        ),
         "list_runtimes": (
             "List the languages run_code offers, with versions, preinstalled packages and "
             "the limits of every session."
@@ -240,6 +246,7 @@ def _register_tools(
         (tools.list_files, "list_files", "List files", readonly),
         (tools.close_session, "close_session", "Close a session",
          _hints(read_only=False, destructive=True, idempotent=False)),
+        (tools.list_sessions, "list_sessions", "List your sessions", readonly),
         (tools.list_runtimes, "list_runtimes", "List runtimes", readonly),
         (tools.export_notebook, "export_notebook", "Export the session as a notebook",
          _hints(read_only=False, destructive=True, idempotent=True)),

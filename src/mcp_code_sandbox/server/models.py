@@ -50,6 +50,12 @@ class RunResult(BaseModel):
     session_id: str
     session_created: bool
     notice: str | None = None
+    resumed: Literal["memory", "variables"] | None = Field(
+        None,
+        description="The session had been paused while idle and came back for this call: "
+        "with its whole memory, or with its saved variables (notice names what was not "
+        "kept); absent when it was not paused",
+    )
     language: str
     status: Literal["ok", "error", "timeout", "cancelled"]
     exit_code: int | None = None
@@ -122,6 +128,32 @@ class ListFilesResult(BaseModel):
 class CloseResult(BaseModel):
     session_id: str
     status: Literal["closed"]
+
+
+class VariableOut(BaseModel):
+    name: str
+    type: str
+
+
+class SessionOut(BaseModel):
+    session_id: str
+    created: str = Field(description="ISO 8601, UTC")
+    last_active: str = Field(description="ISO 8601, UTC; now while a call holds the session")
+    state: Literal["running", "paused"] = Field(
+        description="paused: idle, its sandbox put away to disk; the next run_code resumes it"
+    )
+    workspace_bytes: int | None = Field(
+        None, description="Bytes its /mnt/data holds (installed packages and saved state too)"
+    )
+    file_count: int | None = None
+    saved_variables: list[VariableOut] | None = Field(
+        None, description="Variables a pause saved (paused sessions kept by their variables)"
+    )
+    saved_variables_more: int = Field(0, description="Saved variables not listed here")
+
+
+class SessionsResult(BaseModel):
+    sessions: list[SessionOut]
 
 
 class RuntimeOut(BaseModel):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import datetime
 import functools
 import inspect
 from collections.abc import Awaitable, Callable, Sequence
@@ -40,6 +41,7 @@ from mcp_code_sandbox.server.tool_results import (
     structured_result,
 )
 from mcp_code_sandbox.service import SandboxService
+from mcp_code_sandbox.sessions.overview import SessionSummary
 from mcp_code_sandbox.workspace import ListResult
 
 __all__ = ["ToolSet"]
@@ -265,6 +267,11 @@ class ToolSet:
         return structured_result(models.CloseResult(session_id=session_id, status="closed"))
 
     @tool_errors
+    async def list_sessions(self) -> Annotated[CallToolResult, models.SessionsResult]:
+        listed = await self.service.list_sessions(current_owner())
+        return structured_result(models.SessionsResult(sessions=[_session_out(s) for s in listed]))
+
+    @tool_errors
     async def list_runtimes(self) -> Annotated[CallToolResult, models.RuntimesResult]:
         runtimes = [models.RuntimeOut(**r) for r in await self.service.runtimes()]
         pool = models.PoolOut(**self.service.pool_status())
@@ -297,6 +304,30 @@ class ToolSet:
             download_url=links(name) if links else None,
         )
         return structured_result(result, [link])
+
+
+#: Saved variables ``list_sessions`` names per session (the rest are counted).
+LISTED_VARIABLES = 100
+
+
+def _session_out(summary: SessionSummary) -> models.SessionOut:
+    saved = summary.saved_variables
+    return models.SessionOut(
+        session_id=summary.session_id,
+        created=_iso(summary.created_at),
+        last_active=_iso(summary.last_active),
+        state=summary.state,
+        workspace_bytes=summary.workspace_bytes,
+        file_count=summary.file_count,
+        saved_variables=None
+        if saved is None
+        else [models.VariableOut(name=n, type=t) for n, t in saved[:LISTED_VARIABLES]],
+        saved_variables_more=max(0, len(saved or ()) - LISTED_VARIABLES),
+    )
+
+
+def _iso(wall: float) -> str:
+    return datetime.datetime.fromtimestamp(wall, datetime.UTC).isoformat(timespec="seconds")
 
 
 def _listing_page(

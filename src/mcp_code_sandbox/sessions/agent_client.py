@@ -24,6 +24,7 @@ from mcp_code_sandbox.agent.protocol import DisplayEvent, DoneEvent, HostMessage
 from mcp_code_sandbox.backends.base import Channel
 from mcp_code_sandbox.errors import SandboxFailed
 from mcp_code_sandbox.sessions.executor import Cell, Display, Outcome, StreamSink
+from mcp_code_sandbox.sessions.saved import LoadReport, SaveReport
 
 __all__ = ["INTERRUPT_GRACE_S", "AgentClient"]
 
@@ -92,6 +93,15 @@ class AgentClient:
         except (TimeoutError, SandboxFailed):
             # The agent is stuck or gone: the session manager replaces the sandbox.
             self.broken = True
+
+    async def save_state(self, max_bytes: int, timeout_s: float) -> SaveReport:  # STUB
+        raise SandboxFailed("stub")
+
+    async def load_state(self, timeout_s: float) -> LoadReport:  # STUB
+        raise SandboxFailed("stub")
+
+    async def park(self, wait_s: float = 5.0) -> None:  # STUB
+        raise SandboxFailed("stub")
 
     async def _send(self, message: HostMessage) -> None:
         try:

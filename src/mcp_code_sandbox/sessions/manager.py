@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import time
 from collections import OrderedDict
@@ -65,21 +66,29 @@ import structlog
 
 from mcp_code_sandbox.backends.base import Backend, Limits, Sandbox, SandboxSpec
 from mcp_code_sandbox.backends.runner_images import RunnerImage, RunnerSandbox
-from mcp_code_sandbox.errors import MaxSessions, SandboxFailed, SessionBusy, SessionNotFound
+from mcp_code_sandbox.errors import (
+    MaxSessions,
+    SandboxError,
+    SandboxFailed,
+    SessionBusy,
+    SessionNotFound,
+)
 from mcp_code_sandbox.host import process_mark
 from mcp_code_sandbox.metrics import EndReason, Metrics
 from mcp_code_sandbox.sessions import quota, records, runlog
 from mcp_code_sandbox.sessions.agent_client import AgentClient
 from mcp_code_sandbox.sessions.egress import Wish
 from mcp_code_sandbox.sessions.ids import mint_session_id, session_key, validate_session_id
+from mcp_code_sandbox.sessions.overview import WALK_LIMIT
 from mcp_code_sandbox.sessions.pool import Pooled, WarmPool
 from mcp_code_sandbox.sessions.quota import QuotaMode
-from mcp_code_sandbox.sessions.recovery import Adopted, recover
+from mcp_code_sandbox.sessions.recovery import Adopted, Kept, recover
 from mcp_code_sandbox.sessions.sandboxes import Sandboxes
 from mcp_code_sandbox.sessions.session import (
     END_WAIT_S,
     Acquired,
     Handout,
+    Paused,
     Session,
 )
 from mcp_code_sandbox.sessions.uids import UidLease, uid_pool
@@ -95,6 +104,8 @@ log = structlog.get_logger("mcp_code_sandbox.sessions.manager")
 _TOMBSTONES = 10_000
 #: Longest a session's on-disk ``last_active`` lags behind the truth (see above).
 RECORD_EVERY_S = 10.0
+#: Idle sessions the reaper pauses at once.
+_PAUSES_AT_ONCE = 4
 
 
 class SessionManager:
@@ -105,6 +116,7 @@ class SessionManager:
         self.backend = backend
         self.metrics = metrics or Metrics(backend.name)
         self.metrics.track_sessions(self.count)
+        self.metrics.track_states(self._count_state, self.paused_bytes)
         #: Where blocking work on sessions' files runs (never on the event loop).
         self.threads = WorkerThreads(settings.worker_threads)
         self._sessions: dict[tuple[str, str], Session] = {}
@@ -150,8 +162,11 @@ class SessionManager:
             spec_for=self._spec_for,
             uids=self.uids,
         )
+        await self.sandboxes.start()
         for adopted in recovered.adopt:
             self._adopt(adopted)
+        for kept in recovered.paused:
+            self._keep(kept)
         for owner, session_id, why in recovered.lost:
             self._tombstone(owner, session_id, why)
         self._start_reaper()
@@ -159,8 +174,7 @@ class SessionManager:
 
     async def aclose(self) -> None:
         """Stop every sandbox and delete every workspace; bounded by the backend's stops.
-        With ``keep_sessions_on_shutdown`` and a backend that re-attaches, leave them all
-        for the next server instead.
+        With ``keep_sessions_on_shutdown``, pause them all for the next server instead.
 
         Idempotent: a signal handler and the normal way out may both call it."""
         if self._closed:
@@ -171,8 +185,7 @@ class SessionManager:
             await asyncio.wait({self._reaper})  # whatever it ended with, shutdown goes on
         sessions = list(self._sessions.values())
         self._sessions.clear()
-        keep = self.settings.keep_sessions_on_shutdown and self.backend.reattaches
-        end = self._leave if keep else self._destroy
+        end = self._leave if self.settings.keep_sessions_on_shutdown else self._destroy
         unfinished = list(self._unfinished.values())
         # Each session on its own: one that fails is logged and the others still end.
         for outcome in await asyncio.gather(
@@ -217,6 +230,42 @@ class SessionManager:
         self._sessions[(record.owner, record.session_id)] = session
         self._save(session, force=True)  # now ours: a later start must leave it alone
         log.info("session re-attached", owner=record.owner, session=record.session_id)
+
+    def _keep(self, kept: Kept) -> None:
+        """Register a paused session a dead server left (:func:`.recovery.recover`): no
+        sandbox; its first call that runs code resumes it. A server that died during a
+        pause left the last complete saved state, or none: its files at least."""
+        record = kept.record
+        try:
+            paused = Paused.from_json(record.paused) if record.paused is not None else None
+        except (ValueError, TypeError) as exc:
+            log.warning(
+                "a paused session's record is damaged", session=record.session_id, error=str(exc)
+            )
+            paused = None
+        if paused is None:
+            paused = Paused(
+                "files",
+                record.last_active,
+                why="the server stopped while the session was being paused",
+                load=True,  # its last complete saved variables, if there are some
+            )
+        mono, wall = time.monotonic(), time.time()
+        session = Session(
+            record.session_id,
+            record.owner,
+            record.key,
+            record.slot,
+            self._workspace(record.slot, record.uid),
+            created_at=mono - (wall - record.created_at),
+            last_active=mono - (wall - record.last_active),
+            created_wall=record.created_at,
+            uid_lease=kept.uid_lease,
+            paused=paused,
+        )
+        self._sessions[(record.owner, record.session_id)] = session
+        self._save(session, force=True)
+        log.info("paused session kept", owner=record.owner, session=record.session_id)
 
     def _spec_for(self, record: records.SessionRecord) -> SandboxSpec:
         """The spec a recorded session's sandbox was made with (recovery re-attaches it)."""
@@ -291,6 +340,8 @@ class SessionManager:
             created_at=session.created_wall,
             last_active=wall - (now - session.last_active),
             uid=session.uid,
+            paused=None if session.paused is None else session.paused.to_json(),
+            pausing=session.pausing,
         )
         try:
             records.write_record(self.settings.sessions_dir, record)
@@ -456,18 +507,72 @@ class SessionManager:
         return remains
 
     async def _leave(self, session: Session) -> None:
-        """Shut down without ending ``session``: its record is brought up to date, its
-        sandbox detached (still running), its workspace kept; runners (stateless) stop.
-        The next server on this state dir re-attaches it (see :mod:`.recovery`)."""
-        for language in list(session.runners):
-            await self.sandboxes.drop_runner(session, language)
-        self._save(session, force=True)
-        sandbox, session.sandbox, session.agent = session.sandbox, None, None
-        if sandbox is not None:
-            await self.backend.detach(sandbox)
+        """Shut down without ending ``session``: it is paused (its record says how), its
+        workspace kept. The next server on this state dir keeps it and resumes it on
+        its first call (see :mod:`.recovery`)."""
+        await self._pause(session, wait=False)
         if session.uid_lease is not None:
             session.uid_lease.release()  # reserved by its record for the next server
-        log.info("session left for the next server", owner=session.owner, session=session.id)
+        log.info("session paused for the next server", owner=session.owner, session=session.id)
+
+    # -- pausing ---------------------------------------------------------------------------
+
+    async def _pause(self, session: Session, *, wait: bool = True) -> None:
+        """Pause ``session`` (see :meth:`.sandboxes.Sandboxes.pause`) under its lock: a
+        call arriving meanwhile waits for the pause, then resumes it. Its record says
+        ``pausing`` until the pause is complete, so a server that dies meanwhile leaves
+        a session the next one keeps. ``wait`` False (shutdown): a call still holding
+        the session is not waited for; its sandbox is stopped under it."""
+        if wait:
+            await session.lock.acquire()
+        try:
+            if session.closed or session.paused is not None:
+                return
+            session.pausing = True
+            self._save(session, force=True)
+            paused = await self.sandboxes.pause(session)
+            count, size = await self._files(session)
+            paused = dataclasses.replace(
+                paused, bytes=paused.bytes + size, file_count=count, files_bytes=size
+            )
+            session.paused, session.pausing = paused, False
+            self._save(session, force=True)
+            await self._unmount(session)
+            log.info("session paused", owner=session.owner, session=session.id, kind=paused.kind)
+        finally:
+            if wait:
+                session.lock.release()
+
+    async def _files(self, session: Session) -> tuple[int, int]:
+        """The workspace's files and the bytes it holds (hidden dirs too); zeros when
+        it cannot be read."""
+        if not session.workspace_made:
+            return 0, 0
+        try:
+            snapshot = await self.threads.run(
+                session.owner, session.workspace.snapshot, WALK_LIMIT, count_hidden=True
+            )
+        except (SandboxError, OSError):
+            return 0, 0
+        return len(snapshot.files), snapshot.used_bytes
+
+    async def _unmount(self, session: Session) -> None:
+        """Let go of a paused session's filesystem (mounted again by its next call)."""
+        if session.workspace_made and session.workspace.volume is not None:
+            try:
+                await self.threads.run(session.owner, session.workspace.unmount)
+            except (SandboxError, OSError) as exc:
+                log.warning("cannot unmount a paused workspace", session=session.id, error=str(exc))
+                return
+            session.workspace_made = False
+
+    def paused_bytes(self) -> int:
+        """Bytes of paused sessions' state on disk, all owners (for the disk budget)."""
+        return sum(s.paused.bytes for s in self._sessions.values() if s.paused is not None)
+
+    def _count_state(self, state: str) -> int:
+        paused = sum(1 for s in self._sessions.values() if s.paused is not None)
+        return paused if state == "paused" else len(self._sessions) - paused
 
     async def _destroy(self, session: Session) -> list[str]:
         """Stop everything of ``session`` and remove its files; what remains, in words.
@@ -483,6 +588,8 @@ class SessionManager:
         await self._release(session)  # ends a running cell: its call returns soon
         await self._settle(session)
         remains = await self._release(session, retry=False)  # what those calls left
+        if session.paused is not None:
+            await self.sandboxes.discard(session.paused)
         try:
             await self.threads.run(session.owner, session.workspace.destroy)
         except Exception as exc:
@@ -546,8 +653,10 @@ class SessionManager:
         self._start_reaper()
 
     async def _reap_forever(self) -> None:
-        ttl = self.settings.session_ttl_m * 60
-        interval = max(0.5, min(15.0, ttl / 4))
+        spans = [self.settings.session_ttl_m * 60]
+        if self.settings.pause_after_m > 0:
+            spans.append(self.settings.pause_after_m * 60)
+        interval = max(0.5, min(15.0, min(spans) / 4))
         while True:
             await asyncio.sleep(interval)
             try:
@@ -556,16 +665,20 @@ class SessionManager:
                 log.exception("a reaper pass failed; the next one tries again")
 
     async def reap(self) -> None:
-        """Close sessions idle past the TTL or past their max lifetime (not mid-call),
-        and try again to free what earlier ends left. Each session on its own: one
-        that fails is logged and tried again at the next pass."""
+        """Close sessions idle past the TTL or past their max lifetime, pause those idle
+        past ``pause_after_m`` (never mid-call), keep paused state within its disk
+        budget, and try again to free what earlier ends left. Each session on its own:
+        one that fails is logged and tried again at the next pass."""
         now = time.monotonic()
         ttl = self.settings.session_ttl_m * 60
         lifetime = self.settings.session_max_lifetime_h * 3600
+        pause_after = self.settings.pause_after_m * 60
+        to_pause: list[Session] = []
         for session in list(self._sessions.values()):
             if session.lock.locked():
                 continue
-            if now - session.last_active > ttl:
+            idle = now - session.last_active
+            if idle > ttl:
                 reason = (
                     f"session {session.id} expired after {self.settings.session_ttl_m:g} min idle"
                 )
@@ -576,8 +689,45 @@ class SessionManager:
                     f"{self.settings.session_max_lifetime_h:g} h"
                 )
                 await self._isolated(session, self._expire(session, reason, "lifetime"))
+            elif pause_after > 0 and idle > pause_after:
+                if session.paused is None and (session.sandbox is not None or session.runners):
+                    to_pause.append(session)
+                elif session.paused is not None and session.workspace_made:
+                    await self._unmount(session)  # mounted again by a file call since
+        # A few at a time: each waits on its sandbox (a save, a checkpoint), not the CPU.
+        for start in range(0, len(to_pause), _PAUSES_AT_ONCE):
+            batch = to_pause[start : start + _PAUSES_AT_ONCE]
+            await asyncio.gather(*(self._paused_isolated(s) for s in batch))
+        await self._keep_within_disk_budget()
         for session in list(self._unfinished.values()):
             await self._isolated(session, self._destroy(session))
+
+    async def _paused_isolated(self, session: Session) -> None:
+        try:
+            await self._pause(session)
+        except Exception:
+            log.exception("pausing a session failed", owner=session.owner, session=session.id)
+
+    async def _keep_within_disk_budget(self) -> None:
+        """Past ``paused_disk_bytes``, expire paused sessions, the longest idle first."""
+        budget = self.settings.paused_disk_bytes
+        total = self.paused_bytes()
+        if total <= budget:
+            return
+        paused = sorted(
+            (s for s in self._sessions.values() if s.paused is not None and not s.lock.locked()),
+            key=lambda s: s.last_active,
+        )
+        for session in paused:
+            if total <= budget:
+                break
+            assert session.paused is not None
+            total -= session.paused.bytes
+            reason = (
+                f"session {session.id} was paused and then expired to keep paused sessions "
+                f"within SANDBOX_PAUSED_DISK_BYTES ({budget} bytes); the longest idle go first"
+            )
+            await self._isolated(session, self._expire(session, reason, "disk"))
 
     async def _isolated(self, session: Session, end: Awaitable[list[str]]) -> None:
         try:

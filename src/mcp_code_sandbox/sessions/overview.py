@@ -15,13 +15,21 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
+from typing import Literal
 
 from mcp_code_sandbox.backends.base import Backend, Usage
 from mcp_code_sandbox.errors import SandboxError
 from mcp_code_sandbox.sessions.session import Session
 from mcp_code_sandbox.sessions.workers import WorkerThreads
 
-__all__ = ["FIGURE_TIMEOUT_S", "WALK_LIMIT", "SessionView", "overview"]
+__all__ = [
+    "FIGURE_TIMEOUT_S",
+    "WALK_LIMIT",
+    "SessionSummary",
+    "SessionView",
+    "overview",
+    "summaries",
+]
 
 FIGURE_TIMEOUT_S = 2.0
 #: Entries a workspace walk reads at most for the page; past it the size is a lower bound.
@@ -32,8 +40,9 @@ WALK_LIMIT = 50_000
 class SessionView:
     owner: str
     session_id: str
-    #: ``busy`` (a call holds it now), ``running`` (a live sandbox, idle), or ``no
-    #: sandbox`` (files only: nothing ran yet, or its sandbox was stopped).
+    #: ``busy`` (a call holds it now), ``running`` (a live sandbox, idle), ``paused``
+    #: (idle, its sandbox put away to disk), or ``no sandbox`` (files only: nothing ran
+    #: yet, or its sandbox was stopped).
     state: str
     created_at: float  # wall clock
     age_s: float
@@ -47,6 +56,8 @@ class SessionView:
 def _state(session: Session) -> str:
     if session.lock.locked():
         return "busy"
+    if session.paused is not None:
+        return "paused"
     if session.sandbox is not None and session.sandbox.is_alive():
         return "running"
     return "no sandbox"
@@ -97,3 +108,60 @@ async def overview(
     """One :class:`SessionView` per session, oldest first, gathered concurrently."""
     ordered = sorted(sessions, key=lambda s: s.created_wall)
     return list(await asyncio.gather(*(_view(backend, threads, s) for s in ordered)))
+
+
+@dataclass(frozen=True)
+class SessionSummary:
+    """One session as ``list_sessions`` shows it to its owner."""
+
+    session_id: str
+    created_at: float  # wall clock
+    last_active: float  # wall clock
+    state: Literal["running", "paused"]
+    #: Bytes the workspace holds (``.session/`` and ``.packages/`` too) and its files;
+    #: ``None`` when the walk did not finish in time.
+    workspace_bytes: int | None
+    file_count: int | None
+    #: ``(name, type)`` of the variables a pause saved; ``None`` unless paused with them.
+    saved_variables: tuple[tuple[str, str], ...] | None
+
+
+async def summaries(sessions: list[Session], threads: WorkerThreads) -> list[SessionSummary]:
+    """A :class:`SessionSummary` per session, oldest first. A paused session's files are
+    as its pause measured them while its filesystem is put away."""
+    ordered = sorted(sessions, key=lambda s: s.created_wall)
+    return list(await asyncio.gather(*(_summary(threads, s) for s in ordered)))
+
+
+async def _summary(threads: WorkerThreads, session: Session) -> SessionSummary:
+    paused = session.paused
+    count: int | None
+    size: int | None
+    if paused is not None and not session.workspace_made:
+        count, size = paused.file_count, paused.files_bytes
+    else:
+        count, size = await _files(threads, session)
+    now_mono, now_wall = time.monotonic(), time.time()
+    busy = session.lock.locked()
+    return SessionSummary(
+        session_id=session.id,
+        created_at=session.created_wall,
+        last_active=now_wall if busy else now_wall - (now_mono - session.last_active),
+        state="paused" if paused is not None else "running",
+        workspace_bytes=size,
+        file_count=count,
+        saved_variables=paused.saved if paused is not None and paused.kind == "variables" else None,
+    )
+
+
+async def _files(threads: WorkerThreads, session: Session) -> tuple[int | None, int | None]:
+    if not session.workspace_made or session.closed:
+        return 0, 0
+    try:
+        async with asyncio.timeout(FIGURE_TIMEOUT_S):
+            snapshot = await threads.run(
+                session.owner, session.workspace.snapshot, WALK_LIMIT, count_hidden=True
+            )
+    except (TimeoutError, SandboxError, OSError):
+        return None, None
+    return len(snapshot.files), snapshot.used_bytes

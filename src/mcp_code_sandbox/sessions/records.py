@@ -39,6 +39,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from mcp_code_sandbox.backends.base import Leftover
 
@@ -47,6 +48,7 @@ __all__ = [
     "SLOT_PATTERN",
     "Plan",
     "SessionRecord",
+    "checkpoint_id",
     "list_slots",
     "load_records",
     "new_slot",
@@ -87,6 +89,12 @@ class SessionRecord:
     #: A pooled sandbox's record, not yet claimed by a session (``owner`` and
     #: ``session_id`` are empty then): never re-attached, never reported as lost.
     pool: bool = False
+    #: The session is paused (:class:`.session.Paused` as JSON): a later server keeps it
+    #: and resumes it on its first call. ``None``: it was running.
+    paused: dict[str, Any] | None = None
+    #: A pause was under way: a server that died meanwhile left its last complete state
+    #: (or files alone); a later server keeps the session as paused all the same.
+    pausing: bool = False
 
 
 def record_path(directory: Path, slot: str) -> Path:
@@ -148,6 +156,8 @@ def _parse(path: Path) -> SessionRecord | None:
             last_active=float(raw["last_active"]),
             uid=_uid(raw.get("uid")),
             pool=raw.get("pool", False) is True,
+            paused=_paused(raw.get("paused")),
+            pausing=raw.get("pausing", False) is True,
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -156,6 +166,14 @@ def _parse(path: Path) -> SessionRecord | None:
     if match is None or match.group(1) != record.key or path.name != record.slot + _SUFFIX:
         return None
     return record
+
+
+def _paused(value: object) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ValueError("not a pause")
+    return value
 
 
 def _uid(value: object) -> int | None:
@@ -178,11 +196,21 @@ class Plan:
     """What a starting server does with what dead servers left (see the module doc)."""
 
     reattach: list[tuple[SessionRecord, Leftover]] = field(default_factory=list)
+    #: Paused sessions (or ones a pause was under way for) to register as paused; a
+    #: checkpointed one's stopped sandbox is kept with it.
+    keep_paused: list[SessionRecord] = field(default_factory=list)
     remove_leftovers: list[Leftover] = field(default_factory=list)
     #: Records to delete with their workspaces, each with why (for the tombstone).
     drop: list[tuple[SessionRecord, str]] = field(default_factory=list)
     #: Workspace directories that no record claims.
     stray_slots: list[str] = field(default_factory=list)
+
+
+def checkpoint_id(record: SessionRecord) -> str | None:
+    """The backend id of the stopped sandbox holding a paused session's memory."""
+    checkpoint = (record.paused or {}).get("checkpoint")
+    backend_id = checkpoint.get("backend_id") if isinstance(checkpoint, dict) else None
+    return backend_id if isinstance(backend_id, str) else None
 
 
 def plan_recovery(
@@ -204,26 +232,56 @@ def plan_recovery(
     live = {r.slot for r in records if alive(r.instance)}
     dead = {r.slot: r for r in records if r.slot not in live}
     candidates: dict[str, tuple[SessionRecord, Leftover]] = {}
+    held: dict[str, Leftover] = {}  # checkpointed sandboxes of paused sessions
     for leftover in leftovers:
         slot = _slot_of(leftover.workspace, workspaces_dir)
         if slot in live:
             continue  # a live server re-attached it earlier: its labels still say otherwise
         record = dead.get(slot) if slot is not None else None
+        fresh = record is not None and _expiry(record, now, ttl_s, lifetime_s) is None
         if (
             record is not None
+            and fresh
+            and record.paused is not None
+            and checkpoint_id(record) == leftover.backend_id
+            and _made_for(leftover, record)
+        ):
+            held[record.slot] = leftover
+        elif (
+            record is not None
+            and fresh
+            and record.paused is None
             and leftover.runner is None  # a runner holds nothing but the workspace's files
             and slot not in candidates
             and leftover.running
             and _made_for(leftover, record)
-            and _expiry(record, now, ttl_s, lifetime_s) is None
         ):
             candidates[record.slot] = (record, leftover)
         else:
             plan.remove_leftovers.append(leftover)
-    ranked = sorted(candidates.values(), key=lambda pair: pair[0].last_active, reverse=True)
-    plan.reattach = ranked[:max_sessions]
-    plan.remove_leftovers.extend(leftover for _, leftover in ranked[max_sessions:])
-    chosen = {record.slot for record, _ in plan.reattach}
+    keep: list[SessionRecord | tuple[SessionRecord, Leftover]] = [*candidates.values()]
+    keep.extend(
+        r
+        for r in dead.values()
+        if r.slot not in candidates
+        and not r.pool
+        and (r.paused is not None or r.pausing)
+        and _expiry(r, now, ttl_s, lifetime_s) is None
+    )
+    keep.sort(key=lambda kept: _record_of(kept).last_active, reverse=True)
+    for kept in keep[max_sessions:]:
+        if isinstance(kept, tuple):
+            plan.remove_leftovers.append(kept[1])
+        elif kept.slot in held:
+            plan.remove_leftovers.append(held.pop(kept.slot))
+    chosen: set[str] = set()
+    for kept in keep[:max_sessions]:
+        if isinstance(kept, tuple):
+            plan.reattach.append(kept)
+        else:
+            plan.keep_paused.append(kept)
+        chosen.add(_record_of(kept).slot)
+    plan.remove_leftovers.extend(v for slot, v in held.items() if slot not in chosen)
     for record in dead.values():
         if record.slot not in chosen:
             why = _expiry(record, now, ttl_s, lifetime_s) or (
@@ -233,6 +291,10 @@ def plan_recovery(
     known = {r.slot for r in records}
     plan.stray_slots = sorted(set(slots_on_disk) - known)
     return plan
+
+
+def _record_of(kept: SessionRecord | tuple[SessionRecord, Leftover]) -> SessionRecord:
+    return kept[0] if isinstance(kept, tuple) else kept
 
 
 def _made_for(leftover: Leftover, record: SessionRecord) -> bool:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import structlog
 
-from mcp_code_sandbox.backends.base import Backend, Leftover, Sandbox, SandboxSpec
+from mcp_code_sandbox.backends.base import Backend, Checkpoint, Leftover, Sandbox, SandboxSpec
 from mcp_code_sandbox.errors import SandboxError, SandboxFailed
 from mcp_code_sandbox.host import process_alive, read_mark
 from mcp_code_sandbox.sessions import records, runlog
@@ -39,7 +39,7 @@ from mcp_code_sandbox.settings import Settings
 from mcp_code_sandbox.workspace import remove_tree
 from mcp_code_sandbox.workspace.volume import IMAGE_SUFFIX, PROBE_PREFIX, release
 
-__all__ = ["Adopted", "Recovered", "alive", "recover"]
+__all__ = ["Adopted", "Kept", "Recovered", "alive", "recover"]
 
 log = structlog.get_logger("mcp_code_sandbox.sessions.manager")
 
@@ -61,11 +61,21 @@ class Adopted:
     uid_lease: UidLease | None
 
 
+@dataclass(frozen=True)
+class Kept:
+    """A dead server's paused session (or one it was pausing), its record already this
+    server's: the manager registers it as paused, to resume on its first call."""
+
+    record: records.SessionRecord
+    uid_lease: UidLease | None
+
+
 @dataclass
 class Recovered:
     """What recovery leaves the manager to apply."""
 
     adopt: list[Adopted] = field(default_factory=list)
+    paused: list[Kept] = field(default_factory=list)
     #: Sessions of dead servers that are gone: ``(owner, session_id, why)``, so that a
     #: call naming one again says what was lost.
     lost: list[tuple[str, str, str]] = field(default_factory=list)
@@ -129,6 +139,12 @@ async def _carry_out(ctx: _Context, plan: records.Plan) -> Recovered:
             drop.append((record, f"session {record.session_id} was lost in a server restart"))
         else:
             recovered.adopt.append(adopted)
+    for record in plan.keep_paused:
+        kept = await _keep_paused(ctx, record)
+        if kept is None:
+            drop.append((record, f"session {record.session_id} was lost in a server restart"))
+        else:
+            recovered.paused.append(kept)
     for record, why in drop:
         if record.pool:  # warm, never claimed: nothing of anyone's was lost
             log.info("removing a pooled sandbox of a server that is gone", slot=record.slot)
@@ -171,6 +187,25 @@ async def _reattach(
     except OSError as exc:  # the manager writes it again when it registers the session
         log.warning("cannot write the session record", session=record.session_id, error=str(exc))
     return Adopted(mine, sandbox, lease)
+
+
+async def _keep_paused(ctx: _Context, record: records.SessionRecord) -> Kept | None:
+    """Keep a paused session for this server: its uid leased again and its record made
+    ours. ``None`` (its checkpoint discarded) when its uid is not free."""
+    try:
+        lease = await _reclaim_uid(ctx, record)
+    except SandboxError as exc:
+        log.warning("a paused session cannot be kept", session=record.session_id, error=exc.message)
+        backend_id = records.checkpoint_id(record)
+        if backend_id is not None:
+            await ctx.backend.discard(Checkpoint(backend_id))
+        return None
+    mine = dataclasses.replace(record, instance=ctx.instance)
+    try:
+        records.write_record(ctx.settings.sessions_dir, mine)
+    except OSError as exc:  # the manager writes it again when it registers the session
+        log.warning("cannot write the session record", session=record.session_id, error=str(exc))
+    return Kept(mine, lease)
 
 
 async def _reclaim_uid(ctx: _Context, record: records.SessionRecord) -> UidLease | None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import structlog
@@ -26,9 +26,11 @@ from mcp_code_sandbox.sessions.agent_client import AgentClient
 from mcp_code_sandbox.sessions.egress import EgressProxies, Wish
 from mcp_code_sandbox.sessions.executor import Guarded, Outcome, lost
 from mcp_code_sandbox.sessions.runner_client import RunnerClient
+from mcp_code_sandbox.sessions.saved import Variable
 from mcp_code_sandbox.sessions.session import (
     END_WAIT_S,
     Handout,
+    Paused,
     Session,
     check_open,
     closed_while,
@@ -42,6 +44,10 @@ __all__ = ["Sandboxes"]
 log = structlog.get_logger("mcp_code_sandbox.sessions.sandboxes")
 
 _T = TypeVar("_T")
+#: Longest a save or load of a session's variables may take (a 1 GiB namespace, slowly).
+STATE_TIMEOUT_S = 120.0
+#: Variables a notice names at most (the rest are counted).
+_NAMED = 20
 
 
 class Sandboxes:
@@ -53,6 +59,129 @@ class Sandboxes:
         self.backend = backend
         self.metrics = metrics
         self.egress = EgressProxies(settings, metrics)
+        #: Why a pause cannot keep a sandbox's whole memory here (``None``: it can);
+        #: asked of the backend by :meth:`start`.
+        self.no_memory_pause: str | None = "not asked yet"
+
+    async def start(self) -> None:
+        """Ask the backend once whether it can checkpoint. Called by the manager's start."""
+        self.no_memory_pause = await self.backend.checkpoints()
+
+    # -- pause and resume ------------------------------------------------------------------
+
+    async def pause(self, session: Session) -> Paused:
+        """Stop the session's sandbox and runners, keeping what the backend can of its
+        interpreter: the whole memory (a checkpoint), else its variables (saved by the
+        agent into the workspace's ``.session/``), else nothing (the files stay either
+        way). Called by the manager with the session's lock held; never raises for the
+        sandbox's failure (what was kept says so)."""
+        began = time.monotonic()
+        for language in list(session.runners):
+            await self.drop_runner(session, language)
+        sandbox, agent = session.sandbox, session.agent
+        kept: Paused | None = None
+        fallback: str | None = None
+        why: str | None = None
+        alive = (
+            sandbox is not None and agent is not None and sandbox.is_alive() and not agent.broken
+        )
+        if not alive:
+            why = None if sandbox is None else "its sandbox had stopped"
+            fallback = None if sandbox is None else "no_interpreter"
+        elif self.no_memory_pause is None and sandbox is not None and sandbox.spec.egress is None:
+            assert agent is not None
+            try:
+                await agent.park()
+                checkpoint = await self.backend.checkpoint(sandbox)
+            except SandboxFailed as exc:
+                log.warning(
+                    "a checkpoint failed; files kept", session=session.id, error=exc.message
+                )
+                why, fallback = (
+                    f"its memory could not be saved ({exc.message})",
+                    "checkpoint_failed",
+                )
+            else:
+                session.sandbox, session.agent = None, None  # stopped: held by the checkpoint
+                kept = Paused("memory", time.time(), checkpoint.bytes or 0, checkpoint)
+        if kept is None and why is None and alive and agent is not None:
+            if self.no_memory_pause is None:
+                fallback = "network"  # a sandbox with an egress proxy is not checkpointed
+            try:
+                report = await agent.save_state(self.settings.pause_max_bytes, STATE_TIMEOUT_S)
+            except SandboxFailed as exc:
+                why, fallback = f"its variables could not be saved ({exc.message})", "save_failed"
+            else:
+                kept = Paused(
+                    "variables",
+                    time.time(),
+                    report.bytes,
+                    saved=tuple((v.name, v.type) for v in report.kept)
+                    + tuple((v.name, f"module {v.type}") for v in report.modules),
+                    dropped=tuple((v.name, v.type, v.why or "") for v in report.dropped),
+                    load=True,
+                )
+        await self.stop_sandbox(session)
+        if kept is None:
+            kept = Paused("files", time.time(), why=why)
+        self.metrics.paused(kept.kind, time.monotonic() - began, fallback)
+        return kept
+
+    async def discard(self, paused: Paused) -> None:
+        """Free what a pause holds outside the workspace (a checkpoint). Never raises."""
+        if paused.checkpoint is not None:
+            try:
+                await self.backend.discard(paused.checkpoint)
+            except Exception:
+                log.exception(
+                    "cannot discard a checkpoint", backend_id=paused.checkpoint.backend_id
+                )
+
+    async def _resume(self, session: Session, network: Wish) -> tuple[str | None, str | None]:
+        """Bring a paused session back for this call: ``(resumed, notice)``. Its memory
+        when it was checkpointed and this call wants no network; else a new sandbox, which
+        loads the saved variables when there are some. Lock held."""
+        paused = session.paused
+        assert paused is not None
+        began = time.monotonic()
+        why = paused.why
+        if paused.checkpoint is not None:
+            if network is None:
+                spec = self.spec(
+                    session.key, session.owner, session.id, session.workspace, session.uid
+                )
+                checkpoint = paused.checkpoint
+                try:
+                    with self.metrics.counting_backend_errors():
+                        sandbox = await self._create(
+                            session, lambda: self.backend.restore(checkpoint, spec), self._stop
+                        )
+                except SandboxFailed as exc:
+                    log.warning("a restore failed", session=session.id, error=exc.message)
+                    why = f"its memory could not be restored ({exc.message})"
+                else:
+                    session.sandbox, session.agent = sandbox, AgentClient(sandbox.channel)
+                    session.paused = None
+                    self.metrics.resumed("memory", time.monotonic() - began)
+                    return "memory", None
+            else:
+                why = "this call asked for network, and a sandbox with its memory has none"
+            await self.discard(paused)
+        session.paused = None
+        agent, _ = await self._ensure_sandbox(session, network=network)
+        if not paused.load:
+            self.metrics.resumed("files", time.monotonic() - began)
+            return None, _files_only(session, why)
+        try:
+            report = await agent.load_state(STATE_TIMEOUT_S)
+        except SandboxFailed as exc:
+            self.metrics.resumed("files", time.monotonic() - began)
+            return None, _files_only(session, f"its saved variables could not be loaded ({exc})")
+        if not report.found:
+            self.metrics.resumed("files", time.monotonic() - began)
+            return None, _files_only(session, why or "no complete saved state was found")
+        self.metrics.resumed("variables", time.monotonic() - began)
+        return "variables", _variables_notice(session, paused, report.failed, why)
 
     def limits(self) -> Limits:
         s = self.settings
@@ -78,6 +207,9 @@ class Sandboxes:
         the service) with the session's lock held; ``SessionNotFound`` as for
         :meth:`_ensure_sandbox`."""
         session.runs += 1
+        resumed, notice = None, None
+        if session.paused is not None and session.sandbox is None:
+            resumed, notice = await self._resume(session, network if runner is None else None)
         if runner is not None:
             container = await self._ensure_runner(session, runner, network=network)
 
@@ -85,10 +217,10 @@ class Sandboxes:
                 await self.drop_runner(session, runner.language)
                 return await self._ensure_runner(session, runner, network=network)
 
-            return Handout(RunnerClient(container, replace), session.runs)
-        agent, notice = await self._ensure_sandbox(session, network=network)
+            return Handout(RunnerClient(container, replace), session.runs, notice, resumed)
+        agent, replaced = await self._ensure_sandbox(session, network=network)
         guarded = Guarded(agent, lambda exc: self._sandbox_failed(session, exc))
-        return Handout(guarded, session.runs, notice)
+        return Handout(guarded, session.runs, _joined(notice, replaced), resumed)
 
     async def _sandbox_failed(self, session: Session, exc: SandboxFailed) -> Outcome:
         """A sandbox died under a run: count it, stop it (the next call starts a new one),
@@ -315,6 +447,38 @@ class Sandboxes:
         sandbox, session.sandbox, session.agent = session.sandbox, None, None
         if sandbox is not None:
             await self.free(session, sandbox)
+
+
+def _joined(*notices: str | None) -> str | None:
+    said = [n for n in notices if n]
+    return " ".join(said) if said else None
+
+
+def _files_only(session: Session, why: str | None) -> str | None:
+    if why is None:
+        return None  # nothing had run: nothing was lost
+    return (
+        f"session {session.id} was paused while idle and resumed with its files only: {why}. "
+        "Files in /mnt/data are kept; variables and imports from before are gone"
+    )
+
+
+def _variables_notice(
+    session: Session, paused: Paused, failed: Sequence[Variable], why: str | None
+) -> str | None:
+    """What a resume from saved variables could not bring back, by name (``None``: all)."""
+    lost = [f"{name} ({kind}: {reason})" for name, kind, reason in paused.dropped]
+    lost += [f"{v.name} ({v.type}: {v.why or 'could not be loaded'})" for v in failed]
+    if not lost and why is None:
+        return None
+    shown = ", ".join(lost[:_NAMED]) + (
+        f" and {len(lost) - _NAMED} more" if len(lost) > _NAMED else ""
+    )
+    head = f"session {session.id} was paused while idle and resumed with its saved variables"
+    if why is not None:
+        head += f" (its memory was not kept: {why})"
+    tail = f"; not restored: {shown}" if lost else ""
+    return head + tail + ". Open files, threads and running processes do not survive a pause"
 
 
 def _wish(spec: SandboxSpec) -> Wish:

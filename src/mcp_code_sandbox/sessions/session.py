@@ -10,13 +10,14 @@ replacing, stopping).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import structlog
 
-from mcp_code_sandbox.backends.base import Sandbox
+from mcp_code_sandbox.backends.base import Checkpoint, Sandbox
 from mcp_code_sandbox.backends.runner_images import RunnerSandbox
 from mcp_code_sandbox.errors import SessionNotFound
 from mcp_code_sandbox.sessions.agent_client import AgentClient
@@ -28,6 +29,8 @@ __all__ = [
     "END_WAIT_S",
     "Acquired",
     "Handout",
+    "PauseKind",
+    "Paused",
     "Session",
     "check_open",
     "closed_while",
@@ -40,6 +43,69 @@ log = structlog.get_logger("mcp_code_sandbox.sessions")
 #: flight (a start is bounded by the backend's own timeouts, well below this).
 END_WAIT_S = 120.0
 _T = TypeVar("_T")
+
+
+PauseKind = Literal["memory", "variables", "files"]
+
+
+@dataclass(frozen=True)
+class Paused:
+    """How a paused session was kept (see :mod:`.sandboxes`, ``pause``): its sandbox is
+    stopped and holds no RAM; its next call resumes it.
+
+    ``memory``: the backend checkpointed the whole sandbox (``checkpoint``); ``variables``:
+    the interpreter saved its namespace into the workspace's ``.session/`` (``saved``
+    names what was kept, ``dropped`` what was not); ``files``: nothing of the interpreter
+    was kept (``why`` says why, ``None`` when it had nothing to keep: no sandbox ran)."""
+
+    kind: PauseKind
+    #: Wall-clock time of the pause.
+    at: float
+    #: Paused state on disk: the checkpoint image or saved variables, plus the files.
+    bytes: int = 0
+    checkpoint: Checkpoint | None = None
+    #: ``(name, type)`` of each variable saved (``variables``), and of each dropped.
+    saved: tuple[tuple[str, str], ...] = ()
+    dropped: tuple[tuple[str, str, str], ...] = ()
+    why: str | None = None
+    #: Resume loads ``.session/``: the pause saved variables, or a server died during a
+    #: pause and the last complete saved state is all there is.
+    load: bool = False
+    #: The workspace at the pause (its files, and the bytes they hold with ``.session/``
+    #: and ``.packages/``): what ``list_sessions`` shows while the volume is unmounted.
+    file_count: int = 0
+    files_bytes: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["saved"] = [list(pair) for pair in self.saved]
+        data["dropped"] = [list(entry) for entry in self.dropped]
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Paused:
+        """A record's pause, written by a server of ours (the state dir is not the
+        sandbox's); still checked, and ``ValueError`` when it is not one."""
+        kind = data.get("kind")
+        if kind not in ("memory", "variables", "files"):
+            raise ValueError(f"not a pause kind: {kind!r}")
+        raw = data.get("checkpoint")
+        checkpoint = None
+        if isinstance(raw, dict) and isinstance(raw.get("backend_id"), str):
+            size = raw.get("bytes")
+            checkpoint = Checkpoint(raw["backend_id"], size if isinstance(size, int) else None)
+        return cls(
+            kind=kind,
+            at=float(data.get("at", 0.0)),
+            bytes=int(data.get("bytes", 0)),
+            checkpoint=checkpoint,
+            saved=tuple((str(n), str(t)) for n, t in data.get("saved") or ()),
+            dropped=tuple((str(n), str(t), str(w)) for n, t, w in data.get("dropped") or ()),
+            why=None if data.get("why") is None else str(data["why"]),
+            load=data.get("load") is True,
+            file_count=int(data.get("file_count", 0)),
+            files_bytes=int(data.get("files_bytes", 0)),
+        )
 
 
 @dataclass(eq=False)
@@ -77,6 +143,10 @@ class Session:
     #: The host uid of its sandboxes, held for its whole life; ``None``: the backend's
     #: shared uid.
     uid_lease: UidLease | None = None
+    #: Set while the session is paused (no sandbox; resumed by its next call that runs
+    #: code); ``pausing`` while a pause is under way (its record says so too).
+    paused: Paused | None = None
+    pausing: bool = False
 
     @property
     def uid(self) -> int | None:
@@ -103,6 +173,9 @@ class Handout:
     #: Said when the session's previous sandbox was replaced (it had died, or this call's
     #: network differs): its variables are gone. ``None``: nothing was lost.
     notice: str | None = None
+    #: How a paused session came back for this call: ``memory`` or ``variables``; ``None``
+    #: when it was not paused, or came back with its files alone (``notice`` says so).
+    resumed: str | None = None
 
 
 def closed_while(session: Session, what: str) -> str:

@@ -95,6 +95,13 @@ class Workspace:
             with closing_fd(os.open(self.root, DIR_FLAGS)) as fd:
                 self._adopt(fd, 0o700)
 
+    def unmount(self) -> None:
+        """Unmount the volume, keeping its image; :meth:`create` mounts it again. A no-op
+        without a volume. Blocks: call it in a worker thread."""
+        if self.volume is not None:
+            with _fs_errors("."):
+                self.volume.unmount(self.root)
+
     def destroy(self) -> None:
         """Unmount and delete the volume, then remove ``root`` and everything in it,
         following no link; a no-op when gone."""

@@ -28,6 +28,7 @@ is removed (nothing ever runs ``fsck`` on a workspace: it is deleted with its se
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -73,8 +74,12 @@ class Volume:
         """Make, format and mount the image at ``root`` (an existing empty directory).
 
         A ``root`` that is already a mount point is kept as it is: a restarted server
-        re-attaching a session whose filesystem outlived the old server."""
+        re-attaching a session whose filesystem outlived the old server. An image that
+        exists already is mounted as it is: a paused session's (see :meth:`unmount`)."""
         if mounted(root):
+            return
+        if self.image.is_file() and not self.image.is_symlink():
+            _run("mount", "-t", "ext4", "-o", _MOUNT_OPTIONS, str(self.image), str(root))
             return
         self.image.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         try:
@@ -86,6 +91,15 @@ class Volume:
         except BaseException:
             release(root, self.image, keep_root=True)
             raise
+
+    def unmount(self, root: Path) -> None:
+        """Unmount ``root``, keeping the image (and everything in it) for :meth:`create`:
+        a paused session holds no mount, no loop device and no page cache of its own.
+        A busy filesystem (a download still reading a file) stays mounted: detached
+        lazily, it could be mounted a second time by the next call before it is gone."""
+        if mounted(root):
+            with contextlib.suppress(InternalError):
+                _run("umount", str(root))
 
 
 def mkfs_args(image: Path) -> list[str]:

@@ -69,6 +69,7 @@ from typing import Any
 from mcp_code_sandbox.agent.protocol import ProtocolError
 from mcp_code_sandbox.backends.base import (
     Backend,
+    Checkpoint,
     Description,
     Enforcement,
     Leftover,
@@ -114,7 +115,7 @@ from mcp_code_sandbox.host import can_chown, process_mark
 from mcp_code_sandbox.layout import WORKSPACE_DIR
 from mcp_code_sandbox.settings import Settings
 
-__all__ = ["DockerBackend", "DockerSandbox", "engine_ready"]
+__all__ = ["DockerBackend", "DockerSandbox", "engine_ready", "no_checkpoints"]
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +123,11 @@ READY_TIMEOUT_S = 30.0
 #: How long a restarted server waits for a surviving agent to reconnect: several of the
 #: agent's longest pauses between attempts (``hostlink.BACKOFF_MAX_S``, 1 s).
 REATTACH_WAIT_S = 10.0
+#: The name of a paused container's checkpoint (one per container at most).
+CHECKPOINT_NAME = "mcs-pause"
+#: Attempts at a checkpoint: a parked agent tries to reconnect every ~20 ms, and a
+#: checkpoint taken in the middle of a connect attempt fails (a host socket is open).
+_CHECKPOINT_TRIES = 3
 
 
 class DockerBackend(Backend, RunnerImages):
@@ -155,6 +161,8 @@ class DockerBackend(Backend, RunnerImages):
         )
         self.workspace_mounts_unseen = _mounts_unseen(settings, self.engine.environment)
         self._runtime_info: dict[str, dict[str, Any]] | None = None
+        #: Why this engine cannot checkpoint (``None``: it can), once asked.
+        self._checkpoint_support: tuple[str | None] | None = None
         #: Why labelled images were left out, as last logged (logged again on a change).
         self._skipped: list[str] = []
 
@@ -273,6 +281,96 @@ class DockerBackend(Backend, RunnerImages):
             await self.engine.call_unless_gone(container.remove, force=True)
         if run_dir is not None:
             await asyncio.to_thread(shutil.rmtree, run_dir, True)
+
+    # -- pausing with the whole memory (gVisor) ------------------------------------------
+    #
+    # Docker's checkpoint API (experimental: the engine must run with "experimental":
+    # true) drives ``runsc checkpoint`` and ``runsc restore`` under gVisor. The container
+    # is checkpointed with exit (it stops; its memory is an image in the engine's
+    # container dir), kept, and restored by starting it from the checkpoint: the same
+    # container, so the same bind mounts (workspace, run dir) as gVisor requires. runc
+    # would need CRIU, which Debian's 3.17 cannot run on kernels >= 6.13: not offered.
+    # gVisor cannot save a connected host Unix socket, so the agent lets go of its
+    # channel first (``park``) and reconnects to the run dir's socket after the restore,
+    # as after a server restart (:meth:`reattach`). docker-py has no checkpoint calls:
+    # its low-level client's own request helpers send them (the engine's REST API).
+
+    async def checkpoints(self) -> str | None:
+        if self._checkpoint_support is not None:
+            return self._checkpoint_support[0]
+        info: Mapping[str, Any] = {}
+        if self.settings.docker_runtime == "runsc":
+            try:
+                client = await self.client()
+                info = await self.engine.call(client.info)
+            except SandboxError as exc:  # not a fact of the engine: asked again next time
+                return f"the Docker engine did not answer ({exc.message})"
+        why = no_checkpoints(self.settings, info)
+        self._checkpoint_support = (why,)
+        return why
+
+    async def checkpoint(self, sandbox: Sandbox) -> Checkpoint:
+        assert isinstance(sandbox, DockerSandbox)
+        why = await self.checkpoints()
+        if why is not None:
+            raise SandboxFailed(why)
+        sandbox.close()  # the agent let go of its end (park); ours goes too
+        client = await self.client()
+        container_id = str(sandbox.container.id)
+        for attempt in range(_CHECKPOINT_TRIES):
+            try:
+                await self.engine.call(_create_checkpoint, client.api, container_id)
+                break
+            except SandboxError:
+                if attempt == _CHECKPOINT_TRIES - 1:
+                    raise
+                await asyncio.sleep(0.05)
+        root = Path(str((await self.engine.call(client.info)).get("DockerRootDir") or ""))
+        image = root / "containers" / container_id / "checkpoints" / CHECKPOINT_NAME
+        size = await asyncio.to_thread(_tree_bytes, image) if root.is_absolute() else None
+        return Checkpoint(backend_id=container_id, bytes=size)
+
+    async def restore(self, checkpoint: Checkpoint, spec: SandboxSpec) -> Sandbox:
+        client = await self.client()
+        try:
+            container = await self.engine.call(client.containers.get, checkpoint.backend_id)
+        except SandboxError as exc:
+            raise SandboxFailed(f"the paused sandbox is gone ({exc.message})") from None
+        run_dir = run_dir_from_label(
+            self.settings.run_dir, (container.labels or {}).get(LABEL_RUN_DIR)
+        )
+        if run_dir is None or not run_dir.is_dir():
+            raise SandboxFailed("the paused sandbox's run dir is gone")
+        listener = await asyncio.to_thread(bind_listener, run_dir, sandbox_ids(spec), replace=True)
+        try:
+            await self.engine.call(_start_from_checkpoint, client.api, checkpoint.backend_id)
+            channel, reader, peer = await accept_agent(
+                listener, container, self.engine.call, READY_TIMEOUT_S
+            )
+        finally:
+            listener.close()
+        sandbox = DockerSandbox(spec, channel, container, run_dir)
+        sandbox.reader, sandbox.peer = reader, peer
+        try:
+            ready = await wait_ready(sandbox, self.engine.call, READY_TIMEOUT_S)
+            if not ready.get("reattached"):  # a fresh agent: the memory did not come back
+                raise SandboxFailed("the restored sandbox's agent started afresh")
+        except BaseException:
+            await self.stop(sandbox)
+            raise
+        sandbox.ready = ready
+        # The image has served: it is not kept beside a running container.
+        await self.engine.call_unless_gone(_delete_checkpoint, client.api, checkpoint.backend_id)
+        return sandbox
+
+    async def discard(self, checkpoint: Checkpoint) -> None:
+        client = await self.client()
+        try:
+            container = await self.engine.call(client.containers.get, checkpoint.backend_id)
+        except SandboxError:
+            return  # gone already
+        name = (container.labels or {}).get(LABEL_RUN_DIR)
+        await self._discard(container, run_dir_from_label(self.settings.run_dir, name))
 
     async def list_leftovers(self) -> list[Leftover]:
         client = await self.client()
@@ -481,6 +579,50 @@ def _mounts_unseen(settings: Settings, environment: Mapping[str, str]) -> str | 
     if host and not host.startswith("unix://"):
         return f"the Docker engine may be on another host (DOCKER_HOST={host})"
     return None
+
+
+def no_checkpoints(settings: Settings, info: Mapping[str, Any]) -> str | None:
+    """Why this engine cannot checkpoint sandboxes (``None``: it can), from its
+    ``info``. Also for ``doctor``."""
+    if settings.docker_runtime != "runsc":
+        return (
+            "only gVisor (SANDBOX_DOCKER_RUNTIME=runsc) can checkpoint here: runc needs "
+            "CRIU, which does not run on this kernel generation"
+        )
+    if info.get("ExperimentalBuild"):
+        return None
+    return (
+        'the Docker engine does not offer checkpoints: set "experimental": true in '
+        "/etc/docker/daemon.json and restart dockerd (scripts/docker-engine.sh does)"
+    )
+
+
+def _create_checkpoint(api: Any, container_id: str) -> None:
+    url = api._url("/containers/{0}/checkpoints", container_id)
+    api._raise_for_status(api._post_json(url, data={"CheckpointID": CHECKPOINT_NAME, "Exit": True}))
+
+
+def _start_from_checkpoint(api: Any, container_id: str) -> None:
+    url = api._url("/containers/{0}/start", container_id)
+    api._raise_for_status(api._post(url, params={"checkpoint": CHECKPOINT_NAME}))
+
+
+def _delete_checkpoint(api: Any, container_id: str) -> None:
+    url = api._url("/containers/{0}/checkpoints/{1}", container_id, CHECKPOINT_NAME)
+    api._raise_for_status(api._delete(url))
+
+
+def _tree_bytes(path: Path) -> int | None:
+    """Bytes the files under ``path`` take (the engine's dir: readable by root only);
+    ``None`` when it cannot be read."""
+    total = 0
+    try:
+        for entry in path.rglob("*"):
+            if entry.is_file() and not entry.is_symlink():
+                total += entry.lstat().st_size
+    except OSError:
+        return None
+    return total if path.is_dir() else None
 
 
 async def _sync(fn: Callable[[], object]) -> None:
