@@ -28,6 +28,7 @@ TOOLS = {
     "read_file",
     "list_files",
     "close_session",
+    "list_sessions",
     "list_runtimes",
     "export_notebook",
 }
@@ -45,7 +46,7 @@ async def test_tools_schemas_and_annotations(inproc: Client) -> None:
     assert run.annotations is not None and run.description is not None
     assert run.annotations.open_world_hint is False  # network not allowed on this server
     assert run.annotations.read_only_hint is False
-    for name in ("read_file", "list_files", "list_runtimes"):
+    for name in ("read_file", "list_files", "list_sessions", "list_runtimes"):
         annotations = tools[name].annotations
         assert annotations is not None
         assert annotations.read_only_hint is True

@@ -247,7 +247,8 @@ class SessionManager:
             paused = Paused(
                 "files",
                 record.last_active,
-                why="the server stopped while the session was being paused",
+                why="the server stopped during a pause: these are the variables of the last "
+                "complete pause, if there was one",
                 load=True,  # its last complete saved variables, if there are some
             )
         mono, wall = time.monotonic(), time.time()

@@ -466,17 +466,18 @@ def _files_only(session: Session, why: str | None) -> str | None:
 def _variables_notice(
     session: Session, paused: Paused, failed: Sequence[Variable], why: str | None
 ) -> str | None:
-    """What a resume from saved variables could not bring back, by name (``None``: all)."""
+    """What a resume from saved variables could not bring back, by name (``None``: all
+    of it came back)."""
     lost = [f"{name} ({kind}: {reason})" for name, kind, reason in paused.dropped]
     lost += [f"{v.name} ({v.type}: {v.why or 'could not be loaded'})" for v in failed]
     if not lost and why is None:
         return None
-    shown = ", ".join(lost[:_NAMED]) + (
-        f" and {len(lost) - _NAMED} more" if len(lost) > _NAMED else ""
-    )
+    shown = ", ".join(lost[:_NAMED])
+    if len(lost) > _NAMED:
+        shown += f" and {len(lost) - _NAMED} more"
     head = f"session {session.id} was paused while idle and resumed with its saved variables"
     if why is not None:
-        head += f" (its memory was not kept: {why})"
+        head += f" ({why})"
     tail = f"; not restored: {shown}" if lost else ""
     return head + tail + ". Open files, threads and running processes do not survive a pause"
 
