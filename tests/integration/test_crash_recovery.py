@@ -1,6 +1,6 @@
-"""Crash recovery with the docker backend: a server killed with SIGKILL (or shut down with
-``SANDBOX_KEEP_SESSIONS_ON_SHUTDOWN``) and started again re-attaches the sessions whose
-containers still run (same id, owner, files, variables);
+"""Crash recovery with the docker backend: a server killed with SIGKILL and started again
+re-attaches the sessions whose containers still run (same id, owner, files, variables);
+one shut down with ``SANDBOX_KEEP_SESSIONS_ON_SHUTDOWN`` pauses them for the next one;
 what cannot or must not be re-attached is removed; a container killed from outside is
 replaced on the next call with the files kept and ``state_lost``.
 
@@ -131,6 +131,9 @@ async def test_sigkilled_server_reattaches_on_restart(settings: Settings, engine
 async def test_a_clean_shutdown_can_leave_sessions_for_the_next_server(
     settings: Settings, engine: Any
 ) -> None:
+    """With SANDBOX_KEEP_SESSIONS_ON_SHUTDOWN a stop pauses every session: under runc its
+    variables are saved in its workspace and its container goes (no RAM held while no
+    server runs); the next server resumes it on its first call."""
     keep = {"SANDBOX_KEEP_SESSIONS_ON_SHUTDOWN": "true"}
     with http_server_process(settings, **keep) as (base, proc):
         async with Client(f"{base}/mcp", mode="legacy") as client:
@@ -139,15 +142,16 @@ async def test_a_clean_shutdown_can_leave_sessions_for_the_next_server(
             )
             assert first["status"] == "ok"
     assert proc.returncode is not None  # SIGTERM: uvicorn's graceful shutdown ran
-    [container] = ours(engine, settings)
-    assert container.status == "running" and len(records(settings)) == 1
-    with http_server_process(settings) as (base, proc):  # the default again: end them
+    assert ours(engine, settings) == []
+    [record] = records(settings)
+    assert record["paused"]["kind"] == "variables"
+    with http_server_process(settings) as (base, proc):  # the tests' default: end them
         async with Client(f"{base}/mcp", mode="legacy") as client:
             again = structured(
                 await client.call_tool("run_code", {"session_id": "deploy", "code": "y * 7"})
             )
         assert again["session_created"] is False and again["state_lost"] is False, again
-        assert again["result"] == "42"
+        assert (again["result"], again["resumed"]) == ("42", "variables")
     assert ours(engine, settings) == [] and records(settings) == []
     assert not any(settings.workspaces_dir.iterdir())
 
