@@ -518,6 +518,16 @@ class SessionManager:
 
     # -- pausing ---------------------------------------------------------------------------
 
+    async def pause(self, owner: str, session_id: str) -> Paused | None:
+        """Pause ``owner``'s session now, as the reaper does when it is idle; how it was
+        kept (``None``: it had no sandbox to pause). For operators and the benchmarks.
+        ``SessionNotFound`` as for a call."""
+        session, _, _ = self._lookup(owner, session_id, create=False)
+        if session.sandbox is None and not session.runners:
+            return session.paused
+        await self._pause(session)
+        return session.paused
+
     async def _pause(self, session: Session, *, wait: bool = True) -> None:
         """Pause ``session`` (see :meth:`.sandboxes.Sandboxes.pause`) under its lock: a
         call arriving meanwhile waits for the pause, then resumes it. Its record says
