@@ -165,9 +165,15 @@ def deploy(request: pytest.FixtureRequest) -> Iterator[Any]:
         client.close()
     made: list[Deployment] = []
 
-    def up(**env: str) -> Deployment:
+    def up(files: dict[str, bytes] | None = None, **env: str) -> Deployment:
+        """``files``: written (mode 600) into the state dir before the server starts, by
+        their path in it; the server sees them under /var/lib/mcp-code-sandbox."""
         host_dir = Path(tempfile.mkdtemp(prefix="mcs-deploy-", dir="/var/tmp"))
         host_dir.chmod(0o711)
+        for name, data in (files or {}).items():
+            (host_dir / name).parent.mkdir(parents=True, exist_ok=True)
+            (host_dir / name).write_bytes(data)
+            (host_dir / name).chmod(0o600)
         deployment = Deployment(
             base="",
             token=secrets.token_urlsafe(24),
@@ -295,12 +301,15 @@ async def test_sessions_survive_a_crash_of_the_server_container(deploy: Any) -> 
 
 #: Run in the sandbox through the MCP client: HTTP and HTTPS to the allowed upstream (by
 #: a name only the proxy's SANDBOX_NETWORK_RESOLVE knows), a host address the allowlist
-#: does not name, and raw TCP.
+#: does not name, raw TCP, and the secret: sent to its host, and its placeholder to
+#: another. Every process's environment goes to the workspace, compared on the host
+#: (the value must never be in the code: the server records it).
 NETWORK_PROBE = """
 import json, os, socket, urllib.request, urllib.error
-def get(url):
+def get(url, headers=None):
     try:
-        with urllib.request.urlopen(url, timeout=30) as r:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}),
+                                    timeout=30) as r:
             return f"{r.status} {r.read().decode()}"
     except urllib.error.HTTPError as e:
         return f"{e.code} {e.read().decode()}"
@@ -312,8 +321,42 @@ try:
     out["tcp"] = "connected"
 except OSError as e:
     out["tcp"] = f"error {e!r}"
+placeholder = os.environ[SECRET]
+auth = {"Authorization": "Bearer " + placeholder}
+out.update(placeholder=placeholder, secret=get(URL_SECRET, auth), elsewhere=get(URL_TLS, auth))
+scan = [json.dumps(dict(os.environ)).encode()]
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        scan.append(open(f"/proc/{pid}/environ", "rb").read())
+    except OSError:
+        pass
+open("/mnt/data/environ.scan", "wb").write(b"\\0".join(scan))
+out["scanned"] = len(scan)
 print(json.dumps(out))
 """
+#: Run in the sandbox (bash): pip and npm install from the test's own index, through the
+#: proxy, and the packages load.
+INSTALL = """
+set -e
+pip install -q --index-url {url}/simple/ --trusted-host {host} mcs-demo-pkg
+npm install -s --registry {url}/ mcs-demo-js
+python -c 'import mcs_demo_pkg; print(mcs_demo_pkg.VALUE)'
+node -e "console.log(require('mcs-demo-js').value)"
+"""
+SECRET_NAME = "MCS_DEPLOY_API_KEY"
+
+
+def _package_index(root: Path, url: str) -> dict[str, str]:
+    """The test's own index (:mod:`tests.pkgindex`) in ``root``: a wheel and an npm
+    package, each holding a token of its own."""
+    from .. import pkgindex
+
+    tokens = {name: f"tok-{secrets.token_hex(6)}" for name in ("py", "js")}
+    init = f"VALUE = {tokens['py']!r}\n".encode()
+    pkgindex.add_wheel(root, "mcs-demo-pkg", {"mcs_demo_pkg/__init__.py": init})
+    code = {"index.js": f"module.exports = {{ value: {tokens['js']!r} }};\n"}
+    pkgindex.add_npm_package(root, url, "mcs-demo-js", code)
+    return tokens
 
 
 @pytest.mark.parametrize("runtime", ["runc", "runsc"])
@@ -323,39 +366,62 @@ async def test_network_by_policy_through_compose(
     """The server in its container runs each networked sandbox's egress proxy (no host
     firewall needed): the allowed upstream answers over HTTP and HTTPS (the test's own CA,
     given to the server as SANDBOX_NETWORK_UPSTREAM_CA), another address gets the 403 and
-    is listed in blocked_hosts, and raw TCP has no route."""
+    is listed in blocked_hosts, raw TCP has no route; a secret goes to its host only and
+    is nowhere in the sandbox, the server's state dir or its logs; pip and npm install
+    from the test's own index through the allowlist."""
     import json
     import sys
 
-    from .. import labnet, netlab
+    from .. import labnet, netlab, pkgindex
 
     require_docker(runtime)
     if os.geteuid() != 0 or shutil.which("ip") is None:
         pytest.skip("needs root and iproute2 to build the test network")
     root = tmp_path_factory.mktemp("deploy-net")
+    value = f"sk-deploy-{secrets.token_hex(16)}"
     with labnet.namespace("mcs-dn") as ns:
-        ca = netlab.make_ca(root, ["upstream.test"], [ns.ns_ip])
+        ca = netlab.make_ca(root, ["upstream.test", "secret.test"], [ns.ns_ip])
         tokens = {port: f"tok-{secrets.token_hex(6)}" for port in (8080, 8443)}
         for port, tls in ((8080, []), (8443, [str(ca.cert), str(ca.key)])):
-            argv = [sys.executable, "-c", netlab.SERVER, ns.ns_ip, str(port), tokens[port], "-"]
+            argv = [sys.executable, "-c", netlab.SERVER, ns.ns_ip, str(port), tokens[port], value]
             labnet.serve_inside(ns, [*argv, *tls], ns.ns_ip, port)
+        index_url = "http://pkgs.test:8081"
+        packages = _package_index(root / "index", index_url)
+        argv = [sys.executable, "-c", pkgindex.SERVER, str(root / "index"), ns.ns_ip, "8081"]
+        labnet.serve_inside(ns, argv, ns.ns_ip, 8081)
+        names = ("upstream.test", "secret.test", "pkgs.test")
+        secrets_toml = f'[secrets.{SECRET_NAME}]\nvalue = "{value}"\nhosts = ["secret.test"]\n'
         deployment: Deployment = deploy(
+            files={"config/secrets.toml": secrets_toml.encode()},
             SANDBOX_DOCKER_RUNTIME=runtime,
             SANDBOX_ALLOW_NETWORK="true",
-            # By name, resolved by the proxy from this list (the name is in no DNS); the
-            # address entry lets it land on the upstream's private address.
-            SANDBOX_NETWORK_ALLOW=f"upstream.test,{ns.ns_ip}/32",
-            SANDBOX_NETWORK_RESOLVE=f"upstream.test={ns.ns_ip}",
+            # By name, resolved by the proxy from this list (the names are in no DNS); the
+            # address entry lets them land on the upstreams' private address.
+            SANDBOX_NETWORK_ALLOW=",".join([*names, f"{ns.ns_ip}/32"]),
+            SANDBOX_NETWORK_RESOLVE=",".join(f"{name}={ns.ns_ip}" for name in names),
             SANDBOX_NETWORK_UPSTREAM_CA="/var/lib/mcp-code-sandbox/upstream-ca.pem",
+            SANDBOX_SECRETS_FILE="/var/lib/mcp-code-sandbox/config/secrets.toml",
+            SANDBOX_EXEC_TIMEOUT_S="120",
         )
         # Read when a proxy opens: the state dir is where the server's container sees it.
         shutil.copyfile(ca.ca_pem, deployment.host_state_dir / "upstream-ca.pem")
         code = (
             "URL = 'http://upstream.test:8080/'\nURL_TLS = 'https://upstream.test:8443/'\n"
             f"BLOCKED = 'http://{ns.host_ip}:8080/'\nTCP = ('{ns.ns_ip}', 8080)\n"
+            f"URL_SECRET = 'https://secret.test:8443/'\nSECRET = '{SECRET_NAME}'\n"
         ) + NETWORK_PROBE
+        install = INSTALL.format(url=index_url, host="pkgs.test")
         async with deployment.client() as client:
             ran = structured(await client.call_tool("run_code", {"code": code, "network": True}))
+            sid = ran["session_id"]
+            started = time.monotonic()
+            installed = structured(
+                await client.call_tool(
+                    "run_code",
+                    {"session_id": sid, "code": install, "language": "bash", "network": True},
+                )
+            )
+            install_s = time.monotonic() - started
         assert ran["status"] == "ok", ran
         found = json.loads(ran["stdout"].strip().splitlines()[-1])
         assert found["http"] == f"200 {tokens[8080]} -", found
@@ -366,3 +432,27 @@ async def test_network_by_policy_through_compose(
         )
         assert found["tcp"].startswith("error"), found
         assert ran["blocked_hosts"] == [ns.host_ip], ran
+        # The secret: added for its host only; the sandbox held a placeholder.
+        placeholder = found["placeholder"]
+        assert placeholder and value not in placeholder, found
+        assert found["secret"] == "200 auth-ok", found
+        assert found["elsewhere"] == f"200 {tokens[8443]} Bearer {placeholder}", found
+        assert found["scanned"] >= 2, found  # os.environ and at least its own process
+        assert value not in json.dumps(ran)
+        # Nowhere in the state dir but its own file: workspaces (the sandbox's environ
+        # scan among them), sockets, records.
+        hits = subprocess.run(
+            ["grep", "-rl", "--exclude-dir=config", value, str(deployment.host_state_dir)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert hits.stdout == "" and hits.returncode == 1, (hits.stdout, hits.stderr)
+        scans = list((deployment.host_state_dir / "workspaces").glob("*/environ.scan"))
+        assert len(scans) == 1 and placeholder.encode() in scans[0].read_bytes()
+        logs = deployment.run("logs", "--no-color")
+        assert value not in logs and SECRET_NAME in logs  # the audit line names it
+        # Packages, through the same allowlist.
+        assert installed["status"] == "ok", installed
+        assert installed["stdout"].split() == [packages["py"], packages["js"]], installed
+        print(f"pip and npm install through compose ({runtime}): {install_s:.1f} s")

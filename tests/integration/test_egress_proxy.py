@@ -277,13 +277,18 @@ async def test_a_tunnel_without_sni_or_without_tls_is_refused(lab: Lab) -> None:
         with pytest.raises(ssl.SSLError, match=r"ACCESS_DENIED|access denied"):
             await writer.start_tls(context, server_hostname=None)
         writer.close()
-        _, reader, writer = await connect_raw(proxy, f"other.test:{lab.other.port}")
-        writer.write(b"SSH-2.0-OpenSSH_9.6\r\n" * 4000)  # not TLS; more than a ClientHello
-        await writer.drain()
-        assert await asyncio.wait_for(reader.read(), 15) == b""
-        writer.close()
+        with structlog.testing.capture_logs() as logs:
+            _, reader, writer = await connect_raw(proxy, f"other.test:{lab.other.port}")
+            writer.write(b"SSH-2.0-OpenSSH_9.6\r\n" * 4000)  # neither TLS nor HTTP
+            await writer.drain()
+            answer = await asyncio.wait_for(reader.read(), 15)
+            writer.close()
+            await asyncio.sleep(0.1)
     finally:
         await proxy.aclose()
+    assert answer.startswith(b"HTTP/1.1 400 ") and b"a tunnel carries TLS or HTTP/1.1" in answer
+    audit = [(a["allowed"], a["rule"]) for a in logs if a["event"] == "egress"]
+    assert (False, "not-tls-or-http") in audit  # (the first tunnel's line may come late)
     assert lab.other.connections == 0
 
 
@@ -351,6 +356,102 @@ async def test_the_host_header_must_match_the_request_line(lab: Lab) -> None:
         assert head.startswith(b"HTTP/1.1 400 ")
     finally:
         await proxy.aclose()
+    assert lab.plain.requests == []
+
+
+async def _tunnel_request(
+    proxy: EgressProxy, target: str, requests: Sequence[bytes]
+) -> tuple[bytes, list[bytes]]:
+    """CONNECT to ``target``, then plain HTTP/1.1 ``requests`` (keep-alive) inside the
+    tunnel, as undici does for http:// URLs: (the CONNECT's head, each answer)."""
+    head, reader, writer = await connect_raw(proxy, target)
+    answers: list[bytes] = []
+    try:
+        for request in requests:
+            try:
+                writer.write(request)
+                await writer.drain()
+                answer = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 15)
+            except (ConnectionError, asyncio.IncompleteReadError):
+                break  # the proxy closed the tunnel
+            answers.append(answer + await read_body(reader, answer))
+    finally:
+        writer.close()
+    return head, answers
+
+
+async def test_plain_http_inside_a_connect_tunnel_is_served_like_plain_http(lab: Lab) -> None:
+    """Two requests on one tunnel reach the CONNECT host, one audit line each, with no
+    secret added (api.test has one; this is plain HTTP to its plain port)."""
+    token = placeholder(lab.secrets[0])
+    metrics = Metrics("test")
+    proxy = await lab.proxy(metrics=metrics)
+    get = (
+        f"GET /in-tunnel HTTP/1.1\r\nHost: api.test:{lab.plain.port}\r\n"
+        f"Authorization: Bearer {token}\r\n\r\n"
+    ).encode()
+    try:
+        with structlog.testing.capture_logs() as logs:
+            head, answers = await _tunnel_request(proxy, f"api.test:{lab.plain.port}", [get, get])
+            await asyncio.sleep(0.2)
+    finally:
+        await proxy.aclose()
+    assert head.startswith(b"HTTP/1.1 200 ")
+    assert len(answers) == 2 and all(a.startswith(b"HTTP/1.1 200 ") for a in answers)
+    echoed = json.loads(answers[0].split(b"\r\n\r\n", 1)[1])
+    assert echoed["target"] == "/in-tunnel"
+    assert echoed["headers"]["authorization"] == f"Bearer {token}"  # never the value
+    assert VALUE not in repr(logs)
+    audits = [entry for entry in logs if entry["event"] == "egress"]
+    assert [(a["kind"], a["host"], a["allowed"], a["rule"]) for a in audits] == [
+        ("http", "api.test", True, "allow:api.test")
+    ] * 2
+    assert audits[0]["bytes_down"] > 100
+    text = metrics.render(None)[0].decode()
+    assert 'mcp_sandbox_egress_connections_total{host="api.test",outcome="allowed"} 2.0' in text
+
+
+@pytest.mark.parametrize(
+    "stated", ["blocked.test", "other.test", "plain.test:1", "[::1]", ""], ids=repr
+)
+async def test_a_plain_tunnel_is_for_its_connect_host_only(lab: Lab, stated: str) -> None:
+    """A Host header naming another host (even an allowed one) or port gets the policy's
+    403 and ends the tunnel, after an allowed request went through on it."""
+    proxy = await lab.proxy()
+    target = f"plain.test:{lab.plain.port}"
+    good = f"GET /ok HTTP/1.1\r\nHost: {target}\r\n\r\n".encode()
+    bad = f"GET /other HTTP/1.1\r\nHost: {stated}\r\n\r\n".encode()
+    try:
+        with structlog.testing.capture_logs() as logs:
+            head, answers = await _tunnel_request(proxy, target, [good, bad, good])
+            await asyncio.sleep(0.2)
+        blocked = proxy.take_blocked()
+    finally:
+        await proxy.aclose()
+    named = stated.rsplit(":", 1)[0].strip("[]") if stated.count(":") == 1 else stated
+    named = named.strip("[]") or "(none)"
+    assert head.startswith(b"HTTP/1.1 200 ") and len(answers) == 2
+    assert answers[0].startswith(b"HTTP/1.1 200 ")
+    assert answers[1].startswith(b"HTTP/1.1 403 ")
+    assert answers[1].split(b"\r\n\r\n", 1)[1].decode().strip() == BLOCKED.format(named)
+    assert [target for target, _ in lab.plain.requests] == ["/ok"]
+    assert blocked == [named]
+    audits = [entry for entry in logs if entry["event"] == "egress"]
+    assert [(a["host"], a["allowed"], a["rule"]) for a in audits] == [
+        ("plain.test", True, "allow:plain.test"),
+        (named, False, "tunnel-host:plain.test"),
+    ]
+
+
+async def test_a_plain_tunnel_takes_paths_only(lab: Lab) -> None:
+    proxy = await lab.proxy()
+    target = f"plain.test:{lab.plain.port}"
+    absolute = f"GET http://plain.test:{lab.plain.port}/ HTTP/1.1\r\nHost: {target}\r\n\r\n"
+    try:
+        _, answers = await _tunnel_request(proxy, target, [absolute.encode()])
+    finally:
+        await proxy.aclose()
+    assert answers[0].startswith(b"HTTP/1.1 400 ") and b"origin form" in answers[0]
     assert lab.plain.requests == []
 
 
@@ -585,6 +686,54 @@ async def test_node_fetch_through_the_proxy(lab: Lab) -> None:
         await proxy.aclose()
     assert code == 0, err
     assert json.loads(out)["headers"]["authorization"] == f"Bearer {VALUE}"
+
+
+@pytest.mark.skipif(not NODE.exists(), reason="no runtime env: run mcp-code-sandbox setup")
+async def test_node_fetch_of_plain_http_through_the_proxy(lab: Lab) -> None:
+    """Node's fetch (undici) tunnels http:// URLs through CONNECT too: an allowed host
+    answers, a blocked one fails (its CONNECT got the 403), and the placeholder sent to
+    a secret's host over plain HTTP stays a placeholder."""
+    proxy = await lab.proxy()
+    token = placeholder(lab.secrets[0])
+    urls = [
+        f"http://plain.test:{lab.plain.port}/n",
+        f"http://api.test:{lab.plain.port}/s",
+        f"http://blocked.test:{lab.plain.port}/b",
+    ]
+    script = (
+        f"(async () => {{ for (const url of {json.dumps(urls)}) {{ try {{\n"
+        "  const r = await fetch(url, {headers: {authorization: 'Bearer ' + process.env.API_KEY}});"
+        "\n  console.log(r.status, await r.text());\n"
+        "} catch (e) { console.log('error', e.message, e.cause && e.cause.message); } } })()"
+    )
+    try:
+        with structlog.testing.capture_logs() as logs:
+            async with bridge(proxy.socket_path) as port:
+                env = {
+                    "PATH": "/usr/bin:/bin",
+                    "HTTP_PROXY": f"http://127.0.0.1:{port}",
+                    "HTTPS_PROXY": f"http://127.0.0.1:{port}",
+                    "NODE_USE_ENV_PROXY": "1",
+                    "API_KEY": token,
+                }
+                code, out, err = await _run(str(NODE), "-e", script, env=env)
+            await asyncio.sleep(0.2)
+    finally:
+        await proxy.aclose()
+    assert code == 0, err
+    lines = out.strip().splitlines()
+    assert len(lines) == 3, out
+    status, body = lines[0].split(" ", 1)
+    assert status == "200" and json.loads(body)["target"] == "/n", lines
+    status, body = lines[1].split(" ", 1)
+    assert status == "200" and json.loads(body)["headers"]["authorization"] == f"Bearer {token}"
+    assert lines[2].startswith("error"), lines
+    assert [target for target, _ in lab.plain.requests] == ["/n", "/s"]
+    audits = [entry for entry in logs if entry["event"] == "egress"]
+    assert {(a["host"], a["allowed"]) for a in audits} == {
+        ("plain.test", True), ("api.test", True), ("blocked.test", False),
+    }  # fmt: skip
+    assert VALUE not in out + repr(logs)
 
 
 async def test_two_sandboxes_proxies_share_nothing(lab: Lab) -> None:

@@ -192,6 +192,27 @@ _HELPERS = textwrap.dedent(
             return "tls " + tls.recv(4096).decode("latin-1")
         except (OSError, ssl.SSLError) as e:
             return f"error {e!r}"
+    def tunnel(connect_host, host_header, port):
+        # CONNECT to one host, then plain HTTP (as Node's fetch sends http:// URLs)
+        # whose Host header names another.
+        try:
+            s = socket.create_connection(("127.0.0.1", 3128), timeout=10)
+            target = f"{connect_host}:{port}"
+            s.sendall(f"CONNECT {target} HTTP/1.1\\r\\nHost: {target}\\r\\n\\r\\n".encode())
+            head = s.recv(4096).decode("latin-1")
+            if not head.startswith("HTTP/1.1 200"):
+                return "connect " + head.split("\\r\\n")[0]
+            s.sendall(
+                f"GET / HTTP/1.1\\r\\nHost: {host_header}:{port}\\r\\n"
+                "Connection: close\\r\\n\\r\\n".encode()
+            )
+            data = b""
+            while chunk := s.recv(4096):
+                data += chunk
+            status = data.split(b"\\r\\n", 1)[0].decode("latin-1")
+            return status + " " + data.split(b"\\r\\n\\r\\n", 1)[-1].decode("latin-1")
+        except OSError as e:
+            return f"error {e!r}"
     def dns(name):
         try:
             return str(socket.getaddrinfo(name, 80))
@@ -247,6 +268,8 @@ async def test_allowed_hosts_over_http_and_https_and_nothing_else(
         out["dns"] = dns("allowed.test")
         out["sni_same"] = fronted("allowed.test", "allowed.test", {HTTPS})
         out["sni_fronted"] = fronted("allowed.test", "other.test", {HTTPS})
+        out["tunnel_same"] = tunnel("allowed.test", "allowed.test", {HTTP})
+        out["tunnel_other"] = tunnel("allowed.test", "other.test", {HTTP})
         """,
     )
     assert found["http"] == f"200 {testnet.token(f'{testnet.ns_ip}:{HTTP}')} -"
@@ -265,6 +288,11 @@ async def test_allowed_hosts_over_http_and_https_and_nothing_else(
     assert found["sni_fronted"].startswith("error"), found["sni_fronted"]
     for key in ("tcp", "tcp_host", "udp", "dns"):
         assert found[key].startswith("error"), (key, found[key])
+    # Plain HTTP in a CONNECT tunnel: served for the CONNECT host only.
+    http_token = testnet.token(f"{testnet.ns_ip}:{HTTP}")
+    assert found["tunnel_same"] == f"HTTP/1.1 200 OK {http_token} -", found["tunnel_same"]
+    assert found["tunnel_other"].startswith("HTTP/1.1 403 "), found["tunnel_other"]
+    assert BLOCKED_MESSAGE.format("other.test") in found["tunnel_other"]
     allowed = {testnet.token(f"{testnet.ns_ip}:{HTTP}"), testnet.token(f"{testnet.ns_ip}:{HTTPS}")}
     assert _leaked(found, testnet, allowed) == {}
     assert "other.test" in report.blocked_hosts
@@ -451,7 +479,8 @@ async def test_network_not_allowed_unless_the_server_allows_it(
 async def test_every_language_finds_the_proxy(net_service: SandboxService, testnet: LabNet) -> None:
     """Node's fetch (NODE_USE_ENV_PROXY), bun's fetch and a shell's curl (where the
     sandbox has one) read the same variables: each reaches the allowed host and gets the
-    policy's 403 for another."""
+    policy's 403 for another, over HTTPS and plain HTTP (which Node's fetch tunnels
+    through CONNECT as well)."""
     token = testnet.token(f"{testnet.ns_ip}:{HTTP}")
     tls_token = testnet.token(f"{testnet.ns_ip}:{HTTPS}")
     fetch = (
@@ -461,7 +490,12 @@ async def test_every_language_finds_the_proxy(net_service: SandboxService, testn
         "    console.log(r.status, await r.text());\n"
         "  } catch (e) { console.log('error', e.message, e.cause && e.cause.code); }\n}\n"
     )
-    urls = [f"https://allowed.test:{HTTPS}/", f"https://other.test:{HTTPS}/"]
+    urls = [
+        f"https://allowed.test:{HTTPS}/",
+        f"https://other.test:{HTTPS}/",
+        f"http://allowed.test:{HTTP}/",
+        f"http://other.test:{HTTP}/",
+    ]
     for language in ("javascript", "typescript"):
         body = f"const URLS = {json.dumps(urls)};\n{fetch}"
         code = body if language == "typescript" else f"(async () => {{\n{body}}})();"
@@ -472,6 +506,12 @@ async def test_every_language_finds_the_proxy(net_service: SandboxService, testn
         lines = report.stdout.strip().splitlines()
         assert lines[0] == f"200 {tls_token} -", (language, lines)
         assert lines[1].startswith("error"), (language, lines)  # the CONNECT got a 403
+        assert lines[2] == f"200 {token} -", (language, lines)
+        # Tunnelled (node): the CONNECT's 403 is an error; as a proxy request (bun): a 403.
+        blocked = lines[3].startswith("error") or lines[3] == "403 " + BLOCKED_MESSAGE.format(
+            "other.test"
+        )
+        assert blocked, (language, lines)
     shell = (
         "if command -v curl >/dev/null; then "
         f"curl -sS http://allowed.test:{HTTP}/; echo; "

@@ -62,6 +62,25 @@ def test_v1_missing_hierarchy_is_reported(tmp_path: Path) -> None:
     assert "pids" not in support.enforceable and "pids" in support.reasons
 
 
+def test_v1_base_made_by_another_user_is_rlimits_only(tmp_path: Path) -> None:
+    """A base directory left by a root server: a server that is not root sees it exists
+    but cannot make its sandboxes' cgroups in it (starting one would fail)."""
+    root = fake_v1(tmp_path)
+    bases = [root / c / cgroups.BASE_NAME for c in ("memory", "cpu", "pids")]
+    for base in bases:
+        base.chmod(0o555)
+    try:
+        support = cgroups.detect(root, proc_cgroup="")
+    finally:
+        for base in bases:
+            base.chmod(0o755)
+    if os.geteuid() != 0:  # root ignores file modes: nothing to observe then
+        assert not support.enforceable and "not writable" in support.reasons["memory"]
+        assert support.create("k", LIMITS) is None
+    else:
+        assert support.enforceable == {"memory", "cpu", "pids"}
+
+
 def test_nothing_mounted(tmp_path: Path) -> None:
     support = cgroups.detect(tmp_path, proc_cgroup="")
     assert support.version is None and not support.enforceable

@@ -10,6 +10,12 @@ The sandbox side (``backends``) binds the socket into the sandbox and bridges it
   intercepted (:mod:`.secrets`); all others are tunnelled, bytes untouched.
 - ``GET http://host/...`` (plain HTTP, absolute form): decided by the host, which the
   request line and the ``Host`` header must agree on; forwarded with ``h11``.
+- Plain HTTP inside a CONNECT tunnel (Node's fetch, undici, tunnels ``http://`` URLs
+  too): the first byte after ``200`` is not a TLS handshake record, so the tunnel's
+  requests are read with ``h11`` and each is served like a plain proxy request for the
+  CONNECT host, whose name its ``Host`` header must carry (a 403 with the policy's
+  message otherwise: no second host behind an allowed one). Like all plain HTTP, no
+  secret is ever added to them.
 
 Bounds: :data:`MAX_CONNECTIONS` at once (more are answered 503), heads of
 ``http.MAX_HEAD`` bytes, :data:`IDLE_S` without a byte either way, ten seconds for DNS, the
@@ -62,6 +68,9 @@ HANDSHAKE_TIMEOUT_S = 10.0
 MAX_BLOCKED = 32
 #: Certificates kept per proxy (one per intercepted host name).
 MAX_LEAVES = 64
+#: The first byte of a TLS handshake record (RFC 8446 §5.1): what a tunnel for HTTPS
+#: starts with. Anything else after a CONNECT is taken for plain HTTP.
+TLS_HANDSHAKE = 0x16
 
 
 def blocked_message(host: str) -> str:
@@ -184,20 +193,33 @@ class EgressProxy:
             if audit[0].host:
                 audit[0].emit(self.session, self.owner, self._metrics)
 
-    async def _serve(self, client: SocketStream, audit: list[Audit]) -> None:
+    async def _serve(
+        self,
+        client: SocketStream,
+        audit: list[Audit],
+        conn: h11.Connection | None = None,
+        tunnel: tuple[str, int] | None = None,
+    ) -> None:
         """Requests on one connection: a CONNECT ends the loop (the connection becomes
         the tunnel); plain requests may follow each other (keep-alive), each with its
-        own audit line."""
-        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=http.MAX_HEAD)
+        own audit line. ``tunnel``: the connection is a CONNECT tunnel to that host and
+        port carrying plain HTTP (``conn`` has its first bytes), called by
+        :meth:`_plain_tunnel`."""
+        if conn is None:
+            conn = h11.Connection(h11.SERVER, max_incomplete_event_size=http.MAX_HEAD)
         while True:
             event = await http.next_event(conn, client, IDLE_S)
             if not isinstance(event, h11.Request):
                 return
-            if event.method == b"CONNECT":
+            if event.method == b"CONNECT" and tunnel is None:
                 audit[0].kind = "connect"
-                await self._connect(conn, client, event, audit[0])
+                await self._connect(conn, client, event, audit)
                 return
-            if not await self._plain(conn, client, event, audit[0]):
+            if tunnel is None:
+                going_on = await self._plain(conn, client, event, audit[0])
+            else:
+                going_on = await self._in_tunnel(conn, client, event, audit[0], *tunnel)
+            if not going_on:
                 return
             if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
                 return
@@ -282,6 +304,55 @@ class EgressProxy:
                 conn, client, 400, "the Host header must name the request's host", close=True
             )
             return False
+        path = (url.path or "/") + (f"?{url.query}" if url.query else "")
+        return await self._forward(conn, client, request, audit, (host, port), path)
+
+    async def _in_tunnel(
+        self,
+        conn: h11.Connection,
+        client: SocketStream,
+        request: h11.Request,
+        audit: Audit,
+        host: str,
+        port: int,
+    ) -> bool:
+        """One origin-form request inside a plain-HTTP CONNECT tunnel to ``host:port``.
+        Its ``Host`` header must name ``host`` (and ``port``, when it names one): a
+        client must not reach a second host through a tunnel the policy let it open.
+        Returns whether the connection may go on."""
+        target = request.target.decode("latin-1")
+        if request.method == b"CONNECT" or not target.startswith("/"):
+            await http.respond(
+                conn, client, 400, "requests in a tunnel take a path (origin form)", close=True
+            )
+            return False
+        try:
+            stated = urlsplit("//" + (http.header(request.headers, b"host") or b"").decode())
+            named = normalize_host(stated.hostname or "")
+            agrees = named == host and stated.port in (None, port)
+        except ValueError:
+            named, agrees = "", False
+        if not agrees:
+            audit.host, audit.port = named or "(none)", port
+            audit.allowed, audit.rule = False, f"tunnel-host:{host}"
+            self._note_blocked(audit.host)
+            await http.respond(conn, client, 403, blocked_message(audit.host), close=True)
+            return False
+        return await self._forward(conn, client, request, audit, (host, port), target)
+
+    async def _forward(
+        self,
+        conn: h11.Connection,
+        client: SocketStream,
+        request: h11.Request,
+        audit: Audit,
+        where: tuple[str, int],
+        path: str,
+    ) -> bool:
+        """Judge, dial and relay one plain-HTTP request to ``where`` as ``path``: the
+        one way plain HTTP goes out, from a proxy request or a tunnel. No secret is
+        added (secrets go over TLS only). Returns whether the connection may go on."""
+        host, port = where
         audit.host, audit.port = host, port
         addresses = await self._judge(conn, client, audit)
         if addresses is None:
@@ -294,7 +365,6 @@ class EgressProxy:
             return True
         audit.allowed = True
         upstream = SocketStream(reader, writer)
-        path = (url.path or "/") + (f"?{url.query}" if url.query else "")
         headers = [*http.forwardable(request.headers), (b"connection", b"close")]
         try:
             await http.relay(
@@ -311,8 +381,13 @@ class EgressProxy:
     # -- CONNECT --------------------------------------------------------------------
 
     async def _connect(
-        self, conn: h11.Connection, client: SocketStream, request: h11.Request, audit: Audit
+        self,
+        conn: h11.Connection,
+        client: SocketStream,
+        request: h11.Request,
+        audits: list[Audit],
     ) -> None:
+        audit = audits[0]
         target = request.target.decode("latin-1")
         try:
             url = urlsplit("//" + target)
@@ -342,13 +417,36 @@ class EgressProxy:
                 )
                 or b""
             )
-            first = conn.trailing_data[0]
+            first = conn.trailing_data[0] or await asyncio.wait_for(
+                client.read(), HANDSHAKE_TIMEOUT_S
+            )
+            if first and first[0] != TLS_HANDSHAKE:
+                await upstream.close()  # each request dials its own, as plain HTTP does
+                await self._plain_tunnel(client, first, (host, port), audits)
+                return
             outcome = await asyncio.wait_for(
                 accept_tls(client, first, host, leaf), HANDSHAKE_TIMEOUT_S
             )
             await self._after_hello(outcome, client, upstream, audit, mine)
         finally:
             await upstream.close()
+
+    async def _plain_tunnel(
+        self, client: SocketStream, first: bytes, where: tuple[str, int], audits: list[Audit]
+    ) -> None:
+        """Serve a CONNECT tunnel that carries plain HTTP (``first``: its first bytes)
+        as plain proxy requests for ``where``: one audit line per request, as for plain
+        HTTP. Bytes that are neither TLS nor HTTP get a 400 and end the connection."""
+        audits[0].kind, audits[0].rule = "http", "not-tls-or-http"
+        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=http.MAX_HEAD)
+        conn.receive_data(first)
+        try:
+            await self._serve(client, audits, conn, where)
+        except h11.RemoteProtocolError:
+            if conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+                await http.respond(
+                    conn, client, 400, "a tunnel carries TLS or HTTP/1.1", close=True
+                )
 
     async def _after_hello(
         self,

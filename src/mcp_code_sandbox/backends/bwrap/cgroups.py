@@ -237,6 +237,11 @@ def _detect_v1(root: Path, own: dict[str, str]) -> CgroupSupport:
         except OSError as exc:
             reasons[c] = f"cannot create {base}: {exc.strerror}"
             continue
+        if not os.access(base, os.W_OK | os.X_OK):
+            # Made by another (root) server before: a server that is not root finds it
+            # but may not create its sandboxes' directories in it.
+            reasons[c] = f"cannot create cgroups in {base} (not writable by uid {os.geteuid()})"
+            continue
         if not (base / _V1_LIMIT_FILE[c]).exists():
             reasons[c] = f"{base} has no {_V1_LIMIT_FILE[c]}"
             continue
