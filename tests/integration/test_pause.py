@@ -11,15 +11,18 @@ named in the notice). Files always. The reaper pauses a session idle past
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from mcp_code_sandbox.backends import create_backend
 from mcp_code_sandbox.errors import SessionNotFound
 from mcp_code_sandbox.run.request import RunRequest
 from mcp_code_sandbox.service import SandboxService
+from mcp_code_sandbox.sessions.agent_client import AgentClient
 from mcp_code_sandbox.sessions.session import Session
 from mcp_code_sandbox.settings import Settings
 
@@ -191,3 +194,63 @@ async def test_nothing_leaks_after_pause_and_resume_cycles(
             p for cid in created for p in Path("/run/docker").glob(f"runtime-*/moby/{cid}*")
         ]
         assert runtime_state == []
+
+
+async def test_a_server_that_dies_mid_pause_loses_no_files(
+    make_settings: Callable[..., Settings], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = make_settings(pause_after_m=PAUSE_AFTER_M)
+    first = SandboxService(settings, create_backend(settings))
+    await first.start()
+    code = "x = 1\nopen('f.txt', 'w').write('kept')"
+    await first.run_code("alice", RunRequest(code), "s")
+    await paused(first, "alice", "s")  # a complete pause: x = 1 is saved
+    code = "x = 2\nopen('g.txt', 'w').write('after')"
+    again = await first.run_code("alice", RunRequest(code), "s")
+    assert again.resumed == "variables"
+    # The next pause never completes: the server dies while its save is under way.
+    never = asyncio.Event()
+
+    async def stuck(*args: object, **kwargs: object) -> None:
+        await never.wait()
+
+    monkeypatch.setattr(AgentClient, "save_state", stuck)
+    deadline = time.monotonic() + WAIT_S
+    while not session_of(first, "alice", "s").pausing:
+        assert time.monotonic() < deadline, "no pause began"
+        await asyncio.sleep(0.05)
+    [record] = [json.loads(p.read_text()) for p in settings.sessions_dir.glob("*.json")]
+    assert record["pausing"] is True and record["paused"] is None
+    await die(first)
+    monkeypatch.undo()
+
+    second = SandboxService(settings, create_backend(settings))
+    await second.start()
+    try:
+        back = await second.run_code(
+            "alice", RunRequest("import os\n(x, sorted(os.listdir()))"), "s"
+        )
+        assert back.session_created is False, back
+        # Every file, and the variables of the last complete pause (said so).
+        assert (back.result, back.resumed) == ("(1, ['f.txt', 'g.txt'])", "variables"), back
+        assert back.notice is not None and "last complete pause" in back.notice
+    finally:
+        await second.aclose()
+
+
+async def die(svc: SandboxService) -> None:
+    """What SIGKILL does to an in-process server: its reaper stops where it is, its
+    sandboxes go (bwrap's die with their server), its uid locks are let go, and its pid
+    file names no process; its records and workspaces stay."""
+    manager = svc.sessions
+    reaper = manager._reaper
+    assert reaper is not None
+    reaper.cancel()
+    await asyncio.wait({reaper})
+    for session in list(manager._sessions.values()):
+        if session.sandbox is not None:
+            await svc.backend.stop(session.sandbox)
+        if session.uid_lease is not None:
+            session.uid_lease.release()
+    (manager.settings.run_dir / f"{manager.instance}.pid").unlink()
+    manager._closed = True
