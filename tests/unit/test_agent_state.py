@@ -16,6 +16,7 @@ import pytest
 
 from mcp_code_sandbox.agent import state, statefiles
 from mcp_code_sandbox.agent.run_state import exec_error
+from mcp_code_sandbox.agent.stateload import load
 
 
 class FakeShell:
@@ -71,7 +72,7 @@ def test_save_then_load_restores_values_identity_modules_history_and_count(
     assert "not picklable" in report["dropped"][0]["why"]
     assert report["bytes"] > 0
     new = FakeShell()
-    loaded = state.load(new, str(tmp_path))
+    loaded = load(new, str(tmp_path))
     assert loaded == {"found": True, "restored": ["a", "b", "d", "n"], "modules": ["os_path"],
                       "failed": []}  # fmt: skip
     ns = new.namespace
@@ -81,7 +82,7 @@ def test_save_then_load_restores_values_identity_modules_history_and_count(
 
 
 def test_nothing_saved_is_found_false(tmp_path: Path) -> None:
-    assert state.load(FakeShell(), str(tmp_path)) == {
+    assert load(FakeShell(), str(tmp_path)) == {
         "found": False, "restored": [], "modules": [], "failed": []
     }  # fmt: skip
 
@@ -96,7 +97,7 @@ def test_the_largest_go_first_and_what_refers_to_them_goes_too(tmp_path: Path) -
     assert why["holder"] == "refers to big, which is not saved"
     assert report["bytes"] < 50_000 + 1000
     new = FakeShell()
-    assert state.load(new, str(tmp_path))["restored"] == ["medium", "small"]
+    assert load(new, str(tmp_path))["restored"] == ["medium", "small"]
     assert "big" not in new.namespace and "holder" not in new.namespace
 
 
@@ -118,7 +119,7 @@ def test_a_new_save_replaces_the_old_one_and_leftovers_go(tmp_path: Path) -> Non
     entries = sorted(p.name for p in session.iterdir())
     assert len(entries) == 2 and entries[1] == "manifest.json"
     new = FakeShell()
-    assert state.load(new, str(tmp_path))["restored"] == ["y"]
+    assert load(new, str(tmp_path))["restored"] == ["y"]
 
 
 def test_a_save_killed_before_its_commit_leaves_the_previous_state(
@@ -134,7 +135,7 @@ def test_a_save_killed_before_its_commit_leaves_the_previous_state(
         state.save(FakeShell({"generation": 2, "extra": [1]}), str(tmp_path), 10_000)
     monkeypatch.undo()
     new = FakeShell()
-    assert state.load(new, str(tmp_path))["restored"] == ["generation"]
+    assert load(new, str(tmp_path))["restored"] == ["generation"]
     assert new.namespace == {"generation": 1}
     assert len(list((tmp_path / ".session").iterdir())) == 2  # the failed one cleaned up
 
@@ -145,7 +146,7 @@ def test_a_planted_symlink_is_replaced_never_written_through(tmp_path: Path) -> 
     work = tmp_path / "work"
     work.mkdir()
     (work / ".session").symlink_to(outside)
-    report = state.load(FakeShell(), str(work))
+    report = load(FakeShell(), str(work))
     assert report["found"] is False and "not a directory" in report["failed"][0]["why"]
     state.save(FakeShell({"x": 1}), str(work), 10_000)
     assert list(outside.iterdir()) == []
@@ -155,7 +156,7 @@ def test_a_planted_symlink_is_replaced_never_written_through(tmp_path: Path) -> 
     (outside / "m.json").write_text(manifest.read_text())
     manifest.unlink()
     manifest.symlink_to(outside / "m.json")
-    assert state.load(FakeShell(), str(work))["found"] is False
+    assert load(FakeShell(), str(work))["found"] is False
 
 
 def test_a_fifo_or_garbage_in_place_of_a_value_is_reported_not_hung(tmp_path: Path) -> None:
@@ -172,7 +173,7 @@ def test_a_fifo_or_garbage_in_place_of_a_value_is_reported_not_hung(tmp_path: Pa
         if entry["name"] == "c":  # garbage of the size the manifest expects
             entry["bytes"] = (data / entry["file"]).stat().st_size
     (session / "manifest.json").write_text(json.dumps(manifest))
-    report = state.load(FakeShell(), str(tmp_path))
+    report = load(FakeShell(), str(tmp_path))
     assert report["found"] is True and report["restored"] == []
     why = {f["name"]: f["why"] for f in report["failed"]}
     assert "not a regular file" in why["a"]
@@ -188,7 +189,7 @@ def test_a_fifo_or_garbage_in_place_of_a_value_is_reported_not_hung(tmp_path: Pa
 def test_a_broken_manifest_is_found_false_with_why(tmp_path: Path, manifest: bytes) -> None:
     (tmp_path / ".session").mkdir()
     (tmp_path / ".session" / "manifest.json").write_bytes(manifest)
-    report = state.load(FakeShell(), str(tmp_path))
+    report = load(FakeShell(), str(tmp_path))
     assert report["found"] is False and report["failed"][0]["type"] == "manifest"
 
 
@@ -200,7 +201,7 @@ def test_malformed_entries_of_a_manifest_are_named(tmp_path: Path) -> None:
     manifest["modules"] = [{"name": "m", "module": "no_such_module_here"}, {"name": "x"}]
     path.write_text(json.dumps(manifest))
     new = FakeShell()
-    report = state.load(new, str(tmp_path))
+    report = load(new, str(tmp_path))
     assert report["restored"] == ["a"] and report["modules"] == []
     assert {f["name"] for f in report["failed"]} >= {"b", "m", "?"}
     assert new.namespace == {"a": [1]}
@@ -210,7 +211,7 @@ def test_the_report_is_bounded(tmp_path: Path) -> None:
     shell = FakeShell({f"v{i}": [i] for i in range(state.MAX_REPORTED + 20)})
     report = state.save(shell, str(tmp_path), 10_000_000)
     assert len(report["kept"]) == state.MAX_REPORTED
-    assert len(state.load(FakeShell(), str(tmp_path))["restored"]) == state.MAX_REPORTED
+    assert len(load(FakeShell(), str(tmp_path))["restored"]) == state.MAX_REPORTED
 
 
 @pytest.mark.parametrize(

@@ -32,6 +32,7 @@ import argparse
 import contextlib
 import ctypes
 import importlib
+import json
 import os
 import sys
 import threading
@@ -49,7 +50,8 @@ from .outstream import Streams, install
 from .packages import refresh_import_path
 from .plain import PlainShell
 from .protocol import read_frame
-from .state import run_state
+from .state import save
+from .stateload import load
 
 __all__ = ["main"]
 
@@ -134,7 +136,11 @@ class Kernel:
         the whole operation (the disk, the quota) is an ``error`` outcome."""
         try:
             with self._gate.armed():
-                result = run_state(self.shell, self._workdir, op, int(max_bytes or 1))
+                if op == "save":
+                    report = save(self.shell, self._workdir, int(max_bytes or 1))
+                else:
+                    report = load(self.shell, self._workdir)
+                result = json.dumps(report, ensure_ascii=False)
         except BaseException as exc:  # KeyboardInterrupt too: the supervisor says why
             return Outcome("error", None, error_info(exc, ""), self.shell.last_count())
         return Outcome("ok", result, None, self.shell.last_count())

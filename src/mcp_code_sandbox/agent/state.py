@@ -1,8 +1,8 @@
 """A session's variables saved to ``.session/`` and loaded back: the portable pause.
 
-Kernel-side only: :func:`save` and :func:`load` run in the kernel, as the user, on an
-``exec`` with ``state`` (see :mod:`.protocol`), instead of a cell. The host never reads
-what they write; it gets the JSON report only.
+Kernel-side only: :func:`save` (here) and :func:`.stateload.load` run in the kernel, as
+the user, on an ``exec`` with ``state`` (see :mod:`.protocol`), instead of a cell. The
+host never reads what they write; it gets the JSON report only.
 
 What is saved: every name of the user namespace but those starting with ``_`` and the
 shell's own (``In``, ``Out``, ``get_ipython``, ``exit``, ``quit``, ``display``, and what
@@ -49,14 +49,22 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Protocol
 
 from . import statefiles
-from .statefiles import STATE_DIR, StateDirError
 
-__all__ = ["MAX_REPORTED", "StateShell", "load", "run_state", "save"]
+__all__ = [
+    "FORMAT",
+    "HISTORY_CHARS",
+    "MAX_REPORTED",
+    "NAME_CHARS",
+    "WHY_CHARS",
+    "StateShell",
+    "clean",
+    "save",
+]
 
 FORMAT = 1
 MAX_REPORTED = 1000
-_NAME_CHARS = 200
-_WHY_CHARS = 300
+NAME_CHARS = 200
+WHY_CHARS = 300
 #: Immutable atoms: never pickled as a reference to another name (they need no identity,
 #: and a reference would tie a value to whether the other name was saved). Strings and
 #: bytes only when short: a large one is kept once, whoever else refers to it.
@@ -64,7 +72,7 @@ _ATOMS = (type(None), bool, int, float, complex)
 _SHORT = 4096
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 #: The history kept (characters of all inputs together); older inputs are emptied.
-_HISTORY_CHARS = 4 * 1024 * 1024
+HISTORY_CHARS = 4 * 1024 * 1024
 
 
 class StateShell(Protocol):
@@ -87,7 +95,8 @@ class StateShell(Protocol):
     def set_last_count(self, count: int) -> None: ...
 
 
-def _clean(text: str, limit: int) -> str:
+def clean(text: str, limit: int) -> str:
+    """``text`` for a report: control characters made ``?``, at most ``limit`` long."""
     text = _CONTROL.sub("?", text)
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
@@ -97,11 +106,11 @@ def _type_name(value: Any) -> str:
     module = getattr(kind, "__module__", "") or ""
     name = getattr(kind, "__qualname__", "") or kind.__name__
     qualified = name if module == "builtins" else f"{module}.{name}"
-    return _clean(str(qualified), _NAME_CHARS)
+    return clean(str(qualified), NAME_CHARS)
 
 
 def _why(exc: BaseException) -> str:
-    return _clean(f"not picklable: {type(exc).__name__}: {exc}", _WHY_CHARS)
+    return clean(f"not picklable: {type(exc).__name__}: {exc}", WHY_CHARS)
 
 
 # -- saving -------------------------------------------------------------------------------
@@ -153,11 +162,14 @@ class _Saved:
 
 
 def _pickler_class() -> tuple[str, type[pickle.Pickler]]:
+    """cloudpickle's Pickler where the runtime has it, else the standard library's.
+    Through importlib: the agent imports nothing but the standard library by name."""
     try:
-        import cloudpickle  # type: ignore[import-not-found,unused-ignore]
+        cloudpickle = importlib.import_module("cloudpickle")
     except ImportError:
         return "pickle", pickle.Pickler
-    return "cloudpickle", cloudpickle.Pickler
+    pickler: type[pickle.Pickler] = cloudpickle.Pickler
+    return "cloudpickle", pickler
 
 
 def _make_pickler(
@@ -250,11 +262,11 @@ def _candidates(
             continue
         if shell.is_own(name, value):
             continue
-        if len(name) > _NAME_CHARS:
-            dropped.append({"name": _clean(name, _NAME_CHARS), "type": _type_name(value),
+        if len(name) > NAME_CHARS:
+            dropped.append({"name": clean(name, NAME_CHARS), "type": _type_name(value),
                             "why": "the name is too long to save"})  # fmt: skip
         elif isinstance(value, types.ModuleType):
-            modules.append((name, _clean(str(value.__name__), _NAME_CHARS)))
+            modules.append((name, clean(str(value.__name__), NAME_CHARS)))
         elif kind == "pickle" and _defined_in_session(value):
             why = "defined in the session: saving it needs cloudpickle, not installed here"
             dropped.append({"name": name, "type": _type_name(value), "why": why})
@@ -337,7 +349,7 @@ def _fit(
     def drop(entry: _Saved, why: str) -> None:
         del kept[entry.name]
         statefiles.remove(data, entry.file)
-        dropped.append({"name": entry.name, "type": entry.type, "why": _clean(why, _WHY_CHARS)})
+        dropped.append({"name": entry.name, "type": entry.type, "why": clean(why, WHY_CHARS)})
 
     def close_refs() -> None:
         changed = True
@@ -363,208 +375,15 @@ def _fit(
 
 
 def _write_history(data: int, inputs: list[str]) -> int:
-    """``history.json``: the inputs, oldest emptied past ``_HISTORY_CHARS``; its bytes."""
+    """``history.json``: the inputs, oldest emptied past ``HISTORY_CHARS``; its bytes."""
     kept = [text if isinstance(text, str) else "" for text in inputs]
     total = 0
     for index in range(len(kept) - 1, -1, -1):
         total += len(kept[index])
-        if total > _HISTORY_CHARS:
+        if total > HISTORY_CHARS:
             kept[index] = ""
     body = json.dumps(kept).encode()
     with statefiles.create_file(data, "history.json") as handle:
         handle.write(body)
         statefiles.sync_file(handle)
     return len(body)
-
-
-# -- loading ------------------------------------------------------------------------------
-
-
-class _NotLoaded(Exception):
-    """A value could not be restored (or refers to one that was not)."""
-
-
-@dataclass(frozen=True)
-class _Entry:
-    name: str
-    type: str
-    file: str
-    bytes: int
-
-
-class _Loader:
-    """Loads values on demand, each once: a reference to another name loads that one
-    first, so the order of the files does not matter."""
-
-    def __init__(self, data: int, entries: dict[str, _Entry], namespace: dict[str, Any]):
-        self._data = data
-        self._entries = entries
-        self._namespace = namespace
-        self.values: dict[str, Any] = {}
-        self.failed: dict[str, str] = {}
-        self._loading: set[str] = set()
-
-    def value(self, name: str) -> Any:
-        if name in self.values:
-            return self.values[name]
-        if name in self.failed:
-            raise _NotLoaded(f"refers to {name}, which could not be restored")
-        if name in self._loading:
-            raise _NotLoaded(f"refers to {name} in a cycle of variables")
-        entry = self._entries.get(name)
-        if entry is None:
-            raise _NotLoaded(f"refers to {name}, which was not saved")
-        self._loading.add(name)
-        try:
-            value = self._read(entry)
-        except _NotLoaded as exc:
-            self.failed[name] = str(exc)
-            raise _NotLoaded(f"refers to {name}, which could not be restored") from None
-        except RecursionError:
-            self.failed[name] = "nested too deeply to restore"
-            raise _NotLoaded(f"refers to {name}, which could not be restored") from None
-        except Exception as exc:  # a broken or hostile pickle: its own failure
-            self.failed[name] = _clean(f"{type(exc).__name__}: {exc}", _WHY_CHARS)
-            raise _NotLoaded(f"refers to {name}, which could not be restored") from None
-        finally:
-            self._loading.discard(name)
-        self.values[name] = value
-        return value
-
-    def _read(self, entry: _Entry) -> Any:
-        try:
-            handle, size = statefiles.open_file(self._data, entry.file)
-        except StateDirError as exc:
-            raise _NotLoaded(str(exc)) from None
-        with handle:
-            if size != entry.bytes:
-                raise _NotLoaded(f"{entry.file} holds {size} bytes, the manifest says "
-                                 f"{entry.bytes}: truncated or replaced")  # fmt: skip
-            return self._unpickler(handle).load()
-
-    def _unpickler(self, handle: BinaryIO) -> pickle.Unpickler:
-        loader = self
-
-        class Unpickler(pickle.Unpickler):
-            def persistent_load(self, pid: Any) -> Any:
-                if pid == ("ns",):
-                    return loader._namespace
-                if isinstance(pid, tuple) and len(pid) == 2 and pid[0] == "var":
-                    return loader.value(str(pid[1]))
-                raise pickle.UnpicklingError("an unknown persistent reference")
-
-        return Unpickler(handle)
-
-
-def load(shell: StateShell, workdir: str) -> dict[str, Any]:
-    """Restore what :func:`save` committed into ``shell``'s namespace; the load report.
-    Never raises for what ``.session`` holds (user code may have written anything
-    there); raises ``KeyboardInterrupt`` when interrupted."""
-    report: dict[str, Any] = {"found": False, "restored": [], "modules": [], "failed": []}
-    try:
-        with statefiles.open_state_dir(workdir, create=False) as state:
-            manifest = _manifest(statefiles.read_manifest_bytes(state))
-            data = statefiles.open_data_dir(state, manifest["data"])
-            try:
-                _restore(shell, data, manifest, report)
-            finally:
-                os.close(data)
-    except FileNotFoundError:
-        pass  # nothing saved
-    except (StateDirError, OSError, ValueError) as exc:
-        report["found"] = False
-        why = _clean(f"no complete saved state: {exc}", _WHY_CHARS)
-        report["failed"] = [
-            {"name": f"{STATE_DIR}/{statefiles.MANIFEST}", "type": "manifest", "why": why}
-        ]
-    for key in ("restored", "modules", "failed"):
-        report[key] = report[key][:MAX_REPORTED]
-    return report
-
-
-def _manifest(raw: bytes) -> dict[str, Any]:
-    """The manifest, checked; ``ValueError`` says what is wrong with it."""
-    manifest = json.loads(raw)
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise ValueError("the manifest is not one this agent writes")
-    if not isinstance(manifest.get("data"), str):
-        raise ValueError("the manifest names no data directory")
-    for key in ("modules", "values"):
-        if not isinstance(manifest.get(key), list):
-            raise ValueError(f"the manifest's {key!r} is not a list")
-    return manifest
-
-
-def _restore(
-    shell: StateShell, data: int, manifest: dict[str, Any], report: dict[str, Any]
-) -> None:
-    report["found"] = True
-    namespace = shell.user_namespace()
-    failed: list[dict[str, str]] = report["failed"]
-    for item in manifest["modules"]:
-        name, module = _field(item, "name"), _field(item, "module")
-        if name is None or module is None or not name.isidentifier():
-            failed.append({"name": "?", "type": "module", "why": "a malformed manifest entry"})
-            continue
-        try:
-            namespace[name] = importlib.import_module(module)
-            report["modules"].append(name)
-        except Exception as exc:  # any error an import raises: the module's own
-            failed.append({"name": name, "type": _clean(module, _NAME_CHARS),
-                           "why": _clean(f"import failed: {exc!r}", _WHY_CHARS)})  # fmt: skip
-    entries = _entries(manifest["values"], failed)
-    loader = _Loader(data, entries, namespace)
-    for name, entry in entries.items():
-        try:
-            namespace[name] = loader.value(name)
-            report["restored"].append(name)
-        except _NotLoaded:
-            why = loader.failed.get(name, "could not be restored")
-            failed.append({"name": name, "type": entry.type, "why": why})
-    _restore_history(shell, data, manifest, failed)
-
-
-def _field(item: Any, key: str) -> str | None:
-    value = item.get(key) if isinstance(item, dict) else None
-    return value if isinstance(value, str) and 0 < len(value) <= _NAME_CHARS else None
-
-
-def _entries(values: list[Any], failed: list[dict[str, str]]) -> dict[str, _Entry]:
-    entries: dict[str, _Entry] = {}
-    for item in values:
-        name, kind, file = _field(item, "name"), _field(item, "type"), _field(item, "file")
-        size = item.get("bytes") if isinstance(item, dict) else None
-        if (name is None or not name.isidentifier() or kind is None or file is None
-                or re.fullmatch(r"v\d{1,9}\.pkl", file) is None
-                or not isinstance(size, int) or size < 0):  # fmt: skip
-            shown = _clean(name, _NAME_CHARS) if name else "?"
-            failed.append({"name": shown, "type": "?", "why": "a malformed manifest entry"})
-            continue
-        entries[name] = _Entry(name, _clean(kind, _NAME_CHARS), file, size)
-    return entries
-
-
-def _restore_history(
-    shell: StateShell, data: int, manifest: dict[str, Any], failed: list[dict[str, str]]
-) -> None:
-    count = manifest.get("execution_count")
-    try:
-        handle, _ = statefiles.open_file(data, "history.json", 2 * _HISTORY_CHARS + (1 << 20))
-        with handle:
-            inputs = json.loads(handle.read())
-        if not isinstance(inputs, list) or not all(isinstance(t, str) for t in inputs):
-            raise ValueError("not a list of strings")
-    except (StateDirError, ValueError, OSError) as exc:
-        why = _clean(f"the input history was not restored: {exc}", _WHY_CHARS)
-        failed.append({"name": "In", "type": "list", "why": why})
-        inputs = None
-    if inputs is not None:
-        shell.set_history(inputs)
-    if isinstance(count, int) and not isinstance(count, bool) and 0 <= count < 1 << 31:
-        shell.set_last_count(count)
-
-
-def run_state(shell: StateShell, workdir: str, op: str, max_bytes: int) -> str:
-    """The ``done`` result of a ``state`` exec: the report as JSON text."""
-    report = save(shell, workdir, max_bytes) if op == "save" else load(shell, workdir)
-    return json.dumps(report, ensure_ascii=False)
