@@ -8,9 +8,11 @@ Each run, in one bwrap sandbox: build the session (import pandas, a DataFrame of
 1,000,000 rows and four columns: int, float, a category and a string), then time the
 save (``AgentClient.save_state``), measure the bytes of ``.session/`` on disk, stop the
 sandbox, start a new one on the same workspace, time the load, and the first result
-(``df.shape``). Beside them, in the same run, the baselines: the sandbox's start alone,
-and rebuilding the session from scratch in a new sandbox (what a resume without saved
-variables costs). Prints a Markdown table of medians to stdout; progress to stderr.
+(``df.shape``). The kernel's peak RSS before and after the save (a save that held its
+pickles in memory would raise it by the DataFrame's size), and after the load. Beside
+them, in the same run, the baselines: the sandbox's start alone, and rebuilding the
+session from scratch in a new sandbox (what a resume without saved variables costs).
+Prints a Markdown table of medians to stdout; progress to stderr.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ df = pd.DataFrame({
 })
 """
 MAX_BYTES = 1 << 30
+#: The kernel's peak RSS so far, MiB: a save that held every pickle in memory raises it.
+PEAK = "import resource; resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024"
 
 
 def log(text: str) -> None:
@@ -81,8 +85,10 @@ async def one_run(backend: BwrapBackend, workspace: Path, uid: int | None) -> di
     try:
         client = AgentClient(box.channel)
         row["build_s"], _ = await timed(lambda: cell(client, BUILD))
+        row["kernel_peak_mib_before_save"] = float(await cell(client, PEAK) or 0)
         row["save_s"], report = await timed(lambda: client.save_state(MAX_BYTES, 300))
         assert {v.name for v in report.kept} >= {"df", "n"}, report
+        row["kernel_peak_mib_after_save"] = float(await cell(client, PEAK) or 0)
         row["disk_mib"] = disk_bytes(workspace / ".session") / 2**20
     finally:
         await backend.stop(box)
@@ -94,6 +100,7 @@ async def one_run(backend: BwrapBackend, workspace: Path, uid: int | None) -> di
         assert "df" in loaded.restored, loaded
         shape = await cell(client, "df.shape")
         assert shape == "(1000000, 4)", shape
+        row["kernel_peak_mib_after_load"] = float(await cell(client, PEAK) or 0)
         row["resume_first_result_s"] = time.perf_counter() - started
     finally:
         await backend.stop(box)

@@ -62,7 +62,7 @@ def open_box(
     import contextlib
 
     @contextlib.asynccontextmanager
-    async def open_(key: str) -> AsyncIterator[Box]:
+    async def open_(key: str, limits: Limits = LIMITS) -> AsyncIterator[Box]:
         workspace = backend.settings.state_dir / "workspaces" / "shared"
         if not workspace.exists():
             workspace.mkdir(parents=True)
@@ -70,7 +70,7 @@ def open_box(
                 os.chown(workspace, *owner)
         uid = host_uid if backend.per_sandbox_uids else None
         spec = SandboxSpec(key=key, owner="local", session_id="s", workspace=workspace,
-                           limits=LIMITS, uid=uid)  # fmt: skip
+                           limits=limits, uid=uid)  # fmt: skip
         sandbox = await backend.create(spec)
         assert isinstance(sandbox, BwrapSandbox)
         try:
@@ -159,6 +159,19 @@ async def test_the_budget_drops_the_largest_and_what_refers_to_them(
         loaded = await box.client.load_state(timeout_s=60)
         assert set(loaded.restored) == {"mid", "small"}
         assert await box.ok("float(mid.sum()), 'big' in globals()") == "(50000.0, False)"
+
+
+async def test_a_value_over_the_file_size_limit_is_dropped_not_the_save(
+    open_box: Callable[..., Any],
+) -> None:
+    limits = Limits(memory_bytes=512 << 20, cpu=1.0, pids=64, tmp_bytes=8 << 20,
+                    file_bytes=1 << 20)  # fmt: skip
+    async with open_box("fsize", limits) as box:
+        await box.ok("blob = bytes(3 << 20)\nsmall = [1, 2]")
+        report = await box.client.save_state(max_bytes=64 << 20, timeout_s=60)
+        assert [v.name for v in report.kept] == ["small"]
+        assert [v.name for v in report.dropped] == ["blob"]
+        assert (report.dropped[0].why or "").startswith("too large")
 
 
 HOSTILE = """

@@ -37,6 +37,7 @@ characters.
 
 from __future__ import annotations
 
+import errno
 import importlib
 import io
 import json
@@ -147,6 +148,8 @@ class _Bounded(io.RawIOBase):
         try:
             self._target.write(data)
         except OSError as exc:  # told apart from an OSError a value's __reduce__ raises
+            if exc.errno == errno.EFBIG:  # the sandbox's file size limit: this value only
+                raise _TooLarge from None
             raise _DiskError(exc) from None
         return size
 
