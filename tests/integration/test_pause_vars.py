@@ -107,11 +107,12 @@ fh = open("notes.txt", "w")
 async def test_a_session_comes_back_in_a_new_sandbox(open_box: Callable[[str], Any]) -> None:
     async with open_box("first") as box:
         await box.ok(SESSION)
+        await box.ok("import matplotlib.pyplot as plt\nfig, ax = plt.subplots()\nax.plot([1, 2])")
         last = await box.run("p.double().x")
-        assert last.result == "42" and last.execution_count == 2
+        assert last.result == "42" and last.execution_count == 3
         report = await box.client.save_state(max_bytes=64 << 20, timeout_s=60)
     kept = {v.name: v for v in report.kept}
-    assert set(kept) == {"df", "f", "Point", "p", "a", "b", "holder"}
+    assert set(kept) == {"df", "f", "Point", "p", "a", "b", "holder", "fig", "ax"}
     assert kept["df"].type == "pandas.DataFrame" and (kept["df"].bytes or 0) > 0
     assert {(m.name, m.type) for m in report.modules} >= {("np", "numpy"), ("pd", "pandas")}
     assert ("osp", "posixpath") in {(m.name, m.type) for m in report.modules}
@@ -125,10 +126,12 @@ async def test_a_session_comes_back_in_a_new_sandbox(open_box: Callable[[str], A
         assert await box.ok("'df' in globals()") == "False"  # a fresh interpreter...
         loaded = await box.client.load_state(timeout_s=60)
         assert loaded.found and set(loaded.restored) == set(kept) and loaded.failed == ()
-        assert {"np", "osp", "pd"} <= set(loaded.modules)
+        assert {"np", "osp", "pd", "plt"} <= set(loaded.modules)
         # ...numbering goes on from before the pause; the save and load did not count.
         first = await box.run("f()")
-        assert first.result == "(1000, 2)" and first.execution_count == 3
+        assert first.result == "(1000, 2)" and first.execution_count == 4
+        # fig and ax refer to each other: saved together, they still do.
+        assert await box.ok("fig.axes[0] is ax, ax.figure is fig") == "(True, True)"
         assert await box.ok("a is b, holder['df'] is df, type(p) is Point") == "(True, True, True)"
         assert await box.ok("p.double().x, np.arange(4).sum(), osp.join('x', 'y')") == (
             "(42, np.int64(6), 'x/y')"

@@ -230,3 +230,42 @@ def test_exec_with_state_is_checked(fields: dict[str, Any], problem: str | None)
     message = {"op": "exec", "id": 1, "code": "", **fields}
     found = exec_error(message, {"python", "bash"})
     assert (found is None) if problem is None else (found is not None and problem in found)
+
+
+class Node:
+    """A module-level class, so stdlib pickle can save its instances by reference."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.other: Node | None = None
+
+
+def test_names_that_refer_to_each_other_are_saved_together(tmp_path: Path) -> None:
+    parent, child, alone = Node("parent"), Node("child"), Node("alone")
+    parent.other, child.other = child, parent  # a cycle between two names (fig and ax)
+    users = {"parent": parent}  # refers into the cycle from outside
+    shell = FakeShell({"parent": parent, "alone": alone, "child": child, "users": users})
+    report = state.save(shell, str(tmp_path), 100_000)
+    assert set(names(report["kept"])) == {"parent", "alone", "child", "users"}
+    by_name = {v["name"]: v["bytes"] for v in report["kept"]}
+    assert by_name["parent"] > 0 and by_name["child"] == 0  # one file, counted once
+    new = FakeShell()
+    assert set(load(new, str(tmp_path))["restored"]) == {"parent", "alone", "child", "users"}
+    ns = new.namespace
+    assert ns["parent"].other is ns["child"] and ns["child"].other is ns["parent"]
+    assert ns["users"]["parent"] is ns["parent"]
+
+
+def test_a_cycle_over_the_budget_is_dropped_whole(tmp_path: Path) -> None:
+    a, b = Node("a" * 40_000), Node("b")
+    a.other, b.other = b, a
+    report = state.save(FakeShell({"a": a, "b": b, "c": 1}), str(tmp_path), 20_000)
+    assert names(report["kept"]) == ["c"]
+    why = {d["name"]: d["why"] for d in report["dropped"]}
+    assert why["a"].startswith("too large") and why["b"] == "refers to a, which is not saved"
+    # Each fits alone; together (what a load needs) they pass the budget.
+    a.name, b.name = "a" * 12_000, "b" * 12_000
+    report = state.save(FakeShell({"a": a, "b": b, "c": 1}), str(tmp_path), 20_000)
+    assert names(report["kept"]) == ["c"]
+    assert sorted(names(report["dropped"])) == ["a", "b"]
+    assert all(d["why"].startswith("too large") for d in report["dropped"])

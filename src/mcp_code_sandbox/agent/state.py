@@ -155,12 +155,16 @@ class _Bounded(io.RawIOBase):
 
 
 @dataclass
-class _Saved:
-    name: str
-    type: str
+class _Unit:
+    """One file of the saved state: the value of one name, or (``len(names) > 1``) a
+    tuple of the values of names that refer to each other (a cycle: ``fig`` and ``ax``),
+    pickled together so that each is in the other's memo."""
+
     file: str
+    names: list[str]
+    types: list[str]
     bytes: int
-    #: The other names this value's pickle refers to.
+    #: The names outside this unit that its pickle refers to.
     refs: set[str] = field(default_factory=set)
 
 
@@ -176,12 +180,12 @@ def _pickler_class() -> tuple[str, type[pickle.Pickler]]:
 
 
 def _make_pickler(
-    base: type[pickle.Pickler], out: io.RawIOBase, name: str, names: dict[int, str],
+    base: type[pickle.Pickler], out: io.RawIOBase, own: set[str], names: dict[int, str],
     namespace: dict[str, Any], refs: set[str],
 ) -> pickle.Pickler:  # fmt: skip
-    """A pickler for the value of ``name``: a value bound to another name becomes a
-    reference to it; the user namespace (a function's globals) a reference to whatever
-    namespace the load runs in."""
+    """A pickler for the values of ``own``: a value bound to another name becomes a
+    reference to it (named in ``refs``); the user namespace (a function's globals) a
+    reference to whatever namespace the load runs in."""
     globals_marker: dict[str, Any] = {}
 
     class Pickler(base):  # type: ignore[misc,valid-type]
@@ -189,7 +193,7 @@ def _make_pickler(
             if obj is globals_marker or obj is namespace:
                 return ("ns",)
             other = names.get(id(obj))
-            if other is not None and other != name:
+            if other is not None and other not in own:
                 refs.add(other)
                 return ("var", other)
             return None
@@ -218,17 +222,17 @@ def save(shell: StateShell, workdir: str, max_bytes: int) -> dict[str, Any]:
         data_name, data = statefiles.new_data_dir(state)
         committed = False
         try:
-            saved = _write_values(data, candidates, names, namespace, base, max_bytes, dropped)
-            kept = _fit(data, saved, candidates, max_bytes, dropped)
+            writer = _Writer(data, names, namespace, base, max_bytes, dropped)
+            units = writer.write_all(candidates)
+            kept = _fit(data, units, candidates, max_bytes, dropped)
             history = _write_history(data, shell.history())
-            total = sum(entry.bytes for entry in kept) + history
+            total = sum(unit.bytes for unit in kept) + history
             manifest = {
                 "format": FORMAT, "data": data_name, "pickler": kind,
                 "python": list(sys.version_info[:2]), "execution_count": shell.last_count(),
                 "history": "history.json",
                 "modules": [{"name": n, "module": m} for n, m in modules],
-                "values": [{"name": e.name, "type": e.type, "file": e.file, "bytes": e.bytes}
-                           for e in kept],
+                "values": _manifest_values(kept),
                 "dropped": dropped[:MAX_REPORTED], "bytes": total,
             }  # fmt: skip
             os.fsync(data)
@@ -239,7 +243,7 @@ def save(shell: StateShell, workdir: str, max_bytes: int) -> dict[str, Any]:
             if not committed:
                 statefiles.remove(state, data_name)
     return {
-        "kept": [{"name": e.name, "type": e.type, "bytes": e.bytes} for e in kept][:MAX_REPORTED],
+        "kept": _kept_report(kept)[:MAX_REPORTED],
         "modules": [{"name": n, "module": m} for n, m in modules][:MAX_REPORTED],
         "dropped": dropped[:MAX_REPORTED],
         "bytes": total,
@@ -285,43 +289,137 @@ def _defined_in_session(value: Any) -> bool:
     return getattr(kind, "__module__", None) == "__main__"
 
 
-def _write_values(
-    data: int, candidates: list[tuple[str, Any]], names: dict[int, str],
-    namespace: dict[str, Any], base: type[pickle.Pickler], max_bytes: int,
-    dropped: list[dict[str, str]],
-) -> list[_Saved]:  # fmt: skip
-    """Pickle each value into ``v<N>.pkl``, streamed; those that fail are ``dropped``.
+def _manifest_values(units: list[_Unit]) -> list[dict[str, Any]]:
+    """Each kept name, its unit's file and size, and (a unit of several) its slot."""
+    values: list[dict[str, Any]] = []
+    for unit in units:
+        several = len(unit.names) > 1
+        for slot, (name, kind) in enumerate(zip(unit.names, unit.types, strict=True)):
+            entry = {"name": name, "type": kind, "file": unit.file, "bytes": unit.bytes}
+            values.append({**entry, "slot": slot} if several else entry)
+    return values
 
-    Bounds: one value may not pass ``max_bytes`` (it could never be kept), and once twice
+
+def _kept_report(units: list[_Unit]) -> list[dict[str, Any]]:
+    """Names with their bytes: a unit of several counts once, on its first name."""
+    return [
+        {"name": name, "type": kind, "bytes": unit.bytes if slot == 0 else 0}
+        for unit in units
+        for slot, (name, kind) in enumerate(zip(unit.names, unit.types, strict=True))
+    ]
+
+
+class _Writer:
+    """Pickles the values of a save into files of ``data``, streamed, and drops (into
+    ``dropped``, with why) those that fail.
+
+    Bounds: one file may not pass ``max_bytes`` (it could never be kept), and once twice
     ``max_bytes`` has been written the rest are dropped unwritten (rather than filling
     the workspace with what the budget will drop anyway)."""
-    saved: list[_Saved] = []
-    written = 0
-    for index, (name, value) in enumerate(candidates):
-        file = f"v{index}.pkl"
-        refs: set[str] = set()
-        room = min(max_bytes, 2 * max_bytes - written)
+
+    def __init__(
+        self, data: int, names: dict[int, str], namespace: dict[str, Any],
+        base: type[pickle.Pickler], max_bytes: int, dropped: list[dict[str, str]],
+    ) -> None:  # fmt: skip
+        self._data = data
+        self._names = names
+        self._namespace = namespace
+        self._base = base
+        self._max_bytes = max_bytes
+        self._dropped = dropped
+        self._written = 0
+
+    def write_all(self, candidates: list[tuple[str, Any]]) -> list[_Unit]:
+        """One file per value, then one per cycle of names that refer to each other."""
+        units: list[_Unit] = []
+        for index, (name, value) in enumerate(candidates):
+            unit = self._write(f"v{index}.pkl", [(name, value)])
+            if unit is not None:
+                units.append(unit)
+        values = dict(candidates)
+        by_name = {unit.names[0]: unit for unit in units}
+        edges = {unit.names[0]: unit.refs & by_name.keys() for unit in units}
+        for index, cycle in enumerate(_cycles(edges)):
+            for name in cycle:
+                statefiles.remove(self._data, by_name.pop(name).file)
+            group = self._write(f"g{index}.pkl", [(name, values[name]) for name in cycle])
+            if group is not None:
+                by_name[group.names[0]] = group
+        order = {name: index for index, (name, _) in enumerate(candidates)}
+        return sorted(by_name.values(), key=lambda unit: order[unit.names[0]])
+
+    def _write(self, file: str, members: list[tuple[str, Any]]) -> _Unit | None:
+        types_ = [_type_name(value) for _, value in members]
+        room = min(self._max_bytes, 2 * self._max_bytes - self._written)
         if room <= 0:
-            dropped.append({"name": name, "type": _type_name(value),
-                            "why": f"too large: the saved state passed {2 * max_bytes} bytes"
-                                   " before this value was written"})  # fmt: skip
-            continue
-        handle = statefiles.create_file(data, file)  # an OSError here: the disk's
+            passed = f"too large: the saved state passed {2 * self._max_bytes} bytes before"
+            self._drop(members, types_, passed + " it was written")
+            return None
+        own = {name for name, _ in members}
+        refs: set[str] = set()
+        value = members[0][1] if len(members) == 1 else tuple(v for _, v in members)
+        handle = statefiles.create_file(self._data, file)  # an OSError here: the disk's
         try:
             out = _Bounded(handle, room)
-            why = _dump(_make_pickler(base, out, name, names, namespace, refs), value, room,
-                        max_bytes)  # fmt: skip
+            pickler = _make_pickler(self._base, out, own, self._names, self._namespace, refs)
+            why = _dump(pickler, value, room, self._max_bytes)
             if why is None:
                 statefiles.sync_file(handle)
         finally:
             handle.close()
+        self._written += out.written
         if why is not None:
-            statefiles.remove(data, file)
-            dropped.append({"name": name, "type": _type_name(value), "why": why})
+            statefiles.remove(self._data, file)
+            self._drop(members, types_, why)
+            return None
+        return _Unit(file, [name for name, _ in members], types_, out.written, refs)
+
+    def _drop(self, members: list[tuple[str, Any]], types_: list[str], why: str) -> None:
+        together = f" (pickled together with {', '.join(n for n, _ in members[1:])})"
+        for index, ((name, _), kind) in enumerate(zip(members, types_, strict=True)):
+            text = why if len(members) == 1 or index else why + together
+            self._dropped.append({"name": name, "type": kind, "why": clean(text, WHY_CHARS)})
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The groups of names that refer to each other (strongly connected components of
+    more than one; Tarjan's, without recursion), each in the order of ``edges``."""
+    order = {name: index for index, name in enumerate(edges)}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[list[str]] = []
+    for root in edges:
+        if root in index:
             continue
-        written += out.written
-        saved.append(_Saved(name, _type_name(value), file, out.written, refs))
-    return saved
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        work = [(root, iter(sorted(edges[root], key=order.__getitem__)))]
+        while work:
+            node, pending = work[-1]
+            for nxt in pending:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    work.append((nxt, iter(sorted(edges[nxt], key=order.__getitem__))))
+                    break
+                if nxt in stack:
+                    low[node] = min(low[node], index[nxt])
+            else:
+                work.pop()
+                if work:
+                    parent = work[-1][0]
+                    low[parent] = min(low[parent], low[node])
+                if low[node] == index[node]:
+                    group: list[str] = []
+                    while True:
+                        member = stack.pop()
+                        group.append(member)
+                        if member == node:
+                            break
+                    if len(group) > 1:
+                        groups.append(sorted(group, key=order.__getitem__))
+    return groups
 
 
 def _dump(pickler: pickle.Pickler, value: Any, room: int, max_bytes: int) -> str | None:
@@ -341,40 +439,46 @@ def _dump(pickler: pickle.Pickler, value: Any, room: int, max_bytes: int) -> str
 
 
 def _fit(
-    data: int, saved: list[_Saved], candidates: list[tuple[str, Any]], max_bytes: int,
+    data: int, units: list[_Unit], candidates: list[tuple[str, Any]], max_bytes: int,
     dropped: list[dict[str, str]],
-) -> list[_Saved]:  # fmt: skip
-    """Drop values referring to one not saved, then the largest until the rest fit
-    ``max_bytes``, then (again) those referring to a dropped one. What is dropped is
-    named in ``dropped`` and its file removed."""
-    kept = {entry.name: entry for entry in saved}
+) -> list[_Unit]:  # fmt: skip
+    """Drop what refers to a name not saved, then the largest files until the rest fit
+    ``max_bytes``, then (again) what refers to a dropped one. What is dropped is named
+    in ``dropped`` and its file removed."""
+    kept = {unit.file: unit for unit in units}
 
-    def drop(entry: _Saved, why: str) -> None:
-        del kept[entry.name]
-        statefiles.remove(data, entry.file)
-        dropped.append({"name": entry.name, "type": entry.type, "why": clean(why, WHY_CHARS)})
+    def saved_names() -> set[str]:
+        return {name for unit in kept.values() for name in unit.names}
+
+    def drop(unit: _Unit, why: str) -> None:
+        del kept[unit.file]
+        statefiles.remove(data, unit.file)
+        for name, kind in zip(unit.names, unit.types, strict=True):
+            dropped.append({"name": name, "type": kind, "why": clean(why, WHY_CHARS)})
 
     def close_refs() -> None:
         changed = True
         while changed:
             changed = False
-            for entry in list(kept.values()):
-                missing = sorted(entry.refs - kept.keys())
+            present = saved_names()
+            for unit in list(kept.values()):
+                missing = sorted(unit.refs - present)
                 if missing:
-                    drop(entry, f"refers to {missing[0]}, which is not saved")
+                    drop(unit, f"refers to {missing[0]}, which is not saved")
                     changed = True
+                    break
 
     close_refs()
-    total = sum(entry.bytes for entry in kept.values())
-    for entry in sorted(kept.values(), key=lambda e: e.bytes, reverse=True):
+    total = sum(unit.bytes for unit in kept.values())
+    for unit in sorted(kept.values(), key=lambda u: u.bytes, reverse=True):
         if total <= max_bytes:
             break
-        total -= entry.bytes
-        drop(entry, f"too large: {entry.bytes} bytes pickled; the budget is {max_bytes} "
-                    "bytes in all, and the largest values go first")  # fmt: skip
+        total -= unit.bytes
+        drop(unit, f"too large: {unit.bytes} bytes pickled; the budget is {max_bytes} "
+                   "bytes in all, and the largest values go first")  # fmt: skip
     close_refs()
     order = {name: index for index, (name, _) in enumerate(candidates)}
-    return sorted(kept.values(), key=lambda e: order[e.name])
+    return sorted(kept.values(), key=lambda unit: order[unit.names[0]])
 
 
 def _write_history(data: int, inputs: list[str]) -> int:

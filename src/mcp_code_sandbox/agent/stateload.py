@@ -35,6 +35,9 @@ class _Entry:
     type: str
     file: str
     bytes: int
+    #: The value's place in its file's tuple (names that refer to each other are saved
+    #: together); ``None``: the file holds this value alone.
+    slot: int | None = None
 
 
 class _Loader:
@@ -48,6 +51,8 @@ class _Loader:
         self.values: dict[str, Any] = {}
         self.failed: dict[str, str] = {}
         self._loading: set[str] = set()
+        #: Files of several values, read once: their tuple, or why they failed.
+        self._groups: dict[str, tuple[Any, ...] | str] = {}
 
     def value(self, name: str) -> Any:
         if name in self.values:
@@ -77,6 +82,24 @@ class _Loader:
         return value
 
     def _read(self, entry: _Entry) -> Any:
+        if entry.slot is None:
+            return self._load_file(entry)
+        group = self._groups.get(entry.file)
+        if group is None:
+            try:
+                loaded = self._load_file(entry)
+            except Exception as exc:  # each value of the file is told why
+                self._groups[entry.file] = clean(f"{type(exc).__name__}: {exc}", WHY_CHARS)
+                raise
+            group = loaded if isinstance(loaded, tuple) else "not the values the manifest names"
+            self._groups[entry.file] = group
+        if isinstance(group, str):
+            raise _NotLoaded(group)
+        if entry.slot >= len(group):
+            raise _NotLoaded(f"{entry.file} holds {len(group)} values, not {entry.slot + 1}")
+        return group[entry.slot]
+
+    def _load_file(self, entry: _Entry) -> Any:
         try:
             handle, size = statefiles.open_file(self._data, entry.file)
         except StateDirError as exc:
@@ -178,15 +201,20 @@ def _entries(values: list[Any], failed: list[dict[str, str]]) -> dict[str, _Entr
     entries: dict[str, _Entry] = {}
     for item in values:
         name, kind, file = _field(item, "name"), _field(item, "type"), _field(item, "file")
-        size = item.get("bytes") if isinstance(item, dict) else None
+        size: Any = item.get("bytes") if isinstance(item, dict) else None
+        slot: Any = item.get("slot") if isinstance(item, dict) else None
         if (name is None or not name.isidentifier() or kind is None or file is None
-                or re.fullmatch(r"v\d{1,9}\.pkl", file) is None
-                or not isinstance(size, int) or size < 0):  # fmt: skip
+                or re.fullmatch(r"[vg]\d{1,9}\.pkl", file) is None
+                or not _count(size) or not (slot is None or _count(slot))):  # fmt: skip
             shown = clean(name, NAME_CHARS) if name else "?"
             failed.append({"name": shown, "type": "?", "why": "a malformed manifest entry"})
             continue
-        entries[name] = _Entry(name, clean(kind, NAME_CHARS), file, size)
+        entries[name] = _Entry(name, clean(kind, NAME_CHARS), file, size, slot)
     return entries
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 50
 
 
 def _restore_history(
