@@ -17,8 +17,10 @@ count, so numbering continues after a load.
 - A value that is the value of another name (``a = b = [1]``, a dict holding ``df``) is
   pickled as a reference to that name, so identity between variables survives, each
   file stays independent (sizes add up; one can be dropped), and a value that refers to
-  one not saved is itself not saved, and named (never half-restored). Sharing below the
-  top level (two lists holding one inner list) is not kept across files.
+  one not saved is itself not saved, and named (never half-restored). Names that refer
+  to each other (``fig`` and ``ax``; a parent and its child) are pickled together, in
+  one file, which is kept or dropped whole. Sharing below the top level (two lists
+  holding one inner list) is not kept across files.
 - A function's globals are the user namespace itself (a reference, never a copy): a
   restored ``def f(): return df.shape`` sees whatever ``df`` is bound to later.
 - Values that cannot be pickled are named with why; past ``max_bytes`` in all the largest
