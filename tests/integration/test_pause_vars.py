@@ -256,3 +256,30 @@ async def test_a_sandbox_killed_mid_save_leaves_the_previous_state(
         loaded = await box.client.load_state(timeout_s=60)
         assert loaded.found and loaded.restored == ("generation",), loaded
         assert await box.ok("generation, 'v0' in globals()") == "(1, False)"
+
+
+SLOW = """
+import time
+class Slow:
+    def __reduce__(self):
+        time.sleep(60)
+        return (int, ())
+slow = Slow()
+"""
+
+
+async def test_a_save_past_its_deadline_is_interrupted_like_a_cell(
+    open_box: Callable[[str], Any],
+) -> None:
+    async with open_box("slow") as box:
+        await box.ok("kept = 'first'")
+        await box.client.save_state(max_bytes=1 << 20, timeout_s=30)
+        await box.ok(SLOW + "kept = 'second'")
+        with pytest.raises(SandboxFailed, match="did not finish within 1 s"):
+            await box.client.save_state(max_bytes=1 << 20, timeout_s=1)
+        after = await box.run("kept")
+        assert after.result == "'second'" and not after.state_lost  # the kernel is intact
+    async with open_box("slow2") as box:
+        loaded = await box.client.load_state(timeout_s=30)
+        assert loaded.restored == ("kept",)
+        assert await box.ok("kept") == "'first'"  # the last complete state
