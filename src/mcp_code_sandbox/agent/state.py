@@ -1,8 +1,9 @@
 """A session's variables saved to ``.session/`` and loaded back: the portable pause.
 
-Kernel-side only: :func:`save` (here) and :func:`.stateload.load` run in the kernel, as
-the user, on an ``exec`` with ``state`` (see :mod:`.protocol`), instead of a cell. The
-host never reads what they write; it gets the JSON report only.
+Kernel-side only: :func:`save` (here; the pickling is :mod:`.statewrite`'s, the files
+:mod:`.statefiles`') and :func:`.stateload.load` run in the kernel, as the user, on an
+``exec`` with ``state`` (see :mod:`.protocol`), instead of a cell. The host never reads
+what they write; it gets the JSON report only.
 
 What is saved: every name of the user namespace but those starting with ``_`` and the
 shell's own (``In``, ``Out``, ``get_ipython``, ``exit``, ``quit``, ``display``, and what
@@ -39,41 +40,30 @@ characters.
 
 from __future__ import annotations
 
-import errno
-import importlib
-import io
 import json
 import os
-import pickle
-import re
 import sys
 import types
-from dataclasses import dataclass, field
-from typing import Any, BinaryIO, Protocol
+from typing import Any, Protocol
 
 from . import statefiles
+from .statewrite import NAME_CHARS, WHY_CHARS, Unit, Writer, clean, pickler_class, type_name
 
 __all__ = [
     "FORMAT",
     "HISTORY_CHARS",
     "MAX_REPORTED",
-    "NAME_CHARS",
-    "WHY_CHARS",
     "StateShell",
-    "clean",
     "save",
 ]
 
 FORMAT = 1
 MAX_REPORTED = 1000
-NAME_CHARS = 200
-WHY_CHARS = 300
 #: Immutable atoms: never pickled as a reference to another name (they need no identity,
 #: and a reference would tie a value to whether the other name was saved). Strings and
 #: bytes only when short: a large one is kept once, whoever else refers to it.
 _ATOMS = (type(None), bool, int, float, complex)
 _SHORT = 4096
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 #: The history kept (characters of all inputs together); older inputs are emptied.
 HISTORY_CHARS = 4 * 1024 * 1024
 
@@ -98,123 +88,12 @@ class StateShell(Protocol):
     def set_last_count(self, count: int) -> None: ...
 
 
-def clean(text: str, limit: int) -> str:
-    """``text`` for a report: control characters made ``?``, at most ``limit`` long."""
-    text = _CONTROL.sub("?", text)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _type_name(value: Any) -> str:
-    kind = type(value)
-    module = getattr(kind, "__module__", "") or ""
-    name = getattr(kind, "__qualname__", "") or kind.__name__
-    qualified = name if module == "builtins" else f"{module}.{name}"
-    return clean(str(qualified), NAME_CHARS)
-
-
-def _why(exc: BaseException) -> str:
-    return clean(f"not picklable: {type(exc).__name__}: {exc}", WHY_CHARS)
-
-
-# -- saving -------------------------------------------------------------------------------
-
-
-class _TooLarge(Exception):
-    pass
-
-
-class _DiskError(Exception):
-    """Writing the state failed (the quota, a full disk), not pickling a value."""
-
-    def __init__(self, error: OSError) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
-class _Bounded(io.RawIOBase):
-    """A write-only file that counts what goes through and refuses past ``limit``."""
-
-    def __init__(self, target: BinaryIO, limit: int) -> None:
-        self._target = target
-        self.limit = limit
-        self.written = 0
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, data: Any) -> int:
-        size = memoryview(data).nbytes
-        if self.written + size > self.limit:
-            raise _TooLarge
-        self.written += size
-        try:
-            self._target.write(data)
-        except OSError as exc:  # told apart from an OSError a value's __reduce__ raises
-            if exc.errno == errno.EFBIG:  # the sandbox's file size limit: this value only
-                raise _TooLarge from None
-            raise _DiskError(exc) from None
-        return size
-
-
-@dataclass
-class _Unit:
-    """One file of the saved state: the value of one name, or (``len(names) > 1``) a
-    tuple of the values of names that refer to each other (a cycle: ``fig`` and ``ax``),
-    pickled together so that each is in the other's memo."""
-
-    file: str
-    names: list[str]
-    types: list[str]
-    bytes: int
-    #: The names outside this unit that its pickle refers to.
-    refs: set[str] = field(default_factory=set)
-
-
-def _pickler_class() -> tuple[str, type[pickle.Pickler]]:
-    """cloudpickle's Pickler where the runtime has it, else the standard library's.
-    Through importlib: the agent imports nothing but the standard library by name."""
-    try:
-        cloudpickle = importlib.import_module("cloudpickle")
-    except ImportError:
-        return "pickle", pickle.Pickler
-    pickler: type[pickle.Pickler] = cloudpickle.Pickler
-    return "cloudpickle", pickler
-
-
-def _make_pickler(
-    base: type[pickle.Pickler], out: io.RawIOBase, own: set[str], names: dict[int, str],
-    namespace: dict[str, Any], refs: set[str],
-) -> pickle.Pickler:  # fmt: skip
-    """A pickler for the values of ``own``: a value bound to another name becomes a
-    reference to it (named in ``refs``); the user namespace (a function's globals) a
-    reference to whatever namespace the load runs in."""
-    globals_marker: dict[str, Any] = {}
-
-    class Pickler(base):  # type: ignore[misc,valid-type]
-        def persistent_id(self, obj: Any) -> Any:
-            if obj is globals_marker or obj is namespace:
-                return ("ns",)
-            other = names.get(id(obj))
-            if other is not None and other not in own:
-                refs.add(other)
-                return ("var", other)
-            return None
-
-    pickler = Pickler(out, protocol=5)
-    # cloudpickle rebuilds a function's globals from this dict (one per namespace and
-    # pickler): as a persistent reference, it becomes the live namespace at load.
-    globals_ref = getattr(pickler, "globals_ref", None)
-    if isinstance(globals_ref, dict):
-        globals_ref[id(namespace)] = globals_marker
-    return pickler
-
-
 def save(shell: StateShell, workdir: str, max_bytes: int) -> dict[str, Any]:
     """Save ``shell``'s namespace to ``<workdir>/.session`` (see the module docstring);
     the save report. Raises ``OSError`` (the directory cannot be written: nothing is
     committed) and ``KeyboardInterrupt`` (likewise)."""
     namespace = shell.user_namespace()
-    kind, base = _pickler_class()
+    kind, base = pickler_class()
     candidates, modules, dropped = _candidates(shell, namespace, kind)
     names: dict[int, str] = {}
     for name, value in candidates:
@@ -224,7 +103,7 @@ def save(shell: StateShell, workdir: str, max_bytes: int) -> dict[str, Any]:
         data_name, data = statefiles.new_data_dir(state)
         committed = False
         try:
-            writer = _Writer(data, names, namespace, base, max_bytes, dropped)
+            writer = Writer(data, names, namespace, base, max_bytes, dropped)
             units = writer.write_all(candidates)
             kept = _fit(data, units, candidates, max_bytes, dropped)
             history = _write_history(data, shell.history())
@@ -272,13 +151,13 @@ def _candidates(
         if shell.is_own(name, value):
             continue
         if len(name) > NAME_CHARS:
-            dropped.append({"name": clean(name, NAME_CHARS), "type": _type_name(value),
+            dropped.append({"name": clean(name, NAME_CHARS), "type": type_name(value),
                             "why": "the name is too long to save"})  # fmt: skip
         elif isinstance(value, types.ModuleType):
             modules.append((name, clean(str(value.__name__), NAME_CHARS)))
         elif kind == "pickle" and _defined_in_session(value):
             why = "defined in the session: saving it needs cloudpickle, not installed here"
-            dropped.append({"name": name, "type": _type_name(value), "why": why})
+            dropped.append({"name": name, "type": type_name(value), "why": why})
         else:
             values.append((name, value))
     return values, modules, dropped
@@ -291,7 +170,7 @@ def _defined_in_session(value: Any) -> bool:
     return getattr(kind, "__module__", None) == "__main__"
 
 
-def _manifest_values(units: list[_Unit]) -> list[dict[str, Any]]:
+def _manifest_values(units: list[Unit]) -> list[dict[str, Any]]:
     """Each kept name, its unit's file and size, and (a unit of several) its slot."""
     values: list[dict[str, Any]] = []
     for unit in units:
@@ -302,7 +181,7 @@ def _manifest_values(units: list[_Unit]) -> list[dict[str, Any]]:
     return values
 
 
-def _kept_report(units: list[_Unit]) -> list[dict[str, Any]]:
+def _kept_report(units: list[Unit]) -> list[dict[str, Any]]:
     """Names with their bytes: a unit of several counts once, on its first name."""
     return [
         {"name": name, "type": kind, "bytes": unit.bytes if slot == 0 else 0}
@@ -311,139 +190,10 @@ def _kept_report(units: list[_Unit]) -> list[dict[str, Any]]:
     ]
 
 
-class _Writer:
-    """Pickles the values of a save into files of ``data``, streamed, and drops (into
-    ``dropped``, with why) those that fail.
-
-    Bounds: one file may not pass ``max_bytes`` (it could never be kept), and once twice
-    ``max_bytes`` has been written the rest are dropped unwritten (rather than filling
-    the workspace with what the budget will drop anyway)."""
-
-    def __init__(
-        self, data: int, names: dict[int, str], namespace: dict[str, Any],
-        base: type[pickle.Pickler], max_bytes: int, dropped: list[dict[str, str]],
-    ) -> None:  # fmt: skip
-        self._data = data
-        self._names = names
-        self._namespace = namespace
-        self._base = base
-        self._max_bytes = max_bytes
-        self._dropped = dropped
-        self._written = 0
-
-    def write_all(self, candidates: list[tuple[str, Any]]) -> list[_Unit]:
-        """One file per value, then one per cycle of names that refer to each other."""
-        units: list[_Unit] = []
-        for index, (name, value) in enumerate(candidates):
-            unit = self._write(f"v{index}.pkl", [(name, value)])
-            if unit is not None:
-                units.append(unit)
-        values = dict(candidates)
-        by_name = {unit.names[0]: unit for unit in units}
-        edges = {unit.names[0]: unit.refs & by_name.keys() for unit in units}
-        for index, cycle in enumerate(_cycles(edges)):
-            for name in cycle:
-                statefiles.remove(self._data, by_name.pop(name).file)
-            group = self._write(f"g{index}.pkl", [(name, values[name]) for name in cycle])
-            if group is not None:
-                by_name[group.names[0]] = group
-        order = {name: index for index, (name, _) in enumerate(candidates)}
-        return sorted(by_name.values(), key=lambda unit: order[unit.names[0]])
-
-    def _write(self, file: str, members: list[tuple[str, Any]]) -> _Unit | None:
-        types_ = [_type_name(value) for _, value in members]
-        room = min(self._max_bytes, 2 * self._max_bytes - self._written)
-        if room <= 0:
-            passed = f"too large: the saved state passed {2 * self._max_bytes} bytes before"
-            self._drop(members, types_, passed + " it was written")
-            return None
-        own = {name for name, _ in members}
-        refs: set[str] = set()
-        value = members[0][1] if len(members) == 1 else tuple(v for _, v in members)
-        handle = statefiles.create_file(self._data, file)  # an OSError here: the disk's
-        try:
-            out = _Bounded(handle, room)
-            pickler = _make_pickler(self._base, out, own, self._names, self._namespace, refs)
-            why = _dump(pickler, value, room, self._max_bytes)
-            if why is None:
-                statefiles.sync_file(handle)
-        finally:
-            handle.close()
-        self._written += out.written
-        if why is not None:
-            statefiles.remove(self._data, file)
-            self._drop(members, types_, why)
-            return None
-        return _Unit(file, [name for name, _ in members], types_, out.written, refs)
-
-    def _drop(self, members: list[tuple[str, Any]], types_: list[str], why: str) -> None:
-        together = f" (pickled together with {', '.join(n for n, _ in members[1:])})"
-        for index, ((name, _), kind) in enumerate(zip(members, types_, strict=True)):
-            text = why if len(members) == 1 or index else why + together
-            self._dropped.append({"name": name, "type": kind, "why": clean(text, WHY_CHARS)})
-
-
-def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
-    """The groups of names that refer to each other (strongly connected components of
-    more than one; Tarjan's, without recursion), each in the order of ``edges``."""
-    order = {name: index for index, name in enumerate(edges)}
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    groups: list[list[str]] = []
-    for root in edges:
-        if root in index:
-            continue
-        index[root] = low[root] = len(index)
-        stack.append(root)
-        work = [(root, iter(sorted(edges[root], key=order.__getitem__)))]
-        while work:
-            node, pending = work[-1]
-            for nxt in pending:
-                if nxt not in index:
-                    index[nxt] = low[nxt] = len(index)
-                    stack.append(nxt)
-                    work.append((nxt, iter(sorted(edges[nxt], key=order.__getitem__))))
-                    break
-                if nxt in stack:
-                    low[node] = min(low[node], index[nxt])
-            else:
-                work.pop()
-                if work:
-                    parent = work[-1][0]
-                    low[parent] = min(low[parent], low[node])
-                if low[node] == index[node]:
-                    group: list[str] = []
-                    while True:
-                        member = stack.pop()
-                        group.append(member)
-                        if member == node:
-                            break
-                    if len(group) > 1:
-                        groups.append(sorted(group, key=order.__getitem__))
-    return groups
-
-
-def _dump(pickler: pickle.Pickler, value: Any, room: int, max_bytes: int) -> str | None:
-    """Pickle ``value``; why it was not saved, or ``None``. Raises ``OSError`` when the
-    disk failed (nothing of this save is committed then)."""
-    try:
-        pickler.dump(value)
-    except _TooLarge:
-        return f"too large: over {room} bytes pickled, the budget is {max_bytes}"
-    except _DiskError as exc:
-        raise exc.error from None
-    except RecursionError:
-        return "nested too deeply to pickle"
-    except Exception as exc:  # anything a __reduce__ or __getstate__ raises
-        return _why(exc)
-    return None
-
-
 def _fit(
-    data: int, units: list[_Unit], candidates: list[tuple[str, Any]], max_bytes: int,
+    data: int, units: list[Unit], candidates: list[tuple[str, Any]], max_bytes: int,
     dropped: list[dict[str, str]],
-) -> list[_Unit]:  # fmt: skip
+) -> list[Unit]:  # fmt: skip
     """Drop what refers to a name not saved, then the largest files until the rest fit
     ``max_bytes``, then (again) what refers to a dropped one. What is dropped is named
     in ``dropped`` and its file removed."""
@@ -452,7 +202,7 @@ def _fit(
     def saved_names() -> set[str]:
         return {name for unit in kept.values() for name in unit.names}
 
-    def drop(unit: _Unit, why: str) -> None:
+    def drop(unit: Unit, why: str) -> None:
         del kept[unit.file]
         statefiles.remove(data, unit.file)
         for name, kind in zip(unit.names, unit.types, strict=True):

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from . import statefiles
-from .state import FORMAT, HISTORY_CHARS, MAX_REPORTED, NAME_CHARS, WHY_CHARS, StateShell, clean
+from .state import FORMAT, HISTORY_CHARS, MAX_REPORTED, StateShell
 from .statefiles import STATE_DIR, StateDirError
+from .statewrite import NAME_CHARS, WHY_CHARS, clean
 
 __all__ = ["load"]
 
