@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from mcp_code_sandbox.agent.hostlink import PARK_RETRY_S, HostLink
 from mcp_code_sandbox.agent.protocol import read_frame, write_frame
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -157,3 +158,72 @@ def test_channel_fd_mode_still_exits_at_eof(tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_park_closes_the_channel_and_the_agent_is_back_at_once(
+    agent: tuple[Path, subprocess.Popen[bytes]],
+) -> None:
+    path, proc = agent
+    with accept(path) as conn:
+        assert (read(conn) or {}).get("reattached") is True
+        assert run(conn, 2, "parked = 'yes'")["status"] == "ok"
+        write_frame(conn, {"op": "park"})
+        assert read(conn) is None  # EOF: the agent closed its end at once
+        # The stale socket file refuses (nobody listens): what a frozen sandbox finds.
+        time.sleep(0.5)
+    with accept(path) as conn:  # every 20 ms, not after a backoff of up to a second
+        ready = read(conn) or {}
+        assert ready.get("reattached") is True and ready.get("pid") == proc.pid
+        assert ready.get("execution_count") == 2
+        assert run(conn, 3, "kept, parked")["result"] == "(41, 'yes')"
+
+
+def test_park_on_a_channel_that_cannot_reconnect_is_an_error(tmp_path: Path) -> None:
+    host, child = socket.socketpair()
+    argv = [sys.executable, "-m", "mcp_code_sandbox.agent", "--channel-fd", str(child.fileno()),
+            "--workdir", str(tmp_path), "--config", json.dumps(CONFIG), "--plain"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    proc = subprocess.Popen(argv, env=env, pass_fds=[child.fileno()], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    child.close()
+    try:
+        with host:
+            assert (read(host) or {}).get("ev") == "ready"
+            write_frame(host, {"op": "park"})
+            error = read(host) or {}
+            assert error.get("ev") == "error" and "--connect" in error.get("message", "")
+            assert run(host, 1, "1 + 1")["result"] == "2"  # and it carries on
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_parked_counts_attempts_not_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    link = HostLink(-1, str(tmp_path / "nobody.sock"), give_up_s=0.1)
+    link.lost(parked=True)
+    now = [1000.0]
+    monkeypatch.setattr("mcp_code_sandbox.agent.hostlink.time.monotonic", lambda: now[0])
+    attempts = int(0.1 / PARK_RETRY_S)
+    for _ in range(attempts - 1):
+        now[0] += 86_400.0  # a day frozen between two attempts: not a reason to give up
+        assert link.try_reconnect() is False
+        assert link.due_in() <= PARK_RETRY_S
+    with pytest.raises(TimeoutError):
+        link.try_reconnect()
+    # Not parked, the time counts (as before).
+    link = HostLink(-1, str(tmp_path / "nobody.sock"), give_up_s=0.1)
+    link.lost()
+    now[0] += 1.0
+    with pytest.raises(TimeoutError):
+        link.try_reconnect()
+
+
+def test_the_clock_going_back_does_not_delay_the_next_attempt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = [5000.0]
+    monkeypatch.setattr("mcp_code_sandbox.agent.hostlink.time.monotonic", lambda: now[0])
+    link = HostLink(-1, str(tmp_path / "nobody.sock"))
+    link.lost(parked=True)
+    now[0] -= 3600.0  # a restored checkpoint's clock
+    assert link.due_in() <= PARK_RETRY_S

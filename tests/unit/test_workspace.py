@@ -186,7 +186,7 @@ def test_quota_counts_what_the_sandbox_wrote(tmp_path: Path) -> None:
         ws.write_file("c", b"y" * 11, overwrite=False)
 
 
-def test_packages_and_saved_outputs_are_counted_but_neither_artifacts_nor_listed(
+def test_packages_saved_outputs_and_variables_are_counted_but_neither_artifacts_nor_listed(
     ws: Workspace,
 ) -> None:
     before = ws.snapshot()
@@ -195,17 +195,26 @@ def test_packages_and_saved_outputs_are_counted_but_neither_artifacts_nor_listed
     (site / "__init__.py").write_bytes(b"x" * 70)
     (ws.root / ".outputs").mkdir()
     (ws.root / ".outputs" / "run-1.txt").write_bytes(b"y" * 20)
+    # The variables a paused session saved (agent/statefiles.py).
+    (ws.root / ".session" / "data-0123456789abcdef").mkdir(parents=True)
+    (ws.root / ".session" / "data-0123456789abcdef" / "v0.pkl").write_bytes(b"p" * 40)
+    (ws.root / ".session" / "manifest.json").write_bytes(b"m" * 5)
     (ws.root / "data.csv").write_bytes(b"z" * 10)
     after = ws.snapshot(count_hidden=True)
     assert [change.path for change in ws.diff(before, after)] == ["data.csv"]
-    assert after.hidden_bytes == 90 and after.used_bytes == 100
+    assert after.hidden_bytes == 135 and after.used_bytes == 145
     listed = [entry.path for entry in ws.list_files(".").entries]
     assert ".packages" not in listed and not any(p.startswith(".packages/") for p in listed)
     assert not any(p.startswith(".outputs") for p in listed)
+    assert not any(p.startswith(".session") for p in listed)
     assert "data.csv" in listed
     by_path = [entry.path for entry in ws.list_files(".packages").entries]
     assert ".packages/python/lib/site-packages/demo/__init__.py" in by_path
     assert [e.path for e in ws.list_files(".outputs").entries] == [".outputs/run-1.txt"]
+    assert {e.path for e in ws.list_files(".session").entries} >= {
+        ".session/manifest.json",
+        ".session/data-0123456789abcdef/v0.pkl",
+    }
 
 
 def test_invalid_quota_is_refused(tmp_path: Path) -> None:

@@ -33,12 +33,16 @@ __all__ = [
     "DEFAULT_RESULT_BYTES",
     "MAX_DISPLAYS",
     "MAX_IMAGE_CHARS",
+    "STATE_RESULT_BYTES",
     "Budget",
     "DisplayGate",
     "cut_text",
 ]
 
 DEFAULT_RESULT_BYTES = 512 * 1024
+#: The budget of a save's or load's report (``exec`` with ``state``): never cut, as the
+#: report is JSON; the agent bounds it (``state.MAX_REPORTED`` entries, short texts).
+STATE_RESULT_BYTES = 16 * 1024 * 1024
 DEFAULT_IMAGES = 4
 #: Display messages kept per run, of any kind (each costs a few dozen bytes even empty).
 MAX_DISPLAYS = 64

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from .state import StateShell
+
 __all__ = [
     "ANSI",
     "RICH_MIMES",
@@ -40,7 +42,9 @@ class Outcome:
     execution_count: int
 
 
-class Shell(Protocol):
+class Shell(StateShell, Protocol):
+    """A persistent interpreter: runs cells, and hands its namespace to a save or load."""
+
     ipython: bool
 
     def run(self, code: str) -> Outcome: ...

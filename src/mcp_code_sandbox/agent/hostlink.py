@@ -11,6 +11,11 @@ Two kinds of channel, with different answers to "the host is gone":
   host the agent exits, so an orphaned container does not live for ever (the server also
   removes orphans at its next start).
 
+Parked (the host sent ``park`` before a checkpoint): the agent closes its end at once and
+retries every ``PARK_RETRY_S`` rather than with backoff, and counts attempts, not time,
+against ``give_up_s``: a checkpointed sandbox is frozen for as long as it stays paused
+(hours, days), and when it is restored its clock has jumped by all of that.
+
 Semantics: ``fd`` is ``None`` exactly while the host is away; ``retry_at`` is then when
 the next attempt is due. Standard library only, like the rest of the agent.
 """
@@ -20,7 +25,7 @@ from __future__ import annotations
 import socket
 import time
 
-__all__ = ["BACKOFF_MAX_S", "RECONNECT_GIVE_UP_S", "HostLink", "connect"]
+__all__ = ["BACKOFF_MAX_S", "PARK_RETRY_S", "RECONNECT_GIVE_UP_S", "HostLink", "connect"]
 
 #: Longest pause between two reconnect attempts. A restarted server waits a few times
 #: this for the agent (see ``backends.docker.REATTACH_WAIT_S``).
@@ -28,6 +33,9 @@ BACKOFF_MAX_S = 1.0
 _BACKOFF_MIN_S = 0.05
 #: Default time an agent with no host waits before it gives up and exits.
 RECONNECT_GIVE_UP_S = 600.0
+#: Between two attempts after a ``park``: the sandbox is about to be checkpointed, and
+#: after its restore the agent should be back within tens of milliseconds.
+PARK_RETRY_S = 0.02
 
 
 def connect(path: str, wait_s: float) -> int:
@@ -67,18 +75,27 @@ class HostLink:
         self.retry_at = 0.0
         self._backoff = _BACKOFF_MIN_S
         self._give_up_at = 0.0
+        #: Parked: attempts left before giving up (``None``: not parked, time counts).
+        self._attempts_left: int | None = None
 
     @property
     def can_reconnect(self) -> bool:
         return self.path is not None
 
-    def lost(self) -> None:
-        """The host went away: start waiting for it (the caller closed ``fd``)."""
+    def lost(self, *, parked: bool = False) -> None:
+        """The host went away (``parked``: asked us to go): start waiting for it (the
+        caller closed ``fd``)."""
         now = time.monotonic()
         self.fd = None
-        self._backoff = _BACKOFF_MIN_S
-        self.retry_at = now
+        self._backoff = PARK_RETRY_S if parked else _BACKOFF_MIN_S
+        self.retry_at = now + (PARK_RETRY_S if parked else 0.0)
         self._give_up_at = now + self.give_up_s
+        self._attempts_left = max(1, int(self.give_up_s / PARK_RETRY_S)) if parked else None
+
+    def due_in(self) -> float:
+        """Seconds until the next attempt is due: never more than the pause between two
+        attempts, whatever the clock did meanwhile (a restored checkpoint's may go back)."""
+        return max(0.0, min(self.retry_at - time.monotonic(), self._backoff))
 
     def try_reconnect(self) -> bool:
         """One attempt; True when connected (``fd`` set). Raises ``TimeoutError`` once
@@ -87,9 +104,16 @@ class HostLink:
         now = time.monotonic()
         try:
             self.fd = _connect_once(self.path)
+            self._attempts_left = None
             return True
         except OSError:
             pass
+        if self._attempts_left is not None:  # parked: the clock may jump, attempts do not
+            self._attempts_left -= 1
+            if self._attempts_left <= 0:
+                raise TimeoutError(f"no host at {self.path} after parking")
+            self.retry_at = now + PARK_RETRY_S
+            return False
         if now >= self._give_up_at:
             raise TimeoutError(f"no host at {self.path} for {self.give_up_s:g} s")
         self.retry_at = now + self._backoff

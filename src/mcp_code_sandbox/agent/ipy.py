@@ -20,6 +20,9 @@ from .tables import dataframe_markdown
 
 __all__ = ["make_ipython_shell"]
 
+#: Names the shell binds in the user namespace that are never the user's variables.
+_OWN_NAMES = frozenset({"In", "Out", "get_ipython", "exit", "quit", "display"})
+
 
 def make_ipython_shell(emit: Emit, gate: InterruptGate) -> Any:
     # Through importlib: IPython is optional and the host's type checker has no stubs.
@@ -127,6 +130,34 @@ class IPythonShell:
             error=error,
             execution_count=count,
         )
+
+    # -- what a save or load of the session's variables needs (``state.StateShell``) --
+
+    def user_namespace(self) -> dict[str, Any]:
+        namespace: dict[str, Any] = self._shell.user_ns
+        return namespace
+
+    def is_own(self, name: str, value: Any) -> bool:
+        if name in _OWN_NAMES:
+            return True
+        hidden = self._shell.user_ns_hidden
+        return name in hidden and hidden[name] is value
+
+    def history(self) -> list[str]:
+        return [str(text) for text in self._shell.history_manager.input_hist_raw]
+
+    def set_history(self, inputs: list[str]) -> None:
+        """``In``/``_ih`` (the same list, in place) and the raw history: the cells of the
+        saved session, so ``In[n]`` reads as before the pause."""
+        manager = self._shell.history_manager
+        manager.input_hist_parsed[:] = inputs
+        manager.input_hist_raw[:] = inputs
+
+    def last_count(self) -> int:
+        return int(self._shell.execution_count) - 1
+
+    def set_last_count(self, count: int) -> None:
+        self._shell.execution_count = count + 1
 
     def _result_text(self) -> str | None:
         data = self._shell.displayhook.captured

@@ -9,7 +9,8 @@ the same framing with the supervisor over the control socket::
 
     kernel → supervisor   {"ev": "ready", "ipython": bool, "version": str}
     supervisor → kernel   {"op": "exec", "id": int, "code": str, "env": {str: str},
-                           "budget": {...}}
+                           "budget": {...}, "state"?: "save" | "load",
+                           "max_bytes"?: int}   (``state``: see :mod:`.state`)
     kernel → supervisor   {"ev": "stream", "id": int, "name": "stdout" | "stderr",
                            "text": str}        (at most 64 KiB of text)
                           {"ev": "sync", "id": int}
@@ -31,6 +32,7 @@ import argparse
 import contextlib
 import ctypes
 import importlib
+import json
 import os
 import sys
 import threading
@@ -39,7 +41,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from .budget import Budget, DisplayGate, cut_error, cut_text
-from .cells import Outcome, Shell
+from .cells import Outcome, Shell, error_info
 from .config import AgentConfig, apply_limits
 from .figures import FigureCapture
 from .interrupts import InterruptGate
@@ -48,6 +50,8 @@ from .outstream import Streams, install
 from .packages import refresh_import_path
 from .plain import PlainShell
 from .protocol import read_frame
+from .state import save
+from .stateload import load
 
 __all__ = ["main"]
 
@@ -69,6 +73,7 @@ class Kernel:
         # Before the shell: IPython keeps references to sys.stdout and sys.stderr.
         self._streams: Streams = install(control, self._gate)
         self.shell = self._make_shell(plain)
+        self._workdir = workdir
         self._figures = FigureCapture(workdir, self._emit, _warn)
 
     def _make_shell(self, plain: bool) -> Shell:
@@ -110,16 +115,35 @@ class Kernel:
         self._streams.start(message["id"])
         self._displays = DisplayGate(Budget.from_message(message.get("budget")))
         refresh_import_path()  # a `pip install` since the last cell may have made it
+        state = message.get("state")
         with _cell_env(message.get("env") or {}):
-            outcome = self.shell.run(str(message["code"]))
-            try:
-                self._figures.flush()
-            except BaseException as exc:  # a late KeyboardInterrupt lands here too
-                _warn(f"figure capture failed: {exc!r}")
+            if state in ("save", "load"):
+                outcome = self._state(state, message.get("max_bytes"))
+            else:
+                outcome = self.shell.run(str(message["code"]))
+                try:
+                    self._figures.flush()
+                except BaseException as exc:  # a late KeyboardInterrupt lands here too
+                    _warn(f"figure capture failed: {exc!r}")
         _flush_stdio(self._streams)
         self._streams.end()
         self._streams.outbox.send(_done(self._run_id, outcome, self._displays))
         self._run_id = None
+
+    def _state(self, op: str, max_bytes: Any) -> Outcome:
+        """Save or load the namespace (:mod:`.state`) instead of running a cell: no
+        execution count, no history, no ``_``. Interruptible like a cell; a failure of
+        the whole operation (the disk, the quota) is an ``error`` outcome."""
+        try:
+            with self._gate.armed():
+                if op == "save":
+                    report = save(self.shell, self._workdir, int(max_bytes or 1))
+                else:
+                    report = load(self.shell, self._workdir)
+                result = json.dumps(report, ensure_ascii=False)
+        except BaseException as exc:  # KeyboardInterrupt too: the supervisor says why
+            return Outcome("error", None, error_info(exc, ""), self.shell.last_count())
+        return Outcome("ok", result, None, self.shell.last_count())
 
 
 def _done(run_id: int | None, outcome: Outcome, displays: DisplayGate) -> dict[str, Any]:

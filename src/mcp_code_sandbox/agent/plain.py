@@ -36,6 +36,8 @@ class PlainShell:
         sys.modules["__main__"] = main
         self.namespace: dict[str, Any] = main.__dict__
         self.namespace.update({"__builtins__": builtins, "display": self._display})
+        #: The cells run, like IPython's ``In`` (index 0 empty), for a saved state.
+        self.inputs: list[str] = [""]
 
     def _display(self, *objs: object) -> None:
         for obj in objs:
@@ -43,8 +45,29 @@ class PlainShell:
             if data:
                 self._emit("display", data)
 
+    # -- what a save or load of the session's variables needs (``state.StateShell``) --
+
+    def user_namespace(self) -> dict[str, Any]:
+        return self.namespace
+
+    def is_own(self, name: str, value: Any) -> bool:
+        return name == "display" and value == self._display
+
+    def history(self) -> list[str]:
+        return list(self.inputs)
+
+    def set_history(self, inputs: list[str]) -> None:
+        self.inputs = list(inputs) or [""]
+
+    def last_count(self) -> int:
+        return self.execution_count
+
+    def set_last_count(self, count: int) -> None:
+        self.execution_count = count
+
     def run(self, code: str) -> Outcome:
         self.execution_count += 1
+        self.inputs.append(code)
         filename = f"<cell-{self.execution_count}>"
         # Register the source so tracebacks can quote the failing line.
         lines = code.splitlines(keepends=True)

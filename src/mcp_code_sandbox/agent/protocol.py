@@ -12,10 +12,14 @@ the middle of a frame ("unexpected EOF"); EOF between frames is a clean close.
 Messages host → agent (key ``op``)::
 
     {"op": "exec", "id": int, "language": str, "code": str, "timeout_s": float,
-     "env": {str: str}, "budget": {"result_bytes": int, "images": int}}
-                                              run one cell / program
+     "env": {str: str}, "budget": {"result_bytes": int, "images": int},
+     "state": "save" | "load", "max_bytes": int}
+                                              run one cell / program; with ``state``
+                                              (Python only) save or load the variables
     {"op": "interrupt", "id": int, "reason": "timeout" | "cancelled"}
                                               stop run ``id`` (SIGINT, then kill + restart)
+    {"op": "park"}                            close the channel now, reconnect at once
+                                              (``--connect`` only: a checkpoint is next)
     {"op": "shutdown"}                        exit cleanly
 
 Messages agent → host (key ``ev``)::
@@ -62,6 +66,28 @@ Semantics (agent side):
 - ``done`` of another language (a program per call): ``exit_code`` is its exit status,
   128 + N when killed by signal N; ``status`` "ok" for 0, else "error" (``error`` null;
   stderr and the code tell); ``result`` and ``execution_count`` null.
+- ``exec`` with ``state`` (optional; Python only; ``code`` is then "" and ignored):
+  instead of running code the kernel saves (``"save"``, with ``max_bytes`` > 0, the most
+  the pickled values may hold) or loads (``"load"``) its user namespace, in the
+  workspace's ``.session/`` only (see :mod:`.state` and :mod:`.statefiles`). It is
+  queued, timed out and interrupted like a cell, and ends with the usual ``done``:
+  ``status`` "ok" with ``result`` the report as JSON text, or "error" with ``error`` when
+  it could not work at all (the disk, the quota); ``execution_count`` is the kernel's
+  (after a load the restored one). A save or load does not count as a cell: no new
+  execution count, nothing in ``In`` or ``_``. Reports::
+
+      save {"kept": [{"name", "type", "bytes"}], "modules": [{"name", "module"}],
+            "dropped": [{"name", "type", "why"}], "bytes": int}
+      load {"found": bool, "restored": [str], "modules": [str],
+            "failed": [{"name", "type", "why"}]}
+
+- ``park``: only on a channel that can reconnect (``--connect``): the agent closes its
+  end at once (the host waits for that EOF before it checkpoints the sandbox) and then
+  tries to reconnect every ``hostlink.PARK_RETRY_S``, counting attempts rather than time
+  against its give-up (a checkpointed sandbox is frozen for as long as it is paused, and
+  its clock jumps when it is restored). It greets the next host with ``ready`` and
+  ``reattached: true``; runs go on as when the host is lost. On a ``--channel-fd``
+  channel ``park`` is answered with ``error``.
 - ``budget`` (optional; defaults in :mod:`.budget`): a Python run's ``display`` messages
   past it are dropped as they arrive, and ``result`` / ``error`` texts are cut (head and
   tail, marked); ``cut`` says what was. Programs' output is only ``stream``, which the
@@ -101,6 +127,7 @@ __all__ = [
     "FrameDecoder",
     "HostMessage",
     "InterruptMessage",
+    "ParkMessage",
     "ProtocolError",
     "ReadyEvent",
     "ShutdownMessage",
@@ -131,6 +158,10 @@ class ExecMessage(TypedDict):
     timeout_s: NotRequired[float]  # default 60
     env: NotRequired[dict[str, str]]  # default none
     budget: NotRequired[BudgetMessage]  # default Budget()
+    #: Save or load the variables instead of running ``code`` (Python only).
+    state: NotRequired[Literal["save", "load"]]
+    #: With ``state`` "save": the most bytes the pickled values may hold (> 0).
+    max_bytes: NotRequired[int]
 
 
 class InterruptMessage(TypedDict):
@@ -145,7 +176,13 @@ class ShutdownMessage(TypedDict):
     op: Literal["shutdown"]
 
 
-HostMessage = ExecMessage | InterruptMessage | ShutdownMessage
+class ParkMessage(TypedDict):
+    """Close the channel and come back at once (before a checkpoint of the sandbox)."""
+
+    op: Literal["park"]
+
+
+HostMessage = ExecMessage | InterruptMessage | ParkMessage | ShutdownMessage
 
 
 # -- agent → host ---------------------------------------------------------------------

@@ -116,4 +116,21 @@ def exec_error(message: dict[str, Any], languages: set[str]) -> str | None:
         for k, v in env.items()
     ):
         return "exec: 'env' must map names to strings"
+    return _state_error(message)
+
+
+def _state_error(message: dict[str, Any]) -> str | None:
+    """Why an ``exec``'s ``state`` and ``max_bytes`` are malformed, or ``None``."""
+    state = message.get("state")
+    if state is None:
+        return None
+    if state not in ("save", "load"):
+        return 'exec: \'state\' must be "save" or "load"'
+    if message.get("language", "python") != "python":
+        return "exec: 'state' is for Python only"
+    max_bytes = message.get("max_bytes")
+    if state == "save" and (
+        isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes <= 0
+    ):
+        return "exec: a save needs 'max_bytes', a positive integer"
     return None

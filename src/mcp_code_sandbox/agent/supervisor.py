@@ -39,7 +39,7 @@ from types import FrameType
 from typing import Any, cast
 
 from . import packages
-from .budget import Budget, DisplayGate, cut_error, cut_text
+from .budget import STATE_RESULT_BYTES, Budget, DisplayGate, cut_error, cut_text
 from .children import Child, OutputPipe, kill_strays, reap_orphans, spawn
 from .coalesce import Pending
 from .config import AgentConfig, apply_limits
@@ -168,7 +168,7 @@ class Supervisor:
             due = run.kill_at if run.reason is not None else run.deadline
             ticks.append(max(0.0, (due or 0.0) - time.monotonic()))
         if self._link.fd is None:
-            ticks.append(max(0.0, self._link.retry_at - time.monotonic()))
+            ticks.append(self._link.due_in())
         if self._pending.due is not None:
             ticks.append(max(0.0, self._pending.due - time.monotonic()))
         return min(ticks) if ticks else None
@@ -202,13 +202,14 @@ class Supervisor:
         except OSError:
             self._host_lost(1)
 
-    def _host_lost(self, code: int) -> None:
-        """The channel broke or reached EOF: exit with ``code``, or wait for the host."""
+    def _host_lost(self, code: int, *, parked: bool = False) -> None:
+        """The channel broke or reached EOF (``parked``: the host asked us to close it):
+        exit with ``code``, or wait for the host."""
         if not self._link.can_reconnect or self._link.fd is None:
             raise AgentExit(code)
         self._sel.unregister(self._link.fd)
         os.close(self._link.fd)
-        self._link.lost()
+        self._link.lost(parked=parked)
         self._inbox.clear()
         # The host that asked for these is gone; its successor has never heard of them.
         self._queue.clear()
@@ -216,7 +217,7 @@ class Supervisor:
             self._run.orphaned = True
 
     def _reconnect(self) -> None:
-        if self._link.fd is not None or time.monotonic() < self._link.retry_at:
+        if self._link.fd is not None or self._link.due_in() > 0:
             return
         try:
             connected = self._link.try_reconnect()
@@ -267,6 +268,11 @@ class Supervisor:
         elif op == "interrupt":
             reason = "timeout" if message.get("reason") == "timeout" else "cancelled"
             self._interrupt_id(message.get("id"), reason)
+        elif op == "park":
+            if self._link.can_reconnect:
+                self._host_lost(0, parked=True)
+            else:
+                self._error("park: this channel cannot reconnect (it needs --connect)")
         elif op == "shutdown":
             raise AgentExit(0)
         else:
@@ -293,11 +299,14 @@ class Supervisor:
         env: dict[str, str] = message.get("env") or {}
         if language == "python":
             budget = Budget.from_message(message.get("budget"))
+            request: dict[str, Any] = {"op": "exec", "id": run.id, "code": message["code"]}
+            if "state" in message:  # its report is never cut: the agent bounds it
+                budget = Budget(max(budget.result_bytes, STATE_RESULT_BYTES), budget.images)
+                request.update(state=message["state"], max_bytes=message.get("max_bytes"))
             run.displays = DisplayGate(budget)
             self._run = run
             try:
-                self._kernel.send({"op": "exec", "id": run.id, "code": message["code"],
-                                   "env": env, "budget": budget.to_message()})  # fmt: skip
+                self._kernel.send({**request, "env": env, "budget": budget.to_message()})
             except OSError:
                 self._kernel_died()
             return

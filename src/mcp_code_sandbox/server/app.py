@@ -112,8 +112,8 @@ def descriptions(
         ),
         "list_files": "List files under a directory of a session's /mnt/data. A long "
         "listing comes in pages: call again with offset=next_offset until it is null. "
-        "Saved full outputs (.outputs) and installed packages (.packages) are listed "
-        "only when path names them.",
+        "Saved full outputs (.outputs), installed packages (.packages) and saved "
+        "variables (.session) are listed only when path names them.",
         "close_session": (
             "Close a session: stop its sandbox and delete its files. Do this when done."
         ),

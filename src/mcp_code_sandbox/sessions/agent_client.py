@@ -19,12 +19,25 @@ from typing import Any, cast
 
 import anyio
 
-from mcp_code_sandbox.agent.budget import Budget, DisplayGate, cut_error, cut_text
-from mcp_code_sandbox.agent.protocol import DisplayEvent, DoneEvent, HostMessage, ProtocolError
+from mcp_code_sandbox.agent.budget import (
+    STATE_RESULT_BYTES,
+    Budget,
+    DisplayGate,
+    cut_error,
+    cut_text,
+)
+from mcp_code_sandbox.agent.protocol import (
+    DisplayEvent,
+    DoneEvent,
+    ExecMessage,
+    HostMessage,
+    ProtocolError,
+)
 from mcp_code_sandbox.backends.base import Channel
 from mcp_code_sandbox.errors import SandboxFailed
+from mcp_code_sandbox.sanitize import clean_text
 from mcp_code_sandbox.sessions.executor import Cell, Display, Outcome, StreamSink
-from mcp_code_sandbox.sessions.saved import LoadReport, SaveReport
+from mcp_code_sandbox.sessions.saved import LoadReport, SaveReport, parse_load, parse_save
 
 __all__ = ["INTERRUPT_GRACE_S", "AgentClient"]
 
@@ -52,18 +65,80 @@ class AgentClient:
         the protocol or does not answer within ``timeout_s + INTERRUPT_GRACE_S``.
         """
         self._next_id += 1
-        run_id, budget, timeout_s = self._next_id, cell.budget or Budget(), cell.timeout_s
-        await self._send(
-            {
-                "op": "exec",
-                "id": run_id,
-                "language": cell.language,
-                "code": cell.code,
-                "timeout_s": timeout_s,
-                "env": cell.env,
-                "budget": budget.to_message(),
-            }
-        )
+        budget = cell.budget or Budget()
+        message: ExecMessage = {
+            "op": "exec",
+            "id": self._next_id,
+            "language": cell.language,
+            "code": cell.code,
+            "timeout_s": cell.timeout_s,
+            "env": cell.env,
+            "budget": budget.to_message(),
+        }
+        return await self._run(message, budget, on_stream)
+
+    async def save_state(self, max_bytes: int, timeout_s: float) -> SaveReport:
+        """Save the interpreter's variables to the workspace's ``.session/``, inside the
+        sandbox (the session manager's variables pause); what was kept and dropped.
+
+        Raises ``SandboxFailed`` when the agent could not save at all (its message
+        says why: the disk, the quota), ran out of time, or sent a report that is not
+        one. The host reads the report only, never the saved files."""
+        outcome = await self._state({"state": "save", "max_bytes": max_bytes}, timeout_s)
+        return parse_save(outcome.result)
+
+    async def load_state(self, timeout_s: float) -> LoadReport:
+        """Load what :meth:`save_state` saved into a fresh interpreter (a resume), inside
+        the sandbox; what was restored. Raises ``SandboxFailed`` as ``save_state`` does."""
+        outcome = await self._state({"state": "load"}, timeout_s)
+        return parse_load(outcome.result)
+
+    async def park(self, wait_s: float = 5.0) -> None:
+        """Have the agent close its channel now (it reconnects at once on its own, to
+        whoever listens on its socket next): before a checkpoint of the sandbox, which
+        cannot hold a connection to the host. Returns once the channel reached EOF;
+        the channel is then done with. Raises ``SandboxFailed`` when the agent refuses
+        (a channel that cannot reconnect) or does not close within ``wait_s``."""
+        await self._send({"op": "park"})
+        try:
+            async with asyncio.timeout(wait_s):
+                while True:
+                    message = await self._channel.receive()
+                    if message is None:
+                        return
+                    if message.get("ev") == "error":
+                        text, _ = cut_text(str(message.get("message")), 500)
+                        raise SandboxFailed(f"the sandbox's agent cannot park: {text}")
+        except TimeoutError:
+            raise SandboxFailed(f"the sandbox's agent did not park within {wait_s:g} s") from None
+        except (ProtocolError, OSError, ConnectionError) as exc:
+            raise SandboxFailed(f"the sandbox's agent broke the protocol: {exc}") from None
+
+    async def _state(self, fields: dict[str, Any], timeout_s: float) -> Outcome:
+        """Run a save or load (an ``exec`` with ``state``) like a cell; its outcome, or
+        ``SandboxFailed`` with the agent's own message when it did not end "ok"."""
+        self._next_id += 1
+        budget = Budget(result_bytes=STATE_RESULT_BYTES)
+        message = cast(ExecMessage, {
+            "op": "exec", "id": self._next_id, "language": "python", "code": "",
+            "timeout_s": timeout_s, "env": {}, "budget": budget.to_message(), **fields,
+        })  # fmt: skip
+        outcome = await self._run(message, budget, _discard)
+        if outcome.status == "ok":
+            return outcome
+        verb = "save" if fields["state"] == "save" else "load"
+        if outcome.status in ("timeout", "cancelled"):
+            why = f"it did not finish within {timeout_s:g} s ({outcome.status})"
+        elif outcome.error is not None:
+            why = f"{outcome.error['name']}: {outcome.error['value']}"
+        else:
+            why = "it failed without saying why"
+        raise SandboxFailed(f"the sandbox could not {verb} its variables: {clean_text(why)[:500]}")
+
+    async def _run(self, message: ExecMessage, budget: Budget, on_stream: StreamSink) -> Outcome:
+        """Send ``message`` (an ``exec``) and collect its outcome (see :meth:`execute`)."""
+        run_id, timeout_s = message["id"], float(message.get("timeout_s", 60))
+        await self._send(message)
         displays = _Displays(budget)
         try:
             async with asyncio.timeout(timeout_s + INTERRUPT_GRACE_S):
@@ -93,15 +168,6 @@ class AgentClient:
         except (TimeoutError, SandboxFailed):
             # The agent is stuck or gone: the session manager replaces the sandbox.
             self.broken = True
-
-    async def save_state(self, max_bytes: int, timeout_s: float) -> SaveReport:  # STUB
-        raise SandboxFailed("stub")
-
-    async def load_state(self, timeout_s: float) -> LoadReport:  # STUB
-        raise SandboxFailed("stub")
-
-    async def park(self, wait_s: float = 5.0) -> None:  # STUB
-        raise SandboxFailed("stub")
 
     async def _send(self, message: HostMessage) -> None:
         try:
@@ -135,6 +201,10 @@ class AgentClient:
                 text, _ = cut_text(str(message.get("message")), displays.gate.budget.text_chars)
                 error = {"name": "AgentError", "value": text, "traceback": ""}
                 return Outcome("error", None, None, error, None, False, displays.kept)
+
+
+def _discard(name: str, text: str) -> None:
+    """What a save or load prints (a value's ``__reduce__`` may): nobody reads it."""
 
 
 class _Displays:

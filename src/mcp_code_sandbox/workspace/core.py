@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from mcp_code_sandbox.agent.packages import PACKAGES_DIR
+from mcp_code_sandbox.agent.statefiles import STATE_DIR
 from mcp_code_sandbox.errors import (
     FileExists_,
     InternalError,
@@ -50,8 +51,9 @@ __all__ = ["HEAD_BYTES", "HIDDEN_DIRS", "OUTPUTS_DIR", "Workspace", "measure"]
 OUTPUTS_DIR = ".outputs"
 #: Top-level directories that are not the session's files: no artifacts, not listed
 #: (unless asked for by path), but counted in the quota. ``PACKAGES_DIR``: what pip,
-#: npm and bun installed at run time (``agent/packages.py``).
-HIDDEN_DIRS = frozenset({OUTPUTS_DIR, PACKAGES_DIR})
+#: npm and bun installed at run time (``agent/packages.py``); ``STATE_DIR``: the
+#: variables a paused session saved (``agent/statefiles.py``).
+HIDDEN_DIRS = frozenset({OUTPUTS_DIR, PACKAGES_DIR, STATE_DIR})
 #: Bytes of a file's start used to guess its type and whether it is text.
 HEAD_BYTES = 512
 _TMP_PREFIX = ".mcs-upload-"
@@ -199,7 +201,7 @@ class Workspace:
             closing_fd(self._open_root()) as root,
             closing_fd(self._open_dir(root, parts, create=False)) as fd,
         ):
-            # Saved outputs and installed packages are not the session's files (see
+            # Saved outputs, packages and variables are not the session's files (see
             # ``HIDDEN_DIRS``): listed only when asked for by path.
             hidden = HIDDEN_DIRS if not parts else frozenset()
             walked = walk(fd, "/".join(parts), recursive=recursive, budget=budget, skip=hidden)

@@ -81,8 +81,8 @@ class Stamp(NamedTuple):
 
 @dataclass(frozen=True)
 class Snapshot:
-    #: Relative path -> stamp, for regular files only, ``.outputs/`` and ``.packages/``
-    #: left out.
+    #: Relative path -> stamp, for regular files only, ``.outputs/``, ``.packages/`` and
+    #: ``.session/`` left out.
     files: Mapping[str, Stamp]
     #: True when the entry limit or depth cut the walk short: ``files`` is then partial.
     truncated: bool

@@ -49,6 +49,9 @@ PACKAGES: tuple[str, ...] = (
     "pyarrow",
     "requests",
     "ipython",
+    # The kernel pickles a session's variables with it when the session pauses (functions
+    # and classes defined in the session too); stdlib pickle when it is missing.
+    "cloudpickle",
 )
 
 
