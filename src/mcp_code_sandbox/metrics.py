@@ -40,7 +40,7 @@ END_REASONS: tuple[EndReason, ...] = ("closed", "idle", "lifetime", "disk")
 PAUSE_KINDS = ("memory", "variables", "files")
 SESSION_STATES = ("running", "paused")
 #: Why a pause kept less than the backend offers (``pause_fallbacks``).
-FALLBACK_REASONS = ("checkpoint_failed", "save_failed", "no_interpreter", "network")
+FALLBACK_REASONS = ("checkpoint_failed", "save_failed", "no_interpreter", "network", "restored")
 STATUSES = ("ok", "error", "timeout", "cancelled")
 BACKEND_CODES = (BackendUnavailable.code, SandboxFailed.code)
 #: Whether a new session found a warm sandbox in the pool.

@@ -316,6 +316,12 @@ class Backend(abc.ABC):
         cannot: the session manager then saves the interpreter's variables instead."""
         return "this backend cannot checkpoint a sandbox's memory"
 
+    def refuses_checkpoint(self, sandbox: Sandbox) -> str | None:
+        """Why ``sandbox`` cannot be checkpointed though this backend can checkpoint
+        (``None``: it can). Called by the session manager before it pauses a session
+        (then it saves the variables instead), so that nothing is parked in vain."""
+        return None
+
     async def checkpoint(self, sandbox: Sandbox) -> Checkpoint:
         """Stop ``sandbox`` with its whole memory saved to disk, freeing its RAM; what
         :meth:`restore` brings back. Called by the session manager to pause an idle

@@ -88,7 +88,12 @@ class Sandboxes:
         if not alive:
             why = None if sandbox is None else "its sandbox had stopped"
             fallback = None if sandbox is None else "no_interpreter"
-        elif self.no_memory_pause is None and sandbox is not None and sandbox.spec.egress is None:
+        elif (
+            self.no_memory_pause is None
+            and sandbox is not None
+            and sandbox.spec.egress is None
+            and self.backend.refuses_checkpoint(sandbox) is None
+        ):
             assert agent is not None
             try:
                 await agent.park()
@@ -105,8 +110,9 @@ class Sandboxes:
                 session.sandbox, session.agent = None, None  # stopped: held by the checkpoint
                 kept = Paused("memory", time.time(), checkpoint.bytes or 0, checkpoint)
         if kept is None and why is None and alive and agent is not None:
-            if self.no_memory_pause is None:
-                fallback = "network"  # a sandbox with an egress proxy is not checkpointed
+            if self.no_memory_pause is None and sandbox is not None:
+                # Not checkpointed: one with an egress proxy, or one restored already.
+                fallback = "network" if sandbox.spec.egress is not None else "restored"
             try:
                 report = await agent.save_state(self.settings.pause_max_bytes, STATE_TIMEOUT_S)
             except SandboxFailed as exc:

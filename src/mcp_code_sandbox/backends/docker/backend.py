@@ -309,9 +309,20 @@ class DockerBackend(Backend, RunnerImages):
         self._checkpoint_support = (why,)
         return why
 
+    def refuses_checkpoint(self, sandbox: Sandbox) -> str | None:
+        # gVisor (runsc 2022-12-19, Debian 12's) leaves the state of a restored sandbox
+        # behind when that sandbox is checkpointed again, and the next restore under the
+        # same container id then fails ("id already in use"); Docker restores only into
+        # the same container. So a restored container is paused by its variables, and
+        # the fresh container its resume starts can be checkpointed again.
+        assert isinstance(sandbox, DockerSandbox)
+        if sandbox.restored:
+            return "gVisor here restores a sandbox from a checkpoint once only"
+        return None
+
     async def checkpoint(self, sandbox: Sandbox) -> Checkpoint:
         assert isinstance(sandbox, DockerSandbox)
-        why = await self.checkpoints()
+        why = await self.checkpoints() or self.refuses_checkpoint(sandbox)
         if why is not None:
             raise SandboxFailed(why)
         sandbox.close()  # the agent let go of its end (park); ours goes too
@@ -351,6 +362,7 @@ class DockerBackend(Backend, RunnerImages):
             listener.close()
         sandbox = DockerSandbox(spec, channel, container, run_dir)
         sandbox.reader, sandbox.peer = reader, peer
+        sandbox.restored = True
         try:
             ready = await wait_ready(sandbox, self.engine.call, READY_TIMEOUT_S)
             if not ready.get("reattached"):  # a fresh agent: the memory did not come back

@@ -56,6 +56,8 @@ class DockerSandbox(Sandbox):
         self.reader: asyncio.StreamReader | None = None
         #: A duplicate of the channel's socket, only ever peeked at by :meth:`is_alive`.
         self.peer: socket.socket | None = None
+        #: Started from a checkpoint (``DockerBackend.restore``): not checkpointed again.
+        self.restored = False
 
     def is_alive(self) -> bool:
         # No engine call here (it is synchronous): the container dies with its agent, and
