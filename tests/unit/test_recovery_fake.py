@@ -48,16 +48,18 @@ def plant(
     return root
 
 
-async def test_a_kept_session_is_reattached_with_its_variables(state_dir: Path) -> None:
+async def test_a_kept_session_is_paused_for_the_next_server_with_its_variables(
+    state_dir: Path,
+) -> None:
     backend = FakeBackend(reattaches=True)
     try:
         async with fake_service(state_dir, backend, keep_sessions_on_shutdown=True) as svc:
             await run(svc, "x = 41\nopen('f.txt', 'w').write('kept')", "conv")
-        assert len(backend.running()) == 1  # left running for the next server
+        assert backend.running() == []  # paused: its variables saved, its sandbox gone
         async with fake_service(state_dir, backend, keep_sessions_on_shutdown=True) as svc:
             report = await run(svc, "x + 1", "conv")
             assert (report.result, report.session_created) == ("42", False)
-            assert (report.state_lost, report.notice) == (False, None)
+            assert (report.state_lost, report.notice, report.resumed) == (False, None, "variables")
             listing = await svc.list_files("alice", "conv", ".", recursive=True)
             assert [e.path for e in listing.entries] == ["f.txt"]
             assert backend.removed == []

@@ -285,3 +285,62 @@ def test_mixed() -> None:
         lost.slot: "session session-3 was lost when the server restarted",
     }
     assert p.stray_slots == []
+
+
+# -- paused sessions (issue 13) -------------------------------------------------------------
+
+
+def paused(n: int, backend_id: str | None = None, **kw: Any) -> SessionRecord:
+    pause: dict[str, Any] = {"kind": "variables", "at": NOW - 120, "bytes": 10}
+    if backend_id is not None:
+        pause = {"kind": "memory", "at": NOW - 120, "checkpoint": {"backend_id": backend_id}}
+    return record(n, paused=pause, **kw)
+
+
+def test_a_paused_session_is_kept_with_its_checkpointed_sandbox() -> None:
+    memory, variables = paused(1, "c1"), paused(2)
+    stopped = leftover(memory, "c1", running=False)
+    result = plan([memory, variables], [stopped])
+    assert result.keep_paused == [memory, variables] or result.keep_paused == [variables, memory]
+    assert result.remove_leftovers == [] and result.drop == [] and result.reattach == []
+
+
+def test_a_paused_sessions_other_sandboxes_and_forged_ones_are_removed() -> None:
+    memory = paused(1, "c1")
+    other = leftover(memory, "c2", running=False)  # not the checkpoint the record names
+    forged = leftover(memory, "c1", running=False, owner="mallory")
+    result = plan([memory], [other, forged])
+    assert result.keep_paused == [memory]
+    assert sorted(lo.backend_id for lo in result.remove_leftovers) == ["c1", "c2"]
+
+
+def test_a_paused_session_past_its_ttl_goes_with_its_checkpoint() -> None:
+    memory = paused(1, "c1", last_active=NOW - 2 * TTL_S)
+    held = leftover(memory, "c1", running=False)
+    result = plan([memory], [held])
+    assert result.keep_paused == [] and result.remove_leftovers == [held]
+    [(dropped, why)] = result.drop
+    assert dropped == memory and "expired" in why
+
+
+def test_a_session_whose_pause_was_under_way_is_kept_unless_it_can_be_reattached() -> None:
+    pausing, running = record(1, pausing=True), record(2, pausing=True)
+    alive = leftover(running, "c2")
+    result = plan([pausing, running], [alive])
+    assert result.keep_paused == [pausing]
+    assert [(r, lo.backend_id) for r, lo in result.reattach] == [(running, "c2")]
+
+
+def test_kept_and_reattached_sessions_share_the_session_limit_most_recent_first() -> None:
+    old = paused(1, "c1", last_active=NOW - 600)
+    new = paused(2, last_active=NOW - 10)
+    middle = record(3, last_active=NOW - 60)
+    result = plan(
+        [old, new, middle],
+        [leftover(old, "c1", running=False), leftover(middle, "c3")],
+        max_sessions=2,
+    )
+    assert result.keep_paused == [new]
+    assert [r for r, _ in result.reattach] == [middle]
+    assert [lo.backend_id for lo in result.remove_leftovers] == ["c1"]
+    assert [r for r, _ in result.drop] == [old]

@@ -1,0 +1,90 @@
+"""Pausing on the fake backend (the real agent as a host process, plain shell): what the
+session manager does around a pause, fast. The real pauses, on every backend, are in
+tests/integration/test_pause.py and tests/e2e/test_pause.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mcp_code_sandbox.errors import SandboxFailed
+from mcp_code_sandbox.run.request import RunRequest
+from mcp_code_sandbox.sessions.agent_client import AgentClient
+from tests.fakes import FakeBackend, fake_service
+
+
+def sample(svc: object, name: str, labels: dict[str, str]) -> float:
+    value = svc.metrics.registry.get_sample_value(name, labels)  # type: ignore[attr-defined]
+    return value or 0.0
+
+
+async def test_a_pause_that_cannot_save_keeps_the_files_and_says_why(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def refuse(*args: object, **kwargs: object) -> None:
+        raise SandboxFailed("the disk is full")
+
+    async with fake_service(state_dir) as svc:
+        made = await svc.run_code("alice", RunRequest("x = 1\nopen('f.txt', 'w').write('a')"))
+        monkeypatch.setattr(AgentClient, "save_state", refuse)
+        paused = await svc.sessions.pause("alice", made.session_id)
+        assert paused is not None and paused.kind == "files"
+        assert paused.why is not None and "the disk is full" in paused.why
+        labels = {"kind": "files", "reason": "save_failed"}
+        assert sample(svc, "mcp_sandbox_pause_fallbacks_total", labels) == 1
+        back = await svc.run_code("alice", RunRequest("open('f.txt').read()"), made.session_id)
+        assert (back.result, back.resumed, back.state_lost) == ("'a'", None, True)
+        assert back.notice is not None and "the disk is full" in back.notice
+        assert "files only" in back.notice
+
+
+async def test_a_session_paused_with_nothing_running_resumes_quietly(state_dir: Path) -> None:
+    backend = FakeBackend()
+    try:
+        async with fake_service(state_dir, backend, keep_sessions_on_shutdown=True) as svc:
+            await svc.upload_file("alice", "data.txt", b"rows", session_id="up", overwrite=False)
+        [record] = [json.loads(p.read_text()) for p in (state_dir / "sessions").glob("*.json")]
+        assert record["paused"]["kind"] == "files" and record["paused"]["why"] is None
+        async with fake_service(state_dir, backend) as svc:
+            [listed] = await svc.list_sessions("alice")
+            assert (listed.session_id, listed.state, listed.file_count) == ("up", "paused", 1)
+            assert listed.saved_variables is None
+            back = await svc.run_code("alice", RunRequest("open('data.txt').read()"), "up")
+            assert (back.result, back.resumed, back.notice) == ("'rows'", None, None)
+    finally:
+        await backend.end_all()
+
+
+async def test_a_damaged_pause_in_a_record_is_kept_as_files(state_dir: Path) -> None:
+    backend = FakeBackend()
+    try:
+        async with fake_service(state_dir, backend, keep_sessions_on_shutdown=True) as svc:
+            await svc.run_code("alice", RunRequest("v = 5"), "s")
+        [path] = (state_dir / "sessions").glob("*.json")
+        record = json.loads(path.read_text())
+        record["paused"]["kind"] = "teleported"
+        path.write_text(json.dumps(record))
+        async with fake_service(state_dir, backend) as svc:
+            back = await svc.run_code("alice", RunRequest("v"), "s")
+            # The record's pause is not trusted: the last complete saved state is loaded.
+            assert (back.result, back.resumed, back.session_created) == ("5", "variables", False)
+    finally:
+        await backend.end_all()
+
+
+async def test_list_sessions_shows_the_callers_sessions_only(state_dir: Path) -> None:
+    async with fake_service(state_dir, pause_after_m=60) as svc:
+        await svc.run_code("alice", RunRequest("a = [1, 2]"), "mine")
+        await svc.run_code("bob", RunRequest("b = 2"), "mine")
+        await svc.sessions.pause("alice", "mine")
+        [alice] = await svc.list_sessions("alice")
+        assert (alice.session_id, alice.state) == ("mine", "paused")
+        assert alice.saved_variables == (("a", "list"),)
+        [bob] = await svc.list_sessions("bob")
+        assert (bob.session_id, bob.state, bob.saved_variables) == ("mine", "running", None)
+        assert await svc.list_sessions("carol") == []
+        assert sample(svc, "mcp_sandbox_sessions", {"state": "paused"}) == 1
+        assert sample(svc, "mcp_sandbox_sessions", {"state": "running"}) == 1
+        assert svc.sessions.paused_bytes() > 0
