@@ -32,15 +32,23 @@ import os
 import random
 import resource
 import shutil
-import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from bench import BACKENDS, SERVER_BACKEND, Row, log, machine_facts, make_state_dir
+from bench import (
+    BACKENDS,
+    RUNTIME_DIR,
+    SERVER_BACKEND,
+    Row,
+    log,
+    machine_facts,
+    make_state_dir,
+)
 from mcp_code_sandbox.backends import create_backend
 from mcp_code_sandbox.backends.docker.spec import LABEL_SESSION
+from mcp_code_sandbox.logs import configure_logging
 from mcp_code_sandbox.run.request import RunRequest
 from mcp_code_sandbox.service import SandboxService
 from mcp_code_sandbox.settings import load_settings
@@ -60,6 +68,9 @@ def settings_for(backend: str, state_dir: Path, **extra: Any) -> Any:
     server_backend, runtime = SERVER_BACKEND[backend]
     values: dict[str, Any] = {
         "state_dir": str(state_dir),
+        "runtime_dir": str(RUNTIME_DIR),
+        "log_level": "WARNING",
+        "log_file": str(state_dir.parent / f"{state_dir.name}.log"),
         "backend": server_backend,
         "pool_size": 0,
         "pause_after_m": 0,
@@ -67,7 +78,9 @@ def settings_for(backend: str, state_dir: Path, **extra: Any) -> Any:
     }
     if runtime is not None:
         values["docker_runtime"] = runtime
-    return load_settings(values, environ={})
+    settings = load_settings(values, environ={})
+    configure_logging(settings)  # to a file: the table is this bench's output
+    return settings
 
 
 def sandboxes_left(svc: SandboxService, session_id: str) -> int:
@@ -240,7 +253,6 @@ def main() -> int:
         print(json.dumps(out["density"], indent=2))
     if args.json:
         args.json.write_text(json.dumps(out, indent=2))
-    print(f"median pause across backends: {statistics.median(r.median for r in rows):.1f}")
     return 0
 
 
