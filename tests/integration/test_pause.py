@@ -47,12 +47,16 @@ box = Box()
 same = shared = [1, 2]
 gen = (i for i in range(10))
 first = next(gen)
+import matplotlib.pyplot as plt
+fig, ax = plt.subplots()
+ax.plot([1, 2, 3])
 open("kept.txt", "w").write("files stay")
 x = 41
 """
 
 CHECK = """
 print(x + 1, total(), box.size, np.__name__, same is shared, open("kept.txt").read())
+print(len(ax.lines), fig.axes[0] is ax, len(In), "import numpy" in In[1])
 """
 
 
@@ -86,15 +90,18 @@ async def test_an_idle_session_pauses_and_resumes_with_what_its_backend_keeps(
         [listed] = await svc.list_sessions("alice")
         assert (listed.session_id, listed.state) == (sid, "paused")
         back = await svc.run_code("alice", RunRequest(CHECK + "print(next(gen))"), sid)
-        assert back.session_created is False
+        # The interpreter's history goes on: this is its second cell.
+        assert (back.session_created, back.execution_count) == (False, 2), back
         if backend == "runsc":
             # The whole memory: even the generator goes on where it was.
             assert back.resumed == "memory", back
-            assert back.stdout == "42 499500 7 numpy True files stay\n1\n", back
+            lines = "42 499500 7 numpy True files stay\n1 True 3 True\n1\n"
+            assert back.stdout == lines, back
             assert (back.notice, back.state_lost) == (None, False)
         else:
             assert back.resumed == "variables", back
-            assert back.stdout.startswith("42 499500 7 numpy True files stay\n"), back
+            lines = "42 499500 7 numpy True files stay\n1 True 3 True\n"
+            assert back.stdout.startswith(lines), back
             # The generator could not be pickled: named, with its type.
             assert back.notice is not None and "gen (generator" in back.notice, back.notice
             assert back.error is not None and back.error["name"] == "NameError"
@@ -256,3 +263,34 @@ async def die(svc: SandboxService) -> None:
             session.uid_lease.release()
     (manager.settings.run_dir / f"{manager.instance}.pid").unlink()
     manager._closed = True
+
+
+async def test_a_session_cannot_resume_into_another_sessions_saved_state(
+    make_service: MakeService,
+) -> None:
+    async with make_service(pause_after_m=PAUSE_AFTER_M) as svc:
+        await svc.run_code("bob", RunRequest("secret = 'bob only'"), "bobs")
+        bob = await paused(svc, "bob", "bobs")
+        theirs = bob.workspace.root / ".session"  # his saved state's host path
+        # Mallory points her own saved state at bob's (the host path of his workspace,
+        # which bwrap's mount table shows her), every way she can, then pauses.
+        plant = f"""
+import os, shutil
+os.symlink({str(theirs)!r}, "/mnt/data/elsewhere")
+os.makedirs("/mnt/data/.session", exist_ok=True)
+for name in ("manifest.json", "data"):
+    try:
+        os.symlink({str(theirs)!r} + "/" + name, "/mnt/data/.session/" + name)
+    except OSError as exc:
+        print("refused", name, exc)
+mine = 1
+"""
+        made = await svc.run_code("mallory", RunRequest(plant), "mallorys")
+        assert made.status == "ok", made
+        await paused(svc, "mallory", "mallorys")
+        back = await svc.run_code("mallory", RunRequest("sorted(dir())"), "mallorys")
+        assert back.resumed == "variables", back
+        assert back.result is not None and "'secret'" not in back.result and "'mine'" in back.result
+        # Bob's state is his, untouched.
+        again = await svc.run_code("bob", RunRequest("secret"), "bobs")
+        assert (again.result, again.resumed) == ("'bob only'", "variables")
