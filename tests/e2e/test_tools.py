@@ -53,7 +53,8 @@ async def test_tools_schemas_and_annotations(inproc: Client) -> None:
         assert annotations.idempotent_hint is True
     close_annotations = tools["close_session"].annotations
     assert close_annotations is not None and close_annotations.destructive_hint is True
-    assert "30 min" in run.description and "no network" in run.description
+    assert "7 days without calls" in run.description and "no network" in run.description
+    assert "idle for 10 min is paused" in run.description
 
 
 async def test_progress_is_reported_during_a_run(inproc: Client) -> None:

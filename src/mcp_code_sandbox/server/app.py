@@ -66,10 +66,17 @@ def descriptions(
         if settings.allow_network
         else "There is no network access (pip install will not work)."
     )
+    pause = (
+        f"A session idle for {_minutes(settings.pause_after_m)} is paused (its sandbox "
+        "put away to disk) and the next call resumes it: `resumed` says how, `notice` "
+        "what was not kept. "
+        if settings.pause_after_m > 0
+        else ""
+    )
     life = (
-        f"A session ends after {settings.session_ttl_m:g} min without calls, or "
-        f"{settings.session_max_lifetime_h:g} h after it started; then its files and "
-        "variables are gone."
+        f"{pause}A session ends after {_minutes(settings.session_ttl_m)} without calls, or "
+        f"{_minutes(settings.session_max_lifetime_h * 60)} after it started; then its files "
+        "and variables are gone (list_sessions finds your sessions)."
     )
     offered = languages or ["python"]
     return {
@@ -135,6 +142,16 @@ def descriptions(
             + (" and a download_url for the person you work for." if http_base else ".")
         ),
     }
+
+
+def _minutes(minutes: float) -> str:
+    """A span for a description: ``10 min``, ``7 days``, ``36 h``."""
+    if minutes >= 24 * 60 and minutes % (24 * 60) == 0:
+        days = minutes / (24 * 60)
+        return f"{days:g} day" + ("s" if days != 1 else "")
+    if minutes >= 120:
+        return f"{minutes / 60:g} h"
+    return f"{minutes:g} min"
 
 
 def _preinstalled(settings: Settings) -> str:
