@@ -16,7 +16,7 @@ from mcp_code_sandbox.workspace import Workspace
 from mcp_code_sandbox.workspace.spares import SPARES_DIR, SpareImages
 from mcp_code_sandbox.workspace.volume import MIN_IMAGE_BYTES, Volume, mounted
 
-from ..conftest import MakeService
+from ..conftest import MakeService, each_backend
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="mounting a workspace filesystem needs root"),
@@ -77,9 +77,9 @@ def test_no_spares_means_the_workspace_formats_its_own(tmp_path: Path) -> None:
         spares.close()
 
 
-@pytest.mark.bwrap
+@each_backend
 async def test_the_session_manager_keeps_spares_and_a_new_session_takes_one(
-    make_service: MakeService,
+    make_service: MakeService, backend: str
 ) -> None:
     async with make_service(workspace_quota_bytes=8 << 20, workspace_spare_images=1) as svc:
         spares = svc.sessions.spares

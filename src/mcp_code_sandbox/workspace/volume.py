@@ -34,17 +34,15 @@ import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from mcp_code_sandbox.errors import InternalError
 from mcp_code_sandbox.workspace.fs import remove_tree
 
-if TYPE_CHECKING:
-    from mcp_code_sandbox.workspace.spares import SpareImages
-
 __all__ = [
     "IMAGE_SUFFIX",
     "PROBE_PREFIX",
+    "Spares",
     "Volume",
     "format_image",
     "image_bytes",
@@ -66,6 +64,14 @@ _SBIN = "/usr/sbin:/sbin:/usr/bin:/bin"
 _MOUNT_OPTIONS = "loop,nosuid,nodev,noatime,discard,noinit_itable"
 
 
+class Spares(Protocol):
+    """Formatted images to take one from (:class:`.spares.SpareImages`)."""
+
+    def take(self, image: Path, size_bytes: int) -> bool:
+        """Move a formatted image of ``size_bytes`` to ``image``; ``False``: none."""
+        ...
+
+
 def image_bytes(quota_bytes: int) -> int:
     """Size of the image for ``quota_bytes`` of files: the quota plus the metadata that
     ``mkfs.ext4`` takes from it (inode tables, bitmaps, the root directory), so that the
@@ -84,7 +90,7 @@ class Volume:
 
     image: Path
     size_bytes: int
-    spares: SpareImages | None = field(default=None, compare=False)
+    spares: Spares | None = field(default=None, compare=False)
 
     def create(self, root: Path) -> None:
         """Make, format and mount the image at ``root`` (an existing empty directory).
