@@ -156,6 +156,9 @@ class Settings(BaseSettings):
     #: it). ``checked``: the server watches the workspace during runs and checks it after
     #: them (a run can overshoot briefly). ``auto``: ``filesystem`` where it works here.
     workspace_quota_mode: Literal["auto", "filesystem", "checked"] = "auto"
+    #: With filesystem quotas: workspace images formatted ahead in the background, so that
+    #: a new workspace only mounts one (a cold session skips ``mkfs``); 0 turns it off.
+    workspace_spare_images: int = Field(2, ge=0, le=64)
     max_image_bytes: Size = 1024**2
     max_images: int = Field(4, ge=0, le=64)
     max_read_bytes: Size = 1024**2

@@ -18,6 +18,7 @@ import pytest
 from mcp import Client
 
 from mcp_code_sandbox.settings import Settings
+from mcp_code_sandbox.workspace.spares import SPARES_DIR
 
 from ..conftest import MakeService, each_backend
 from ..e2e.conftest import http_server_process
@@ -41,6 +42,10 @@ def loops(state_dir: Path) -> list[str]:
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     return [line for line in listed.splitlines() if str(state_dir) in line]
+
+
+def spares_dir(settings: Settings) -> Path:
+    return settings.volumes_dir / SPARES_DIR
 
 
 def images(settings: Settings) -> list[Path]:
@@ -79,6 +84,7 @@ async def test_close_expiry_and_shutdown_release_the_filesystem(
         nothing_left(settings)
         await new_session(svc, "left-at-shutdown")
     nothing_left(settings)
+    assert not spares_dir(settings).exists(), "spare images are deleted at shutdown"
 
 
 @each_backend
@@ -97,7 +103,11 @@ async def test_a_killed_servers_filesystems_are_released_or_kept(
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
     assert len(mounts(settings.state_dir)) == 1 and len(images(settings)) == 1
+    stale = spares_dir(settings) / "stale.img"  # a spare the killed server left
+    stale.parent.mkdir(parents=True, exist_ok=True)
+    stale.write_bytes(b"")
     with http_server_process(settings) as (base, proc):
+        assert not stale.exists(), "the next server's recovery deletes a dead one's spares"
         if backend == "bwrap":
             nothing_left(settings)  # its sandbox died with the server: nothing to keep
         else:
@@ -108,3 +118,4 @@ async def test_a_killed_servers_filesystems_are_released_or_kept(
                 )
             assert not again.is_error and again.structured_content["stdout"] == "hi\n", again
     nothing_left(settings)
+    assert not spares_dir(settings).exists()

@@ -17,11 +17,14 @@ as the agent: a restarted interpreter keeps its network. Standard library only.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import socket
 import threading
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import asyncio
 
 __all__ = ["EGRESS_DIR", "EGRESS_PORT", "EGRESS_SOCKET", "MAX_CONNECTIONS", "start_bridge"]
 
@@ -54,6 +57,8 @@ async def _relay(
     client_r: asyncio.StreamReader,
     client_w: asyncio.StreamWriter,
 ) -> None:
+    import asyncio  # see _run
+
     async with slots:
         try:
             proxy_r, proxy_w = await asyncio.open_unix_connection(socket_path)
@@ -70,6 +75,8 @@ async def _relay(
 
 
 async def _serve(socket_path: str, listener: socket.socket) -> None:
+    import asyncio  # see _run
+
     slots = asyncio.Semaphore(MAX_CONNECTIONS)
 
     async def accepted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -89,6 +96,15 @@ def _listen(port: int) -> socket.socket:
     return listener
 
 
+def _run(socket_path: str, listener: socket.socket) -> None:
+    """The bridge thread's body. asyncio is imported here, in the thread, and only by a
+    sandbox with network: importing it costs ~20 ms of CPU, which every sandbox's start
+    (its agent and kernel share one CPU) would otherwise pay before its first run."""
+    import asyncio
+
+    asyncio.run(_serve(socket_path, listener))
+
+
 def start_bridge(socket_path: str = EGRESS_SOCKET, port: int = EGRESS_PORT) -> bool:
     """Listen on ``127.0.0.1:port`` and relay to ``socket_path`` in a daemon thread;
     ``False`` (nothing started) when there is no such socket: a sandbox without network.
@@ -100,7 +116,8 @@ def start_bridge(socket_path: str = EGRESS_SOCKET, port: int = EGRESS_PORT) -> b
         return False
     listener = _listen(port)
     thread = threading.Thread(
-        target=lambda: asyncio.run(_serve(socket_path, listener)),
+        target=_run,
+        args=(socket_path, listener),
         name="egress-bridge",
         daemon=True,
     )

@@ -72,6 +72,23 @@ def make_ipython_shell(emit: Emit, gate: InterruptGate) -> Any:
 
     class Shell(InteractiveShell):  # type: ignore[misc]
         last_traceback: tuple[BaseException, str] | None = None
+        _completer: Any = None
+
+        # Tab completion is made at its first use, not at start: IPython's completer
+        # (and its module) cost ~8 ms of every kernel's start, and nothing here completes
+        # unless a cell asks (``get_ipython().Completer``, ``complete()``, a hook).
+        def init_completer(self) -> None:
+            pass
+
+        @property
+        def Completer(self) -> Any:
+            if self._completer is None:
+                InteractiveShell.init_completer(self)  # sets Completer: see the setter
+            return self._completer
+
+        @Completer.setter
+        def Completer(self, value: Any) -> None:
+            self._completer = value
 
         def _showtraceback(self, etype: Any, evalue: Any, stb: list[str]) -> None:
             self.last_traceback = (evalue, "\n".join(stb))

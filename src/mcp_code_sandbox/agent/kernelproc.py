@@ -13,15 +13,21 @@ import selectors
 import socket
 import sys
 import time
-from collections.abc import Callable
-from pathlib import Path
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .children import Child, spawn
 from .config import AgentConfig
 from .protocol import FrameDecoder, ProtocolError, write_frame
 
-__all__ = ["KERNEL_START_S", "KernelProcess", "KernelStartError", "start_kernel"]
+__all__ = [
+    "KERNEL_START_S",
+    "KernelProcess",
+    "KernelStartError",
+    "await_ready",
+    "spawn_kernel",
+    "start_kernel",
+]
 
 #: Importing IPython on a slow, CPU-limited sandbox can take seconds; ten times that.
 KERNEL_START_S = 60.0
@@ -60,8 +66,13 @@ class KernelProcess:
 
 
 def _lib_dir() -> str:
+    # os.path, not pathlib: the agent imports nothing it does not need before its
+    # kernel starts (pathlib and what it imports cost ~2 ms of every sandbox's start).
     package = __package__ or "mcs_agent"
-    return str(Path(os.path.abspath(__file__)).parents[package.count(".") + 1])
+    path = os.path.abspath(__file__)
+    for _ in range(package.count(".") + 2):
+        path = os.path.dirname(path)
+    return path
 
 
 def start_kernel(
@@ -69,6 +80,16 @@ def start_kernel(
 ) -> KernelProcess:
     """Start a kernel and wait for its ``ready``; ``meanwhile`` runs while it boots (its
     IPython import is the slowest part of a sandbox's start)."""
+    return await_ready(spawn_kernel(workdir, config, plain, os.environ), meanwhile)
+
+
+def spawn_kernel(
+    workdir: str, config: AgentConfig, plain: bool, env: Mapping[str, str]
+) -> KernelProcess:
+    """Start a kernel with ``env`` and return at once; :func:`await_ready` waits for it.
+
+    The agent's ``main`` calls this before it imports the rest of the agent, so that the
+    kernel boots while the agent finishes its own start (see ``__main__``)."""
     ours, theirs = socket.socketpair()
     argv = [
         sys.executable, "-s", "-B", "-m", f"{__package__}.kernel",
@@ -78,16 +99,27 @@ def start_kernel(
     if plain:
         argv.append("--plain")
     try:
-        child = spawn(argv, cwd=_lib_dir(), env=os.environ, pass_fds=[theirs.fileno()])
+        child = spawn(argv, cwd=_lib_dir(), env=env, pass_fds=[theirs.fileno()])
+    except BaseException:
+        ours.close()
+        raise
     finally:
         theirs.close()
-    kernel = KernelProcess(child, ours)
+    return KernelProcess(child, ours)
+
+
+def await_ready(
+    kernel: KernelProcess, meanwhile: Callable[[], None] | None = None
+) -> KernelProcess:
+    """Wait for the ``ready`` of a kernel from :func:`spawn_kernel`, running ``meanwhile``
+    first; returns it. Raises ``KernelStartError`` (or what ``meanwhile`` raised) with
+    the kernel killed and closed."""
     try:
         if meanwhile is not None:
             meanwhile()
         _await_ready(kernel)
     except BaseException:
-        child.kill_and_reap()
+        kernel.child.kill_and_reap()
         kernel.close()
         raise
     return kernel

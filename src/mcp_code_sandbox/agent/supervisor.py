@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
 import functools
 import os
 import selectors
@@ -44,7 +43,7 @@ from .children import Child, OutputPipe, kill_strays, reap_orphans, spawn
 from .coalesce import Pending
 from .config import AgentConfig, apply_limits
 from .hostlink import HostLink
-from .kernelproc import KernelProcess, start_kernel
+from .kernelproc import KernelProcess, await_ready, start_kernel
 from .languages import available, command
 from .protocol import (
     HEADER,
@@ -86,7 +85,17 @@ class AgentExit(Exception):
 
 
 class Supervisor:
-    def __init__(self, link: HostLink, workdir: str, config: AgentConfig, plain: bool) -> None:
+    def __init__(
+        self,
+        link: HostLink,
+        workdir: str,
+        config: AgentConfig,
+        plain: bool,
+        kernel: KernelProcess | None = None,
+    ) -> None:
+        """``kernel``: one the agent's ``main`` already spawned (:func:`.kernelproc.spawn_kernel`,
+        with this ``workdir`` and ``config`` and the session's packages in its environment),
+        whose ready is awaited here; ``None``: start one."""
         self._link = link
         self._workdir = workdir
         self._config = config
@@ -111,12 +120,14 @@ class Supervisor:
         self._base_env = dict(os.environ)
         # Before any child starts: they all inherit where the session's packages are.
         os.environ.update(packages.environ(workdir, os.environ))
-        # Before any child starts, so that no exit goes unnoticed.
+        # Before any child starts but an early kernel (``kernel``), so that no exit goes
+        # unnoticed; one that exits before its ready closes its control socket, which
+        # ``await_ready`` notices.
         self._wakeup = _sigchld_wakeup()
         self._sel.register(self._wakeup, selectors.EVENT_READ, self._on_sigchld)
-        self._kernel = self._start_kernel(meanwhile=self._find_programs)
+        self._kernel = self._start_kernel(meanwhile=self._find_programs, spawned=kernel)
         # Preloading warms a pooled sandbox once; a restarted kernel starts lean.
-        self._config = dataclasses.replace(config, preload=())
+        self._config = config._replace(preload=())
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -411,8 +422,13 @@ class Supervisor:
     def _find_programs(self) -> None:
         self._programs = available(self._base_env)
 
-    def _start_kernel(self, meanwhile: Callable[[], None] | None = None) -> KernelProcess:
-        kernel = start_kernel(self._workdir, self._config, self._plain, meanwhile)
+    def _start_kernel(
+        self, meanwhile: Callable[[], None] | None = None, spawned: KernelProcess | None = None
+    ) -> KernelProcess:
+        if spawned is None:
+            kernel = start_kernel(self._workdir, self._config, self._plain, meanwhile)
+        else:
+            kernel = await_ready(spawned, meanwhile)
         self._watch(kernel.child)
         self._sel.register(kernel.control, selectors.EVENT_READ, self._on_control)
         return kernel

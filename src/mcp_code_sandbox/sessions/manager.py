@@ -95,6 +95,7 @@ from mcp_code_sandbox.sessions.uids import UidLease, uid_pool
 from mcp_code_sandbox.sessions.workers import WorkerThreads
 from mcp_code_sandbox.settings import Settings
 from mcp_code_sandbox.workspace import Workspace
+from mcp_code_sandbox.workspace.spares import SPARES_DIR, SpareImages
 from mcp_code_sandbox.workspace.volume import IMAGE_SUFFIX, Volume, image_bytes
 
 __all__ = ["SessionManager"]
@@ -129,6 +130,8 @@ class SessionManager:
         self._closed = False
         #: How the workspace quota binds sandboxes here; decided in :meth:`start`.
         self.quota = QuotaMode(False, "not started")
+        #: Workspace images formatted ahead (filesystem quotas only; see :meth:`start`).
+        self.spares: SpareImages | None = None
         #: Host uids, one per session, when the backend can use them.
         self.uids = uid_pool(settings) if backend.per_sandbox_uids else None
         #: Starts, replaces and stops the sessions' sandboxes and runners.
@@ -170,6 +173,13 @@ class SessionManager:
         for owner, session_id, why in recovered.lost:
             self._tombstone(owner, session_id, why)
         self._start_reaper()
+        if self.quota.filesystem:  # after recovery, which sweeps a dead server's spares
+            self.spares = SpareImages(
+                self.settings.volumes_dir / SPARES_DIR,
+                image_bytes(self.settings.workspace_quota_bytes),
+                self.settings.workspace_spare_images,
+            )
+            await asyncio.to_thread(self.spares.start)
         self.pool.start()
 
     async def aclose(self) -> None:
@@ -197,6 +207,8 @@ class SessionManager:
             if isinstance(outcome, BaseException):
                 log.error("session not cleaned up at shutdown", error=repr(outcome))
         await self.sandboxes.egress.aclose()  # the proxies of detached sandboxes
+        if self.spares is not None:
+            await asyncio.to_thread(self.spares.close)
         try:
             await self.backend.aclose()
         except Exception:
@@ -452,7 +464,7 @@ class SessionManager:
 
     def _volume(self, slot: str) -> Volume:
         image = self.settings.volumes_dir / f"{slot}{IMAGE_SUFFIX}"
-        return Volume(image, image_bytes(self.settings.workspace_quota_bytes))
+        return Volume(image, image_bytes(self.settings.workspace_quota_bytes), self.spares)
 
     def _tombstone(self, owner: str, session_id: str, reason: str) -> None:
         self._tombstones[(owner, session_id)] = (

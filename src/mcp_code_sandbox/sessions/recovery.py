@@ -36,7 +36,7 @@ from mcp_code_sandbox.host import process_alive, read_mark
 from mcp_code_sandbox.sessions import records, runlog
 from mcp_code_sandbox.sessions.uids import UidLease, UidPool
 from mcp_code_sandbox.settings import Settings
-from mcp_code_sandbox.workspace import remove_tree
+from mcp_code_sandbox.workspace import remove_tree, spares
 from mcp_code_sandbox.workspace.volume import IMAGE_SUFFIX, PROBE_PREFIX, release
 
 __all__ = ["Adopted", "Kept", "Recovered", "alive", "recover"]
@@ -235,7 +235,9 @@ async def _forget(settings: Settings, slot: str) -> None:
 
 def _sweep_volumes(settings: Settings) -> None:
     """Delete images whose workspace directory is gone (a release cut short after it
-    unmounted), and what a probe killed half-way left (:func:`.workspace.volume.probe`)."""
+    unmounted), what a probe killed half-way left (:func:`.workspace.volume.probe`), and
+    a dead server's spare images (:mod:`.workspace.spares`)."""
+    spares.sweep(settings.volumes_dir)
     if settings.volumes_dir.is_dir():
         for image in settings.volumes_dir.glob(f"*{IMAGE_SUFFIX}"):
             slot = image.name.removesuffix(IMAGE_SUFFIX)

@@ -33,13 +33,24 @@ import os
 import shutil
 import subprocess
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from mcp_code_sandbox.errors import InternalError
 from mcp_code_sandbox.workspace.fs import remove_tree
 
-__all__ = ["IMAGE_SUFFIX", "PROBE_PREFIX", "Volume", "image_bytes", "mounted", "probe", "release"]
+__all__ = [
+    "IMAGE_SUFFIX",
+    "PROBE_PREFIX",
+    "Spares",
+    "Volume",
+    "format_image",
+    "image_bytes",
+    "mounted",
+    "probe",
+    "release",
+]
 
 IMAGE_SUFFIX = ".img"
 #: Names of :func:`probe`'s mount points (its image: the same name plus the suffix).
@@ -54,6 +65,14 @@ _SBIN = "/usr/sbin:/sbin:/usr/bin:/bin"
 _MOUNT_OPTIONS = "loop,nosuid,nodev,noatime,discard,noinit_itable"
 
 
+class Spares(Protocol):
+    """Formatted images to take one from (:class:`.spares.SpareImages`)."""
+
+    def take(self, image: Path, size_bytes: int) -> bool:
+        """Move a formatted image of ``size_bytes`` to ``image``; ``False``: none."""
+        ...
+
+
 def image_bytes(quota_bytes: int) -> int:
     """Size of the image for ``quota_bytes`` of files: the quota plus the metadata that
     ``mkfs.ext4`` takes from it (inode tables, bitmaps, the root directory), so that the
@@ -65,10 +84,14 @@ def image_bytes(quota_bytes: int) -> int:
 
 @dataclass(frozen=True)
 class Volume:
-    """The filesystem of one workspace: ``image`` (a file), mounted at the workspace root."""
+    """The filesystem of one workspace: ``image`` (a file), mounted at the workspace root.
+
+    ``spares``: formatted images to take one from instead of formatting (:mod:`.spares`);
+    ``None``: always format."""
 
     image: Path
     size_bytes: int
+    spares: Spares | None = field(default=None, compare=False)
 
     def create(self, root: Path) -> None:
         """Make, format and mount the image at ``root`` (an existing empty directory).
@@ -83,9 +106,8 @@ class Volume:
             return
         self.image.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         try:
-            with open(self.image, "wb") as out:
-                out.truncate(self.size_bytes)
-            _run("mkfs.ext4", *mkfs_args(self.image))
+            if self.spares is None or not self.spares.take(self.image, self.size_bytes):
+                format_image(self.image, self.size_bytes)
             _run("mount", "-t", "ext4", "-o", _MOUNT_OPTIONS, str(self.image), str(root))
             (root / "lost+found").rmdir()
         except BaseException:
@@ -100,6 +122,19 @@ class Volume:
         if mounted(root):
             with contextlib.suppress(InternalError):
                 _run("umount", str(root))
+
+
+def format_image(image: Path, size_bytes: int, *, background: bool = False) -> None:
+    """Make ``image`` a sparse file of ``size_bytes`` holding an empty workspace
+    filesystem (not mounted). ``background``: at a lower CPU priority (``nice``), for
+    work nobody waits for (:mod:`.spares`). Raises ``InternalError`` when mkfs fails."""
+    with open(image, "wb") as out:
+        out.truncate(size_bytes)
+    args = mkfs_args(image)
+    if background and _which("nice") is not None:
+        _run("nice", "-n", "10", _which("mkfs.ext4") or "mkfs.ext4", *args)
+    else:
+        _run("mkfs.ext4", *args)
 
 
 def mkfs_args(image: Path) -> list[str]:

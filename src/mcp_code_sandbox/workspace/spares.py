@@ -1,0 +1,132 @@
+"""Formatted workspace images kept ready, so that a new workspace skips ``mkfs.ext4``.
+
+Why: formatting a workspace's image is most of the 20-30 ms its filesystem costs
+(:mod:`.volume`), and it sits on every cold session's path (a pool miss, a burst past the
+pool, any backend). A few images are formatted ahead, in one background thread, and
+:meth:`SpareImages.take` hands one out by renaming it to the workspace's image name: the
+workspace then only mounts it.
+
+Layout and life cycle. Spares live in ``<volumes_dir>/.spares/`` (a directory of their
+own: they belong to no slot, so nothing that looks for a slot's image sees them). They
+are sparse files formatted exactly as :meth:`.volume.Volume.create` formats one, never
+mounted until taken, and all of one size (the server's quota). ``mkfs`` runs at a lower
+CPU priority (``nice``): a refill never competes with the sandbox that is starting.
+:meth:`SpareImages.close` (the session manager's shutdown) stops the thread and deletes
+them; a server killed with spares leaves files that the next start's recovery deletes
+(:func:`sweep`), as it deletes other stray images.
+
+Semantics: ``keep`` 0 makes nothing and :meth:`take` always says ``False`` (the caller
+formats its own). A spare that is gone when taken (deleted by another process) is
+skipped; a failed refill is logged and retried after :data:`RETRY_S`.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import deque
+from pathlib import Path
+
+import structlog
+
+from mcp_code_sandbox.errors import InternalError
+from mcp_code_sandbox.workspace.fs import remove_tree
+from mcp_code_sandbox.workspace.volume import IMAGE_SUFFIX, format_image
+
+__all__ = ["RETRY_S", "SPARES_DIR", "SpareImages", "sweep"]
+
+log = structlog.get_logger(__name__)
+
+#: The spares' directory, under the volumes directory.
+SPARES_DIR = ".spares"
+#: After a failed format, the thread waits this long before it tries again.
+RETRY_S = 30.0
+#: How long :meth:`SpareImages.close` waits for a format under way (one takes ~20 ms).
+_JOIN_S = 10.0
+
+
+class SpareImages:
+    """Up to ``keep`` formatted images of ``size_bytes`` in ``directory``, refilled in a
+    daemon thread. Owned by the session manager: made and started in its ``start``,
+    closed in its ``aclose``; :meth:`take` is called from worker threads (a workspace's
+    ``create``)."""
+
+    def __init__(self, directory: Path, size_bytes: int, keep: int) -> None:
+        self.directory = directory
+        self.size_bytes = size_bytes
+        self.keep = keep
+        self._ready: deque[Path] = deque()
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start the refill thread (nothing when ``keep`` is 0). Blocks for a ``mkdir``."""
+        if self.keep <= 0:
+            return
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._thread = threading.Thread(target=self._refill, name="spare-images", daemon=True)
+        self._thread.start()
+
+    def ready(self) -> int:
+        """Spares formatted and not yet taken."""
+        with self._cond:
+            return len(self._ready)
+
+    def take(self, image: Path, size_bytes: int) -> bool:
+        """Move a spare to ``image`` (in the same filesystem); ``False`` when there is none
+        of ``size_bytes`` ready, and the caller formats its own."""
+        if size_bytes != self.size_bytes:
+            return False
+        while True:
+            with self._cond:
+                if not self._ready:
+                    return False
+                spare = self._ready.popleft()
+                self._cond.notify()  # one to make
+            try:
+                os.rename(spare, image)
+            except FileNotFoundError:
+                continue  # swept by another process: try the next one
+            return True
+
+    def close(self) -> None:
+        """Stop the thread (waiting for a format under way, bounded) and delete every
+        spare and the directory. Idempotent; blocks: call it in a worker thread."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(_JOIN_S)
+        with self._cond:
+            self._ready.clear()
+        sweep(self.directory.parent)
+
+    def _refill(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and len(self._ready) >= self.keep:
+                    self._cond.wait()
+                if self._closed:
+                    return
+            spare = self.directory / f"{os.urandom(8).hex()}{IMAGE_SUFFIX}"
+            try:
+                format_image(spare, self.size_bytes, background=True)
+            except (InternalError, OSError) as exc:
+                spare.unlink(missing_ok=True)
+                log.warning("could not format a spare workspace image", error=str(exc))
+                with self._cond:
+                    self._cond.wait_for(lambda: self._closed, RETRY_S)
+                continue
+            with self._cond:
+                if self._closed:
+                    spare.unlink(missing_ok=True)
+                    return
+                self._ready.append(spare)
+
+
+def sweep(volumes_dir: Path) -> None:
+    """Delete the spares directory under ``volumes_dir`` with what is in it; called by
+    :meth:`SpareImages.close` and by recovery at start (a killed server's spares)."""
+    if volumes_dir.is_dir():
+        remove_tree(volumes_dir / SPARES_DIR)
