@@ -93,6 +93,8 @@ async def test_an_idle_session_pauses_and_resumes_with_what_its_backend_keeps(
         # The interpreter's history goes on: this is its second cell.
         assert (back.session_created, back.execution_count) == (False, 2), back
         if backend == "runsc":
+            why = svc.sessions.sandboxes.no_memory_pause
+            assert why is None, f"the engine must offer checkpoints: {why}"
             # The whole memory: even the generator goes on where it was.
             assert back.resumed == "memory", back
             lines = "42 499500 7 numpy True files stay\n1 True 3 True\n1\n"
