@@ -61,6 +61,7 @@ import os
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable
+from typing import Any
 
 import structlog
 
@@ -224,23 +225,13 @@ class SessionManager:
         """Register a session a dead server left, as :func:`.recovery.recover` returned
         it: its re-attached sandbox and its uid. Called by :meth:`start`."""
         record, sandbox = adopted.record, adopted.sandbox
-        mono, wall = time.monotonic(), time.time()
-        session = Session(
-            record.session_id,
-            record.owner,
-            record.key,
-            record.slot,
-            self._workspace(record.slot, record.uid),
-            created_at=mono - (wall - record.created_at),
-            last_active=mono - (wall - record.last_active),
-            created_wall=record.created_at,
+        self._register_recorded(
+            record,
+            adopted.uid_lease,
             sandbox=sandbox,
             agent=AgentClient(sandbox.channel),
             workspace_made=True,  # its filesystem outlived the old server, still mounted
-            uid_lease=adopted.uid_lease,
         )
-        self._sessions[(record.owner, record.session_id)] = session
-        self._save(session, force=True)  # now ours: a later start must leave it alone
         log.info("session re-attached", owner=record.owner, session=record.session_id)
 
     def _keep(self, kept: Kept) -> None:
@@ -263,6 +254,14 @@ class SessionManager:
                 "complete pause, if there was one",
                 load=True,  # its last complete saved variables, if there are some
             )
+        self._register_recorded(record, kept.uid_lease, paused=paused)
+        log.info("paused session kept", owner=record.owner, session=record.session_id)
+
+    def _register_recorded(
+        self, record: records.SessionRecord, lease: UidLease | None, **state: Any
+    ) -> None:
+        """Register a recorded session as it is now (``state``: its sandbox, or its pause)
+        and write its record as ours: a later start must leave it alone."""
         mono, wall = time.monotonic(), time.time()
         session = Session(
             record.session_id,
@@ -273,12 +272,11 @@ class SessionManager:
             created_at=mono - (wall - record.created_at),
             last_active=mono - (wall - record.last_active),
             created_wall=record.created_at,
-            uid_lease=kept.uid_lease,
-            paused=paused,
+            uid_lease=lease,
+            **state,
         )
         self._sessions[(record.owner, record.session_id)] = session
         self._save(session, force=True)
-        log.info("paused session kept", owner=record.owner, session=record.session_id)
 
     def _spec_for(self, record: records.SessionRecord) -> SandboxSpec:
         """The spec a recorded session's sandbox was made with (recovery re-attaches it)."""

@@ -180,13 +180,7 @@ async def _reattach(
         if lease is not None:
             lease.release()  # the record goes next (``_forget``), and the uid is free
         return None
-    # Ours now, before the lock is let go: a later start must leave it alone.
-    mine = dataclasses.replace(record, instance=ctx.instance)
-    try:
-        records.write_record(ctx.settings.sessions_dir, mine)
-    except OSError as exc:  # the manager writes it again when it registers the session
-        log.warning("cannot write the session record", session=record.session_id, error=str(exc))
-    return Adopted(mine, sandbox, lease)
+    return Adopted(_make_ours(ctx, record), sandbox, lease)
 
 
 async def _keep_paused(ctx: _Context, record: records.SessionRecord) -> Kept | None:
@@ -200,12 +194,18 @@ async def _keep_paused(ctx: _Context, record: records.SessionRecord) -> Kept | N
         if backend_id is not None:
             await ctx.backend.discard(Checkpoint(backend_id))
         return None
+    return Kept(_make_ours(ctx, record), lease)
+
+
+def _make_ours(ctx: _Context, record: records.SessionRecord) -> records.SessionRecord:
+    """The record rewritten as this server's, before the lock is let go: a later start
+    must leave its session alone."""
     mine = dataclasses.replace(record, instance=ctx.instance)
     try:
         records.write_record(ctx.settings.sessions_dir, mine)
     except OSError as exc:  # the manager writes it again when it registers the session
         log.warning("cannot write the session record", session=record.session_id, error=str(exc))
-    return Kept(mine, lease)
+    return mine
 
 
 async def _reclaim_uid(ctx: _Context, record: records.SessionRecord) -> UidLease | None:
