@@ -334,7 +334,9 @@ class SessionManager:
 
     def _touch(self, session: Session) -> None:
         session.last_active = time.monotonic()
-        self._save(session)
+        # A resumed session's record must stop saying paused now: a server that dies
+        # next must not restore a checkpoint that is running again.
+        self._save(session, force=session.recorded_paused != (session.paused is not None))
 
     def _save(self, session: Session, *, force: bool = False) -> None:
         """Write the session's record, at most every ``RECORD_EVERY_S`` unless ``force``."""
@@ -360,6 +362,7 @@ class SessionManager:
             log.warning("cannot write the session record", session=session.id, error=str(exc))
             return
         session.saved_at = now
+        session.recorded_paused = session.paused is not None
 
     def _lookup(
         self, owner: str, session_id: str | None, *, create: bool, pool: bool = False
@@ -522,6 +525,7 @@ class SessionManager:
         workspace kept. The next server on this state dir keeps it and resumes it on
         its first call (see :mod:`.recovery`)."""
         await self._pause(session, wait=False)
+        await self._unmount(session)  # one paused earlier may have been mounted since
         if session.uid_lease is not None:
             session.uid_lease.release()  # reserved by its record for the next server
         log.info("session paused for the next server", owner=session.owner, session=session.id)

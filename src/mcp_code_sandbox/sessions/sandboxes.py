@@ -173,8 +173,13 @@ class Sandboxes:
             else:
                 why = "this call asked for network, and a sandbox with its memory has none"
             await self.discard(paused)
+            paused = dataclasses.replace(paused, checkpoint=None, why=why)
         session.paused = None
-        agent, _ = await self._ensure_sandbox(session, network=network)
+        try:
+            agent, _ = await self._ensure_sandbox(session, network=network)
+        except BaseException:
+            session.paused = paused  # still paused: the next call tries again
+            raise
         if not paused.load:
             self.metrics.resumed("files", time.monotonic() - began)
             return None, _files_only(session, why)

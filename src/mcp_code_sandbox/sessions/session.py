@@ -147,6 +147,8 @@ class Session:
     #: code); ``pausing`` while a pause is under way (its record says so too).
     paused: Paused | None = None
     pausing: bool = False
+    #: Whether the record on disk says paused (a resume rewrites it at once).
+    recorded_paused: bool = False
 
     @property
     def uid(self) -> int | None:
