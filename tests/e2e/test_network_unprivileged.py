@@ -1,8 +1,10 @@
-"""Network by policy with the server NOT root: the bwrap backend's server started by the
-official MCP client (stdio) under an unprivileged uid of its own (``setpriv``), with a
-state dir of that uid. Its networked sandbox (the server's uid, in an empty network
-namespace of an unprivileged user namespace) reaches an allowed host through the
-egress proxy, gets the policy's 403 for another, and has no route for raw TCP.
+"""Network by policy with the server NOT root: the server started by the official MCP
+client (stdio) under an unprivileged uid of its own (``setpriv``), with a state dir of
+that uid, on every backend. Its networked sandbox reaches an allowed host through the
+egress proxy, gets the policy's 403 for another, and has no route for raw TCP. On bwrap
+the sandbox is the server's uid in an empty network namespace of an unprivileged user
+namespace; on Docker the server is in the engine socket's group only (no capability:
+every container runs as its uid) and the container has no network at all.
 
 Root is needed only by the test, to build the test network (:mod:`tests.labnet`) and to
 drop to the uid; the server itself has no capability and no iptables.
@@ -17,16 +19,18 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from mcp import Client, StdioServerParameters
 
+from mcp_code_sandbox.settings import Settings
+
 from .. import labnet, netlab
-from ..conftest import shared_runtime_dir
+from ..conftest import each_runtime, shared_runtime_dir
 from ..procs import descendants
-from .conftest import server_env
+from .conftest import settings_env
 from .test_workflow import structured
 
 pytestmark = [
@@ -75,6 +79,14 @@ def _unused_uid() -> int:
     raise AssertionError("no free uid in 61000-63999")
 
 
+def _engine_group() -> int | None:
+    """The group of the Docker engine's socket, if there is one."""
+    try:
+        return os.stat("/var/run/docker.sock").st_gid
+    except OSError:
+        return None
+
+
 @pytest.fixture
 def unprivileged() -> Iterator[tuple[int, Path]]:
     """(uid, a state dir owned by it); the test is skipped, saying why, when that uid
@@ -100,17 +112,23 @@ def unprivileged() -> Iterator[tuple[int, Path]]:
         shutil.rmtree(state, ignore_errors=True)
 
 
+@each_runtime
 async def test_a_server_that_is_not_root_enforces_the_network_policy(
-    unprivileged: tuple[int, Path],
+    unprivileged: tuple[int, Path], make_settings: Callable[..., Settings], backend: str
 ) -> None:
     uid, state = unprivileged
+    groups = ["--clear-groups"]
+    if backend != "bwrap":
+        gid = _engine_group()
+        assert gid is not None and gid != 0, "the engine's socket has no group to join"
+        groups = [f"--groups={gid}"]  # the engine's socket, and nothing else
     with labnet.namespace("mcs-nr") as ns:
         token = f"tok-{secrets.token_hex(6)}"
         argv = [sys.executable, "-c", netlab.SERVER, ns.ns_ip, "8080", token, "-"]
         labnet.serve_inside(ns, argv, ns.ns_ip, 8080)
-        env = server_env(
-            state,
-            shared_runtime_dir(),
+        settings = make_settings(state_dir=str(state), runtime_dir=str(shared_runtime_dir()))
+        env = settings_env(
+            settings,
             HOME=str(state),
             SANDBOX_ALLOW_NETWORK="true",
             # Both names land on the upstream: only the allowlist tells them apart.
@@ -120,7 +138,7 @@ async def test_a_server_that_is_not_root_enforces_the_network_policy(
         params = StdioServerParameters(
             command="setpriv",
             args=[
-                f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--",
+                f"--reuid={uid}", f"--regid={uid}", *groups, "--",
                 sys.executable, "-m", "mcp_code_sandbox", "serve",
             ],
             env=env,
@@ -133,6 +151,7 @@ async def test_a_server_that_is_not_root_enforces_the_network_policy(
             ran = structured(await client.call_tool("run_code", {"code": code, "network": True}))
             # While its sandbox lives: the server, bwrap and everything in the sandbox.
             tree = _server_tree(state)
+            users = _container_users(state) if backend != "bwrap" else []
     assert ran["status"] == "ok", ran
     found = json.loads(ran["stdout"].strip().splitlines()[-1])
     assert found["allowed"] == f"200 {token} -", found
@@ -145,9 +164,28 @@ async def test_a_server_that_is_not_root_enforces_the_network_policy(
     assert ran["blocked_hosts"] == ["other.test"], ran
     # It was the unprivileged server's doing: it, bwrap and the sandbox's processes held
     # that uid and no other (real, effective, saved, file system), and no capability.
-    assert len(tree) >= 3, tree  # the server, bwrap, the agent at least
+    if backend == "bwrap":
+        assert len(tree) >= 3, tree  # the server, bwrap, the agent at least
+    else:
+        assert users == [f"{uid}:{uid}"], users  # the container ran as the server's uid
     assert {ids for ids, _ in tree.values()} == {(uid,) * 4}, tree
     assert {caps for _, caps in tree.values()} == {0}, tree
+
+
+def _container_users(state: Path) -> list[str]:
+    """The user of each container whose workspace is under ``state``."""
+    import docker
+
+    client = docker.from_env()
+    try:
+        found = client.containers.list(sparse=False)
+        return [
+            str(c.attrs["Config"]["User"])
+            for c in found
+            if any(str(m.get("Source", "")).startswith(str(state)) for m in c.attrs["Mounts"])
+        ]
+    finally:
+        client.close()
 
 
 def _server_tree(state: Path) -> dict[int, tuple[tuple[int, ...], int]]:
