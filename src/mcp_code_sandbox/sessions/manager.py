@@ -718,7 +718,8 @@ class SessionManager:
                 if session.paused is None and (session.sandbox is not None or session.runners):
                     to_pause.append(session)
                 elif session.paused is not None and session.workspace_made:
-                    await self._unmount(session)  # mounted again by a file call since
+                    async with session.lock:  # free (checked above): taken at once
+                        await self._unmount(session)  # mounted again by a file call since
         # A few at a time: each waits on its sandbox (a save, a checkpoint), not the CPU.
         for start in range(0, len(to_pause), _PAUSES_AT_ONCE):
             batch = to_pause[start : start + _PAUSES_AT_ONCE]
