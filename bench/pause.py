@@ -70,7 +70,7 @@ def settings_for(backend: str, state_dir: Path, **extra: Any) -> Any:
         "state_dir": str(state_dir),
         "runtime_dir": str(RUNTIME_DIR),
         "log_level": "WARNING",
-        "log_file": str(state_dir.parent / f"{state_dir.name}.log"),
+        "log_file": str(state_dir / "server.log"),
         "backend": server_backend,
         "pool_size": 0,
         "pause_after_m": 0,
