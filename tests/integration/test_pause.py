@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from mcp_code_sandbox.backends import create_backend
-from mcp_code_sandbox.errors import SessionNotFound
+from mcp_code_sandbox.errors import SandboxFailed, SessionNotFound
 from mcp_code_sandbox.run.request import RunRequest
 from mcp_code_sandbox.service import SandboxService
 from mcp_code_sandbox.sessions.agent_client import AgentClient
@@ -296,3 +296,27 @@ mine = 1
         # Bob's state is his, untouched.
         again = await svc.run_code("bob", RunRequest("secret"), "bobs")
         assert (again.result, again.resumed) == ("'bob only'", "variables")
+
+
+@pytest.mark.parametrize(
+    "backend", [pytest.param("runsc", marks=pytest.mark.docker)], indirect=True
+)
+async def test_a_failed_checkpoint_falls_back_to_the_variables(
+    make_service: MakeService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mcp_code_sandbox.backends.docker import backend as docker_backend
+
+    def refuse(api: object, container_id: str) -> None:
+        raise SandboxFailed("the engine refused the checkpoint (as the test asked)")
+
+    monkeypatch.setattr(docker_backend, "_create_checkpoint", refuse)
+    async with make_service() as svc:
+        await svc.run_code("alice", RunRequest("kept = 'yes'"), "s")
+        paused = await svc.sessions.pause("alice", "s")
+        # The parked agent was taken back and saved its variables instead.
+        assert paused is not None and paused.kind == "variables", paused
+        labels = {"kind": "variables", "reason": "checkpoint_failed"}
+        value = svc.metrics.registry.get_sample_value("mcp_sandbox_pause_fallbacks_total", labels)
+        assert value == 1
+        back = await svc.run_code("alice", RunRequest("kept"), "s")
+        assert (back.result, back.resumed) == ("'yes'", "variables"), back

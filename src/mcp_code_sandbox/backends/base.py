@@ -330,6 +330,14 @@ class Backend(abc.ABC):
         stops it)."""
         raise SandboxFailed(await self.checkpoints() or "no checkpoint here")
 
+    async def unpark(self, sandbox: Sandbox) -> Sandbox:
+        """Take back a sandbox whose agent let go of its channel (``park``) when its
+        checkpoint then failed: the same sandbox on a new channel, once its agent said
+        ``ready`` (with ``reattached``). Called by the session manager, which then saves
+        the variables instead. Raises ``SandboxFailed`` when it cannot (the caller then
+        stops the sandbox and keeps the files)."""
+        raise SandboxFailed(await self.checkpoints() or "no checkpoint here")
+
     async def restore(self, checkpoint: Checkpoint, spec: SandboxSpec) -> Sandbox:
         """Start the sandbox ``checkpoint`` saved, as it was, once its agent said
         ``ready`` (with ``reattached``). Called by the session manager on the first call

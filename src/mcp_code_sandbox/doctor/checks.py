@@ -120,7 +120,7 @@ def pause_check(no_memory: str | None) -> Check:
             True,
             "an idle session is paused with its whole memory (a gVisor checkpoint: "
             "variables, imports, open figures and history come back); one with network, "
-            f"or whose checkpoint fails, with its {_VARIABLES}",
+            f"one restored once already, or one whose checkpoint fails, with its {_VARIABLES}",
         )
     return Check("pause", True, f"an idle session is paused with its {_VARIABLES} ({no_memory})")
 

@@ -99,18 +99,18 @@ class Sandboxes:
                 await agent.park()
                 checkpoint = await self.backend.checkpoint(sandbox)
             except SandboxFailed as exc:
-                log.warning(
-                    "a checkpoint failed; files kept", session=session.id, error=exc.message
-                )
-                why, fallback = (
-                    f"its memory could not be saved ({exc.message})",
-                    "checkpoint_failed",
-                )
+                log.warning("a checkpoint failed", session=session.id, error=exc.message)
+                fallback = "checkpoint_failed"
+                agent = await self._unparked(session, sandbox)
+                alive = agent is not None
+                if agent is None:
+                    why = f"its memory could not be saved ({exc.message})"
+                sandbox = session.sandbox
             else:
                 session.sandbox, session.agent = None, None  # stopped: held by the checkpoint
                 kept = Paused("memory", time.time(), checkpoint.bytes or 0, checkpoint)
         if kept is None and why is None and alive and agent is not None:
-            if self.no_memory_pause is None and sandbox is not None:
+            if self.no_memory_pause is None and sandbox is not None and fallback is None:
                 # Not checkpointed: one with an egress proxy, or one restored already.
                 fallback = "network" if sandbox.spec.egress is not None else "restored"
             try:
@@ -132,6 +132,17 @@ class Sandboxes:
             kept = Paused("files", time.time(), why=why)
         self.metrics.paused(kept.kind, time.monotonic() - began, fallback)
         return kept
+
+    async def _unparked(self, session: Session, sandbox: Sandbox) -> AgentClient | None:
+        """The agent of a sandbox whose checkpoint failed after it parked, on a new
+        channel (installed in the session); ``None`` when it cannot be had back."""
+        try:
+            back = await self.backend.unpark(sandbox)
+        except SandboxFailed as exc:
+            log.warning("a parked sandbox did not come back", session=session.id, error=exc.message)
+            return None
+        session.sandbox, session.agent = back, AgentClient(back.channel)
+        return session.agent
 
     async def discard(self, paused: Paused) -> None:
         """Free what a pause holds outside the workspace (a checkpoint). Never raises."""

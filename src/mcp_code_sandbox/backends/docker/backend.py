@@ -341,6 +341,29 @@ class DockerBackend(Backend, RunnerImages):
         size = await asyncio.to_thread(_tree_bytes, image) if root.is_absolute() else None
         return Checkpoint(backend_id=container_id, bytes=size)
 
+    async def unpark(self, sandbox: Sandbox) -> Sandbox:
+        assert isinstance(sandbox, DockerSandbox)
+        listener = await asyncio.to_thread(
+            bind_listener, sandbox.run_dir, sandbox_ids(sandbox.spec), replace=True
+        )
+        try:
+            channel, reader, peer = await accept_agent(
+                listener, sandbox.container, self.engine.call, REATTACH_WAIT_S
+            )
+        finally:
+            listener.close()
+        back = DockerSandbox(sandbox.spec, channel, sandbox.container, sandbox.run_dir)
+        back.reader, back.peer, back.restored = reader, peer, sandbox.restored
+        try:
+            ready = await wait_ready(back, self.engine.call, REATTACH_WAIT_S)
+            if not ready.get("reattached"):
+                raise SandboxFailed("the parked sandbox's agent started afresh")
+        except BaseException:
+            back.close()
+            raise
+        back.ready = ready
+        return back
+
     async def restore(self, checkpoint: Checkpoint, spec: SandboxSpec) -> Sandbox:
         client = await self.client()
         try:
