@@ -60,7 +60,8 @@ class Sandboxes:
         self.metrics = metrics
         self.egress = EgressProxies(settings, metrics)
         #: Why a pause cannot keep a sandbox's whole memory here (``None``: it can);
-        #: asked of the backend by :meth:`start`.
+        #: asked of the backend by :meth:`start`, and again before a pause until the
+        #: backend knows (an engine that did not answer at start).
         self.no_memory_pause: str | None = "not asked yet"
 
     async def start(self) -> None:
@@ -76,6 +77,8 @@ class Sandboxes:
         way). Called by the manager with the session's lock held; never raises for the
         sandbox's failure (what was kept says so)."""
         began = time.monotonic()
+        if self.no_memory_pause is not None:  # the backend keeps a final answer: cheap
+            self.no_memory_pause = await self.backend.checkpoints()
         for language in list(session.runners):
             await self.drop_runner(session, language)
         sandbox, agent = session.sandbox, session.agent
