@@ -7,8 +7,6 @@ Skipped with the reason when no engine answers; failing when ``SANDBOX_REQUIRE_D
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,28 +16,14 @@ from mcp_code_sandbox.backends.docker.backend import DockerBackend, DockerSandbo
 from mcp_code_sandbox.errors import SandboxFailed
 from mcp_code_sandbox.sessions.agent_client import AgentClient
 from mcp_code_sandbox.sessions.executor import Cell
-from mcp_code_sandbox.settings import Settings, docker_environ
 
-from ..conftest import require_docker, sandbox_owner
-from .test_docker_backend import docker_settings
+from ..conftest import sandbox_owner
+from .test_docker_backend import backend as backend
+from .test_docker_backend import settings as settings
 
 pytestmark = pytest.mark.docker
 
 LIMITS = Limits(memory_bytes=768 << 20, cpu=1.0, pids=64, tmp_bytes=8 << 20, file_bytes=64 << 20)
-
-
-@pytest.fixture
-def settings(state_dir: Path) -> Settings:
-    settings = docker_settings(state_dir)
-    require_docker(settings.docker_runtime, settings.image)
-    return settings
-
-
-@pytest.fixture
-async def backend(settings: Settings) -> AsyncIterator[DockerBackend]:
-    backend = DockerBackend(settings, docker_environ())
-    yield backend
-    await backend.aclose()
 
 
 def spec_for(backend: DockerBackend, key: str, uid: int | None) -> SandboxSpec:

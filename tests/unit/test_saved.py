@@ -35,7 +35,7 @@ LOAD = {
 }
 
 
-def test_a_save_report_is_parsed_and_round_trips_through_the_record() -> None:
+def test_a_save_report_is_parsed() -> None:
     report = parse_save(json.dumps(SAVE))
     assert report == SaveReport(
         kept=(Variable("df", "pandas.DataFrame", bytes=1234),),
@@ -43,11 +43,9 @@ def test_a_save_report_is_parsed_and_round_trips_through_the_record() -> None:
         dropped=(Variable("g", "generator", why="not picklable: TypeError"),),
         bytes=1300,
     )
-    stored = json.loads(json.dumps(report.to_json()))
-    assert SaveReport.from_json(stored) == report
 
 
-def test_a_load_report_is_parsed_and_round_trips() -> None:
+def test_a_load_report_is_parsed() -> None:
     report = parse_load(json.dumps(LOAD))
     assert report == LoadReport(
         found=True,
@@ -55,7 +53,6 @@ def test_a_load_report_is_parsed_and_round_trips() -> None:
         modules=("np",),
         failed=(Variable("x", "__main__.A", why="refers to A"),),
     )
-    assert LoadReport.from_json(json.loads(json.dumps(report.to_json()))) == report
     empty = parse_load('{"found": false, "restored": [], "modules": [], "failed": []}')
     assert not empty.found and empty.restored == ()
 
@@ -129,10 +126,3 @@ def test_accepted_text_is_bounded_and_clean() -> None:
     assert len(report.dropped[0].why or "") <= MAX_WHY_CHARS
     loaded = parse_load(_with(LOAD, restored=[f"v{i}" for i in range(5000)]))
     assert len(loaded.restored) == MAX_ENTRIES
-
-
-def test_a_stored_record_that_was_tampered_with_is_refused() -> None:
-    with pytest.raises(SandboxFailed):
-        SaveReport.from_json({"kept": [{"name": "a"}], "modules": [], "dropped": [], "bytes": 0})
-    with pytest.raises(SandboxFailed):
-        LoadReport.from_json({"found": "no"})

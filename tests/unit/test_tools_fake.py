@@ -21,6 +21,7 @@ from mcp_types import (
 )
 
 from mcp_code_sandbox.run.languages import RUNTIMES
+from mcp_code_sandbox.run.request import RunRequest
 from mcp_code_sandbox.server.app import build_server
 from mcp_code_sandbox.service import SandboxService
 from tests.e2e.test_tools import TOOLS
@@ -205,3 +206,14 @@ async def test_failures_are_error_results_with_their_code(state_dir: Path) -> No
         # User code failing is a result, not a tool error.
         user = data(await client.call_tool("run_code", {"code": "1/0", "session_id": "s"}))
         assert user["status"] == "error" and user["error"]["name"] == "ZeroDivisionError"
+
+
+async def test_list_sessions_names_a_bounded_number_of_saved_variables(state_dir: Path) -> None:
+    async with connected(state_dir) as (client, svc):
+        await svc.run_code("local", RunRequest("\n".join(f"v{i} = {i}" for i in range(150))), "s")
+        await svc.sessions.pause("local", "s")
+        [listed] = data(await client.call_tool("list_sessions", {}))["sessions"]
+        assert (listed["session_id"], listed["state"]) == ("s", "paused")
+        assert len(listed["saved_variables"]) == 100
+        assert listed["saved_variables_more"] == 50
+        assert {"name": "v0", "type": "int"} in listed["saved_variables"]

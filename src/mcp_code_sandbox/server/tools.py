@@ -269,7 +269,12 @@ class ToolSet:
     @tool_errors
     async def list_sessions(self) -> Annotated[CallToolResult, models.SessionsResult]:
         listed = await self.service.list_sessions(current_owner())
-        return structured_result(models.SessionsResult(sessions=[_session_out(s) for s in listed]))
+        # Names and types are at most 200 characters each: the variables listed shrink
+        # with the number of sessions, so the whole result stays within its budget.
+        share = self.settings.max_result_bytes // 2 // max(1, len(listed))
+        per_session = min(LISTED_VARIABLES, share // _VARIABLE_BYTES)
+        sessions = [_session_out(s, per_session) for s in listed]
+        return structured_result(models.SessionsResult(sessions=sessions))
 
     @tool_errors
     async def list_runtimes(self) -> Annotated[CallToolResult, models.RuntimesResult]:
@@ -308,9 +313,12 @@ class ToolSet:
 
 #: Saved variables ``list_sessions`` names per session (the rest are counted).
 LISTED_VARIABLES = 100
+#: The most one listed variable takes in a result (a name and a type of 200 characters,
+#: escaped, and the JSON around them).
+_VARIABLE_BYTES = 1024
 
 
-def _session_out(summary: SessionSummary) -> models.SessionOut:
+def _session_out(summary: SessionSummary, listed: int) -> models.SessionOut:
     saved = summary.saved_variables
     return models.SessionOut(
         session_id=summary.session_id,
@@ -321,8 +329,8 @@ def _session_out(summary: SessionSummary) -> models.SessionOut:
         file_count=summary.file_count,
         saved_variables=None
         if saved is None
-        else [models.VariableOut(name=n, type=t) for n, t in saved[:LISTED_VARIABLES]],
-        saved_variables_more=max(0, len(saved or ()) - LISTED_VARIABLES),
+        else [models.VariableOut(name=n, type=t) for n, t in saved[:listed]],
+        saved_variables_more=max(0, len(saved or ()) - listed),
     )
 
 

@@ -80,7 +80,7 @@ from mcp_code_sandbox.sessions import quota, records, runlog
 from mcp_code_sandbox.sessions.agent_client import AgentClient
 from mcp_code_sandbox.sessions.egress import Wish
 from mcp_code_sandbox.sessions.ids import mint_session_id, session_key, validate_session_id
-from mcp_code_sandbox.sessions.overview import WALK_LIMIT
+from mcp_code_sandbox.sessions.overview import files_held
 from mcp_code_sandbox.sessions.pool import Pooled, WarmPool
 from mcp_code_sandbox.sessions.quota import QuotaMode
 from mcp_code_sandbox.sessions.recovery import Adopted, Kept, recover
@@ -556,7 +556,7 @@ class SessionManager:
             session.pausing = True
             self._save(session, force=True)
             paused = await self.sandboxes.pause(session)
-            count, size = await self._files(session)
+            count, size = await files_held(self.threads, session) or (0, 0)
             paused = dataclasses.replace(
                 paused, bytes=paused.bytes + size, file_count=count, files_bytes=size
             )
@@ -567,19 +567,6 @@ class SessionManager:
         finally:
             if wait:
                 session.lock.release()
-
-    async def _files(self, session: Session) -> tuple[int, int]:
-        """The workspace's files and the bytes it holds (hidden dirs too); zeros when
-        it cannot be read."""
-        if not session.workspace_made:
-            return 0, 0
-        try:
-            snapshot = await self.threads.run(
-                session.owner, session.workspace.snapshot, WALK_LIMIT, count_hidden=True
-            )
-        except (SandboxError, OSError):
-            return 0, 0
-        return len(snapshot.files), snapshot.used_bytes
 
     async def _unmount(self, session: Session) -> None:
         """Let go of a paused session's filesystem (mounted again by its next call)."""

@@ -27,6 +27,7 @@ __all__ = [
     "WALK_LIMIT",
     "SessionSummary",
     "SessionView",
+    "files_held",
     "overview",
     "summaries",
 ]
@@ -155,13 +156,25 @@ async def _summary(threads: WorkerThreads, session: Session) -> SessionSummary:
 
 
 async def _files(threads: WorkerThreads, session: Session) -> tuple[int | None, int | None]:
+    try:
+        async with asyncio.timeout(FIGURE_TIMEOUT_S):
+            held = await files_held(threads, session)
+    except TimeoutError:
+        return None, None
+    return held if held is not None else (None, None)
+
+
+async def files_held(threads: WorkerThreads, session: Session) -> tuple[int, int] | None:
+    """The workspace's files and the bytes it holds (``.session/`` and ``.packages/``
+    too), by a walk in the owner's worker threads bounded by :data:`WALK_LIMIT`; zeros
+    when it is not made (or put away), ``None`` when it cannot be read. For
+    ``list_sessions`` and for the manager, which records them at a pause."""
     if not session.workspace_made or session.closed:
         return 0, 0
     try:
-        async with asyncio.timeout(FIGURE_TIMEOUT_S):
-            snapshot = await threads.run(
-                session.owner, session.workspace.snapshot, WALK_LIMIT, count_hidden=True
-            )
-    except (TimeoutError, SandboxError, OSError):
-        return None, None
+        snapshot = await threads.run(
+            session.owner, session.workspace.snapshot, WALK_LIMIT, count_hidden=True
+        )
+    except (SandboxError, OSError):
+        return None
     return len(snapshot.files), snapshot.used_bytes

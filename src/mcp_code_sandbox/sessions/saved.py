@@ -9,9 +9,9 @@ control characters (:func:`~mcp_code_sandbox.sanitize.clean_text`), and raise
 :class:`~mcp_code_sandbox.errors.SandboxFailed` for anything else, never another error.
 The host never unpickles anything: it reads this report only.
 
-The session manager keeps a :class:`SaveReport` in the session's host-side record
-(``to_json`` / ``from_json``, which trusts only what ``to_json`` wrote but still checks
-it) to say which variables a paused session holds.
+The session manager keeps the names and types of a :class:`SaveReport` in the session's
+host-side record (``sessions.session.Paused``) to say which variables a paused session
+holds.
 
 Semantics: ``Variable.bytes`` is set for a kept value (its pickle's size), ``None``
 otherwise; ``Variable.why`` is set for a value not kept or not restored. In
@@ -57,26 +57,6 @@ class Variable:
     bytes: int | None = None
     why: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"name": self.name, "type": self.type}
-        if self.bytes is not None:
-            out["bytes"] = self.bytes
-        if self.why is not None:
-            out["why"] = self.why
-        return out
-
-    @classmethod
-    def from_json(cls, raw: Any) -> Variable:
-        item = _object(raw, "a variable")
-        size = item.get("bytes")
-        why = item.get("why")
-        return cls(
-            name=_text(item.get("name"), MAX_NAME_CHARS, "a variable's name"),
-            type=_text(item.get("type"), MAX_NAME_CHARS, "a variable's type"),
-            bytes=None if size is None else _count(size, "a variable's bytes"),
-            why=None if why is None else _text(why, MAX_WHY_CHARS, "a variable's why"),
-        )
-
 
 @dataclass(frozen=True)
 class SaveReport:
@@ -87,24 +67,6 @@ class SaveReport:
     #: The saved state's size on disk.
     bytes: int
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "kept": [v.to_json() for v in self.kept],
-            "modules": [v.to_json() for v in self.modules],
-            "dropped": [v.to_json() for v in self.dropped],
-            "bytes": self.bytes,
-        }
-
-    @classmethod
-    def from_json(cls, raw: Any) -> SaveReport:
-        item = _object(raw, "a save report")
-        return cls(
-            kept=tuple(Variable.from_json(v) for v in _list(item, "kept")),
-            modules=tuple(Variable.from_json(v) for v in _list(item, "modules")),
-            dropped=tuple(Variable.from_json(v) for v in _list(item, "dropped")),
-            bytes=_count(item.get("bytes"), "the saved bytes"),
-        )
-
 
 @dataclass(frozen=True)
 class LoadReport:
@@ -112,27 +74,6 @@ class LoadReport:
     restored: tuple[str, ...]
     modules: tuple[str, ...]
     failed: tuple[Variable, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "found": self.found,
-            "restored": list(self.restored),
-            "modules": list(self.modules),
-            "failed": [v.to_json() for v in self.failed],
-        }
-
-    @classmethod
-    def from_json(cls, raw: Any) -> LoadReport:
-        item = _object(raw, "a load report")
-        found = item.get("found")
-        if not isinstance(found, bool):
-            raise SandboxFailed("the sandbox's load report has no true/false 'found'")
-        return cls(
-            found=found,
-            restored=tuple(_text(n, MAX_NAME_CHARS, "a name") for n in _list(item, "restored")),
-            modules=tuple(_text(n, MAX_NAME_CHARS, "a name") for n in _list(item, "modules")),
-            failed=tuple(Variable.from_json(v) for v in _list(item, "failed")),
-        )
 
 
 def parse_save(text: str | None) -> SaveReport:

@@ -62,7 +62,7 @@ import secrets
 import shutil
 import socket
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -163,6 +163,8 @@ class DockerBackend(Backend, RunnerImages):
         self._runtime_info: dict[str, dict[str, Any]] | None = None
         #: Why this engine cannot checkpoint (``None``: it can), once asked.
         self._checkpoint_support: tuple[str | None] | None = None
+        #: The engine's data dir (its checkpoint images are under it), read with the above.
+        self._engine_root = Path()
         #: Why labelled images were left out, as last logged (logged again on a change).
         self._skipped: list[str] = []
 
@@ -306,6 +308,7 @@ class DockerBackend(Backend, RunnerImages):
             except SandboxError as exc:  # not a fact of the engine: asked again next time
                 return f"the Docker engine did not answer ({exc.message})"
         why = no_checkpoints(self.settings, info)
+        self._engine_root = Path(str(info.get("DockerRootDir") or ""))
         self._checkpoint_support = (why,)
         return why
 
@@ -336,32 +339,17 @@ class DockerBackend(Backend, RunnerImages):
                 if attempt == _CHECKPOINT_TRIES - 1:
                     raise
                 await asyncio.sleep(0.05)
-        root = Path(str((await self.engine.call(client.info)).get("DockerRootDir") or ""))
+        root = self._engine_root  # read by checkpoints(), which said yes above
         image = root / "containers" / container_id / "checkpoints" / CHECKPOINT_NAME
         size = await asyncio.to_thread(_tree_bytes, image) if root.is_absolute() else None
         return Checkpoint(backend_id=container_id, bytes=size)
 
     async def unpark(self, sandbox: Sandbox) -> Sandbox:
         assert isinstance(sandbox, DockerSandbox)
-        listener = await asyncio.to_thread(
-            bind_listener, sandbox.run_dir, sandbox_ids(sandbox.spec), replace=True
+        back = await self._take_back(
+            sandbox.container, sandbox.run_dir, sandbox.spec, REATTACH_WAIT_S
         )
-        try:
-            channel, reader, peer = await accept_agent(
-                listener, sandbox.container, self.engine.call, REATTACH_WAIT_S
-            )
-        finally:
-            listener.close()
-        back = DockerSandbox(sandbox.spec, channel, sandbox.container, sandbox.run_dir)
-        back.reader, back.peer, back.restored = reader, peer, sandbox.restored
-        try:
-            ready = await wait_ready(back, self.engine.call, REATTACH_WAIT_S)
-            if not ready.get("reattached"):
-                raise SandboxFailed("the parked sandbox's agent started afresh")
-        except BaseException:
-            back.close()
-            raise
-        back.ready = ready
+        back.restored = sandbox.restored
         return back
 
     async def restore(self, checkpoint: Checkpoint, spec: SandboxSpec) -> Sandbox:
@@ -375,27 +363,55 @@ class DockerBackend(Backend, RunnerImages):
         )
         if run_dir is None or not run_dir.is_dir():
             raise SandboxFailed("the paused sandbox's run dir is gone")
+
+        async def start() -> None:
+            await self.engine.call(_start_from_checkpoint, client.api, checkpoint.backend_id)
+
+        try:
+            sandbox = await self._take_back(container, run_dir, spec, READY_TIMEOUT_S, start)
+        except BaseException:
+            await self._discard(container, run_dir)
+            raise
+        sandbox.restored = True
+        # The image has served: it is not kept beside a running container.
+        await self.engine.call_unless_gone(_delete_checkpoint, client.api, checkpoint.backend_id)
+        return sandbox
+
+    async def _take_back(
+        self,
+        container: Any,
+        run_dir: Path,
+        spec: SandboxSpec,
+        wait_s: float,
+        start: Callable[[], Awaitable[None]] | None = None,
+    ) -> DockerSandbox:
+        """Listen again on ``run_dir``'s socket (replacing the old one), ``start`` the
+        container if asked, and take its agent's reconnection: the sandbox, once its agent
+        said ``ready`` with ``reattached`` (its interpreter kept), within ``wait_s``.
+        For a re-attach after a restart, a restore and a parked agent taken back. Raises
+        ``SandboxError`` (its channel closed) otherwise."""
+        deadline = time.monotonic() + wait_s
         listener = await asyncio.to_thread(bind_listener, run_dir, sandbox_ids(spec), replace=True)
         try:
-            await self.engine.call(_start_from_checkpoint, client.api, checkpoint.backend_id)
+            if start is not None:
+                await start()
             channel, reader, peer = await accept_agent(
-                listener, container, self.engine.call, READY_TIMEOUT_S
+                listener, container, self.engine.call, wait_s
             )
         finally:
             listener.close()
         sandbox = DockerSandbox(spec, channel, container, run_dir)
         sandbox.reader, sandbox.peer = reader, peer
-        sandbox.restored = True
         try:
-            ready = await wait_ready(sandbox, self.engine.call, READY_TIMEOUT_S)
-            if not ready.get("reattached"):  # a fresh agent: the memory did not come back
-                raise SandboxFailed("the restored sandbox's agent started afresh")
+            ready = await wait_ready(
+                sandbox, self.engine.call, max(1.0, deadline - time.monotonic())
+            )
+            if not ready.get("reattached"):  # a fresh agent: the interpreter is gone
+                raise SandboxFailed("the sandbox's agent came back afresh")
         except BaseException:
-            await self.stop(sandbox)
+            sandbox.close()
             raise
         sandbox.ready = ready
-        # The image has served: it is not kept beside a running container.
-        await self.engine.call_unless_gone(_delete_checkpoint, client.api, checkpoint.backend_id)
         return sandbox
 
     async def discard(self, checkpoint: Checkpoint) -> None:
@@ -473,39 +489,13 @@ class DockerBackend(Backend, RunnerImages):
         if container.status != "running" or run_dir is None:
             return None
         try:
-            listener = await asyncio.to_thread(
-                bind_listener, run_dir, sandbox_ids(spec), replace=True
-            )
+            sandbox = await self._take_back(container, run_dir, spec, REATTACH_WAIT_S)
         except SandboxError as exc:
             log.warning("cannot re-attach to %s: %s", leftover.backend_id, exc.message)
-            return None
-        deadline = time.monotonic() + REATTACH_WAIT_S
-        try:
-            channel, reader, peer = await accept_agent(
-                listener, container, self.engine.call, REATTACH_WAIT_S
-            )
-        except SandboxError as exc:
-            log.warning("cannot re-attach to %s: %s", leftover.backend_id, exc.message)
-            return None
-        finally:
-            listener.close()
-        sandbox = DockerSandbox(spec, channel, container, run_dir)
-        sandbox.reader, sandbox.peer = reader, peer
-        try:
-            ready = await wait_ready(
-                sandbox, self.engine.call, max(1.0, deadline - time.monotonic())
-            )
-        except SandboxError as exc:
-            log.warning("cannot re-attach to %s: %s", leftover.backend_id, exc.message)
-            sandbox.close()
-            return None
-        if not ready.get("reattached"):  # a fresh agent would have lost the variables
-            sandbox.close()
             return None
         # One that had network keeps none: its egress proxy died with its server (the
         # socket it has bound refuses), so it is taken back as without network, and a
         # call with network=true starts a new sandbox with a new proxy.
-        sandbox.ready = ready
         return sandbox
 
     async def detach(self, sandbox: Sandbox) -> None:
