@@ -126,6 +126,15 @@ def test_limits() -> None:
     assert ulimits["nofile"][0] == ulimits["nofile"][1] > 0
 
 
+def test_cpu_limit_is_averaged_over_one_second_under_gvisor_only() -> None:
+    # runc: Docker's own 100 ms period. runsc: the same 1.5 cores over a 1 s period, so a
+    # checkpoint of an idle sandbox (its sentry compressing memory) is not throttled.
+    runsc = kwargs("runsc")
+    assert "nano_cpus" not in runsc
+    assert (runsc["cpu_period"], runsc["cpu_quota"]) == (1_000_000, 1_500_000)
+    assert "cpu_period" not in kwargs("runc")
+
+
 def test_mounts_workspace_rw_and_channel_dir_ro() -> None:
     mounts = {m["Target"]: m for m in kwargs()["mounts"]}
     assert set(mounts) == {"/mnt/data", "/run/mcs"}

@@ -179,7 +179,7 @@ def container_kwargs(
         "tmpfs": {"/tmp": f"size={limits.tmp_bytes},mode=1777"},  # noqa: S108 - in the sandbox
         "mem_limit": limits.memory_bytes,
         "memswap_limit": limits.memory_bytes,  # the same: no swap on top
-        "nano_cpus": int(limits.cpu * 1e9),
+        **cpu_quota(limits.cpu, settings.docker_runtime),
         "pids_limit": limits.pids,
         "ulimits": [
             Ulimit(name="nofile", soft=_NOFILE, hard=_NOFILE),
@@ -210,6 +210,28 @@ def container_kwargs(
         # User code can reopen the agent's stderr through /proc: cap what the engine keeps.
         "log_config": LogConfig(type="json-file", config={"max-size": "1m", "max-file": "1"}),
     }
+
+
+#: CFS period under gVisor: the longest the kernel allows (1 s), not Docker's 100 ms.
+GVISOR_CPU_PERIOD_US = 1_000_000
+
+
+def cpu_quota(cpus: float, runtime: str) -> dict[str, int]:
+    """The engine's CPU limit: ``cpus`` cores on average, as ``nano_cpus`` (Docker's
+    100 ms CFS period), except under gVisor, where the same average is taken over 1 s.
+
+    Why: pausing a gVisor sandbox (its checkpoint) is the sandbox's own sentry compressing
+    its memory, CPU-bound and parallel, so it runs under the sandbox's quota. A sandbox is
+    paused after it has been idle, with its quota unused: over a 1 s period the checkpoint
+    (and the restore) uses every core for its fraction of a second instead of being
+    throttled to one (measured: checkpoint of a 1 M-row pandas session 0.50 s -> 0.33 s).
+    The average stays ``cpus``; a single thread cannot exceed one core either way; only a
+    multi-threaded burst may run on more cores for up to ``cpus`` x 1 s before it waits.
+    """
+    if runtime == "runsc":
+        period = GVISOR_CPU_PERIOD_US
+        return {"cpu_period": period, "cpu_quota": max(1000, int(cpus * period))}
+    return {"nano_cpus": int(cpus * 1e9)}
 
 
 def security_opt(runtime: str) -> list[str]:
