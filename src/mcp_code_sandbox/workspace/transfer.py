@@ -1,0 +1,143 @@
+"""Copying a workspace's files into a fresh one: a paused session resumed into a warm
+sandbox moves its files into that sandbox's workspace (:mod:`.sessions.manager`).
+
+The source was written by a sandbox, so it is hostile like any workspace (see the
+package docstring), with one difference: its sandbox is stopped and its session locked,
+so nothing changes it while we copy. Still, every entry is opened relative to its
+directory's fd with ``O_NOFOLLOW`` and checked to be the inode that was listed.
+
+What is copied: directories, regular files (content, permission bits without set-id,
+modification time) and symlinks (as links: their targets are strings, never followed).
+FIFOs, sockets and devices are left out and counted (none of them holds data). Every
+entry is given to ``owner`` (the new sandbox's uid).
+
+The copy is all or nothing for the caller: past ``max_bytes`` or ``max_entries``, deeper
+than :data:`.fs.MAX_DEPTH`, or at a file with more than one hard link (its other name may
+be a file the sandbox could not read, and the copy would be given to it), it raises
+:class:`CopyRefused`; the target then holds a partial copy the caller discards.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from mcp_code_sandbox.workspace.fs import DIR_FLAGS, FILE_FLAGS, MAX_DEPTH, closing_fd
+
+__all__ = ["Copied", "CopyRefused", "copy_tree"]
+
+_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_CHUNK = 1 << 24
+
+
+class CopyRefused(Exception):
+    """The tree is not copied whole (too large, too deep, a hard link): use another way."""
+
+
+@dataclass
+class Copied:
+    """What :func:`copy_tree` copied, and what it left out."""
+
+    files: int = 0
+    bytes: int = 0
+    dirs: int = 0
+    links: int = 0
+    #: FIFOs, sockets and device nodes: not copied.
+    skipped: int = 0
+
+
+@dataclass
+class _Limits:
+    max_bytes: int
+    max_entries: int
+    owner: tuple[int, int] | None
+
+
+def copy_tree(
+    source: Path,
+    target: Path,
+    *,
+    owner: tuple[int, int] | None,
+    max_bytes: int,
+    max_entries: int,
+) -> Copied:
+    """Copy everything under the directory ``source`` into the existing, empty directory
+    ``target``, giving each entry to ``owner`` (``None``: left ours). Blocking: call it
+    in a worker thread. Raises :class:`CopyRefused` (see the module docstring), or
+    ``OSError`` (a full target, say)."""
+    copied = Copied()
+    limits = _Limits(max_bytes, max_entries, owner)
+    with (
+        closing_fd(os.open(source, DIR_FLAGS)) as src,
+        closing_fd(os.open(target, DIR_FLAGS)) as dst,
+    ):
+        _copy_dir(src, dst, limits, copied, depth=0)
+    return copied
+
+
+def _copy_dir(src: int, dst: int, limits: _Limits, copied: Copied, depth: int) -> None:
+    with os.scandir(src) as it:
+        names = [entry.name for entry in it]
+    for name in names:
+        if copied.files + copied.dirs + copied.links + copied.skipped >= limits.max_entries:
+            raise CopyRefused(f"more than {limits.max_entries} entries")
+        st = os.stat(name, dir_fd=src, follow_symlinks=False)
+        if stat.S_ISDIR(st.st_mode):
+            if depth + 1 >= MAX_DEPTH:
+                raise CopyRefused(f"directories nested deeper than {MAX_DEPTH}")
+            _copy_subdir(src, dst, name, st, limits, copied, depth)
+        elif stat.S_ISREG(st.st_mode):
+            _copy_file(src, dst, name, st, limits, copied)
+        elif stat.S_ISLNK(st.st_mode):
+            os.symlink(os.readlink(name, dir_fd=src), name, dir_fd=dst)
+            if limits.owner is not None:
+                os.chown(name, *limits.owner, dir_fd=dst, follow_symlinks=False)
+            os.utime(name, ns=(st.st_atime_ns, st.st_mtime_ns), dir_fd=dst, follow_symlinks=False)
+            copied.links += 1
+        else:
+            copied.skipped += 1
+
+
+def _copy_subdir(
+    src: int, dst: int, name: str, st: os.stat_result, limits: _Limits, copied: Copied, depth: int
+) -> None:
+    with closing_fd(os.open(name, DIR_FLAGS, dir_fd=src)) as child:
+        _same_inode(child, st, name)
+        os.mkdir(name, 0o700, dir_fd=dst)
+        with closing_fd(os.open(name, DIR_FLAGS, dir_fd=dst)) as made:
+            _copy_dir(child, made, limits, copied, depth + 1)
+            _finish(made, st, limits)
+    copied.dirs += 1
+
+
+def _copy_file(
+    src: int, dst: int, name: str, st: os.stat_result, limits: _Limits, copied: Copied
+) -> None:
+    if st.st_nlink > 1:
+        raise CopyRefused(f"a file with {st.st_nlink} hard links")
+    if copied.bytes + st.st_size > limits.max_bytes:
+        raise CopyRefused(f"more than {limits.max_bytes} bytes")
+    with closing_fd(os.open(name, FILE_FLAGS, dir_fd=src)) as inp:
+        _same_inode(inp, st, name)
+        with closing_fd(os.open(name, _NEW_FILE, 0o600, dir_fd=dst)) as out:
+            while os.sendfile(out, inp, None, _CHUNK) > 0:
+                pass
+            _finish(out, st, limits)
+    copied.files += 1
+    copied.bytes += st.st_size
+
+
+def _same_inode(fd: int, st: os.stat_result, name: str) -> None:
+    now = os.fstat(fd)
+    if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+        raise CopyRefused(f"{name!r} changed while it was copied")
+
+
+def _finish(fd: int, st: os.stat_result, limits: _Limits) -> None:
+    """Owner, then mode (a chown may clear set-id bits; we copy none anyway), then times."""
+    if limits.owner is not None:
+        os.fchown(fd, *limits.owner)
+    os.fchmod(fd, stat.S_IMODE(st.st_mode) & 0o1777)
+    os.utime(fd, ns=(st.st_atime_ns, st.st_mtime_ns))
