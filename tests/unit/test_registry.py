@@ -344,3 +344,33 @@ def test_kept_and_reattached_sessions_share_the_session_limit_most_recent_first(
     assert [r for r, _ in result.reattach] == [middle]
     assert [lo.backend_id for lo in result.remove_leftovers] == ["c1"]
     assert [r for r, _ in result.drop] == [old]
+
+
+# -- a paused session moved into a warm sandbox (issue 13) ------------------------------------
+
+
+def test_the_slot_a_session_moved_out_of_is_removed_without_a_tombstone() -> None:
+    # The server died after the moved record was written, before the old one was removed.
+    old = paused(1)
+    moved = paused(2, session_id=old.session_id, replaces=old.slot)
+    warm = leftover(moved, "c2", owner="", session_id="")  # the pooled sandbox it moved into
+    result = plan([old, moved], [warm])
+    assert result.superseded == [old]
+    assert result.keep_paused == [moved]
+    assert result.drop == [] and result.stray_slots == []
+    # Paused: its running warm sandbox is not re-attached (the saved variables load again).
+    assert result.remove_leftovers == [warm]
+
+
+def test_replaces_never_removes_another_sessions_slot() -> None:
+    other = paused(1, session_id="someone-else")
+    forged = paused(2, replaces=other.slot)
+    result = plan([other, forged], [])
+    assert result.superseded == []
+    assert sorted(r.session_id for r in result.keep_paused) == ["session-2", "someone-else"]
+
+
+def test_a_live_servers_moved_slot_is_left_alone() -> None:
+    old = paused(1, instance=LIVE)
+    moved = paused(2, session_id=old.session_id, replaces=old.slot)
+    assert plan([old, moved], []).superseded == []

@@ -25,7 +25,9 @@ from the warm pool), key and uid, it runs, and the session is within
 its idle TTL and max lifetime (by the recorded wall-clock times); at most ``max_sessions``,
 the most recently active first. Every other leftover of a dead server is removed, and so
 is every dead server's record (with its workspace) that is not re-attached. A pooled
-sandbox no session claimed (its record says ``pool``) is never re-attached.
+sandbox no session claimed (its record says ``pool``) is never re-attached. A record
+whose session moved to another slot (named by that slot's record as ``replaces``, same
+owner and id) is removed without a word: the session is the other record's.
 """
 
 from __future__ import annotations
@@ -95,6 +97,10 @@ class SessionRecord:
     #: A pause was under way: a server that died meanwhile left its last complete state
     #: (or files alone); a later server keeps the session as paused all the same.
     pausing: bool = False
+    #: The slot this session moved from (a paused session resumed into a warm sandbox:
+    #: its files were copied into this slot's workspace, then this record was written).
+    #: That slot's record, if still there, is stale: removed with its workspace.
+    replaces: str | None = None
 
 
 def record_path(directory: Path, slot: str) -> Path:
@@ -158,6 +164,7 @@ def _parse(path: Path) -> SessionRecord | None:
             pool=raw.get("pool", False) is True,
             paused=_paused(raw.get("paused")),
             pausing=raw.get("pausing", False) is True,
+            replaces=_slot(raw.get("replaces")),
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -173,6 +180,14 @@ def _paused(value: object) -> dict[str, Any] | None:
         return None
     if not isinstance(value, dict):
         raise ValueError("not a pause")
+    return value
+
+
+def _slot(value: object) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or SLOT_PATTERN.fullmatch(value) is None:
+        raise ValueError(f"not a slot: {value!r}")
     return value
 
 
@@ -204,6 +219,9 @@ class Plan:
     drop: list[tuple[SessionRecord, str]] = field(default_factory=list)
     #: Workspace directories that no record claims.
     stray_slots: list[str] = field(default_factory=list)
+    #: Records of slots their session moved out of (``SessionRecord.replaces``): removed
+    #: with their workspaces; the session lives on in the record that replaced them.
+    superseded: list[SessionRecord] = field(default_factory=list)
 
 
 def checkpoint_id(record: SessionRecord) -> str | None:
@@ -231,6 +249,10 @@ def plan_recovery(
     records = list(records)
     live = {r.slot for r in records if alive(r.instance)}
     dead = {r.slot: r for r in records if r.slot not in live}
+    for mover in list(dead.values()):
+        old = dead.get(mover.replaces) if mover.replaces is not None else None
+        if old is not None and (old.owner, old.session_id) == (mover.owner, mover.session_id):
+            plan.superseded.append(dead.pop(old.slot))
     candidates: dict[str, tuple[SessionRecord, Leftover]] = {}
     held: dict[str, Leftover] = {}  # checkpointed sandboxes of paused sessions
     for leftover in leftovers:

@@ -153,6 +153,9 @@ async def _carry_out(ctx: _Context, plan: records.Plan) -> Recovered:
         log.info("removing a session of a server that is gone", session=record.session_id)
         await _forget(ctx.settings, record.slot)
         recovered.lost.append((record.owner, record.session_id, why))
+    for record in plan.superseded:
+        log.info("removing the slot a session moved out of", session=record.session_id)
+        await _forget(ctx.settings, record.slot)
     for slot in plan.stray_slots:
         await _forget(ctx.settings, slot)
     # Run logs whose record is gone (a server killed between removing the two).
