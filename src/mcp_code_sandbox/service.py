@@ -286,7 +286,9 @@ class SandboxService:
             owner, session_id, create=True, wait_s=timeout, pool=pooled
         ) as held:
             started = time.monotonic()  # the sandbox's start counts, the queue does not
-            handout = await self.sessions.executor(held.session, network=network, runner=runner)
+            handout = await self.sessions.executor(
+                held.session, network=network, runner=runner, pool=pooled
+            )
             if runner is None:
                 await self._check_sandbox(held.session.sandbox, request.language, before)
             started_wall = time.time()

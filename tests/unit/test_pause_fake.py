@@ -4,14 +4,18 @@ tests/integration/test_pause.py and tests/e2e/test_pause.py."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from mcp_code_sandbox.errors import SandboxFailed
 from mcp_code_sandbox.run.request import RunRequest
+from mcp_code_sandbox.sessions import moving, records
 from mcp_code_sandbox.sessions.agent_client import AgentClient
+from mcp_code_sandbox.workspace import Workspace
 from tests.fakes import FakeBackend, fake_service
 
 
@@ -88,3 +92,70 @@ async def test_list_sessions_shows_the_callers_sessions_only(state_dir: Path) ->
         assert sample(svc, "mcp_sandbox_sessions", {"state": "paused"}) == 1
         assert sample(svc, "mcp_sandbox_sessions", {"state": "running"}) == 1
         assert svc.sessions.paused_bytes() > 0
+
+
+# -- a paused session moved into a warm sandbox: the bad paths ---------------------------------
+
+
+async def paused_with_a_warm_sandbox(svc: Any) -> tuple[str, str]:
+    """A session paused by its variables, and the pool ready again: (its id, its slot)."""
+    made = await svc.run_code("alice", RunRequest("x = 41\nopen('f.txt', 'w').write('a')"))
+    sid = made.session_id
+    paused = await svc.sessions.pause("alice", sid)
+    assert paused is not None and paused.kind == "variables"
+    pool = svc.sessions.pool
+    deadline = asyncio.get_running_loop().time() + 30
+    while not pool.ready_sandboxes():
+        assert asyncio.get_running_loop().time() < deadline, "the pool did not refill"
+        await asyncio.sleep(0.02)
+    [session] = [s for s in svc.sessions.listed("alice") if s.id == sid]
+    return sid, session.slot
+
+
+async def test_a_move_whose_record_cannot_be_written_changes_nothing(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with fake_service(state_dir, pool_size=1) as svc:
+        sid, slot = await paused_with_a_warm_sandbox(svc)
+        [warm] = svc.sessions.pool.ready_sandboxes()
+
+        def full(*args: object, **kwargs: object) -> None:
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(moving.records, "write_record", full)
+        back = await svc.run_code("alice", RunRequest("x + 1, open('f.txt').read()"), sid)
+        assert (back.result, back.resumed) == ("(42, 'a')", "variables"), back
+        [session] = [s for s in svc.sessions.listed("alice") if s.id == sid]
+        # Resumed in a new sandbox in its own slot; the warm one (and its copy) discarded.
+        assert session.slot == slot and session.sandbox is not warm.sandbox
+        assert session.replaces is None
+        assert not (state_dir / "runlogs" / f"{warm.slot}.jsonl").exists()
+
+
+async def test_an_old_slot_that_cannot_go_at_the_move_goes_with_the_session(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with fake_service(state_dir, pool_size=1) as svc:
+        sid, slot = await paused_with_a_warm_sandbox(svc)
+        [warm] = svc.sessions.pool.ready_sandboxes()
+        old_root = state_dir / "workspaces" / slot
+        destroy = Workspace.destroy
+
+        def stuck(self: Workspace) -> None:
+            if self.root == old_root:
+                raise OSError(16, "Device or resource busy")
+            destroy(self)
+
+        monkeypatch.setattr(Workspace, "destroy", stuck)
+        back = await svc.run_code("alice", RunRequest("x + 1"), sid)
+        assert (back.result, back.resumed) == ("42", "variables"), back
+        [session] = [s for s in svc.sessions.listed("alice") if s.id == sid]
+        assert session.slot == warm.slot and session.replaces is not None
+        # Both records on disk; the new one names the old: a server dying now keeps one.
+        saved = {r.slot: r for r in records.load_records(state_dir / "sessions")}
+        assert saved[warm.slot].replaces == slot and slot in saved
+        monkeypatch.setattr(Workspace, "destroy", destroy)
+        await svc.close_session("alice", sid)
+        assert not old_root.exists()
+        # Only the pool's own record is left.
+        assert all(r.pool for r in records.load_records(state_dir / "sessions"))

@@ -4,6 +4,7 @@ manager (the plan's own cases are in ``test_registry``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -132,5 +133,33 @@ async def test_a_live_servers_sessions_are_left_alone(state_dir: Path) -> None:
                 assert root.exists()
                 assert second.sessions.count() == 0
             assert (await run(first, "x", "busy")).result == "1"
+    finally:
+        await backend.end_all()
+
+
+async def test_a_session_that_moved_into_a_warm_sandbox_keeps_the_new_slot(
+    state_dir: Path,
+) -> None:
+    # A server died after a paused session's files were copied into a warm sandbox's
+    # slot and that slot's record written (naming the old one), before the old slot went.
+    backend = FakeBackend(reattaches=True)
+    settings = fake_settings(state_dir)
+    old = plant(settings, backend, "conv", sandbox=False)
+    moved = plant(settings, backend, "conv", sandbox=False)
+    (moved / "data.txt").write_text("the copy")
+    pause = {"kind": "variables", "at": time.time() - 30, "load": True}
+    for root, replaces in ((old, None), (moved, old.name)):
+        [record] = [r for r in records.load_records(settings.sessions_dir) if r.slot == root.name]
+        records.write_record(
+            settings.sessions_dir, dataclasses.replace(record, paused=pause, replaces=replaces)
+        )
+    try:
+        async with fake_service(state_dir, backend) as svc:
+            report = await run(svc, "open('data.txt').read()", "conv")
+            assert (report.result, report.session_created) == ("'the copy'", False)
+            assert report.notice is None or "lost" not in report.notice
+            assert not old.exists() and moved.exists()
+            saved = records.load_records(settings.sessions_dir)
+            assert [r.slot for r in saved] == [moved.name]
     finally:
         await backend.end_all()

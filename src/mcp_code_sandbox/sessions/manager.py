@@ -20,7 +20,8 @@ Semantics:
 - A session created by a call that runs code in a sandbox of the default kind takes a
   warm one from :mod:`.pool` when there is one (its slot, workspace, uid and sandbox
   become the session's; owner and id are bound then); else it starts one as before.
-  Pooled sandboxes count toward no limit, and shutdown stops them too.
+  Pooled sandboxes count toward no limit, and shutdown stops them too. A paused session
+  resumed by such a call moves into a warm sandbox where it fits (:mod:`.moving`).
 - A closed or expired id is remembered (bounded) so that reusing it says what was lost.
 - Every session has a record on disk (:mod:`mcp_code_sandbox.sessions.records`) and a workspace
   at ``workspaces_dir/<slot>``, so a server killed with SIGKILL can be followed by one
@@ -80,6 +81,7 @@ from mcp_code_sandbox.sessions import quota, records, runlog
 from mcp_code_sandbox.sessions.agent_client import AgentClient
 from mcp_code_sandbox.sessions.egress import Wish
 from mcp_code_sandbox.sessions.ids import mint_session_id, session_key, validate_session_id
+from mcp_code_sandbox.sessions.moving import fits_pool, forget_moved, move_into
 from mcp_code_sandbox.sessions.overview import files_held
 from mcp_code_sandbox.sessions.pool import Pooled, WarmPool
 from mcp_code_sandbox.sessions.quota import QuotaMode
@@ -343,26 +345,30 @@ class SessionManager:
         now = time.monotonic()
         if not force and now - session.saved_at < RECORD_EVERY_S:
             return
-        wall = time.time()
-        record = records.SessionRecord(
+        try:
+            records.write_record(self.settings.sessions_dir, self._record(session))
+        except OSError as exc:  # a full disk must not fail the call; the next write retries
+            log.warning("cannot write the session record", session=session.id, error=str(exc))
+            return
+        session.saved_at = now
+        session.recorded_paused = session.paused is not None
+
+    def _record(self, session: Session) -> records.SessionRecord:
+        """``session``'s record as it stands now."""
+        idle = time.monotonic() - session.last_active
+        return records.SessionRecord(
             owner=session.owner,
             session_id=session.id,
             key=session.key,
             slot=session.slot,
             instance=self._instance,
             created_at=session.created_wall,
-            last_active=wall - (now - session.last_active),
+            last_active=time.time() - idle,
             uid=session.uid,
             paused=None if session.paused is None else session.paused.to_json(),
             pausing=session.pausing,
+            replaces=None if session.replaces is None else session.replaces.slot,
         )
-        try:
-            records.write_record(self.settings.sessions_dir, record)
-        except OSError as exc:  # a full disk must not fail the call; the next write retries
-            log.warning("cannot write the session record", session=session.id, error=str(exc))
-            return
-        session.saved_at = now
-        session.recorded_paused = session.paused is not None
 
     def _lookup(
         self, owner: str, session_id: str | None, *, create: bool, pool: bool = False
@@ -481,10 +487,24 @@ class SessionManager:
         return self.sandboxes.limits()
 
     async def executor(
-        self, session: Session, *, network: Wish = None, runner: RunnerImage | None = None
+        self,
+        session: Session,
+        *,
+        network: Wish = None,
+        runner: RunnerImage | None = None,
+        pool: bool = False,
     ) -> Handout:
         """What runs this call's code in ``session`` (see :meth:`.sandboxes.Sandboxes.executor`).
-        Called by the service with the session's lock held."""
+        ``pool``: the call wants a sandbox of the warm pool's kind (as for ``acquire``), so
+        a paused session it resumes moves into a warm sandbox when one is ready and its
+        files are few enough (:mod:`.moving`). Called by the service with the session's
+        lock held."""
+        if pool and fits_pool(session):
+            pooled = self.pool.claim()
+            if pooled is not None and not await move_into(
+                session, pooled, self.settings, self.threads, self._record
+            ):
+                self.pool.retire(pooled)
         return await self.sandboxes.executor(session, network=network, runner=runner)
 
     # -- closing ---------------------------------------------------------------------------
@@ -602,6 +622,12 @@ class SessionManager:
         remains = await self._release(session, retry=False)  # what those calls left
         if session.paused is not None:
             await self.sandboxes.discard(session.paused)
+        if session.replaces is not None:  # a slot it moved out of that could not go then
+            moved = session.replaces
+            if await forget_moved(self.settings, self.threads, session.owner, moved):
+                session.replaces = None
+            else:
+                remains.append(f"its old files in {moved.workspace.root} could not be removed")
         try:
             await self.threads.run(session.owner, session.workspace.destroy)
         except Exception as exc:

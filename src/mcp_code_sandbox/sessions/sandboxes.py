@@ -233,7 +233,8 @@ class Sandboxes:
         :meth:`_ensure_sandbox`."""
         session.runs += 1
         resumed, notice = None, None
-        if session.paused is not None and session.sandbox is None:
+        # Paused: resumed now (its sandbox, if any, is a warm one it moved into).
+        if session.paused is not None:
             resumed, notice = await self._resume(session, network if runner is None else None)
         if runner is not None:
             container = await self._ensure_runner(session, runner, network=network)

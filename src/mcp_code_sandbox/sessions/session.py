@@ -29,6 +29,7 @@ __all__ = [
     "END_WAIT_S",
     "Acquired",
     "Handout",
+    "Moved",
     "PauseKind",
     "Paused",
     "Session",
@@ -108,6 +109,15 @@ class Paused:
         )
 
 
+@dataclass(frozen=True)
+class Moved:
+    """The slot a session moved out of (:mod:`.moving`), with what it still holds there."""
+
+    slot: str
+    workspace: Workspace
+    uid_lease: UidLease | None
+
+
 @dataclass(eq=False)
 class Session:
     id: str
@@ -149,6 +159,9 @@ class Session:
     pausing: bool = False
     #: Whether the record on disk says paused (a resume rewrites it at once).
     recorded_paused: bool = False
+    #: The slot it moved out of (resumed into a warm sandbox), until that slot is gone:
+    #: its record says so, for a server that dies in between (see ``records``).
+    replaces: Moved | None = None
 
     @property
     def uid(self) -> int | None:
