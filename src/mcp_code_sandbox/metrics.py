@@ -32,10 +32,11 @@ from mcp_code_sandbox.errors import ERROR_CODES, BackendUnavailable, SandboxFail
 
 __all__ = ["END_REASONS", "STATUSES", "EndReason", "Metrics"]
 
-#: Why a session ended: ``close_session``, the idle TTL, or the max lifetime. A shutdown
-#: is not counted: the process (and its counters) ends with it.
-EndReason = Literal["closed", "idle", "lifetime", "disk"]
-END_REASONS: tuple[EndReason, ...] = ("closed", "idle", "lifetime", "disk")
+#: Why a session ended: ``close_session``, the idle TTL, the max lifetime, or (paused)
+#: the paused-state disk budget or the paused-session limit. A shutdown is not counted:
+#: the process (and its counters) ends with it.
+EndReason = Literal["closed", "idle", "lifetime", "disk", "limit"]
+END_REASONS: tuple[EndReason, ...] = ("closed", "idle", "lifetime", "disk", "limit")
 #: How a session was paused (and resumed): its whole memory, its variables, its files.
 PAUSE_KINDS = ("memory", "variables", "files")
 SESSION_STATES = ("running", "paused")

@@ -133,10 +133,15 @@ class Settings(BaseSettings):
     #: Most bytes one session's saved variables may take; the largest values that do
     #: not fit are dropped and named.
     pause_max_bytes: Size = 512 * 1024**2
+    #: Sessions running at once (not paused; with or without a sandbox: an upload makes
+    #: one too). A call that needs one more pauses the longest-idle (``sessions.room``).
     max_sessions: int = Field(10, ge=1)
-    #: Sessions one owner may hold at once (with or without a sandbox: an upload makes
-    #: one too). None: the default, :attr:`sessions_per_owner`.
+    #: Running sessions one owner may have at once. None: the default,
+    #: :attr:`sessions_per_owner`.
     max_sessions_per_owner: int | None = Field(None, ge=1)
+    #: Paused sessions kept, all owners; past it the owner holding the most loses its
+    #: longest idle first. 0: none is kept, and no session is paused to make room.
+    max_paused_sessions: int = Field(1000, ge=0)
     #: Sandboxes kept started, connected and preloaded for new sessions (``sessions.pool``);
     #: 0 turns the pool off. They count toward no session limit; each holds an idle
     #: interpreter (about 120 MiB with the default preload).
@@ -381,11 +386,12 @@ class Settings(BaseSettings):
                 "SANDBOX_UID_RANGE_START + SANDBOX_UID_RANGE_SIZE must stay below 2^31 - 1 "
                 "(larger ids read as negative to some tools)"
             )
-        if self.uid_range_size < self.max_sessions + self.pool_size:
+        if self.uid_range_size < self.max_sessions + self.max_paused_sessions + self.pool_size:
             raise ValueError(
                 f"SANDBOX_UID_RANGE_SIZE ({self.uid_range_size}) must be at least "
-                f"SANDBOX_MAX_SESSIONS + SANDBOX_POOL_SIZE ({self.max_sessions} + "
-                f"{self.pool_size}): every session and pooled sandbox needs a uid"
+                "SANDBOX_MAX_SESSIONS + SANDBOX_MAX_PAUSED_SESSIONS + SANDBOX_POOL_SIZE "
+                f"({self.max_sessions} + {self.max_paused_sessions} + {self.pool_size}): "
+                "every session (paused ones too) and pooled sandbox needs a uid"
             )
         if self.oauth_issuer is None:
             if self.oauth_audience is not None or self.oauth_required_scopes:

@@ -109,7 +109,13 @@ async def test_owners_never_see_each_other(
 
 
 async def test_max_sessions_per_owner(make_settings: Callable[..., Settings]) -> None:
-    extra = {"SANDBOX_API_TOKENS": TOKENS, "SANDBOX_MAX_SESSIONS_PER_OWNER": "2"}
+    # Pausing off: past her share a new session is refused (with pausing on, her own
+    # idlest would be paused to make room: tests/e2e/test_hostile_small.py).
+    extra = {
+        "SANDBOX_API_TOKENS": TOKENS,
+        "SANDBOX_MAX_SESSIONS_PER_OWNER": "2",
+        "SANDBOX_PAUSE_AFTER_M": "0",
+    }
     with http_server(make_settings(), **extra) as base:
         async with client_as(base, ALICE) as alice, client_as(base, BOB) as bob:
             for sid in ("one", "two"):

@@ -84,7 +84,7 @@ async def test_session_busy(inproc: Client) -> None:
 
 
 async def test_max_sessions(make_settings: Callable[..., Settings]) -> None:
-    settings = make_settings(max_sessions=1)
+    settings = make_settings(max_sessions=1, pause_after_m=0)  # else the idlest would pause
     service = SandboxService(settings, create_backend(settings))
     await service.start()
     try:

@@ -121,21 +121,27 @@ async def test_one_owner_cannot_take_every_session_slot_with_uploads(
     make_settings: Callable[..., Settings],
 ) -> None:
     async with two_tenants(make_settings(), SANDBOX_MAX_SESSIONS="4") as t:
-        held = 0
-        for n in range(5):  # more than the server has: no sandbox starts, only uploads
+        structured(
+            await t.victim.call_tool(
+                "upload_file", {"filename": "y.txt", "content_text": "y", "session_id": "v0"}
+            )
+        )
+        for n in range(6):  # more than the server runs: her own idlest are paused for room
             up = await t.mallory.call_tool(
                 "upload_file", {"filename": "x.txt", "content_text": "x", "session_id": f"m{n}"}
             )
-            if up.is_error:
-                assert (up.meta or {}).get("error_code") == "max_sessions", up.content
-                break
-            held += 1
-        assert held == 2  # her share: half of max_sessions
-        for n in range(2):  # the other half is still there for everyone else
-            up = await t.victim.call_tool(
-                "upload_file", {"filename": "y.txt", "content_text": "y", "session_id": f"v{n}"}
-            )
             structured(up)
+        hers = structured(await t.mallory.call_tool("list_sessions", {}))["sessions"]
+        states = sorted(s["state"] for s in hers)
+        assert states == ["paused"] * 4 + ["running"] * 2  # her share: half of max_sessions
+        # The victim's session was never paused for her, and there is room for another.
+        [mine] = structured(await t.victim.call_tool("list_sessions", {}))["sessions"]
+        assert (mine["session_id"], mine["state"]) == ("v0", "running")
+        structured(
+            await t.victim.call_tool(
+                "upload_file", {"filename": "y.txt", "content_text": "y", "session_id": "v1"}
+            )
+        )
         await t.victim_is_fine(session_id="v0")
 
 

@@ -128,8 +128,26 @@ async def test_sessions_end_at_their_max_lifetime(make_settings: Callable[..., S
 
 
 @pytest.mark.bwrap
-async def test_max_sessions(make_settings: Callable[..., Settings]) -> None:
-    svc = await _service(make_settings(max_sessions=2))
+async def test_past_max_sessions_the_idlest_is_paused_to_make_room(
+    make_settings: Callable[..., Settings],
+) -> None:
+    svc = await _service(make_settings(max_sessions=2, pool_size=0))
+    try:
+        await run(svc, "x = 'a'", "a")
+        await run(svc, "x = 'b'", "b")
+        assert (await run(svc, "1", "c")).status == "ok"  # "a", the idlest, was paused
+        running = {s.id for s in svc.sessions.listed() if s.sandbox is not None}
+        assert running == {"b", "c"}
+        back = await run(svc, "x", "a")  # resumed; "b" is the idlest now
+        assert (back.result, back.resumed) == ("'a'", "variables"), back
+        assert {s.id for s in svc.sessions.listed() if s.sandbox is not None} == {"a", "c"}
+    finally:
+        await svc.aclose()
+
+
+@pytest.mark.bwrap
+async def test_max_sessions_with_pausing_off(make_settings: Callable[..., Settings]) -> None:
+    svc = await _service(make_settings(max_sessions=2, pause_after_m=0))
     try:
         await run(svc, "1", "a")
         await run(svc, "1", "b")
@@ -143,7 +161,8 @@ async def test_max_sessions(make_settings: Callable[..., Settings]) -> None:
 
 @pytest.mark.bwrap
 async def test_max_sessions_per_owner(make_settings: Callable[..., Settings]) -> None:
-    svc = await _service(make_settings(max_sessions=5, max_sessions_per_owner=2))
+    # Pausing off: an owner's third session is refused, not made room for.
+    svc = await _service(make_settings(max_sessions=5, max_sessions_per_owner=2, pause_after_m=0))
 
     async def upload(owner: str, sid: str) -> Any:
         return await svc.upload_file(owner, "f.txt", b"x", session_id=sid, overwrite=True)
@@ -151,7 +170,7 @@ async def test_max_sessions_per_owner(make_settings: Callable[..., Settings]) ->
     try:
         await upload("alice", "a")
         await upload("alice", "b")
-        with pytest.raises(MaxSessions, match="most one owner may hold"):
+        with pytest.raises(MaxSessions, match="most one owner may run"):
             await upload("alice", "c")
         assert (await upload("alice", "a")).session_created is False  # her own: still fine
         await upload("bob", "a")  # other owners have their own allowance

@@ -60,6 +60,7 @@ async def test_a_pool_used_up_by_other_servers_is_max_sessions(
         "uid_range_start": 0x7000_0000 + 60_000,
         "uid_range_size": 2,
         "max_sessions": 2,
+        "max_paused_sessions": 0,
     }
     other_server = uid_pool(make_settings(**private)).lease("/another/server.json")
     try:

@@ -108,24 +108,85 @@ async def test_another_owners_session_is_invisible(state_dir: Path) -> None:
 # -- limits ---------------------------------------------------------------------------------
 
 
-async def test_max_sessions_refuses_the_next_new_session(state_dir: Path) -> None:
+async def test_past_max_sessions_the_longest_idle_session_is_paused_to_make_room(
+    state_dir: Path,
+) -> None:
+    async with fake_service(state_dir, max_sessions=2) as svc:
+        assert (await run(svc, "x = 'one'", "one", owner="a")).status == "ok"
+        assert (await run(svc, "x = 'two'", "two", owner="b")).status == "ok"
+        third = await run(svc, "1", owner="c")  # a third running session: "one" pauses
+        assert third.session_created is True
+        states = {s.id: s.paused is not None for s in svc.sessions.listed()}
+        assert states == {"one": True, "two": False, third.session_id: False}
+        assert svc.sessions.room.running() == 2
+        # "one" comes back with its variables; the idlest running one ("two") makes room.
+        back = await run(svc, "x", "one", owner="a")
+        assert (back.result, back.resumed) == ("'one'", "variables"), back
+        states = {s.id: s.paused is not None for s in svc.sessions.listed()}
+        assert states == {"one": False, "two": True, third.session_id: False}
+
+
+async def test_max_sessions_refuses_when_every_running_session_is_in_a_call(
+    state_dir: Path,
+) -> None:
     async with fake_service(state_dir, max_sessions=2) as svc:
         await svc.upload_file("a", "f", b"1", session_id="one", overwrite=False)
         await svc.upload_file("b", "f", b"1", session_id="two", overwrite=False)
+        held = svc.sessions.listed()
+        for session in held:  # both in a call: neither may be paused
+            await session.lock.acquire()
         with pytest.raises(MaxSessions, match="already runs 2 sessions") as caught:
             await run(svc, "1", owner="c")
         assert caught.value.code == "max_sessions"
+        assert all(s.paused is None for s in held)
+        for session in held:
+            session.lock.release()
+        assert (await run(svc, "1", owner="c")).session_created is True  # room again
+
+
+async def test_with_pausing_off_max_sessions_refuses_the_next_new_session(
+    state_dir: Path,
+) -> None:
+    async with fake_service(state_dir, max_sessions=2, pause_after_m=0) as svc:
+        await svc.upload_file("a", "f", b"1", session_id="one", overwrite=False)
+        await svc.upload_file("b", "f", b"1", session_id="two", overwrite=False)
+        with pytest.raises(MaxSessions, match="already runs 2 sessions"):
+            await run(svc, "1", owner="c")
         assert (await run(svc, "1", "one", owner="a")).status == "ok"  # existing ones work
         await svc.close_session("a", "one")
         assert (await run(svc, "1", owner="c")).session_created is True  # room again
 
 
-async def test_sessions_per_owner_limits_each_owner(state_dir: Path) -> None:
+async def test_sessions_per_owner_pauses_the_owners_own_idlest(state_dir: Path) -> None:
     async with fake_service(state_dir, max_sessions_per_owner=1) as svc:
+        await svc.upload_file("bob", "f", b"1", session_id="theirs", overwrite=False)
         await svc.upload_file("alice", "f", b"1", session_id="mine", overwrite=False)
-        with pytest.raises(MaxSessions, match="you already have 1 sessions"):
-            await run(svc, "1", "another", owner="alice")
-        assert (await run(svc, "1", "theirs", owner="bob")).session_created is True
+        assert (await run(svc, "1", "another", owner="alice")).session_created is True
+        states = {(s.owner, s.id): s.paused is not None for s in svc.sessions.listed()}
+        # Alice's own session made room; Bob's, idler still, was not touched.
+        assert states == {("bob", "theirs"): False, ("alice", "mine"): True,
+                          ("alice", "another"): False}  # fmt: skip
+        [mine] = [s for s in svc.sessions.listed("alice") if s.id == "mine"]
+        async with mine.lock:  # Alice's only other session is in a call now
+            [another] = [s for s in svc.sessions.listed("alice") if s.id == "another"]
+            async with another.lock:
+                with pytest.raises(MaxSessions, match="you already have 1 sessions running"):
+                    await run(svc, "1", "third", owner="alice")
+
+
+async def test_past_max_paused_sessions_the_biggest_holder_loses_its_idlest(
+    state_dir: Path,
+) -> None:
+    async with fake_service(state_dir, max_paused_sessions=2) as svc:
+        for owner, sid in (("bob", "b1"), ("alice", "a1"), ("alice", "a2"), ("alice", "a3")):
+            assert (await run(svc, "1", sid, owner=owner)).status == "ok"
+            assert await svc.sessions.pause(owner, sid) is not None
+        await svc.sessions.reap()
+        kept = sorted((s.owner, s.id) for s in svc.sessions.listed())
+        # Alice held three of four: her two idlest went, Bob's idler one stayed.
+        assert kept == [("alice", "a3"), ("bob", "b1")]
+        gone = await run(svc, "1", "a1", owner="alice")
+        assert gone.notice is not None and "SANDBOX_MAX_PAUSED_SESSIONS (2)" in gone.notice
 
 
 # -- one call at a time ---------------------------------------------------------------------

@@ -13,7 +13,7 @@ import pytest
 
 from mcp_code_sandbox.errors import SandboxFailed
 from mcp_code_sandbox.run.request import RunRequest
-from mcp_code_sandbox.sessions import moving, records
+from mcp_code_sandbox.sessions import records
 from mcp_code_sandbox.sessions.agent_client import AgentClient
 from mcp_code_sandbox.workspace import Workspace
 from tests.fakes import FakeBackend, fake_service
@@ -122,7 +122,7 @@ async def test_a_move_whose_record_cannot_be_written_changes_nothing(
         def full(*args: object, **kwargs: object) -> None:
             raise OSError(28, "No space left on device")
 
-        monkeypatch.setattr(moving.records, "write_record", full)
+        monkeypatch.setattr(records, "write_record", full)
         back = await svc.run_code("alice", RunRequest("x + 1, open('f.txt').read()"), sid)
         assert (back.result, back.resumed) == ("(42, 'a')", "variables"), back
         [session] = [s for s in svc.sessions.listed("alice") if s.id == sid]

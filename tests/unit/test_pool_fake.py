@@ -66,7 +66,8 @@ async def test_a_network_call_bypasses_the_pool(state_dir: Path) -> None:
 
 
 async def test_pooled_sandboxes_count_toward_no_limit(state_dir: Path) -> None:
-    async with fake_service(state_dir, pool_size=2, max_sessions=1) as svc:
+    # Pausing off: a second session is refused rather than making room.
+    async with fake_service(state_dir, pool_size=2, max_sessions=1, pause_after_m=0) as svc:
         await full(svc)
         assert svc.session_count() == 0
         first = await svc.run_code("local", RunRequest("1"))

@@ -175,7 +175,8 @@ async def test_list_runtimes(state_dir: Path) -> None:
 
 
 async def test_failures_are_error_results_with_their_code(state_dir: Path) -> None:
-    async with connected(state_dir, max_sessions=1) as (client, svc):
+    # Pausing off: past max_sessions a new session is refused, not made room for.
+    async with connected(state_dir, max_sessions=1, pause_after_m=0) as (client, svc):
         sid = data(await client.call_tool("run_code", {"code": "1"}))["session_id"]
         calls: list[tuple[str, dict[str, Any], str]] = [
             ("read_file", {"session_id": sid, "path": "../etc/passwd"}, "invalid_path"),

@@ -56,6 +56,7 @@ Semantics:
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import os
@@ -69,7 +70,6 @@ import structlog
 from mcp_code_sandbox.backends.base import Backend, Limits, Sandbox, SandboxSpec
 from mcp_code_sandbox.backends.runner_images import RunnerImage, RunnerSandbox
 from mcp_code_sandbox.errors import (
-    MaxSessions,
     SandboxError,
     SandboxFailed,
     SessionBusy,
@@ -86,6 +86,7 @@ from mcp_code_sandbox.sessions.overview import files_held
 from mcp_code_sandbox.sessions.pool import Pooled, WarmPool
 from mcp_code_sandbox.sessions.quota import QuotaMode
 from mcp_code_sandbox.sessions.recovery import Adopted, Kept, recover
+from mcp_code_sandbox.sessions.room import Room
 from mcp_code_sandbox.sessions.sandboxes import Sandboxes
 from mcp_code_sandbox.sessions.session import (
     END_WAIT_S,
@@ -139,6 +140,8 @@ class SessionManager:
         self.uids = uid_pool(settings) if backend.per_sandbox_uids else None
         #: Starts, replaces and stops the sessions' sandboxes and runners.
         self.sandboxes = Sandboxes(settings, backend, self.metrics)
+        #: The running-session limits, kept by pausing the longest idle.
+        self.room = Room(settings, self._sessions.values, self._pause)
         #: Warm sandboxes for new sessions (started by :meth:`start`).
         self.pool = WarmPool(
             settings,
@@ -306,7 +309,12 @@ class SessionManager:
         call runs code in a sandbox of the pool's kind (no network, no runner, no env of
         its own), so a session it creates takes a warm sandbox when there is one.
         """
-        session, created, notice = self._lookup(owner, session_id, create=create, pool=pool)
+        if create and (session_id is None or (owner, session_id) not in self._sessions):
+            async with self.room.lock:  # a new session runs: room first (see ``room``)
+                await self.room.make(owner)
+                session, created, notice = self._lookup(owner, session_id, create=True, pool=pool)
+        else:
+            session, created, notice = self._lookup(owner, session_id, create=create, pool=pool)
         try:
             async with asyncio.timeout(wait_s):
                 await session.lock.acquire()
@@ -387,17 +395,7 @@ class SessionManager:
                 + _gone_suffix(self._tombstones.get((owner, session_id)))
                 + "; run_code or upload_file without session_id starts a new one"
             )
-        if len(self._sessions) >= self.settings.max_sessions:
-            raise MaxSessions(
-                f"this server already runs {self.settings.max_sessions} sessions; close one "
-                "with close_session, or reuse an existing session_id"
-            )
-        per_owner = self.settings.sessions_per_owner
-        if per_owner is not None and self.count(owner) >= per_owner:
-            raise MaxSessions(
-                f"you already have {per_owner} sessions, the most one owner may hold at once; "
-                "close one with close_session, or reuse an existing session_id"
-            )
+        self.room.check(owner)
         pooled = self.pool.claim() if pool else None
         session = (
             self._register(owner, session_id)
@@ -499,13 +497,22 @@ class SessionManager:
         a paused session it resumes moves into a warm sandbox when one is ready and its
         files are few enough (:mod:`.moving`). Called by the service with the session's
         lock held."""
-        if pool and fits_pool(session):
-            pooled = self.pool.claim()
-            if pooled is not None and not await move_into(
-                session, pooled, self.settings, self.threads, self._record
-            ):
-                self.pool.retire(pooled)
-        return await self.sandboxes.executor(session, network=network, runner=runner)
+        if session.paused is None:
+            return await self.sandboxes.executor(session, network=network, runner=runner)
+        async with self.room.lock:  # it runs again: room first (see ``room``)
+            await self.room.make(session.owner, exclude=session)
+            self.room.check(session.owner)
+            session.resuming = True
+        try:
+            if pool and fits_pool(session):
+                pooled = self.pool.claim()
+                if pooled is not None and not await move_into(
+                    session, pooled, self.settings, self.threads, self._record
+                ):
+                    self.pool.retire(pooled)
+            return await self.sandboxes.executor(session, network=network, runner=runner)
+        finally:
+            session.resuming = False
 
     # -- closing ---------------------------------------------------------------------------
 
@@ -738,6 +745,7 @@ class SessionManager:
             batch = to_pause[start : start + _PAUSES_AT_ONCE]
             await asyncio.gather(*(self._paused_isolated(s) for s in batch))
         await self._keep_within_disk_budget()
+        await self._keep_within_paused_limit()
         for session in list(self._unfinished.values()):
             await self._isolated(session, self._destroy(session))
 
@@ -767,6 +775,29 @@ class SessionManager:
                 f"within SANDBOX_PAUSED_DISK_BYTES ({budget} bytes); the longest idle go first"
             )
             await self._isolated(session, self._expire(session, reason, "disk"))
+
+    async def _keep_within_paused_limit(self) -> None:
+        """Past ``max_paused_sessions``, expire paused sessions: the longest idle of the
+        owner holding the most paused sessions first (one owner's flood costs that owner)."""
+        limit = self.settings.max_paused_sessions
+        paused = [s for s in self._sessions.values() if s.paused is not None]
+        excess = len(paused) - limit
+        if excess <= 0:
+            return
+        by_owner = collections.Counter(s.owner for s in paused)
+        for _ in range(excess):
+            free = [s for s in paused if not s.lock.locked() and not s.closed]
+            if not free:
+                return
+            session = min(free, key=lambda s: (-by_owner[s.owner], s.last_active))
+            paused.remove(session)
+            by_owner[session.owner] -= 1
+            reason = (
+                f"session {session.id} was paused and then expired to keep within "
+                f"SANDBOX_MAX_PAUSED_SESSIONS ({limit}); the owner holding the most paused "
+                "sessions loses its longest idle first"
+            )
+            await self._isolated(session, self._expire(session, reason, "limit"))
 
     async def _isolated(self, session: Session, end: Awaitable[list[str]]) -> None:
         try:

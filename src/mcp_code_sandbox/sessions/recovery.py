@@ -108,7 +108,7 @@ async def recover(
             now=clock(),
             ttl_s=settings.session_ttl_m * 60,
             lifetime_s=settings.session_max_lifetime_h * 3600,
-            max_sessions=settings.max_sessions,
+            max_sessions=settings.max_sessions + settings.max_paused_sessions,
         )
         ctx = _Context(settings, backend, instance, spec_for, uids)
         return await _carry_out(ctx, plan)

@@ -157,6 +157,8 @@ class Session:
     #: code); ``pausing`` while a pause is under way (its record says so too).
     paused: Paused | None = None
     pausing: bool = False
+    #: A call is resuming it: it counts as running from then (see ``room``).
+    resuming: bool = False
     #: Whether the record on disk says paused (a resume rewrites it at once).
     recorded_paused: bool = False
     #: The slot it moved out of (resumed into a warm sandbox), until that slot is gone:
