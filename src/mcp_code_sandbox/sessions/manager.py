@@ -16,7 +16,9 @@ Semantics:
   call that waits longer than its own timeout fails with ``session_busy``.
 - ``last_active`` moves at the start and end of every call; the reaper closes sessions
   idle past the TTL or older than the max lifetime, never in the middle of a call.
-- Limits on new sessions: ``max_sessions`` in all, ``sessions_per_owner`` each.
+- Limits on running sessions: ``max_sessions`` in all, ``sessions_per_owner`` each; a
+  call that needs one more pauses the longest-idle running session (:mod:`.room`).
+  Paused ones are bounded by ``max_paused_sessions`` and ``paused_disk_bytes``.
 - A session created by a call that runs code in a sandbox of the default kind takes a
   warm one from :mod:`.pool` when there is one (its slot, workspace, uid and sandbox
   become the session's; owner and id are bound then); else it starts one as before.
