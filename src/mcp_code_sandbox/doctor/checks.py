@@ -132,11 +132,18 @@ def pausing_check(settings: Settings) -> Check:
     else:
         head = f"idle sessions are paused after {settings.pause_after_m:g} min"
     paused = [r for r in records.load_records(settings.sessions_dir) if r.paused is not None]
+    if settings.pause_after_m == 0 or settings.max_paused_sessions == 0:
+        room = f"every session counts toward SANDBOX_MAX_SESSIONS ({settings.max_sessions})"
+    else:
+        room = (
+            f"{settings.max_sessions} run at once (the longest idle is paused to make room), "
+            f"{settings.max_paused_sessions} paused at most"
+        )
     return Check(
         "pausing",
         True,
         f"{head}; they expire after {settings.session_ttl_m:g} min idle or "
         f"{settings.session_max_lifetime_h:g} h in all; paused state is kept within "
-        f"{settings.paused_disk_bytes} bytes (the longest idle expire first); "
+        f"{settings.paused_disk_bytes} bytes (the longest idle expire first); {room}; "
         f"{len(paused)} paused sessions on this state dir now",
     )
