@@ -139,6 +139,12 @@ def leftovers(
         "run dirs": sorted(p.name for p in settings.run_dir.iterdir() if p.is_dir()),
         "workspaces": sorted(p.name for p in settings.workspaces_dir.iterdir()),
         "session records": sorted(p.name for p in _entries(settings.sessions_dir)),
+        "run logs": sorted(p.name for p in _entries(settings.runlogs_dir)),
+        # Sessions' images (the spares a running server keeps ahead are its own:
+        # tests/integration/test_spare_images.py).
+        "workspace images": sorted(
+            p.name for p in _entries(settings.volumes_dir) if not p.is_dir()
+        ),
     }
     if backend == "bwrap":
         found["cgroups"] = our_cgroups()

@@ -174,11 +174,14 @@ async def test_a_paused_session_stays_invisible_to_other_owners(
 
 
 @each_runtime
+@pytest.mark.parametrize("pool_size", [0, 1], ids=["no-pool", "pool"])
 async def test_nothing_leaks_after_pause_and_resume_cycles(
-    make_settings: Callable[..., Settings], backend: str, private_tmp: Path
+    make_settings: Callable[..., Settings], backend: str, private_tmp: Path, pool_size: int
 ) -> None:
+    # With a pool, each resume by variables moves the session into a warm sandbox: the
+    # slots it moves out of, and the pool's own sandboxes, must leave nothing either.
     before = Before.now(backend)
-    settings = make_settings(pause_after_m=PAUSE_AFTER_M)
+    settings = make_settings(pause_after_m=PAUSE_AFTER_M, pool_size=pool_size)
     async with noting_service(settings) as (svc, created):
         made = await svc.run_code("alice", RunRequest("n = 0"))
         sid = made.session_id
