@@ -37,6 +37,7 @@ import sys
 from . import packages
 from .config import AgentConfig
 from .egress import start_bridge
+from .forked import can_fork, fork_kernel
 from .hostlink import RECONNECT_GIVE_UP_S, HostLink, connect
 from .kernelproc import KernelProcess, KernelStartError, spawn_kernel
 from .protocol import write_frame
@@ -115,6 +116,8 @@ def _spawn_kernel(workdir: str, config: AgentConfig, plain: bool) -> KernelProce
     """The first kernel, with the session's packages in its environment as the
     supervisor will have them in its own (``Supervisor`` adds them to ``os.environ``)."""
     env = {**os.environ, **packages.environ(workdir, os.environ)}
+    if can_fork():
+        return fork_kernel(workdir, config, plain, env)
     return spawn_kernel(workdir, config, plain, env)
 
 
