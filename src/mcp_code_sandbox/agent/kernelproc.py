@@ -2,7 +2,9 @@
 
 The kernel is ``python -s -B -m <package>.kernel`` started from the directory holding the
 agent package (so ``-m`` finds it under either name, ``mcs_agent`` in the sandbox or
-``mcp_code_sandbox.agent`` on the host); it changes to the workspace itself.
+``mcp_code_sandbox.agent`` on the host); it changes to the workspace itself. The first
+kernel of a sandbox is usually forked from the agent instead (:mod:`.forked`), with the
+same arguments (:func:`kernel_argv`); from here on both are the same to the supervisor.
 """
 
 from __future__ import annotations
