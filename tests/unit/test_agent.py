@@ -390,6 +390,16 @@ def test_the_first_kernel_is_forked_and_looks_like_a_new_one(agent: Agent) -> No
     assert forked == fresh
 
 
+def test_a_kernel_that_cannot_start_is_reported_with_its_stderr(tmp_path: Path) -> None:
+    # The forked kernel's chdir into a workdir that is not there fails before its ready.
+    agent = Agent(sys.executable, tmp_path / "missing", plain=True)
+    message = agent.ready
+    assert message["ev"] == "error", message
+    assert "before ready" in message["message"]
+    assert "FileNotFoundError" in message["message"]
+    assert agent.close() == 1
+
+
 def test_env_applies_to_one_cell(agent: Agent) -> None:
     code = "import os; print(os.environ['MCS_T']); os.system('echo $MCS_T')"
     assert agent.run(code, env={"MCS_T": "v1"}).stdout == "v1\nv1\n"

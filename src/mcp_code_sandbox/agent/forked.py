@@ -26,7 +26,6 @@ unreadable to it), and ``random``'s state is reseeded by ``random`` itself at fo
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import ctypes
 import os
@@ -138,15 +137,15 @@ def _become_kernel(
         main(argv)
         code = 0
     except SystemExit as exit_:
-        code = exit_.code if isinstance(exit_.code, int) else 1
+        code = 0 if exit_.code is None else exit_.code if isinstance(exit_.code, int) else 1
     except BaseException:
         with contextlib.suppress(BaseException):
-            traceback.print_exc()
+            traceback.print_exc()  # on fd 2: the supervisor's KernelStartError shows it
     finally:
-        # As an interpreter's exit would: atexit (IPython's history, user code's), and
-        # what the streams still hold. Never back into the agent's ``main``.
-        with contextlib.suppress(BaseException):
-            atexit._run_exitfuncs()
+        # Never back into the agent's ``main``, whose frames are below this one. What the
+        # streams hold is flushed; atexit handlers are not run, as in multiprocessing's
+        # forked children: the kernel's end is the supervisor's kill in practice, and an
+        # interpreter's exit would not run them then either.
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(BaseException):
                 stream.flush()
