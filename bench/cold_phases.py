@@ -139,9 +139,11 @@ async def measure(backend_name: str, image: str, runs: int) -> list[Row]:
         lease.release()
         shutil.rmtree(state, ignore_errors=True)
     done = phases["done"]
+    after_ready = [d - r for d, r in zip(done, phases["ready"], strict=True)]
     rows = [
         Row(backend_name, f"{what} (since create)", "ms", phases[phase]) for phase, what in PHASES
     ]
+    rows.append(Row(backend_name, "agent ready → first result of `print(1)`", "ms", after_ready))
     rows.append(
         Row(
             backend_name,

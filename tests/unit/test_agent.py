@@ -550,6 +550,13 @@ def test_ipython_magics_shell_and_rich_display(ipy: Agent) -> None:
     assert ipy.run("1;").done["result"] is None  # a trailing semicolon hides it, like Jupyter
 
 
+def test_the_first_cell_of_a_kernel_that_warmed_up_is_its_first(ipy: Agent) -> None:
+    # The kernel ran its warm-up after ready (``warm_up``): no count, history or result.
+    first = ipy.run("len(In), len(Out), _")
+    assert first.done["execution_count"] == 1
+    assert first.done["result"] == "(2, 0, '')"
+
+
 def test_ipython_usage_error_is_an_error(ipy: Agent) -> None:
     result = ipy.run("%no_such_magic")
     assert result.status == "error" and result.done["error"]["name"] == "UsageError"
