@@ -20,6 +20,8 @@ import pytest
 
 from mcp_code_sandbox.backends.base import Limits, SandboxSpec
 from mcp_code_sandbox.backends.docker.backend import DockerBackend, DockerSandbox
+from mcp_code_sandbox.backends.docker.engine import create_container
+from mcp_code_sandbox.backends.docker.spec import container_kwargs
 from mcp_code_sandbox.errors import BackendUnavailable
 from mcp_code_sandbox.settings import Settings, docker_environ, load_settings
 
@@ -160,6 +162,40 @@ async def test_limits_and_isolation_in_the_container_config(
     uid = sandbox.spec.uid
     assert attrs["Config"]["User"] == f"{uid}:{uid}" and uid is not None and uid > 65535
     assert attrs["State"]["Running"] is True
+
+
+def test_create_without_inspect_asks_what_containers_create_asks(
+    backend: DockerBackend, engine: Any, state_dir: Path, host_uid: int | None
+) -> None:
+    """``create_container`` (no inspect after it) sends the engine the very container
+    docker-py's ``containers.create`` sends, for a sandbox's whole kwargs."""
+    workspace = state_dir / "ws-same"
+    run_dir = state_dir / "run-same"
+    workspace.mkdir()
+    run_dir.mkdir()
+    spec = SandboxSpec(
+        key="same",
+        owner="alice",
+        session_id="id-same",
+        workspace=workspace,
+        limits=LIMITS,
+        uid=host_uid if backend.per_sandbox_uids else None,
+    )
+    kwargs = container_kwargs(
+        spec, backend.settings, backend.image, instance=backend.instance, run_dir=run_dir
+    )
+    theirs = engine.containers.create(**kwargs)
+    ours = create_container(engine, kwargs)
+    try:
+        assert ours.attrs == {"Id": ours.id}  # no inspect: the id only
+        ours.reload()
+        for part in ("Config", "HostConfig"):
+            assert ours.attrs[part] == theirs.attrs[part], part
+        with pytest.raises(TypeError, match="unexpected container arguments"):
+            create_container(engine, {**kwargs, "no_such_option": 1})
+    finally:
+        theirs.remove(force=True)
+        ours.remove(force=True)
 
 
 async def test_inside_uid_readonly_root_tmp_and_no_network(sandbox: DockerSandbox) -> None:

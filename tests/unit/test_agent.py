@@ -351,6 +351,55 @@ def test_kernel_death_is_reported_and_recovered(agent: Agent, code: str, expecte
     assert agent.run("'x' in dir()").done["result"] == "False"
 
 
+#: What a kernel shows of itself: started as ``-m ….kernel`` or forked from the agent
+#: (whose command line it keeps), its fds past stdio, whether it is dumpable, and what
+#: user code sees (names, ``sys.path``, ``sys.argv``, the environment).
+KERNEL_SELF = """
+import ctypes, json, os, sys
+def _fds():
+    fds = sorted(map(int, os.listdir('/proc/self/fd')))
+    alive = [fd for fd in fds if fd > 2 and os.path.exists(f'/proc/self/fd/{fd}')]
+    return [os.readlink(f'/proc/self/fd/{fd}').split(':')[0] for fd in alive]
+print(json.dumps({
+    'forked': b'.kernel' not in open('/proc/self/cmdline', 'rb').read(),
+    'fds': _fds(),
+    'dumpable': ctypes.CDLL(None).prctl(3, 0, 0, 0, 0),
+    'names': sorted(n for n in dir() if not n.startswith('_')),
+    'path': sys.path,
+    'argv': sys.argv[1:],
+    'env': dict(os.environ),
+}))
+"""
+
+
+def test_the_first_kernel_is_forked_and_looks_like_a_new_one(agent: Agent) -> None:
+    """The first kernel is forked from the agent (``agent.forked``); after its death the
+    next one is a new interpreter. User code cannot tell them apart, and the forked one
+    holds nothing of the agent's: no fd but its control socket, dumpable again."""
+    first = agent.run(KERNEL_SELF)
+    assert first.done["execution_count"] == 1
+    forked = json.loads(first.stdout)
+    assert agent.run("import os; os._exit(3)").done["error"]["name"] == "KernelDied"
+    second = agent.run(KERNEL_SELF)
+    assert second.done["execution_count"] == 1
+    fresh = json.loads(second.stdout)
+    assert forked.pop("forked") is True and fresh.pop("forked") is False
+    assert forked["fds"] == ["socket"] and forked["dumpable"] == 1
+    assert forked["argv"][2:] == fresh["argv"][2:]  # but the control socket's fd number
+    del forked["argv"], fresh["argv"]
+    assert forked == fresh
+
+
+def test_a_kernel_that_cannot_start_is_reported_with_its_stderr(tmp_path: Path) -> None:
+    # The forked kernel's chdir into a workdir that is not there fails before its ready.
+    agent = Agent(sys.executable, tmp_path / "missing", plain=True)
+    message = agent.ready
+    assert message["ev"] == "error", message
+    assert "before ready" in message["message"]
+    assert "FileNotFoundError" in message["message"]
+    assert agent.close() == 1
+
+
 def test_env_applies_to_one_cell(agent: Agent) -> None:
     code = "import os; print(os.environ['MCS_T']); os.system('echo $MCS_T')"
     assert agent.run(code, env={"MCS_T": "v1"}).stdout == "v1\nv1\n"
@@ -499,6 +548,13 @@ def test_ipython_magics_shell_and_rich_display(ipy: Agent) -> None:
     assert result.displays[0]["data"]["text/markdown"] == "*m*"
     assert ipy.run("_").done["result"] == "<IPython.core.display.Markdown object>"
     assert ipy.run("1;").done["result"] is None  # a trailing semicolon hides it, like Jupyter
+
+
+def test_the_first_cell_of_a_kernel_that_warmed_up_is_its_first(ipy: Agent) -> None:
+    # The kernel ran its warm-up after ready (``warm_up``): no count, history or result.
+    first = ipy.run("len(In), len(Out), _")
+    assert first.done["execution_count"] == 1
+    assert first.done["result"] == "(2, 0, '')"
 
 
 def test_ipython_usage_error_is_an_error(ipy: Agent) -> None:

@@ -19,11 +19,14 @@ Non-dumpable, those files belong to root and every ptrace-mode access check fail
 flag lives in the process's memory map: the kernel and programs the agent starts get a
 fresh, dumpable one at exec, as they should (they are the user's).
 
-The kernel is spawned as early as that allows (after the flag, the config check and the
+The kernel is started as early as that allows (after the flag, the config check and the
 egress bridge, which must all come before any user code: the kernel runs the session's
 ``.pth`` files), and before the agent imports the rest of itself: importing IPython in the
 kernel is the slowest part of a sandbox's start, and the agent's own imports (~20 ms)
-now run beside it instead of before it.
+run beside it instead of before it. The first kernel is forked from the agent
+(:mod:`.forked`) rather than started as a second interpreter, unless a thread runs (the
+egress bridge of a sandbox with network): one interpreter start and the standard library
+both import are paid once.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import sys
 from . import packages
 from .config import AgentConfig
 from .egress import start_bridge
+from .forked import can_fork, fork_kernel
 from .hostlink import RECONNECT_GIVE_UP_S, HostLink, connect
 from .kernelproc import KernelProcess, KernelStartError, spawn_kernel
 from .protocol import write_frame
@@ -113,8 +117,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _spawn_kernel(workdir: str, config: AgentConfig, plain: bool) -> KernelProcess:
     """The first kernel, with the session's packages in its environment as the
-    supervisor will have them in its own (``Supervisor`` adds them to ``os.environ``)."""
+    supervisor will have them in its own (``Supervisor`` adds them to ``os.environ``):
+    forked where the agent runs no thread, else a new interpreter."""
     env = {**os.environ, **packages.environ(workdir, os.environ)}
+    if can_fork():
+        return fork_kernel(workdir, config, plain, env)
     return spawn_kernel(workdir, config, plain, env)
 
 

@@ -49,6 +49,12 @@ class Shell(StateShell, Protocol):
 
     def run(self, code: str) -> Outcome: ...
 
+    def warm_up(self) -> None:
+        """Do now what the first cell would do first, with no trace a cell could see (no
+        count, no history, no names). Called by the kernel after its ``ready``, while the
+        host's ``exec`` is on its way."""
+        ...
+
 
 def error_info(exc: BaseException, traceback_text: str) -> dict[str, str]:
     return {

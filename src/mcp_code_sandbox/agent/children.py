@@ -14,11 +14,13 @@ import os
 import signal
 import subprocess
 from collections.abc import Callable, Iterable, Mapping
+from typing import Protocol
 
 __all__ = [
     "CHUNK_BYTES",
     "Child",
     "OutputPipe",
+    "Process",
     "describe_exit",
     "kill_strays",
     "reap_orphans",
@@ -71,16 +73,35 @@ class OutputPipe:
             os.close(self.fd)
 
 
+class Process(Protocol):
+    """What a child needs of its process: ``subprocess.Popen``, or a forked kernel's
+    (:class:`.forked.ForkedProcess`)."""
+
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
 class Child:
-    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
-        assert proc.stdout is not None and proc.stderr is not None
+    def __init__(self, proc: Process, stdout: int, stderr: int) -> None:
+        """``stdout``, ``stderr``: the read ends of the child's pipes, now the child's to
+        close (:meth:`of_popen` for a ``Popen``)."""
         self.proc = proc
         self.pid = proc.pid
+        self.stdout = OutputPipe(stdout, "stdout")
+        self.stderr = OutputPipe(stderr, "stderr")
+
+    @classmethod
+    def of_popen(cls, proc: subprocess.Popen[bytes]) -> Child:
+        assert proc.stdout is not None and proc.stderr is not None
         # Popen's file objects would close the fds when collected: take the fds over.
-        self.stdout = OutputPipe(os.dup(proc.stdout.fileno()), "stdout")
-        self.stderr = OutputPipe(os.dup(proc.stderr.fileno()), "stderr")
+        child = cls(proc, os.dup(proc.stdout.fileno()), os.dup(proc.stderr.fileno()))
         proc.stdout.close()
         proc.stderr.close()
+        return child
 
     @property
     def pipes(self) -> tuple[OutputPipe, OutputPipe]:
@@ -124,7 +145,7 @@ def spawn(
         start_new_session=True,
         preexec_fn=preexec_fn,  # safe: the supervisor has no threads
     )
-    return Child(proc)
+    return Child.of_popen(proc)
 
 
 def describe_exit(returncode: int) -> str:

@@ -106,6 +106,12 @@ class Kernel:
         _preload(self._preload)  # after the figure hook: a preloaded pyplot is patched too
         ready = {"ev": "ready", "ipython": self.shell.ipython, "version": _python_version()}
         self._streams.outbox.send(ready)
+        # While the ready goes to the host and its first exec comes back: what the first
+        # cell would otherwise do before running (between cells, SIGINT is swallowed).
+        try:
+            self.shell.warm_up()
+        except Exception as exc:  # the cell will meet it again, and say so
+            _warn(f"warming up the shell failed: {exc!r}")
         while (message := read_frame(self._control)) is not None:
             if message.get("op") == "exec":
                 self._exec(message)

@@ -2,7 +2,9 @@
 
 The kernel is ``python -s -B -m <package>.kernel`` started from the directory holding the
 agent package (so ``-m`` finds it under either name, ``mcs_agent`` in the sandbox or
-``mcp_code_sandbox.agent`` on the host); it changes to the workspace itself.
+``mcp_code_sandbox.agent`` on the host); it changes to the workspace itself. The first
+kernel of a sandbox is usually forked from the agent instead (:mod:`.forked`), with the
+same arguments (:func:`kernel_argv`); from here on both are the same to the supervisor.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ __all__ = [
     "KernelProcess",
     "KernelStartError",
     "await_ready",
+    "kernel_argv",
     "spawn_kernel",
     "start_kernel",
 ]
@@ -91,13 +94,8 @@ def spawn_kernel(
     The agent's ``main`` calls this before it imports the rest of the agent, so that the
     kernel boots while the agent finishes its own start (see ``__main__``)."""
     ours, theirs = socket.socketpair()
-    argv = [
-        sys.executable, "-s", "-B", "-m", f"{__package__}.kernel",
-        "--control-fd", str(theirs.fileno()),
-        "--workdir", workdir, "--config", config.to_json(),
-    ]  # fmt: skip
-    if plain:
-        argv.append("--plain")
+    argv = [sys.executable, "-s", "-B", "-m", f"{__package__}.kernel"]
+    argv += kernel_argv(theirs.fileno(), workdir, config, plain)
     try:
         child = spawn(argv, cwd=_lib_dir(), env=env, pass_fds=[theirs.fileno()])
     except BaseException:
@@ -106,6 +104,15 @@ def spawn_kernel(
     finally:
         theirs.close()
     return KernelProcess(child, ours)
+
+
+def kernel_argv(control: int, workdir: str, config: AgentConfig, plain: bool) -> list[str]:
+    """The kernel's arguments (after ``-m <package>.kernel``); also what a forked kernel
+    parses (:mod:`.forked`)."""
+    argv = ["--control-fd", str(control), "--workdir", workdir, "--config", config.to_json()]
+    if plain:
+        argv.append("--plain")
+    return argv
 
 
 def await_ready(

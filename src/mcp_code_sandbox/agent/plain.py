@@ -47,6 +47,9 @@ class PlainShell:
 
     # -- what a save or load of the session's variables needs (``state.StateShell``) --
 
+    def warm_up(self) -> None:
+        pass  # ``exec`` has nothing to prepare
+
     def user_namespace(self) -> dict[str, Any]:
         return self.namespace
 

@@ -370,10 +370,12 @@ class Supervisor:
 
     def _on_program_exit(self) -> None:
         run = self._run
-        if run is None or run.child is None or run.child.returncode() is None:
+        if run is None or run.child is None:
             return
         child = run.child
-        returncode = child.proc.returncode
+        returncode = child.returncode()
+        if returncode is None:
+            return
         if run.reason is not None:  # what it left running in its group goes with it
             child.signal_group(signal.SIGKILL)
         self._unwatch(child)

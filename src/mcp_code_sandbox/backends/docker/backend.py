@@ -78,7 +78,12 @@ from mcp_code_sandbox.backends.base import (
     Usage,
     stop_step,
 )
-from mcp_code_sandbox.backends.docker.engine import Engine, engine_ready, instance_alive
+from mcp_code_sandbox.backends.docker.engine import (
+    Engine,
+    create_container,
+    engine_ready,
+    instance_alive,
+)
 from mcp_code_sandbox.backends.docker.labels import RUNNER_FILTER, info_from_labels
 from mcp_code_sandbox.backends.docker.runners import (
     DockerRunner,
@@ -225,7 +230,7 @@ class DockerBackend(Backend, RunnerImages):
         )
         container: Any = None
         try:
-            container = await self.engine.call(client.containers.create, **kwargs)
+            container = await self.engine.call(create_container, client, kwargs)
             await self.engine.call(container.start)
             channel, reader, peer = await accept_agent(
                 listener, container, self.engine.call, READY_TIMEOUT_S, self._runsc_hint()

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 import docker
 import docker.errors
 import requests.exceptions
+from docker.models.containers import RUN_CREATE_KWARGS, RUN_HOST_CONFIG_KWARGS
 
 from mcp_code_sandbox.errors import BackendUnavailable, SandboxError, SandboxFailed
 from mcp_code_sandbox.host import process_alive, read_mark
@@ -29,6 +30,7 @@ from mcp_code_sandbox.host import process_alive, read_mark
 __all__ = [
     "API_TIMEOUT_S",
     "Engine",
+    "create_container",
     "engine_ready",
     "foreign",
     "instance_alive",
@@ -43,6 +45,25 @@ log = logging.getLogger(__name__)
 #: docker-py's HTTP timeout: an engine that hangs is as good as down.
 API_TIMEOUT_S = 30
 _T = TypeVar("_T")
+
+
+def create_container(client: Any, kwargs: Mapping[str, Any]) -> Any:
+    """``client.containers.create(**kwargs)`` without the inspect that docker-py sends
+    after the create to fill in the model: one engine round trip less on every new
+    sandbox. The model holds the id only; ``reload`` fills it in, as every caller that
+    reads more than the id already does. Blocking: call it through :meth:`Engine.call`.
+
+    The kwargs are split as ``containers.create`` splits them, by docker-py's own
+    lists; one it does not know is a ``TypeError``, as there."""
+    create = {key: value for key, value in kwargs.items() if key in RUN_CREATE_KWARGS}
+    host = {key: value for key, value in kwargs.items() if key in RUN_HOST_CONFIG_KWARGS}
+    unknown = set(kwargs) - set(create) - set(host)
+    if unknown:
+        raise TypeError(f"unexpected container arguments: {sorted(unknown)}")
+    created = client.api.create_container(
+        host_config=client.api.create_host_config(**host), **create
+    )
+    return client.containers.prepare_model({"Id": created["Id"]})
 
 
 class Engine:
