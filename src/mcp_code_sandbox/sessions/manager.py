@@ -317,6 +317,7 @@ class SessionManager:
                 session, created, notice = self._lookup(owner, session_id, create=True, pool=pool)
         else:
             session, created, notice = self._lookup(owner, session_id, create=create, pool=pool)
+        session.queued += 1  # not idle while a call waits for it (see ``room``)
         try:
             async with asyncio.timeout(wait_s):
                 await session.lock.acquire()
@@ -325,6 +326,8 @@ class SessionManager:
                 f"session {session.id} is still running an earlier call after {wait_s:.0f} s "
                 "of waiting; wait for it to finish, or use another session"
             ) from None
+        finally:
+            session.queued -= 1
         try:
             if session.closed:  # closed while this call waited in the queue
                 raise SessionNotFound(f"session {session.id} was closed while this call waited")

@@ -98,6 +98,7 @@ class Room:
             and not s.pausing
             and not s.closed
             and not s.lock.locked()
+            and not s.queued  # a call waits for it: pausing would wait for that call
             and (owner is None or s.owner == owner)
         ]
         return min(idle, key=lambda s: s.last_active, default=None)

@@ -159,6 +159,9 @@ class Session:
     pausing: bool = False
     #: A call is resuming it: it counts as running from then (see ``room``).
     resuming: bool = False
+    #: Calls waiting for its lock: a session with one is not idle, even while its lock
+    #: is free for a moment between two calls (``room`` never pauses it then).
+    queued: int = 0
     #: Whether the record on disk says paused (a resume rewrites it at once).
     recorded_paused: bool = False
     #: The slot it moved out of (resumed into a warm sandbox), until that slot is gone:
