@@ -13,7 +13,7 @@ import pytest
 
 from mcp_code_sandbox.errors import SandboxFailed
 from mcp_code_sandbox.run.request import RunRequest
-from mcp_code_sandbox.sessions import records
+from mcp_code_sandbox.sessions import moving, records
 from mcp_code_sandbox.sessions.agent_client import AgentClient
 from mcp_code_sandbox.workspace import Workspace
 from tests.fakes import FakeBackend, fake_service
@@ -159,3 +159,31 @@ async def test_an_old_slot_that_cannot_go_at_the_move_goes_with_the_session(
         assert not old_root.exists()
         # Only the pool's own record is left.
         assert all(r.pool for r in records.load_records(state_dir / "sessions"))
+
+
+async def test_a_move_cut_short_by_the_unexpected_discards_the_warm_sandbox(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend = FakeBackend()
+    try:
+        async with fake_service(state_dir, backend, pool_size=1) as svc:
+            sid, slot = await paused_with_a_warm_sandbox(svc)
+            [warm] = svc.sessions.pool.ready_sandboxes()
+
+            def broken(*args: object, **kwargs: object) -> None:
+                raise RuntimeError("a bug in the copy")
+
+            monkeypatch.setattr(moving, "copy_tree", broken)
+            with pytest.raises(RuntimeError, match="a bug in the copy"):
+                await svc.run_code("alice", RunRequest("x + 1"), sid)
+            deadline = asyncio.get_running_loop().time() + 30
+            while warm.sandbox.is_alive():  # retired, in the background
+                assert asyncio.get_running_loop().time() < deadline, "the warm one still runs"
+                await asyncio.sleep(0.02)
+            [session] = [s for s in svc.sessions.listed("alice") if s.id == sid]
+            assert session.slot == slot and session.paused is not None
+            monkeypatch.undo()
+            back = await svc.run_code("alice", RunRequest("x + 1"), sid)
+            assert (back.result, back.resumed) == ("42", "variables"), back
+    finally:
+        await backend.end_all()

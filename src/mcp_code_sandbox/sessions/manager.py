@@ -509,12 +509,13 @@ class SessionManager:
             self.room.check(session.owner)
             session.resuming = True
         try:
-            if pool and fits_pool(session):
-                pooled = self.pool.claim()
-                if pooled is not None and not await move_into(
-                    session, pooled, self.settings, self.threads, self._record
-                ):
-                    self.pool.retire(pooled)
+            pooled = self.pool.claim() if pool and fits_pool(session) else None
+            if pooled is not None:
+                try:
+                    await move_into(session, pooled, self.settings, self.threads, self._record)
+                finally:  # not moved (or the call cancelled before the move committed)
+                    if session.sandbox is not pooled.sandbox:
+                        self.pool.retire(pooled)
             return await self.sandboxes.executor(session, network=network, runner=runner)
         finally:
             session.resuming = False

@@ -40,7 +40,7 @@ import structlog
 
 from mcp_code_sandbox.backends.base import Backend, Sandbox
 from mcp_code_sandbox.metrics import Metrics
-from mcp_code_sandbox.sessions import records
+from mcp_code_sandbox.sessions import records, runlog
 from mcp_code_sandbox.sessions.agent_client import AgentClient
 from mcp_code_sandbox.sessions.sandboxes import Sandboxes
 from mcp_code_sandbox.sessions.session import END_WAIT_S
@@ -293,6 +293,9 @@ class WarmPool:
             except Exception as exc:
                 log.error("cannot remove a pooled workspace", slot=slot, error=repr(exc))
                 return  # the record stays with it (see ``records``: record first, last)
+        # A run log under its name: a paused session's, linked by a move that did not
+        # complete (``moving``); before the record, as for a session.
+        runlog.remove_log(self.settings.runlogs_dir, slot)
         records.remove_record(self.settings.sessions_dir, slot)
         if lease is not None:
             lease.release()  # after the record: see ``uids``
