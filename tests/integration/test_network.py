@@ -177,16 +177,22 @@ _HELPERS = textwrap.dedent(
             return "sent"
         except OSError as e:
             return f"error {e!r}"
+    def connected(connect_host, port):
+        # A tunnel through the bridge: (socket, None), or (None, the refusal's line).
+        s = socket.create_connection(("127.0.0.1", 3128), timeout=10)
+        target = f"{connect_host}:{port}"
+        s.sendall(f"CONNECT {target} HTTP/1.1\\r\\nHost: {target}\\r\\n\\r\\n".encode())
+        head = s.recv(4096).decode("latin-1")
+        if not head.startswith("HTTP/1.1 200"):
+            return None, "connect " + head.split("\\r\\n")[0]
+        return s, None
     def fronted(connect_host, sni, port):
         # CONNECT to one host through the bridge, then a ClientHello naming another.
         import ssl
         try:
-            s = socket.create_connection(("127.0.0.1", 3128), timeout=10)
-            target = f"{connect_host}:{port}"
-            s.sendall(f"CONNECT {target} HTTP/1.1\\r\\nHost: {target}\\r\\n\\r\\n".encode())
-            head = s.recv(4096).decode("latin-1")
-            if not head.startswith("HTTP/1.1 200"):
-                return "connect " + head.split("\\r\\n")[0]
+            s, refused = connected(connect_host, port)
+            if refused:
+                return refused
             tls = ssl.create_default_context().wrap_socket(s, server_hostname=sni)
             tls.sendall(f"GET / HTTP/1.0\\r\\nHost: {sni}\\r\\n\\r\\n".encode())
             return "tls " + tls.recv(4096).decode("latin-1")
@@ -196,12 +202,9 @@ _HELPERS = textwrap.dedent(
         # CONNECT to one host, then plain HTTP (as Node's fetch sends http:// URLs)
         # whose Host header names another.
         try:
-            s = socket.create_connection(("127.0.0.1", 3128), timeout=10)
-            target = f"{connect_host}:{port}"
-            s.sendall(f"CONNECT {target} HTTP/1.1\\r\\nHost: {target}\\r\\n\\r\\n".encode())
-            head = s.recv(4096).decode("latin-1")
-            if not head.startswith("HTTP/1.1 200"):
-                return "connect " + head.split("\\r\\n")[0]
+            s, refused = connected(connect_host, port)
+            if refused:
+                return refused
             s.sendall(
                 f"GET / HTTP/1.1\\r\\nHost: {host_header}:{port}\\r\\n"
                 "Connection: close\\r\\n\\r\\n".encode()

@@ -143,7 +143,8 @@ def test_gives_up_after_reconnect_s(tmp_path: Path) -> None:
             proc.wait()
 
 
-def test_channel_fd_mode_still_exits_at_eof(tmp_path: Path) -> None:
+def channel_fd_agent(tmp_path: Path) -> tuple[socket.socket, subprocess.Popen[bytes]]:
+    """An agent on an inherited socket (``--channel-fd``), and the host's end of it."""
     host, child = socket.socketpair()
     argv = [sys.executable, "-m", "mcp_code_sandbox.agent", "--channel-fd", str(child.fileno()),
             "--workdir", str(tmp_path), "--config", json.dumps(CONFIG), "--plain"]  # fmt: skip
@@ -151,6 +152,11 @@ def test_channel_fd_mode_still_exits_at_eof(tmp_path: Path) -> None:
     proc = subprocess.Popen(argv, env=env, pass_fds=[child.fileno()], stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     child.close()
+    return host, proc
+
+
+def test_channel_fd_mode_still_exits_at_eof(tmp_path: Path) -> None:
+    host, proc = channel_fd_agent(tmp_path)
     try:
         with host:
             assert (read(host) or {}).get("ev") == "ready"
@@ -179,13 +185,7 @@ def test_park_closes_the_channel_and_the_agent_is_back_at_once(
 
 
 def test_park_on_a_channel_that_cannot_reconnect_is_an_error(tmp_path: Path) -> None:
-    host, child = socket.socketpair()
-    argv = [sys.executable, "-m", "mcp_code_sandbox.agent", "--channel-fd", str(child.fileno()),
-            "--workdir", str(tmp_path), "--config", json.dumps(CONFIG), "--plain"]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(SRC)}
-    proc = subprocess.Popen(argv, env=env, pass_fds=[child.fileno()], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    child.close()
+    host, proc = channel_fd_agent(tmp_path)
     try:
         with host:
             assert (read(host) or {}).get("ev") == "ready"

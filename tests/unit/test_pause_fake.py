@@ -97,8 +97,9 @@ async def test_list_sessions_shows_the_callers_sessions_only(state_dir: Path) ->
 # -- a paused session moved into a warm sandbox: the bad paths ---------------------------------
 
 
-async def paused_with_a_warm_sandbox(svc: Any) -> tuple[str, str]:
-    """A session paused by its variables, and the pool ready again: (its id, its slot)."""
+async def paused_with_a_warm_sandbox(svc: Any) -> tuple[str, str, Any]:
+    """A session paused by its variables, and the pool ready again: (its id, its slot,
+    the pool's warm sandbox)."""
     made = await svc.run_code("alice", RunRequest("x = 41\nopen('f.txt', 'w').write('a')"))
     sid = made.session_id
     paused = await svc.sessions.pause("alice", sid)
@@ -109,15 +110,15 @@ async def paused_with_a_warm_sandbox(svc: Any) -> tuple[str, str]:
         assert asyncio.get_running_loop().time() < deadline, "the pool did not refill"
         await asyncio.sleep(0.02)
     [session] = [s for s in svc.sessions.listed("alice") if s.id == sid]
-    return sid, session.slot
+    [warm] = pool.ready_sandboxes()
+    return sid, session.slot, warm
 
 
 async def test_a_move_whose_record_cannot_be_written_changes_nothing(
     state_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async with fake_service(state_dir, pool_size=1) as svc:
-        sid, slot = await paused_with_a_warm_sandbox(svc)
-        [warm] = svc.sessions.pool.ready_sandboxes()
+        sid, slot, warm = await paused_with_a_warm_sandbox(svc)
 
         def full(*args: object, **kwargs: object) -> None:
             raise OSError(28, "No space left on device")
@@ -136,8 +137,7 @@ async def test_an_old_slot_that_cannot_go_at_the_move_goes_with_the_session(
     state_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async with fake_service(state_dir, pool_size=1) as svc:
-        sid, slot = await paused_with_a_warm_sandbox(svc)
-        [warm] = svc.sessions.pool.ready_sandboxes()
+        sid, slot, warm = await paused_with_a_warm_sandbox(svc)
         old_root = state_dir / "workspaces" / slot
         destroy = Workspace.destroy
 
@@ -167,8 +167,7 @@ async def test_a_move_cut_short_by_the_unexpected_discards_the_warm_sandbox(
     backend = FakeBackend()
     try:
         async with fake_service(state_dir, backend, pool_size=1) as svc:
-            sid, slot = await paused_with_a_warm_sandbox(svc)
-            [warm] = svc.sessions.pool.ready_sandboxes()
+            sid, slot, warm = await paused_with_a_warm_sandbox(svc)
 
             def broken(*args: object, **kwargs: object) -> None:
                 raise RuntimeError("a bug in the copy")

@@ -72,11 +72,12 @@ async def move_into(
     settings: Settings,
     threads: WorkerThreads,
     record_of: Callable[[Session], records.SessionRecord],
-) -> bool:
-    """Move paused ``session`` into ``pooled`` (see the module docstring). True: it is
-    the session's now (its sandbox, agent, slot, workspace and uid); False: nothing of
-    the session changed, and the caller discards ``pooled``. Lock held; never raises for
-    the disk's or the sandbox's files."""
+) -> None:
+    """Move paused ``session`` into ``pooled`` (see the module docstring). Moved, the
+    session's sandbox is ``pooled.sandbox`` (with its agent, slot, workspace and uid);
+    else nothing of the session changed, and the caller discards ``pooled`` (also when
+    this raises, a cancellation say, before the move committed). Lock held; never raises
+    for the disk's or the sandbox's files."""
     copy = functools.partial(
         copy_tree,
         session.workspace.root,
@@ -92,10 +93,10 @@ async def move_into(
         await threads.run(session.owner, _link, old_log, new_log)
     except (CopyRefused, OSError) as exc:
         log.info("a paused session resumes in a new sandbox", session=session.id, why=str(exc))
-        return False
+        return
     if session.closed:  # closed while we copied: its end removes its own slot
         await threads.run(session.owner, _unlink, new_log)
-        return False
+        return
     old_key, moved = session.key, Moved(session.slot, session.workspace, session.uid_lease)
     session.key, session.slot, session.workspace = pooled.key, pooled.slot, pooled.workspace
     session.uid_lease, session.replaces = pooled.uid_lease, moved
@@ -108,7 +109,7 @@ async def move_into(
         session.uid_lease, session.replaces = moved.uid_lease, None
         session.sandbox, session.agent = None, None
         await threads.run(session.owner, _unlink, new_log)
-        return False
+        return
     log.info(
         "a paused session moved into a warm sandbox",
         session=session.id,
@@ -118,7 +119,6 @@ async def move_into(
     )
     if await forget_moved(settings, threads, session.owner, moved):
         session.replaces = None
-    return True
 
 
 async def forget_moved(

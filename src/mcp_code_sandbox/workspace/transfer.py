@@ -78,8 +78,13 @@ def copy_tree(
 
 
 def _copy_dir(src: int, dst: int, limits: _Limits, copied: Copied, depth: int) -> None:
-    with os.scandir(src) as it:
-        names = [entry.name for entry in it]
+    done = copied.files + copied.dirs + copied.links + copied.skipped
+    names: list[str] = []
+    with os.scandir(src) as it:  # bounded while listing: a directory may hold millions
+        for entry in it:
+            if done + len(names) >= limits.max_entries:
+                raise CopyRefused(f"more than {limits.max_entries} entries")
+            names.append(entry.name)
     for name in names:
         if copied.files + copied.dirs + copied.links + copied.skipped >= limits.max_entries:
             raise CopyRefused(f"more than {limits.max_entries} entries")
