@@ -353,9 +353,10 @@ def test_kernel_death_is_reported_and_recovered(agent: Agent, code: str, expecte
 
 #: What a kernel shows of itself: started as ``-m ….kernel`` or forked from the agent
 #: (whose command line it keeps), its fds past stdio, whether it is dumpable, and what
-#: user code sees (names, ``sys.path``, ``sys.argv``, the environment).
+#: user code sees (names, ``sys.path``, ``sys.argv``, the environment, the collector on
+#: and the start's objects frozen).
 KERNEL_SELF = """
-import ctypes, json, os, sys
+import ctypes, gc, json, os, sys
 def _fds():
     fds = sorted(map(int, os.listdir('/proc/self/fd')))
     alive = [fd for fd in fds if fd > 2 and os.path.exists(f'/proc/self/fd/{fd}')]
@@ -368,6 +369,7 @@ print(json.dumps({
     'path': sys.path,
     'argv': sys.argv[1:],
     'env': dict(os.environ),
+    'gc': [gc.isenabled(), gc.get_freeze_count() > 0],
 }))
 """
 
@@ -385,6 +387,7 @@ def test_the_first_kernel_is_forked_and_looks_like_a_new_one(agent: Agent) -> No
     fresh = json.loads(second.stdout)
     assert forked.pop("forked") is True and fresh.pop("forked") is False
     assert forked["fds"] == ["socket"] and forked["dumpable"] == 1
+    assert forked["gc"] == [True, True]  # off only for the start's imports
     assert forked["argv"][2:] == fresh["argv"][2:]  # but the control socket's fd number
     del forked["argv"], fresh["argv"]
     assert forked == fresh

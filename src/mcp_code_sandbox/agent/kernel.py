@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import gc
 import importlib
 import json
 import os
@@ -104,6 +105,8 @@ class Kernel:
         self._gate.install()
         self._figures.install()
         _preload(self._preload)  # after the figure hook: a preloaded pyplot is patched too
+        gc.freeze()  # the start's objects (see the agent's ``main``)
+        gc.enable()
         ready = {"ev": "ready", "ipython": self.shell.ipython, "version": _python_version()}
         self._streams.outbox.send(ready)
         # While the ready goes to the host and its first exec comes back: what the first
@@ -231,6 +234,7 @@ def _setup_process(workdir: str, control: int, config: AgentConfig) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    gc.disable()  # for the imports to come, as the agent does (on again at the ready)
     parser = argparse.ArgumentParser(prog="kernel")
     parser.add_argument("--control-fd", type=int, required=True)
     parser.add_argument("--workdir", required=True)
