@@ -13,6 +13,7 @@ import pytest
 
 from mcp_code_sandbox.run.request import RunRequest
 from mcp_code_sandbox.workspace import Workspace
+from mcp_code_sandbox.workspace import spares as spares_module
 from mcp_code_sandbox.workspace.spares import SPARES_DIR, SpareImages
 from mcp_code_sandbox.workspace.volume import MIN_IMAGE_BYTES, Volume, mounted
 
@@ -59,6 +60,25 @@ def test_a_spare_is_taken_mounted_and_refilled_and_close_deletes_them(tmp_path: 
         spares.close()
     assert not (tmp_path / SPARES_DIR).exists()
     assert not spares.take(tmp_path / "late.img", SIZE)
+
+
+def test_a_refill_waits_while_a_spare_is_left_and_not_once_none_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spares = SpareImages(tmp_path / SPARES_DIR, SIZE, keep=2)
+    spares.start()
+    try:
+        wait_for(lambda: spares.ready() == 2, "two spares")
+        monkeypatch.setattr(spares_module, "REFILL_AFTER_S", 3600.0)
+        assert spares.take(tmp_path / "a.img", SIZE)
+        time.sleep(0.5)  # a format takes ~20 ms: it would be back by now
+        assert spares.ready() == 1, "refilled beside the start of the session that took one"
+        assert spares.take(tmp_path / "b.img", SIZE)
+        wait_for(lambda: spares.ready() >= 1, "a refill once none is left")
+    finally:
+        started = time.monotonic()
+        spares.close()  # not held up by the wait
+    assert time.monotonic() - started < 30
 
 
 def test_no_spares_means_the_workspace_formats_its_own(tmp_path: Path) -> None:

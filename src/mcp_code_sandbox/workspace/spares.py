@@ -10,7 +10,10 @@ Layout and life cycle. Spares live in ``<volumes_dir>/.spares/`` (a directory of
 own: they belong to no slot, so nothing that looks for a slot's image sees them). They
 are sparse files formatted exactly as :meth:`.volume.Volume.create` formats one, never
 mounted until taken, and all of one size (the server's quota). ``mkfs`` runs at a lower
-CPU priority (``nice``): a refill never competes with the sandbox that is starting.
+CPU priority (``nice``), and while a spare is left it waits :data:`REFILL_AFTER_S` after
+a take: the session that took one is starting then, and a format beside it (a process
+started from the server, ~20 ms of CPU on the other core) made its mount ~2 ms slower
+and its engine's create slower too. With none left, a refill starts at once.
 :meth:`SpareImages.close` (the session manager's shutdown) stops the thread and deletes
 them; a server killed with spares leaves files that the next start's recovery deletes
 (:func:`sweep`), as it deletes other stray images.
@@ -33,7 +36,7 @@ from mcp_code_sandbox.errors import InternalError
 from mcp_code_sandbox.workspace.fs import remove_tree
 from mcp_code_sandbox.workspace.volume import IMAGE_SUFFIX, format_image
 
-__all__ = ["RETRY_S", "SPARES_DIR", "SpareImages", "sweep"]
+__all__ = ["REFILL_AFTER_S", "RETRY_S", "SPARES_DIR", "SpareImages", "sweep"]
 
 log = structlog.get_logger(__name__)
 
@@ -41,6 +44,9 @@ log = structlog.get_logger(__name__)
 SPARES_DIR = ".spares"
 #: After a failed format, the thread waits this long before it tries again.
 RETRY_S = 30.0
+#: While a spare is left, a refill waits this long after a take (see above): about a cold
+#: sandbox's start.
+REFILL_AFTER_S = 0.25
 #: How long :meth:`SpareImages.close` waits for a format under way (one takes ~20 ms).
 _JOIN_S = 10.0
 
@@ -107,6 +113,8 @@ class SpareImages:
             with self._cond:
                 while not self._closed and len(self._ready) >= self.keep:
                     self._cond.wait()
+                # One left: its taker is starting now. None left: a refill is due now.
+                self._cond.wait_for(lambda: self._closed or not self._ready, REFILL_AFTER_S)
                 if self._closed:
                     return
             spare = self.directory / f"{os.urandom(8).hex()}{IMAGE_SUFFIX}"
