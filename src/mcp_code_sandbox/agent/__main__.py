@@ -31,10 +31,14 @@ both import are paid once.
 
 from __future__ import annotations
 
+import gc
+
+if __name__ == "__main__":  # the agent's start, not an import of ``main`` (tests)
+    gc.disable()  # for the imports below too: see ``main``
+
 import argparse
 import contextlib
 import ctypes
-import gc
 import os
 import sys
 

@@ -4,6 +4,10 @@ Every child runs in its own session and process group, with stdin from /dev/null
 fd 1 / fd 2 on pipes the supervisor reads without blocking. A child's exit is noticed
 by SIGCHLD (the supervisor's wake-up socket), not by a pidfd: the sandbox's seccomp filter
 denies ``pidfd_open``, since a pidfd is what ``pidfd_getfd`` steals fds with.
+
+``subprocess`` is imported where it is used, not with this module: the agent imports this
+before it forks its first kernel, which never needs ``subprocess`` (nor ``locale``, which
+it brings), and a module imported before the fork is on every sandbox's start (~1.5 ms).
 """
 
 from __future__ import annotations
@@ -12,9 +16,11 @@ import codecs
 import contextlib
 import os
 import signal
-import subprocess
 from collections.abc import Callable, Iterable, Mapping
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    import subprocess
 
 __all__ = [
     "CHUNK_BYTES",
@@ -115,6 +121,8 @@ class Child:
             os.killpg(self.pid, signum)
 
     def kill_and_reap(self) -> int:
+        import subprocess  # see the module docstring
+
         self.signal_group(signal.SIGKILL)
         try:
             return self.proc.wait(timeout=5)
@@ -134,6 +142,8 @@ def spawn(
     pass_fds: Iterable[int] = (),
     preexec_fn: Callable[[], None] | None = None,
 ) -> Child:
+    import subprocess  # see the module docstring
+
     proc = subprocess.Popen(
         argv,
         cwd=cwd,

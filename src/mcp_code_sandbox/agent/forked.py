@@ -31,7 +31,6 @@ import ctypes
 import os
 import site
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -73,6 +72,8 @@ class ForkedProcess:
         deadline = None if timeout is None else time.monotonic() + timeout
         while (code := self.poll()) is None:
             if deadline is not None and time.monotonic() >= deadline:
+                import subprocess  # not before the fork (see .children)
+
                 raise subprocess.TimeoutExpired(str(self.pid), timeout or 0.0)
             time.sleep(_POLL_S)
         return code
