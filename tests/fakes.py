@@ -29,7 +29,7 @@ import signal
 import socket
 import sys
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from typing import Any
 
@@ -101,7 +101,9 @@ class FakeBackend(Backend):
 
     # -- the seam -------------------------------------------------------------------------
 
-    async def create(self, spec: SandboxSpec) -> Sandbox:
+    async def create(self, spec: SandboxSpec, *, mounted: Awaitable[None] | None = None) -> Sandbox:
+        if mounted is not None:  # as a real backend: the workspace is seen once mounted
+            await mounted
         self.created.append(spec)
         if self.fail_creates > 0:
             self.fail_creates -= 1

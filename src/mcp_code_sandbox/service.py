@@ -283,7 +283,7 @@ class SandboxService:
         # their own: a call asking for any of these starts its sandbox as before.
         pooled = network is None and not request.env and runner is None
         async with self.sessions.acquire(
-            owner, session_id, create=True, wait_s=timeout, pool=pooled
+            owner, session_id, create=True, wait_s=timeout, pool=pooled, runs=True
         ) as held:
             started = time.monotonic()  # the sandbox's start counts, the queue does not
             handout = await self.sessions.executor(

@@ -66,8 +66,8 @@ async def noting_service(settings: Settings) -> AsyncIterator[tuple[SandboxServi
     created: list[str] = []
     create = svc.backend.create
 
-    async def noting(spec: Any) -> Sandbox:
-        sandbox = await create(spec)
+    async def noting(spec: Any, **kwargs: Any) -> Sandbox:
+        sandbox = await create(spec, **kwargs)
         created.append(sandbox.backend_id)
         return sandbox
 

@@ -204,8 +204,8 @@ class GatedStarts:
         self._create = backend.create
         backend.create = self.create
 
-    async def create(self, spec: SandboxSpec) -> Sandbox:
-        sandbox = await self._create(spec)
+    async def create(self, spec: SandboxSpec, **kwargs: Any) -> Sandbox:
+        sandbox = await self._create(spec, **kwargs)
         self.started.append(sandbox)
         self.at_gate.set()
         await self.gate.wait()

@@ -17,8 +17,12 @@ from typing import Any
 import pytest
 from mcp import Client
 
+from mcp_code_sandbox.errors import InternalError
+from mcp_code_sandbox.run.request import RunRequest
 from mcp_code_sandbox.settings import Settings
+from mcp_code_sandbox.workspace import Workspace
 from mcp_code_sandbox.workspace.spares import SPARES_DIR
+from mcp_code_sandbox.workspace.volume import image_bytes, mounted
 
 from ..conftest import MakeService, each_backend
 from ..e2e.conftest import http_server_process
@@ -119,3 +123,40 @@ async def test_a_killed_servers_filesystems_are_released_or_kept(
             assert not again.is_error and again.structured_content["stdout"] == "hi\n", again
     nothing_left(settings)
     assert not spares_dir(settings).exists()
+
+
+@each_backend
+async def test_a_new_sessions_first_run_sees_its_own_filesystem(
+    make_service: MakeService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The workspace of a new session is mounted while its sandbox starts (docker: during
+    the container's create): its first run already sees the filesystem, not the directory
+    under it; a mount that fails fails the call, leaves no sandbox, and the next call
+    mounts it."""
+    async with make_service(workspace_quota_bytes=8 << 20) as svc:
+        code = (
+            "import os; s = os.statvfs('/mnt/data'); print(s.f_blocks * s.f_frsize)\n"
+            "open('f.txt', 'w').write('x')"
+        )
+        first = await svc.run_code("local", RunRequest(code), "fresh")
+        assert first.status == "ok", first
+        assert int(first.stdout) <= image_bytes(8 << 20)  # its own, not the host's
+        [session] = svc.sessions.with_id("fresh")
+        assert mounted(session.workspace.root)
+        assert (session.workspace.root / "f.txt").read_text() == "x"
+
+        create = Workspace.create
+
+        def failing(self: Workspace) -> None:
+            raise InternalError("mount failed: the test's")
+
+        monkeypatch.setattr(Workspace, "create", failing)
+        with pytest.raises(InternalError, match="the test's"):
+            await svc.run_code("local", RunRequest("print(1)"), "unlucky")
+        [unlucky] = svc.sessions.with_id("unlucky")
+        assert unlucky.sandbox is None and not unlucky.workspace_made
+        assert not mounted(unlucky.workspace.root)
+        monkeypatch.setattr(Workspace, "create", create)
+        again = await svc.run_code("local", RunRequest(code), "unlucky")
+        assert again.status == "ok" and int(again.stdout) <= image_bytes(8 << 20), again
+    nothing_left(svc.settings)

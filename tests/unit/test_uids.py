@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Awaitable
 from pathlib import Path
 
 import pytest
@@ -246,7 +247,9 @@ async def test_the_runtime_probe_runs_as_a_uid_of_its_own(tmp_path: Path) -> Non
     class Backend:
         workspace_owner = None
 
-        async def create(self, spec: SandboxSpec) -> object:
+        async def create(self, spec: SandboxSpec, mounted: Awaitable[None] | None = None) -> object:
+            if mounted is not None:
+                await mounted
             seen.append((spec, spec.workspace.stat().st_uid))
             return type("Box", (), {"ready": {"languages": {"python": "3"}}})()
 

@@ -268,12 +268,18 @@ class Backend(abc.ABC):
     workspace_mounts_unseen: str | None = None
 
     @abc.abstractmethod
-    async def create(self, spec: SandboxSpec) -> Sandbox:
+    async def create(self, spec: SandboxSpec, *, mounted: Awaitable[None] | None = None) -> Sandbox:
         """Start a sandbox for ``spec`` and return it once its agent said ``ready``.
 
         Called by the session manager for a new session, and again for an existing one
         whose sandbox died. Raises ``BackendUnavailable`` when the backend cannot run at
         all and ``SandboxFailed`` when this one sandbox could not start.
+
+        ``mounted``: the workspace's filesystem, which the session manager is still
+        mounting on ``spec.workspace`` (a directory already). The backend awaits it before
+        the sandbox can see the workspace, after what it can do without it (docker: the
+        container's create), so that the two overlap; what it raises, ``create`` raises,
+        having freed what it made.
         """
 
     @abc.abstractmethod

@@ -303,6 +303,7 @@ class SessionManager:
         create: bool,
         wait_s: float,
         pool: bool = False,
+        runs: bool = False,
     ) -> AsyncIterator[Acquired]:
         """Hold ``owner``'s session for one call, creating it when ``create`` allows.
 
@@ -310,6 +311,9 @@ class SessionManager:
         created under that name when ``create``, else ``SessionNotFound``. ``pool``: the
         call runs code in a sandbox of the pool's kind (no network, no runner, no env of
         its own), so a session it creates takes a warm sandbox when there is one.
+        ``runs``: the call asks for its :meth:`executor` next, which mounts the workspace
+        of a session that is not paused (a new one) while its sandbox starts; else the
+        workspace is mounted here.
         """
         if create and (session_id is None or (owner, session_id) not in self._sessions):
             async with self.room.lock:  # a new session runs: room first (see ``room``)
@@ -331,7 +335,7 @@ class SessionManager:
         try:
             if session.closed:  # closed while this call waited in the queue
                 raise SessionNotFound(f"session {session.id} was closed while this call waited")
-            if not session.workspace_made:
+            if not session.workspace_made and not (runs and session.paused is None):
                 await self._make_workspace(session)
             self._touch(session)
             yield Acquired(session, created, notice)
@@ -503,6 +507,8 @@ class SessionManager:
         files are few enough (:mod:`.moving`). Called by the service with the session's
         lock held."""
         if session.paused is None:
+            if not session.workspace_made:
+                return await self._mounting(session, network=network, runner=runner)
             return await self.sandboxes.executor(session, network=network, runner=runner)
         async with self.room.lock:  # it runs again: room first (see ``room``)
             await self.room.make(session.owner, exclude=session)
@@ -519,6 +525,28 @@ class SessionManager:
             return await self.sandboxes.executor(session, network=network, runner=runner)
         finally:
             session.resuming = False
+
+    async def _mounting(
+        self, session: Session, *, network: Wish, runner: RunnerImage | None
+    ) -> Handout:
+        """The executor of a session whose workspace is not mounted yet (a new one, from
+        ``acquire(runs=True)``): its directory is made first (a container's bind needs it
+        at the create), then its filesystem is mounted while the backend starts the
+        sandbox, which waits for the mount only where it must (docker: between the
+        container's create and its start). Whatever the executor did, the mount has
+        ended when this returns, and what it raised is raised."""
+        await self.threads.run(session.owner, session.workspace.make_root)
+        mounting = asyncio.ensure_future(self._make_workspace(session))
+        try:
+            handout = await self.sandboxes.executor(
+                session, network=network, runner=runner, mounted=mounting
+            )
+        finally:
+            await asyncio.wait({mounting})
+            if not mounting.cancelled():
+                mounting.exception()  # raised by the executor already, or just below
+        await mounting  # a sandbox running already (none is, in practice) did not wait
+        return handout
 
     # -- closing ---------------------------------------------------------------------------
 

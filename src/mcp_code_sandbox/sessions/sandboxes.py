@@ -219,7 +219,12 @@ class Sandboxes:
         )
 
     async def executor(
-        self, session: Session, *, network: Wish = None, runner: RunnerImage | None = None
+        self,
+        session: Session,
+        *,
+        network: Wish = None,
+        runner: RunnerImage | None = None,
+        mounted: Awaitable[None] | None = None,
     ) -> Handout:
         """What runs this call's code in ``session``: its agent, or (``runner``) its
         container of that runner image; started if need be, replaced if it died.
@@ -230,13 +235,17 @@ class Sandboxes:
         and says nothing more; a runner's container is replaced once within the run
         (runners keep no state). Called by :meth:`.manager.SessionManager.executor` (for
         the service) with the session's lock held; ``SessionNotFound`` as for
-        :meth:`_ensure_sandbox`."""
+        :meth:`_ensure_sandbox`. ``mounted``: the workspace's mount, still under way (a
+        new session's, see :meth:`.manager.SessionManager.executor`): a sandbox started
+        here waits for it (``Backend.create``); the caller awaits it in any case."""
         session.runs += 1
         resumed, notice = None, None
         # Paused: resumed now (its sandbox, if any, is a warm one it moved into).
         if session.paused is not None:
             resumed, notice = await self._resume(session, network if runner is None else None)
         if runner is not None:
+            if mounted is not None:
+                await mounted
             container = await self._ensure_runner(session, runner, network=network)
 
             async def replace() -> RunnerSandbox:
@@ -244,7 +253,7 @@ class Sandboxes:
                 return await self._ensure_runner(session, runner, network=network)
 
             return Handout(RunnerClient(container, replace), session.runs, notice, resumed)
-        agent, replaced = await self._ensure_sandbox(session, network=network)
+        agent, replaced = await self._ensure_sandbox(session, network=network, mounted=mounted)
         guarded = Guarded(agent, lambda exc: self._sandbox_failed(session, exc))
         return Handout(guarded, session.runs, _joined(notice, replaced), resumed)
 
@@ -259,7 +268,7 @@ class Sandboxes:
         return lost(str(exc))
 
     async def _ensure_sandbox(
-        self, session: Session, *, network: Wish = None
+        self, session: Session, *, network: Wish = None, mounted: Awaitable[None] | None = None
     ) -> tuple[AgentClient, str | None]:
         """The session's agent, starting a sandbox if it has none or its one died.
 
@@ -310,7 +319,7 @@ class Sandboxes:
             began = time.monotonic()
             with self.metrics.counting_backend_errors():
                 sandbox = await self._create(
-                    session, lambda: self._started(spec, self.backend.create), self._stop
+                    session, lambda: self._started(spec, mounted), self._stop
                 )
             self.metrics.cold_started(time.monotonic() - began)
             session.sandbox, session.agent = sandbox, AgentClient(sandbox.channel)
@@ -447,11 +456,9 @@ class Sandboxes:
         egress, env = await self.egress.open(spec.key, spec.owner, spec.session_id, network)
         return dataclasses.replace(spec, egress=egress, env={**spec.env, **env})
 
-    async def _started(
-        self, spec: SandboxSpec, create: Callable[[SandboxSpec], Awaitable[_T]]
-    ) -> _T:
+    async def _started(self, spec: SandboxSpec, mounted: Awaitable[None] | None) -> Sandbox:
         try:
-            return await create(spec)
+            return await self.backend.create(spec, mounted=mounted)
         except BaseException:
             await self.egress.close(spec.egress)
             raise

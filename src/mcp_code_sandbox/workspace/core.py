@@ -88,14 +88,24 @@ class Workspace:
         on it; an existing directory (and mount) is kept. Blocks (20-30 ms with a volume):
         call it in a worker thread."""
         with _fs_errors("."):
-            self.root.parent.mkdir(parents=True, exist_ok=True)
-            # An existing directory is a server restart re-attaching to a session: keep it.
-            with suppress(FileExistsError):
-                os.mkdir(self.root, 0o700)
+            self._make_root()
             if self.volume is not None:
                 self.volume.create(self.root)
             with closing_fd(os.open(self.root, DIR_FLAGS)) as fd:
                 self._adopt(fd, 0o700)
+
+    def make_root(self) -> None:
+        """Create ``root`` alone (mode 0o700, the server's), neither mounted nor given to
+        ``owner`` yet: what a sandbox's bind needs to be made; :meth:`create` does the
+        rest. Blocks: call it in a worker thread."""
+        with _fs_errors("."):
+            self._make_root()
+
+    def _make_root(self) -> None:
+        self.root.parent.mkdir(parents=True, exist_ok=True)
+        # An existing directory is a server restart re-attaching to a session: keep it.
+        with suppress(FileExistsError):
+            os.mkdir(self.root, 0o700)
 
     def unmount(self) -> None:
         """Unmount the volume, keeping its image; :meth:`create` mounts it again. A no-op

@@ -41,7 +41,7 @@ import signal
 import socket
 import subprocess
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -278,7 +278,7 @@ class BwrapBackend(Backend):
         if not status.ok:
             raise BackendUnavailable(status.detail)
 
-    async def create(self, spec: SandboxSpec) -> Sandbox:
+    async def create(self, spec: SandboxSpec, *, mounted: Awaitable[None] | None = None) -> Sandbox:
         bwrap = self._bwrap()
         if self._root and spec.uid is None:  # never a sandbox as root
             raise SandboxFailed("a sandbox of a server run as root needs a host uid of its own")
@@ -287,6 +287,8 @@ class BwrapBackend(Backend):
             await asyncio.to_thread(_precompile, self._agent_package())
         if self._layout is None:
             self._layout = HostLayout.probe()
+        if mounted is not None:  # before anything that must be freed
+            await mounted
         mounts, stage = self._mounts(spec)
         env_fd = _data_fd(env_args(spec))
         data_fds = [mounts.seccomp_fd, mounts.passwd_fd, mounts.group_fd, env_fd]

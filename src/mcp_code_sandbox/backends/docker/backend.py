@@ -214,7 +214,7 @@ class DockerBackend(Backend, RunnerImages):
         await self.engine.call(client.ping)
         await self.engine.call(client.images.get, self.image)
 
-    async def create(self, spec: SandboxSpec) -> Sandbox:
+    async def create(self, spec: SandboxSpec, *, mounted: Awaitable[None] | None = None) -> Sandbox:
         sandbox_ids(spec)  # refuses, before anything is made, to run a sandbox as root
         client = await self.client()
         # No look at the image first: a create without it fails with ImageNotFound, which
@@ -231,6 +231,8 @@ class DockerBackend(Backend, RunnerImages):
         container: Any = None
         try:
             container = await self.engine.call(create_container, client, kwargs)
+            if mounted is not None:  # the create binds the directory; the start, its mount
+                await mounted
             await self.engine.call(container.start)
             channel, reader, peer = await accept_agent(
                 listener, container, self.engine.call, READY_TIMEOUT_S, self._runsc_hint()
