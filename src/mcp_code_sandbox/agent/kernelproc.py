@@ -152,7 +152,8 @@ def _await_ready(kernel: KernelProcess) -> None:
                     messages = kernel.receive()
                 except ProtocolError as exc:
                     raise KernelStartError(f"bad frame from the kernel: {exc}") from None
-                if messages is None:
+                if messages is None:  # died: what it wrote last may not be read yet
+                    kernel.child.stderr.drain(stderr.append)
                     raise KernelStartError(_startup_failure(kernel, stderr))
                 for message in messages:
                     if message.get("ev") == "ready":
