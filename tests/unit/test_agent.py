@@ -393,6 +393,52 @@ def test_the_first_kernel_is_forked_and_looks_like_a_new_one(agent: Agent) -> No
     assert forked == fresh
 
 
+#: Which of the kernel's deferred modules (``kernel.deferred``) are imported, and which
+#: standard modules they import at their top are not imported yet.
+DEFERRED_SEEN = """
+import ast, json, os, sys
+kernel = next(
+    m for n, m in list(sys.modules.items()) if n.endswith('kernel') and hasattr(m, 'deferred')
+)
+pkg = kernel.__name__.rpartition('.')[0]
+names = ['state', 'stateload', 'statewrite', 'statefiles', 'plain', 'tables']
+missing = set()
+for name in names:
+    with open(os.path.join(os.path.dirname(kernel.__file__), name + '.py')) as source:
+        tree = ast.parse(source.read())
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            missing |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            missing.add(node.module)
+print(json.dumps({
+    'loaded': [n for n in names if f'{pkg}.{n}' in sys.modules],
+    'missing': sorted(m for m in missing if m not in sys.modules and m != '__future__'),
+}))
+"""
+
+
+def test_modules_the_kernel_imports_late_cannot_be_shadowed_by_workspace_files(
+    agent: Agent,
+) -> None:
+    """The kernel imports its pause and plain-shell modules at their first use, when the
+    workspace is first on ``sys.path``: every standard module they import must be
+    imported already (by IPython's start; a plain kernel imports them at its start), so
+    that a workspace file named like one (``pickle.py``) never stands in for it."""
+    seen = json.loads(agent.run(DEFERRED_SEEN).stdout)
+    assert seen["missing"] == []
+    ipython = agent.ready["ipython"]
+    assert seen["loaded"] == (
+        [] if ipython else ["state", "stateload", "statewrite", "statefiles", "plain", "tables"]
+    )
+    for name in ("pickle", "shutil", "dataclasses"):
+        (agent.workdir / f"{name}.py").write_text("raise SystemExit('a workspace module')\n")
+    agent.run("x = 41")
+    saved = agent.run("", state="save", max_bytes=1 << 20)
+    assert saved.status == "ok", saved.done
+    assert "x" in [k["name"] for k in json.loads(saved.done["result"])["kept"]]
+
+
 def test_a_kernel_that_cannot_start_is_reported_with_its_stderr(tmp_path: Path) -> None:
     # The forked kernel's chdir into a workdir that is not there fails before its ready.
     agent = Agent(sys.executable, tmp_path / "missing", plain=True)

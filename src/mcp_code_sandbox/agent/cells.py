@@ -12,14 +12,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .state import StateShell
-
 __all__ = [
     "ANSI",
     "RICH_MIMES",
     "Emit",
     "Outcome",
     "Shell",
+    "StateShell",
     "error_info",
     "mime_bundle",
     "pick_mimes",
@@ -40,6 +39,26 @@ class Outcome:
     result: str | None
     error: dict[str, str] | None
     execution_count: int
+
+
+class StateShell(Protocol):
+    """What a shell (``ipy``, ``plain``) offers a save or load."""
+
+    def user_namespace(self) -> dict[str, Any]: ...
+
+    def is_own(self, name: str, value: Any) -> bool:
+        """Is ``name`` the shell's own (not the user's), bound to ``value``?"""
+        ...
+
+    def history(self) -> list[str]: ...
+
+    def set_history(self, inputs: list[str]) -> None: ...
+
+    def last_count(self) -> int:
+        """The execution count of the last cell (0 before the first)."""
+        ...
+
+    def set_last_count(self, count: int) -> None: ...
 
 
 class Shell(StateShell, Protocol):

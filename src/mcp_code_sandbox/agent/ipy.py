@@ -16,7 +16,6 @@ from typing import Any
 from .cells import Emit, Outcome, error_info, pick_mimes
 from .figures import is_figure
 from .interrupts import InterruptGate
-from .tables import dataframe_markdown
 
 __all__ = ["make_ipython_shell"]
 
@@ -50,6 +49,8 @@ def make_ipython_shell(emit: Emit, gate: InterruptGate) -> Any:
             is shown beside the text repr, which stays the ``result``."""
             self.figure = is_figure(result)
             format_dict, md_dict = super().compute_format_data(result)
+            from .tables import dataframe_markdown  # at first use (see kernel.deferred)
+
             table = dataframe_markdown(result)
             if table is not None and isinstance(format_dict, dict):
                 format_dict["text/markdown"] = table
@@ -153,7 +154,7 @@ class IPythonShell:
             execution_count=count,
         )
 
-    # -- what a save or load of the session's variables needs (``state.StateShell``) --
+    # -- what a save or load of the session's variables needs (``cells.StateShell``) --
 
     def user_namespace(self) -> dict[str, Any]:
         namespace: dict[str, Any] = self._shell.user_ns

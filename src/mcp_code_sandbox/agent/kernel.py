@@ -37,7 +37,7 @@ import json
 import os
 import sys
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -49,12 +49,24 @@ from .interrupts import InterruptGate
 from .ipy import make_ipython_shell
 from .outstream import Streams, install
 from .packages import refresh_import_path
-from .plain import PlainShell
 from .protocol import read_frame
-from .state import save
-from .stateload import load
 
 __all__ = ["main"]
+
+
+def deferred() -> tuple[Callable[..., dict[str, Any]], Callable[..., dict[str, Any]]]:
+    """:func:`.state.save` and :func:`.stateload.load`, imported at their first use, not at
+    the kernel's start: most sessions are never paused, and their modules were ~3.5 ms of
+    every sandbox's start (``plain`` and ``tables`` wait for their first use too).
+
+    Safe to import late, with the workspace first on ``sys.path``: a relative import is
+    found in the agent's package, never on ``sys.path``, and the standard modules they
+    import are imported by then, by IPython's start (a test checks that); a kernel
+    without IPython calls this at its start."""
+    from .state import save
+    from .stateload import load
+
+    return save, load
 
 
 def _python_version() -> str:
@@ -86,6 +98,9 @@ class Kernel:
                 pass
             except Exception as exc:  # a broken IPython: still give the user Python
                 _warn(f"IPython failed to start, using the plain shell: {exc!r}")
+        from .plain import PlainShell  # only now: see ``deferred``
+
+        deferred()  # without IPython, what it would have imported is not there yet
         return PlainShell(self._emit, self._gate)
 
     def _emit(self, source: str, data: dict[str, str]) -> None:
@@ -143,6 +158,7 @@ class Kernel:
         """Save or load the namespace (:mod:`.state`) instead of running a cell: no
         execution count, no history, no ``_``. Interruptible like a cell; a failure of
         the whole operation (the disk, the quota) is an ``error`` outcome."""
+        save, load = deferred()
         try:
             with self._gate.armed():
                 if op == "save":

@@ -45,7 +45,7 @@ class PlainShell:
             if data:
                 self._emit("display", data)
 
-    # -- what a save or load of the session's variables needs (``state.StateShell``) --
+    # -- what a save or load of the session's variables needs (``cells.StateShell``) --
 
     def warm_up(self) -> None:
         pass  # ``exec`` has nothing to prepare

@@ -44,16 +44,16 @@ import json
 import os
 import sys
 import types
-from typing import Any, Protocol
+from typing import Any
 
 from . import statefiles
+from .cells import StateShell
 from .statewrite import NAME_CHARS, WHY_CHARS, Unit, Writer, clean, pickler_class, type_name
 
 __all__ = [
     "FORMAT",
     "HISTORY_CHARS",
     "MAX_REPORTED",
-    "StateShell",
     "save",
 ]
 
@@ -66,26 +66,6 @@ _ATOMS = (type(None), bool, int, float, complex)
 _SHORT = 4096
 #: The history kept (characters of all inputs together); older inputs are emptied.
 HISTORY_CHARS = 4 * 1024 * 1024
-
-
-class StateShell(Protocol):
-    """What a shell (``ipy``, ``plain``) offers a save or load."""
-
-    def user_namespace(self) -> dict[str, Any]: ...
-
-    def is_own(self, name: str, value: Any) -> bool:
-        """Is ``name`` the shell's own (not the user's), bound to ``value``?"""
-        ...
-
-    def history(self) -> list[str]: ...
-
-    def set_history(self, inputs: list[str]) -> None: ...
-
-    def last_count(self) -> int:
-        """The execution count of the last cell (0 before the first)."""
-        ...
-
-    def set_last_count(self, count: int) -> None: ...
 
 
 def save(shell: StateShell, workdir: str, max_bytes: int) -> dict[str, Any]:

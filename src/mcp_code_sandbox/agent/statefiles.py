@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import secrets
 import shutil
 import stat
 from collections.abc import Iterator
@@ -93,9 +92,14 @@ def _open_dir(root: int, *, create: bool) -> int:
     return os.open(STATE_DIR, _DIR_FLAGS, dir_fd=root)
 
 
+def _token() -> str:
+    # What ``secrets.token_hex(8)`` is, without ``secrets`` and the ``hmac`` it imports.
+    return os.urandom(8).hex()
+
+
 def new_data_dir(state: int) -> tuple[str, int]:
     """A fresh, empty ``data-<hex>`` directory in ``state``: its name and an fd."""
-    name = f"data-{secrets.token_hex(8)}"
+    name = f"data-{_token()}"
     os.mkdir(name, 0o700, dir_fd=state)
     return name, os.open(name, _DIR_FLAGS, dir_fd=state)
 
@@ -155,7 +159,7 @@ def sync_file(handle: BinaryIO) -> None:
 def commit(state: int, data_name: str, manifest: bytes) -> None:
     """Make ``data_name`` (complete, synced) the saved state: write ``manifest`` under a
     temporary name, rename it over ``manifest.json``, then remove everything else."""
-    tmp = f".manifest-{secrets.token_hex(8)}.tmp"
+    tmp = f".manifest-{_token()}.tmp"
     with create_file(state, tmp) as handle:
         handle.write(manifest)
         sync_file(handle)

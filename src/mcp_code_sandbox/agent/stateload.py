@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from . import statefiles
-from .state import FORMAT, HISTORY_CHARS, MAX_REPORTED, StateShell
+from .cells import StateShell
+from .state import FORMAT, HISTORY_CHARS, MAX_REPORTED
 from .statefiles import STATE_DIR, StateDirError
 from .statewrite import NAME_CHARS, WHY_CHARS, clean
 
