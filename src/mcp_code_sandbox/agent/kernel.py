@@ -158,8 +158,8 @@ class Kernel:
         """Save or load the namespace (:mod:`.state`) instead of running a cell: no
         execution count, no history, no ``_``. Interruptible like a cell; a failure of
         the whole operation (the disk, the quota) is an ``error`` outcome."""
-        save, load = deferred()
         try:
+            save, load = deferred()
             with self._gate.armed():
                 if op == "save":
                     report = save(self.shell, self._workdir, int(max_bytes or 1))
