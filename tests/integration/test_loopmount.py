@@ -5,7 +5,6 @@ and ``mount(8)`` where the calls cannot be made. Real mounts: root only."""
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 from pathlib import Path
 
@@ -14,6 +13,8 @@ import pytest
 from mcp_code_sandbox.errors import InternalError
 from mcp_code_sandbox.workspace import loopmount, volume
 from mcp_code_sandbox.workspace.volume import Volume, format_image, image_bytes, mounted, release
+
+from .test_workspace_volumes import loops
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="mounting a workspace filesystem needs root"),
@@ -30,14 +31,6 @@ def mount_options(root: Path) -> set[str]:
                 extra = fields[fields.index("-") + 3].split(",")
                 return {*own, *extra}
     raise AssertionError(f"{root} is not mounted")
-
-
-def loops_of(path: Path) -> list[str]:
-    listed = subprocess.run(
-        ["losetup", "--list", "--noheadings", "--output", "NAME,BACK-FILE"],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
-    return [line for line in listed.splitlines() if str(path) in line]
 
 
 def new_volume(tmp_path: Path, name: str = "w") -> tuple[Volume, Path]:
@@ -62,18 +55,18 @@ def test_a_workspace_is_mounted_without_mount8_with_its_options(
     assert mounted(root)
     assert {"rw", "nosuid", "nodev", "noatime", "discard"} <= mount_options(root)
     assert not (root / "lost+found").exists()
-    assert len(loops_of(made.image)) == 1
+    assert len(loops(made.image)) == 1
     (root / "f").write_bytes(b"x")
 
     made.unmount(root)  # a pause: the image stays, the device goes
     assert not mounted(root) and made.image.is_file()
-    assert loops_of(made.image) == []
+    assert loops(made.image) == []
     made.create(root)  # the resume mounts it again, files there
     assert (root / "f").read_bytes() == b"x"
 
     release(root, made.image)
     assert not root.exists() and not made.image.exists()
-    assert loops_of(made.image) == []
+    assert loops(made.image) == []
 
 
 def test_a_busy_filesystem_is_detached_and_its_device_freed_with_its_last_user(
@@ -87,14 +80,14 @@ def test_a_busy_filesystem_is_detached_and_its_device_freed_with_its_last_user(
             loopmount.unmount(root)  # busy
         release(root, made.image)  # lazily, then
         assert not root.exists()
-        assert len(loops_of(made.image)) == 1  # still in use
+        assert len(loops(made.image)) == 1  # still in use
     finally:
         os.close(held)
     for _ in range(200):  # the kernel lets go of it as the last file closes
-        if not loops_of(made.image):
+        if not loops(made.image):
             break
         time.sleep(0.01)
-    assert loops_of(made.image) == []
+    assert loops(made.image) == []
 
 
 def test_an_image_that_is_no_filesystem_fails_and_leaves_no_device(tmp_path: Path) -> None:
@@ -105,7 +98,7 @@ def test_an_image_that_is_no_filesystem_fails_and_leaves_no_device(tmp_path: Pat
     with pytest.raises(InternalError, match="mount failed"):
         loopmount.loop_mount(image, root, "ext4", loopmount.MS_NOSUID, "")
     assert not mounted(root)
-    assert loops_of(image) == []
+    assert loops(image) == []
     with pytest.raises(InternalError, match="umount failed"):
         loopmount.unmount(root)  # not a mount point: said, not ignored
 
@@ -123,4 +116,4 @@ def test_without_the_kernel_calls_mount8_mounts_it(
     assert mounted(root)
     assert {"nosuid", "nodev", "noatime"} <= mount_options(root)
     release(root, made.image)
-    assert loops_of(made.image) == []
+    assert loops(made.image) == []
