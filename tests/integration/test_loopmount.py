@@ -5,6 +5,7 @@ and ``mount(8)`` where the calls cannot be made. Real mounts: root only."""
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -58,6 +59,7 @@ def test_a_workspace_is_mounted_without_mount8_with_its_options(
     assert len(loops(made.image)) == 1
     (root / "f").write_bytes(b"x")
 
+    monkeypatch.setattr(volume, "_run", real_run)  # a remount runs mount(8): see below
     made.unmount(root)  # a pause: the image stays, the device goes
     assert not mounted(root) and made.image.is_file()
     assert loops(made.image) == []
@@ -116,4 +118,28 @@ def test_without_the_kernel_calls_mount8_mounts_it(
     assert mounted(root)
     assert {"nosuid", "nodev", "noatime"} <= mount_options(root)
     release(root, made.image)
+    assert loops(made.image) == []
+
+
+def test_an_image_whose_filesystem_is_still_alive_is_mounted_as_that_filesystem(
+    tmp_path: Path,
+) -> None:
+    # A paused session's image while its stopped sandbox's mount namespace still holds the
+    # filesystem for a moment (here: a bind mount): mounting the image again must give
+    # that same filesystem, not a second one over the same file (which corrupted both).
+    made, root = new_volume(tmp_path)
+    made.create(root)
+    elsewhere = tmp_path / "namespace"
+    elsewhere.mkdir()
+    subprocess.run(["mount", "--bind", str(root), str(elsewhere)], check=True)
+    try:
+        made.unmount(root)
+        assert not mounted(root) and len(loops(made.image)) == 1
+        made.create(root)  # the resume
+        assert len(loops(made.image)) == 1, "a second loop device over one image"
+        (elsewhere / "written-there").write_text("x")
+        assert (root / "written-there").read_text() == "x"
+    finally:
+        loopmount.unmount(elsewhere)
+        release(root, made.image)
     assert loops(made.image) == []

@@ -12,6 +12,11 @@ a free device, bind the image to it in one ``LOOP_CONFIGURE`` with ``LO_FLAGS_AU
 process took the device first, then ``mount(2)`` it. A mount that fails frees the device
 (the flag again, once the only fd is closed).
 
+Only for an image no loop device has: a new one. What util-linux does besides, and this
+does not, is look for a device that has the image already and mount that one (the kernel
+then gives the filesystem that is still alive, not a second one over the same file):
+:meth:`.volume.Volume.create` runs ``mount`` for an image that was mounted before.
+
 Where this cannot be done, :func:`loop_mount` says so and the caller runs ``mount``: a
 kernel older than 5.8 (no ``LOOP_CONFIGURE``), or a ``/dev`` without the node of the
 device the kernel gave (a container whose ``/dev`` is a copy, where ``mount`` has its own

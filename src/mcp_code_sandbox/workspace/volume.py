@@ -112,7 +112,11 @@ class Volume:
         if mounted(root):
             return
         if self.image.is_file() and not self.image.is_symlink():
-            _mount(self.image, root)
+            # mount(8) here, not the kernel's calls: the filesystem of a paused session's
+            # image may still be alive elsewhere (the mount namespace of its stopped
+            # sandbox, for a moment), and mount(8) mounts the loop device that still has
+            # the image. A second device would make a second filesystem of one image.
+            _run("mount", "-t", "ext4", "-o", _MOUNT_OPTIONS, str(self.image), str(root))
             return
         self.image.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         try:
@@ -216,6 +220,7 @@ def probe(directory: Path) -> str | None:
 
 
 def _mount(image: Path, root: Path) -> None:
+    """Mount a new image (no loop device can have it yet) at ``root``."""
     if not loop_mount(image, root, "ext4", _MOUNT_FLAGS, _MOUNT_DATA):
         _run("mount", "-t", "ext4", "-o", _MOUNT_OPTIONS, str(image), str(root))
 
