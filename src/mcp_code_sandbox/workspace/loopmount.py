@@ -78,7 +78,8 @@ def loop_mount(image: Path, root: Path, fstype: str, flags: int, data: str) -> b
             os.fsencode(device.path), os.fsencode(root), fstype.encode(), flags, data.encode()
         ):
             code = ctypes.get_errno()
-            raise InternalError(f"mount failed: {image.name} on {root}: {os.strerror(code)}")
+            # Names, not the host's paths: the message may reach the client.
+            raise InternalError(f"mount failed: {image.name}: {os.strerror(code)}")
     return True
 
 
@@ -87,7 +88,7 @@ def unmount(root: Path, *, lazy: bool = False) -> None:
     its last user is gone). Raises ``InternalError`` (busy, not mounted...)."""
     if _umount2(os.fsencode(root), _MNT_DETACH if lazy else 0):
         code = ctypes.get_errno()
-        raise InternalError(f"umount failed: {root}: {os.strerror(code)}")
+        raise InternalError(f"umount failed: {root.name}: {os.strerror(code)}")
 
 
 class _Device:
