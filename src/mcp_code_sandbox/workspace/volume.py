@@ -112,17 +112,13 @@ class Volume:
         if mounted(root):
             return
         if self.image.is_file() and not self.image.is_symlink():
-            # mount(8) here, not the kernel's calls: the filesystem of a paused session's
-            # image may still be alive elsewhere (the mount namespace of its stopped
-            # sandbox, for a moment), and mount(8) mounts the loop device that still has
-            # the image. A second device would make a second filesystem of one image.
-            _run("mount", "-t", "ext4", "-o", _MOUNT_OPTIONS, str(self.image), str(root))
+            _mount(self.image, root, new=False)
             return
         self.image.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         try:
             if self.spares is None or not self.spares.take(self.image, self.size_bytes):
                 format_image(self.image, self.size_bytes)
-            _mount(self.image, root)
+            _mount(self.image, root, new=True)
             (root / "lost+found").rmdir()
         except BaseException:
             release(root, self.image, keep_root=True)
@@ -219,10 +215,15 @@ def probe(directory: Path) -> str | None:
     return None
 
 
-def _mount(image: Path, root: Path) -> None:
-    """Mount a new image (no loop device can have it yet) at ``root``."""
-    if not loop_mount(image, root, "ext4", _MOUNT_FLAGS, _MOUNT_DATA):
-        _run("mount", "-t", "ext4", "-o", _MOUNT_OPTIONS, str(image), str(root))
+def _mount(image: Path, root: Path, *, new: bool) -> None:
+    """Mount ``image`` at ``root``: with the kernel's calls when it is ``new`` (no loop
+    device can have it yet), else with mount(8). The filesystem of an image mounted before
+    (a paused session's) may still be alive elsewhere (the mount namespace of its stopped
+    sandbox, for a moment), and mount(8) mounts the loop device that still has the image;
+    a second device would make a second filesystem of one image."""
+    if new and loop_mount(image, root, "ext4", _MOUNT_FLAGS, _MOUNT_DATA):
+        return
+    _run("mount", "-t", "ext4", "-o", _MOUNT_OPTIONS, str(image), str(root))
 
 
 def _which(tool: str) -> str | None:
