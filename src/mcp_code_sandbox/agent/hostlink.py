@@ -9,7 +9,9 @@ Two kinds of channel, with different answers to "the host is gone":
   the agent closes its end and reconnects with backoff while runs go on. What it would
   send meanwhile is dropped (a run's ``done`` may be lost). After ``give_up_s`` with no
   host the agent exits, so an orphaned container does not live for ever (the server also
-  removes orphans at its next start).
+  removes orphans at its next start). ``give_up_s`` 0: the server that made the sandbox
+  has no successor (a private server, ``sessions.holder``), so the agent exits at once,
+  and its container stops with it.
 
 Parked (the host sent ``park`` before a checkpoint): the agent closes its end at once and
 retries every ``PARK_RETRY_S`` rather than with backoff, and counts attempts, not time,
@@ -77,20 +79,35 @@ class HostLink:
         self._give_up_at = 0.0
         #: Parked: attempts left before giving up (``None``: not parked, time counts).
         self._attempts_left: int | None = None
+        #: Parked, and no word from a host since: the checkpoint and restore that follow
+        #: may break a connection again, and that is still part of the park.
+        self.parked = False
 
     @property
     def can_reconnect(self) -> bool:
         return self.path is not None
+
+    def waits_for(self, *, parked: bool) -> bool:
+        """Is a host that went away (``parked``: on purpose) waited for? ``give_up_s`` 0
+        (a private server's sandbox, which no successor comes back for) waits only
+        during a park."""
+        return self.can_reconnect and (parked or self.parked or self.give_up_s > 0)
+
+    def heard(self) -> None:
+        """A host spoke on the channel: a park is over."""
+        self.parked = False
 
     def lost(self, *, parked: bool = False) -> None:
         """The host went away (``parked``: asked us to go): start waiting for it (the
         caller closed ``fd``)."""
         now = time.monotonic()
         self.fd = None
+        parked = self.parked = parked or self.parked
         self._backoff = PARK_RETRY_S if parked else _BACKOFF_MIN_S
         self.retry_at = now + (PARK_RETRY_S if parked else 0.0)
         self._give_up_at = now + self.give_up_s
-        self._attempts_left = max(1, int(self.give_up_s / PARK_RETRY_S)) if parked else None
+        park_s = self.give_up_s or RECONNECT_GIVE_UP_S  # a park is always waited for
+        self._attempts_left = max(1, int(park_s / PARK_RETRY_S)) if parked else None
 
     def due_in(self) -> float:
         """Seconds until the next attempt is due: never more than the pause between two

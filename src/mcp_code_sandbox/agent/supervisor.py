@@ -216,7 +216,7 @@ class Supervisor:
     def _host_lost(self, code: int, *, parked: bool = False) -> None:
         """The channel broke or reached EOF (``parked``: the host asked us to close it):
         exit with ``code``, or wait for the host."""
-        if not self._link.can_reconnect or self._link.fd is None:
+        if not self._link.waits_for(parked=parked) or self._link.fd is None:
             raise AgentExit(code)
         self._sel.unregister(self._link.fd)
         os.close(self._link.fd)
@@ -268,6 +268,7 @@ class Supervisor:
             self._on_message(message)
 
     def _on_message(self, message: dict[str, Any]) -> None:
+        self._link.heard()
         op = message.get("op")
         if op == "exec":
             problem = exec_error(message, {"python", *self._programs})

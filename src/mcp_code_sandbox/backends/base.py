@@ -114,6 +114,10 @@ class SandboxSpec:
     #: Modules the interpreter imports before the sandbox is ready: a pooled sandbox's
     #: warm-up (``sessions.pool``); empty for a session's own.
     preload: tuple[str, ...] = ()
+    #: May the sandbox outlive its server, for a successor to re-attach? False (a private
+    #: server's, see ``sessions.holder``): it ends itself once its server is gone, where
+    #: the backend's sandboxes can outlive a server at all (docker; bwrap's never do).
+    outlives_server: bool = True
 
     @property
     def network(self) -> bool:

@@ -134,7 +134,10 @@ def container_kwargs(
     command = agent_argv(
         limits,
         rlimit_memory=False,
-        channel=("--connect", socket_path),
+        # A private server's sandbox has no successor to wait for: its agent exits as
+        # soon as the channel closes (a park before a checkpoint excepted).
+        channel=("--connect", socket_path)
+        + (() if spec.outlives_server else ("--reconnect-s", "0")),
         rlimit_pids=False,
         preload=spec.preload,
     )
