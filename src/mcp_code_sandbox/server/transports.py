@@ -62,6 +62,11 @@ async def serve_stdio(service: SandboxService) -> None:
             await mcp.run_stdio_async()  # returns at stdin EOF
             tg.cancel_scope.cancel()
     finally:
+        # A client's shutdown is stdin closed, then SIGTERM, then SIGKILL: from here to
+        # the process's exit, a SIGTERM must not cut this cleanup short (what a SIGKILL
+        # leaves is the janitor's, see sessions.janitor).
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, signal.SIG_IGN)
         with anyio.CancelScope(shield=True):
             await service.aclose()
 
