@@ -45,6 +45,7 @@ from mcp_code_sandbox.backends.base import (
 )
 from mcp_code_sandbox.errors import SandboxFailed
 from mcp_code_sandbox.service import SandboxService
+from mcp_code_sandbox.sessions.holder import Role
 from mcp_code_sandbox.settings import Settings, load_settings
 
 __all__ = ["FakeBackend", "FakeSandbox", "fake_service", "fake_settings"]
@@ -273,15 +274,21 @@ def fake_settings(state_dir: Path, **overrides: Any) -> Settings:
 
 @contextlib.asynccontextmanager
 async def fake_service(
-    state_dir: Path, backend: FakeBackend | None = None, **overrides: Any
+    state_dir: Path,
+    backend: FakeBackend | None = None,
+    *,
+    role: Role | None = None,
+    **overrides: Any,
 ) -> AsyncIterator[SandboxService]:
     """``async with fake_service(state_dir, **settings) as svc``: a started service on a
     fake backend (``svc.backend``), closed on the way out. A backend made here has every
     agent it started ended then too; one passed in is the caller's to end (``end_all``),
-    so that it can outlive the service (a server restart)."""
+    so that it can outlive the service (a server restart). ``role``: the manager's
+    (default: by ``keep_sessions_on_shutdown``); a restarted service that must take over
+    what the last one left says ``Role.SERVICE``."""
     owned = backend is None
     backend = backend or FakeBackend()
-    service = SandboxService(fake_settings(state_dir, **overrides), backend)
+    service = SandboxService(fake_settings(state_dir, **overrides), backend, role=role)
     try:
         await service.start()
         yield service

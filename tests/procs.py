@@ -92,3 +92,64 @@ def command(pid: int) -> str | None:
 def parent(pid: int) -> int | None:
     stat = _stat(str(pid))
     return None if stat is None else stat[0]
+
+
+def _mentions(path: Path, needle: bytes) -> bool:
+    try:
+        return needle in path.read_bytes()
+    except OSError:
+        return False
+
+
+def of_state_dir(state_dir: Path) -> list[str]:
+    """Everything still alive or held that belongs to ``state_dir``, in words: processes
+    whose command line or environment names it (servers, janitors, bwrap sandboxes),
+    mounts under it, loop devices backed by a file in it, and containers with a mount
+    from it. Empty: nothing is left."""
+    needle = str(state_dir).encode()
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        if int(pid) == os.getpid() or not running({int(pid)}):
+            continue
+        proc = Path("/proc", pid)
+        if _mentions(proc / "cmdline", needle) or _mentions(proc / "environ", needle):
+            found.append(f"process {pid} ({command(int(pid))})")
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = line.split()[4]
+        if point.startswith(str(state_dir)):
+            found.append(f"mount {point}")
+    for backing in Path("/sys/block").glob("loop*/loop/backing_file"):
+        if _mentions(backing, needle):
+            found.append(f"loop device {backing.parts[3]}")
+    return found + [f"container {c}" for c in _containers_of(state_dir)]
+
+
+def _containers_of(state_dir: Path) -> list[str]:
+    try:
+        import docker
+    except ImportError:
+        return []
+    from mcp_code_sandbox.settings import docker_environ
+
+    try:
+        client = docker.from_env(environment=docker_environ(), timeout=30)
+        found = client.containers.list(all=True, sparse=True)
+    except docker.errors.DockerException:
+        return []  # no engine: no containers
+    try:
+        ids = []
+        for c in found:
+            mounts = c.attrs.get("Mounts") or []
+            if any(str(m.get("Source", "")).startswith(str(state_dir)) for m in mounts):
+                ids.append(f"{str(c.id)[:12]} ({c.attrs.get('State')})")
+        return ids
+    finally:
+        client.close()
+
+
+def wait_nothing_left(state_dir: Path, timeout: float = 10) -> list[str]:
+    """:func:`of_state_dir`, once it is empty or ``timeout`` has passed."""
+    deadline = time.monotonic() + timeout
+    while (left := of_state_dir(state_dir)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left

@@ -161,15 +161,28 @@ def _serve(settings: Settings, transport: str) -> int:
     from mcp_code_sandbox.server.first_run import runtime_preparation
     from mcp_code_sandbox.server.transports import check_http_exposure, serve_http, serve_stdio
     from mcp_code_sandbox.service import SandboxService
+    from mcp_code_sandbox.sessions.holder import Role, refusal, service_pid
 
     if transport == "http":  # refuse an open bind or bad tokens before any sandbox work
         check_http_exposure(settings)
         build_auth(settings)
     if settings.keep_sessions_on_shutdown is None:  # HTTP keeps sessions; stdio does not
         settings = settings.model_copy(update={"keep_sessions_on_shutdown": transport == "http"})
+    # The state directory's one service (HTTP, or a server told to keep its sessions)
+    # takes over what its predecessor left; any other server holds only its own.
+    service_role = transport == "http" or settings.keep_sessions_on_shutdown
+    role = Role.SERVICE if service_role else Role.PRIVATE
+    if role is Role.SERVICE and (pid := service_pid(settings.run_dir)) is not None:
+        raise ConfigError([refusal(settings.state_dir, pid)])  # before any port or sandbox
     backend = create_backend(settings)
     # No runtime env yet (a first `uvx mcp-code-sandbox`): serve at once, build it beside.
-    service = SandboxService(settings, backend, runtime_preparation(settings, backend))
+    service = SandboxService(
+        settings,
+        backend,
+        runtime_preparation(settings, backend),
+        role=role,
+        janitor=role is Role.PRIVATE,
+    )
     if transport == "stdio":
         asyncio.run(serve_stdio(service))
     else:
@@ -228,8 +241,11 @@ async def _exec_once(settings: Settings, code: str, language: str) -> int:
     from mcp_code_sandbox.backends import create_backend
     from mcp_code_sandbox.run.request import RunRequest
     from mcp_code_sandbox.service import SandboxService
+    from mcp_code_sandbox.sessions.holder import Role
 
-    service = SandboxService(settings, create_backend(settings))
+    # Private: it never takes over a service's sessions, and a janitor cleans up after
+    # it if it is killed.
+    service = SandboxService(settings, create_backend(settings), role=Role.PRIVATE, janitor=True)
     await service.start()
     try:
         report = await service.run_code("local", RunRequest(code, language))

@@ -32,6 +32,7 @@ from mcp_code_sandbox.run.languages import RUNTIMES, Languages, runner_summary
 from mcp_code_sandbox.run.probe import RuntimeProbe
 from mcp_code_sandbox.run.recent import RecentRuns
 from mcp_code_sandbox.run.request import RunRequest, check_request
+from mcp_code_sandbox.sessions.holder import Role
 from mcp_code_sandbox.sessions.manager import SessionManager
 from mcp_code_sandbox.sessions.overview import SessionSummary, SessionView, overview, summaries
 from mcp_code_sandbox.sessions.runlog import RunLog
@@ -103,16 +104,23 @@ def _after(sink: execute.ProgressSink | None, waited: float) -> execute.Progress
 
 class SandboxService:
     def __init__(
-        self, settings: Settings, backend: Backend, preparing: Preparation | None = None
+        self,
+        settings: Settings,
+        backend: Backend,
+        preparing: Preparation | None = None,
+        *,
+        role: Role | None = None,
+        janitor: bool = False,
     ) -> None:
         """``preparing``: what the backend still needs built before its first sandbox (a
         first ``serve`` without the runtime env), from the server layer, which decides
-        what that is; ``None``: nothing. Started and closed with the service."""
+        what that is; ``None``: nothing. Started and closed with the service. ``role``
+        and ``janitor``: see :class:`.sessions.manager.SessionManager`."""
         self.settings = settings
         self.backend = backend
         self.preparing = preparing
         self.metrics = Metrics(backend.name)
-        self.sessions = SessionManager(settings, backend, self.metrics)
+        self.sessions = SessionManager(settings, backend, self.metrics, role=role, janitor=janitor)
         #: Blocking work (file I/O, walks, images) goes here, never on the event loop.
         self.threads = self.sessions.threads
         #: How the backend enforces each limit, as ``describe()`` said at the latest refresh.

@@ -27,6 +27,7 @@ from mcp_code_sandbox.backends.docker.backend import DockerBackend, DockerSandbo
 from mcp_code_sandbox.backends.docker.spec import LABEL_KEY, LABEL_UID
 from mcp_code_sandbox.run.request import RunRequest
 from mcp_code_sandbox.service import SandboxService
+from mcp_code_sandbox.sessions.holder import Role
 from mcp_code_sandbox.sessions.uids import uid_pool
 from mcp_code_sandbox.settings import Settings, docker_environ
 from tests.conftest import sandbox_owner
@@ -162,7 +163,7 @@ class _DeadServer:
 
     def __init__(self, settings: Settings) -> None:
         backend = DockerBackend(settings, docker_environ(), instance="gone-host-1-ab")
-        self.service = SandboxService(settings, backend)
+        self.service = SandboxService(settings, backend, role=Role.SERVICE)
 
     async def __aenter__(self) -> SandboxService:
         await self.service.start()
@@ -175,6 +176,8 @@ class _DeadServer:
             session.sandbox.close()  # what the kernel does to a killed server's sockets
             if session.uid_lease is not None:
                 session.uid_lease.release()  # and to its locks
+        if manager._service_lock is not None:
+            manager._service_lock.release()  # and its service lock
         pidfile = manager.settings.run_dir / f"{manager.instance}.pid"
         pidfile.write_text("999999999")
         await manager.backend.aclose()
@@ -191,7 +194,7 @@ async def restarted(settings: Settings) -> AsyncIterator[list[SandboxService]]:
 
 
 async def _start(settings: Settings, started: list[SandboxService]) -> SandboxService:
-    service = SandboxService(settings, DockerBackend(settings, docker_environ()))
+    service = SandboxService(settings, DockerBackend(settings, docker_environ()), role=Role.SERVICE)
     await service.start()
     started.append(service)
     return service

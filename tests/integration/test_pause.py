@@ -23,6 +23,7 @@ from mcp_code_sandbox.errors import SandboxFailed, SessionNotFound
 from mcp_code_sandbox.run.request import RunRequest
 from mcp_code_sandbox.service import SandboxService
 from mcp_code_sandbox.sessions.agent_client import AgentClient
+from mcp_code_sandbox.sessions.holder import Role
 from mcp_code_sandbox.sessions.session import Session
 from mcp_code_sandbox.settings import Settings
 
@@ -212,7 +213,7 @@ async def test_a_server_that_dies_mid_pause_loses_no_files(
     make_settings: Callable[..., Settings], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     settings = make_settings(pause_after_m=PAUSE_AFTER_M)
-    first = SandboxService(settings, create_backend(settings))
+    first = SandboxService(settings, create_backend(settings), role=Role.SERVICE)
     await first.start()
     code = "x = 1\nopen('f.txt', 'w').write('kept')"
     await first.run_code("alice", RunRequest(code), "s")
@@ -236,7 +237,7 @@ async def test_a_server_that_dies_mid_pause_loses_no_files(
     await die(first)
     monkeypatch.undo()
 
-    second = SandboxService(settings, create_backend(settings))
+    second = SandboxService(settings, create_backend(settings), role=Role.SERVICE)
     await second.start()
     try:
         back = await second.run_code(
@@ -267,6 +268,8 @@ async def die(svc: SandboxService) -> None:
         if session.uid_lease is not None:
             session.uid_lease.release()
     (manager.settings.run_dir / f"{manager.instance}.pid").unlink()
+    if manager._service_lock is not None:
+        manager._service_lock.release()
     manager._closed = True
 
 

@@ -15,6 +15,7 @@ from mcp_code_sandbox.errors import SandboxFailed
 from mcp_code_sandbox.run.request import RunRequest
 from mcp_code_sandbox.sessions import moving, records
 from mcp_code_sandbox.sessions.agent_client import AgentClient
+from mcp_code_sandbox.sessions.holder import Role
 from mcp_code_sandbox.workspace import Workspace
 from tests.fakes import FakeBackend, fake_service
 
@@ -51,7 +52,7 @@ async def test_a_session_paused_with_nothing_running_resumes_quietly(state_dir: 
             await svc.upload_file("alice", "data.txt", b"rows", session_id="up", overwrite=False)
         [record] = [json.loads(p.read_text()) for p in (state_dir / "sessions").glob("*.json")]
         assert record["paused"]["kind"] == "files" and record["paused"]["why"] is None
-        async with fake_service(state_dir, backend) as svc:
+        async with fake_service(state_dir, backend, role=Role.SERVICE) as svc:
             [listed] = await svc.list_sessions("alice")
             assert (listed.session_id, listed.state, listed.file_count) == ("up", "paused", 1)
             assert listed.saved_variables is None
@@ -70,7 +71,7 @@ async def test_a_damaged_pause_in_a_record_is_kept_as_files(state_dir: Path) -> 
         record = json.loads(path.read_text())
         record["paused"]["kind"] = "teleported"
         path.write_text(json.dumps(record))
-        async with fake_service(state_dir, backend) as svc:
+        async with fake_service(state_dir, backend, role=Role.SERVICE) as svc:
             back = await svc.run_code("alice", RunRequest("v"), "s")
             # The record's pause is not trusted: the last complete saved state is loaded.
             assert (back.result, back.resumed, back.session_created) == ("5", "variables", False)

@@ -13,6 +13,7 @@ from mcp_code_sandbox.run.execute import RunReport
 from mcp_code_sandbox.run.request import RunRequest
 from mcp_code_sandbox.service import SandboxService
 from mcp_code_sandbox.sessions import records
+from mcp_code_sandbox.sessions.holder import Role
 from mcp_code_sandbox.sessions.ids import session_key
 from mcp_code_sandbox.settings import Settings
 from tests.fakes import FakeBackend, fake_service, fake_settings
@@ -91,7 +92,7 @@ async def test_a_dead_servers_sessions_are_adopted_or_dropped(state_dir: Path) -
     stray = settings.workspaces_dir / records.new_slot(session_key("alice", "stray"))
     stray.mkdir()
     try:
-        async with fake_service(state_dir, backend) as svc:
+        async with fake_service(state_dir, backend, role=Role.SERVICE) as svc:
             # Re-attached: same owner and id, files kept; a new agent (the fake's planted
             # sandboxes come back fresh), so the session is not new.
             report = await run(svc, "open('data.txt').read()", "kept")
@@ -154,7 +155,7 @@ async def test_a_session_that_moved_into_a_warm_sandbox_keeps_the_new_slot(
             settings.sessions_dir, dataclasses.replace(record, paused=pause, replaces=replaces)
         )
     try:
-        async with fake_service(state_dir, backend) as svc:
+        async with fake_service(state_dir, backend, role=Role.SERVICE) as svc:
             report = await run(svc, "open('data.txt').read()", "conv")
             assert (report.result, report.session_created) == ("'the copy'", False)
             assert report.notice is None or "lost" not in report.notice

@@ -58,6 +58,7 @@ def plan(
     slots: list[str] | None = None,
     *,
     max_sessions: int = 10,
+    takes_over: bool = True,
 ) -> Plan:
     return plan_recovery(
         records,
@@ -69,6 +70,7 @@ def plan(
         ttl_s=TTL_S,
         lifetime_s=LIFETIME_S,
         max_sessions=max_sessions,
+        takes_over=takes_over,
     )
 
 
@@ -98,6 +100,7 @@ def test_workspace_reported_with_links_resolved_still_matches(tmp_path: Path) ->
         now=NOW,
         ttl_s=TTL_S,
         lifetime_s=LIFETIME_S,
+        takes_over=True,
         max_sessions=10,
     )
     assert p.reattach == [(rec, lo)]
@@ -374,3 +377,42 @@ def test_a_live_servers_moved_slot_is_left_alone() -> None:
     old = paused(1, instance=LIVE)
     moved = paused(2, session_id=old.session_id, replaces=old.slot)
     assert plan([old, moved], []).superseded == []
+
+
+# -- who may take over what (sessions.holder) ---------------------------------------------
+
+
+def test_a_private_server_leaves_a_dead_services_sessions_exactly_as_they_are() -> None:
+    running = record(1)
+    paused = record(2, paused={"kind": "variables"})
+    pausing = record(3, pausing=True)
+    expired = record(4, last_active=NOW - TTL_S - 1)  # even one past its TTL: not its to end
+    lo = leftover(running)
+    p = plan([running, paused, pausing, expired], [lo], takes_over=False)
+    assert p == Plan()  # nothing re-attached, kept, dropped, removed or called stray
+
+
+def test_the_next_service_takes_over_what_a_dead_service_left() -> None:
+    running, paused = record(1), record(2, paused={"kind": "variables"})
+    lo = leftover(running)
+    p = plan([running, paused], [lo], takes_over=True)
+    assert p.reattach == [(running, lo)] and p.keep_paused == [paused]
+    assert p.drop == [] and p.remove_leftovers == []
+
+
+def test_a_dead_private_servers_sessions_are_garbage_to_any_server() -> None:
+    for takes_over in (False, True):
+        mine = record(1, handover=False)
+        paused = record(2, handover=False, paused={"kind": "variables"})
+        lo = leftover(mine)
+        p = plan([mine, paused], [lo], takes_over=takes_over)
+        assert p.reattach == [] and p.keep_paused == []
+        assert sorted(r.slot for r, _ in p.drop) == sorted([mine.slot, paused.slot])
+        assert p.remove_leftovers == [lo]
+
+
+def test_a_live_private_servers_sessions_are_never_touched() -> None:
+    for takes_over in (False, True):
+        live = record(1, handover=False, instance=LIVE)
+        p = plan([live], [leftover(live)], takes_over=takes_over)
+        assert p == Plan()

@@ -228,6 +228,7 @@ def test_uid_in_the_plan_must_match_the_containers_label(tmp_path: Path) -> None
             now=110.0,
             ttl_s=1800,
             lifetime_s=86400,
+            takes_over=True,
             max_sessions=10,
         )
 

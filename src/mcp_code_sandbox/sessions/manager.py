@@ -82,7 +82,9 @@ from mcp_code_sandbox.metrics import EndReason, Metrics
 from mcp_code_sandbox.sessions import quota, records, runlog
 from mcp_code_sandbox.sessions.agent_client import AgentClient
 from mcp_code_sandbox.sessions.egress import Wish
+from mcp_code_sandbox.sessions.holder import Role, ServiceLock, service_pid
 from mcp_code_sandbox.sessions.ids import mint_session_id, session_key, validate_session_id
+from mcp_code_sandbox.sessions.janitor import Janitor
 from mcp_code_sandbox.sessions.moving import fits_pool, forget_moved, move_into
 from mcp_code_sandbox.sessions.overview import files_held
 from mcp_code_sandbox.sessions.pool import Pooled, WarmPool
@@ -117,9 +119,27 @@ _PAUSES_AT_ONCE = 4
 
 class SessionManager:
     def __init__(
-        self, settings: Settings, backend: Backend, metrics: Metrics | None = None
+        self,
+        settings: Settings,
+        backend: Backend,
+        metrics: Metrics | None = None,
+        *,
+        role: Role | None = None,
+        janitor: bool = False,
     ) -> None:
+        """``role``: what this server may take over, and what its successor may (see
+        :mod:`.holder`); ``None``: the state directory's service when it keeps its
+        sessions at shutdown, else a private server. ``janitor``: a private server
+        whose process a client may kill (stdio, ``exec``) starts a janitor process that
+        removes what it leaves if it dies without ending its sessions (:mod:`.janitor`)."""
         self.settings = settings
+        if role is None:
+            role = Role.SERVICE if settings.keep_sessions_on_shutdown else Role.PRIVATE
+        self.role = role
+        self._janitor: Janitor | None = None
+        self._wants_janitor = janitor and role is Role.PRIVATE
+        #: Held for this server's life when it is the state directory's service.
+        self._service_lock: ServiceLock | None = None
         self.backend = backend
         self.metrics = metrics or Metrics(backend.name)
         self.metrics.track_sessions(self.count)
@@ -141,7 +161,9 @@ class SessionManager:
         #: Host uids, one per session, when the backend can use them.
         self.uids = uid_pool(settings) if backend.per_sandbox_uids else None
         #: Starts, replaces and stops the sessions' sandboxes and runners.
-        self.sandboxes = Sandboxes(settings, backend, self.metrics)
+        self.sandboxes = Sandboxes(
+            settings, backend, self.metrics, outlive_server=role is Role.SERVICE
+        )
         #: The running-session limits, kept by pausing the longest idle.
         self.room = Room(settings, self._sessions.values, self._pause)
         #: Warm sandboxes for new sessions (started by :meth:`start`).
@@ -152,6 +174,7 @@ class SessionManager:
             self.sandboxes,
             self.threads,
             instance=self._instance,
+            handover=role is Role.SERVICE,
             workspace_for=self._workspace,
             lease_uid=self._lease_uid,
         )
@@ -159,9 +182,26 @@ class SessionManager:
     # -- lifecycle of the manager -------------------------------------------------------
 
     async def start(self) -> None:
-        self.settings.run_dir.mkdir(parents=True, exist_ok=True)
+        """Raises ``ConfigError`` for a second service on one state directory."""
+        run_dir = self.settings.run_dir
+        if self.role is Role.SERVICE:
+            self._service_lock = ServiceLock.claim(run_dir)
+        else:
+            pid = await asyncio.to_thread(service_pid, run_dir)
+            if pid is not None:
+                log.info(
+                    "a service runs on this state directory: this server's sessions are its "
+                    "own, and it leaves the service's alone",
+                    service_pid=pid,
+                    state_dir=str(self.settings.state_dir),
+                )
+        run_dir.mkdir(parents=True, exist_ok=True)
         self.settings.workspaces_dir.mkdir(parents=True, exist_ok=True)
-        (self.settings.run_dir / f"{self._instance}.pid").write_text(process_mark())
+        (run_dir / f"{self._instance}.pid").write_text(process_mark())
+        if self._wants_janitor:  # before any sandbox or workspace of ours exists
+            self._janitor = await asyncio.to_thread(
+                Janitor.spawn, self.settings, self.backend.name, self._instance
+            )
         self.quota = await asyncio.to_thread(quota.choose, self.settings, self.backend)
         log.info("workspace quota", enforced=self.quota.describe())
         if self.uids is not None:
@@ -172,6 +212,7 @@ class SessionManager:
             instance=self._instance,
             spec_for=self._spec_for,
             uids=self.uids,
+            takes_over=self.role is Role.SERVICE,
         )
         await self.sandboxes.start()
         for adopted in recovered.adopt:
@@ -192,7 +233,8 @@ class SessionManager:
 
     async def aclose(self) -> None:
         """Stop every sandbox and delete every workspace; bounded by the backend's stops.
-        With ``keep_sessions_on_shutdown``, pause them all for the next server instead.
+        A service with ``keep_sessions_on_shutdown`` pauses them all for its successor
+        instead.
 
         Idempotent: a signal handler and the normal way out may both call it."""
         if self._closed:
@@ -203,7 +245,14 @@ class SessionManager:
             await asyncio.wait({self._reaper})  # whatever it ended with, shutdown goes on
         sessions = list(self._sessions.values())
         self._sessions.clear()
-        end = self._leave if self.settings.keep_sessions_on_shutdown else self._destroy
+        keep = self.role is Role.SERVICE and self.settings.keep_sessions_on_shutdown
+        end = self._leave if keep else self._destroy
+        log.info(
+            "shutting down: pausing every session for the next server"
+            if keep
+            else "shutting down: ending every session",
+            sessions=len(sessions),
+        )
         unfinished = list(self._unfinished.values())
         # Each session on its own: one that fails is logged and the others still end.
         for outcome in await asyncio.gather(
@@ -222,6 +271,10 @@ class SessionManager:
         except Exception:
             log.exception("the backend did not close cleanly")
         (self.settings.run_dir / f"{self._instance}.pid").unlink(missing_ok=True)
+        if self._service_lock is not None:
+            self._service_lock.release()
+        if self._janitor is not None:
+            self._janitor.dismiss()  # everything of ours is gone: nothing for it to do
 
     @property
     def instance(self) -> str:
@@ -385,6 +438,7 @@ class SessionManager:
             paused=None if session.paused is None else session.paused.to_json(),
             pausing=session.pausing,
             replaces=None if session.replaces is None else session.replaces.slot,
+            handover=self.role is Role.SERVICE,
         )
 
     def _lookup(

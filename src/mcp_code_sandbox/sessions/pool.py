@@ -106,9 +106,12 @@ class WarmPool:
         threads: WorkerThreads,
         *,
         instance: str,
+        handover: bool,
         workspace_for: Callable[[str, int | None], Workspace],
         lease_uid: Callable[[str], UidLease | None],
     ) -> None:
+        """``handover``: the records' (``records.SessionRecord.handover``), by the
+        manager's role."""
         self.settings = settings
         self.size = settings.pool_size
         self.backend = backend
@@ -116,6 +119,7 @@ class WarmPool:
         self.sandboxes = sandboxes
         self.threads = threads
         self.instance = instance
+        self.handover = handover
         self.workspace_for = workspace_for
         self.lease_uid = lease_uid
         self._ready: collections.deque[Pooled] = collections.deque()
@@ -254,6 +258,7 @@ class WarmPool:
             last_active=now,
             uid=uid,
             pool=True,
+            handover=self.handover,
         )
         records.write_record(self.settings.sessions_dir, record)
 

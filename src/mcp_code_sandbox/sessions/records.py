@@ -19,15 +19,18 @@ Writes are atomic (a temporary file renamed into place), so a reader never sees 
 record. Order: the record is written before the workspace is made and removed after it is
 deleted, so a workspace directory without a record is always garbage.
 
-Semantics of :func:`plan_recovery`: a leftover sandbox is re-attached when a record of a
-dead server claims its workspace, owner, id (or the pool's, for a sandbox a session took
-from the warm pool), key and uid, it runs, and the session is within
-its idle TTL and max lifetime (by the recorded wall-clock times); at most ``max_sessions``,
-the most recently active first. Every other leftover of a dead server is removed, and so
-is every dead server's record (with its workspace) that is not re-attached. A pooled
-sandbox no session claimed (its record says ``pool``) is never re-attached. A record
-whose session moved to another slot (named by that slot's record as ``replaces``, same
-owner and id) is removed without a word: the session is the other record's.
+Semantics of :func:`plan_recovery`: who may take over what is :mod:`.holder`'s rule. A
+dead private server's records (``handover`` false), and a dead server's pooled sandboxes
+that no session claimed, are removed with their workspaces and sandboxes by any server. A
+dead service's records are left exactly as they are by every server but the next service,
+for which: a leftover sandbox is re-attached when a record of a dead server claims its
+workspace, owner, id (or the pool's, for a sandbox a session took from the warm pool), key
+and uid, it runs, and the session is within its idle TTL and max lifetime (by the
+recorded wall-clock times); at most ``max_sessions``, the most recently active first.
+Every other leftover of a dead server is removed, and so is every dead server's record
+(with its workspace) that is not re-attached. A record whose session moved to another slot
+(named by that slot's record as ``replaces``, same owner and id) is removed without a
+word: the session is the other record's.
 """
 
 from __future__ import annotations
@@ -101,6 +104,10 @@ class SessionRecord:
     #: its files were copied into this slot's workspace, then this record was written).
     #: That slot's record, if still there, is stale: removed with its workspace.
     replaces: str | None = None
+    #: Kept for the holder's successor when the holder is gone: the holder was the state
+    #: directory's service (see :mod:`.holder`). False: a private server's, removed by
+    #: whoever finds it after its holder died. Records without the field say True.
+    handover: bool = True
 
 
 def record_path(directory: Path, slot: str) -> Path:
@@ -165,6 +172,7 @@ def _parse(path: Path) -> SessionRecord | None:
             paused=_paused(raw.get("paused")),
             pausing=raw.get("pausing", False) is True,
             replaces=_slot(raw.get("replaces")),
+            handover=raw.get("handover", True) is not False,
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -242,13 +250,23 @@ def plan_recovery(
     ttl_s: float,
     lifetime_s: float,
     max_sessions: int,
+    takes_over: bool,
 ) -> Plan:
     """Decide, without side effects. ``slots_on_disk`` must be listed before the records
-    are loaded (a live server writes its record before it makes the workspace)."""
+    are loaded (a live server writes its record before it makes the workspace).
+    ``takes_over``: this server is its state directory's service (:mod:`.holder`), the
+    only one that re-attaches or keeps what a dead service left; every other server
+    leaves those records, workspaces and sandboxes exactly as they are."""
     plan = Plan()
     records = list(records)
     live = {r.slot for r in records if alive(r.instance)}
     dead = {r.slot: r for r in records if r.slot not in live}
+    for gone in list(dead.values()):
+        if gone.pool or not gone.handover:  # a private server's, or nobody's yet
+            why = f"session {gone.session_id} ended with the server that held it"
+            plan.drop.append((dead.pop(gone.slot), why))
+        elif not takes_over:
+            live.add(dead.pop(gone.slot).slot)  # its successor's to take over
     for mover in list(dead.values()):
         old = dead.get(mover.replaces) if mover.replaces is not None else None
         if old is not None and (old.owner, old.session_id) == (mover.owner, mover.session_id):

@@ -88,10 +88,13 @@ async def recover(
     instance: str,
     spec_for: SpecFor,
     uids: UidPool | None,
+    takes_over: bool,
     clock: Callable[[], float] = time.time,
 ) -> Recovered:
     """Remove what dead servers left, re-attach what the plan keeps (as ``instance``),
-    and return what to adopt and which sessions were lost."""
+    and return what to adopt and which sessions were lost. ``takes_over``: this server
+    is its state directory's service (:mod:`.holder`); otherwise it only removes what
+    dead private servers left, and adopts nothing."""
     lock_fd = os.open(settings.run_dir / "recovery.lock", os.O_RDWR | os.O_CREAT, 0o600)
     try:
         await asyncio.to_thread(fcntl.flock, lock_fd, fcntl.LOCK_EX)
@@ -109,6 +112,7 @@ async def recover(
             ttl_s=settings.session_ttl_m * 60,
             lifetime_s=settings.session_max_lifetime_h * 3600,
             max_sessions=settings.max_sessions + settings.max_paused_sessions,
+            takes_over=takes_over,
         )
         ctx = _Context(settings, backend, instance, spec_for, uids)
         return await _carry_out(ctx, plan)

@@ -54,10 +54,15 @@ class Sandboxes:
     """Starts, replaces and stops sessions' sandboxes and runners on ``backend``. Called
     by the session manager only, with the session's lock held where a method says so."""
 
-    def __init__(self, settings: Settings, backend: Backend, metrics: Metrics) -> None:
+    def __init__(
+        self, settings: Settings, backend: Backend, metrics: Metrics, *, outlive_server: bool
+    ) -> None:
+        """``outlive_server``: may sandboxes outlive this server, for a successor to
+        re-attach (``SandboxSpec.outlives_server``)? The manager says, by its role."""
         self.settings = settings
         self.backend = backend
         self.metrics = metrics
+        self.outlive_server = outlive_server
         self.egress = EgressProxies(settings, metrics)
         #: Why a pause cannot keep a sandbox's whole memory here (``None``: it can);
         #: asked of the backend by :meth:`start`, and again before a pause until the
@@ -443,6 +448,7 @@ class Sandboxes:
             limits=self.limits(),
             env=self.settings.pass_through_values(),
             uid=uid,
+            outlives_server=self.outlive_server,
         )
 
     # -- network: an egress proxy per sandbox that has it (see .egress) ---------------------

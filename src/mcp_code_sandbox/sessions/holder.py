@@ -1,0 +1,108 @@
+"""Who holds a session, and which server process may take over what another left.
+
+Rule. A session is held by the server process that created it (or took it over), and
+its record names that process (``SessionRecord.instance``, whose pid file says whether it
+still lives). Only the holder pauses, moves, ends or deletes it. When the holder is gone,
+what happens to the session depends on the holder's :class:`Role`, which its record keeps
+(``SessionRecord.handover``):
+
+- ``SERVICE``: the one service of its state directory (an HTTP server, or any server told
+  to keep its sessions at shutdown). Its sessions are kept for its successor: the next
+  ``SERVICE`` on the state directory re-attaches or resumes them. No other process
+  touches them, dead holder or not. At most one ``SERVICE`` runs per state directory: it
+  holds :class:`ServiceLock` for its whole life, and a second one refuses to start.
+- ``PRIVATE``: a stdio server, ``exec``, a test harness. It never takes over anything it
+  did not create; what it leaves behind when it is killed is garbage that its janitor
+  (:mod:`.janitor`), or any later start on the state directory, removes.
+
+Records written before this rule have no ``handover`` field: they count as kept for a
+successor, the choice that loses nothing.
+"""
+
+from __future__ import annotations
+
+import enum
+import errno
+import fcntl
+import os
+from pathlib import Path
+
+from mcp_code_sandbox.host import process_alive, process_mark, read_mark
+from mcp_code_sandbox.settings import ConfigError
+
+__all__ = ["SERVICE_LOCK", "Role", "ServiceLock", "service_pid"]
+
+#: The lock file under ``run_dir`` that the state directory's one service holds.
+SERVICE_LOCK = "service.lock"
+
+
+class Role(enum.Enum):
+    #: The state directory's one service: it takes over what a dead service left, and
+    #: what it holds is kept for its successor.
+    SERVICE = "service"
+    #: A server of its own (stdio, ``exec``, tests): it holds only what it created.
+    PRIVATE = "private"
+
+
+class ServiceLock:
+    """The exclusive ``flock`` on ``run_dir/service.lock`` that the state directory's one
+    service holds while it lives; the kernel drops it when the process dies, however it
+    dies. The file names the holder (:func:`mcp_code_sandbox.host.process_mark`)."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd: int | None = fd
+
+    @classmethod
+    def claim(cls, run_dir: Path) -> ServiceLock:
+        """Take the lock, or raise ``ConfigError`` naming the live service that has it."""
+        run_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(run_dir / SERVICE_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
+                raise
+            raise ConfigError([refusal(run_dir.parent, service_pid(run_dir))]) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, process_mark().encode(), 0)
+        return cls(fd)
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # drops the lock; the file stays for the next one
+            self._fd = None
+
+
+def refusal(state_dir: Path, pid: int | None) -> str:
+    """The one line a second service on ``state_dir`` stops with."""
+    who = f"pid {pid}" if pid is not None else "another process"
+    return (
+        f"another mcp-code-sandbox service ({who}) already serves the state directory "
+        f"{state_dir}: give this server a state directory of its own with "
+        "SANDBOX_STATE_DIR (--state-dir), or stop the other one first"
+    )
+
+
+def service_pid(run_dir: Path) -> int | None:
+    """The pid of the live service on this state directory; ``None`` when none runs.
+
+    Asks the lock itself (a lock file left by a dead service is not held), then the mark
+    in it, so a pid reused by an unrelated process is never named."""
+    try:
+        fd = os.open(run_dir / SERVICE_LOCK, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            pass  # held: a service lives
+        else:
+            return None
+        mark = read_mark(os.pread(fd, 64, 0).decode("ascii", "replace"))
+    finally:
+        os.close(fd)
+    if mark is None or not process_alive(*mark):
+        return None
+    return mark[0]
