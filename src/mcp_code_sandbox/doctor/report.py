@@ -7,14 +7,18 @@ use and whether it can start a sandbox.
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from typing import TextIO
 
+from mcp_code_sandbox.backends.base import Leftover
 from mcp_code_sandbox.doctor import bwrap, docker
 from mcp_code_sandbox.doctor.bwrap import check_bwrap
 from mcp_code_sandbox.doctor.checks import Check, pausing_check, pool_check
 from mcp_code_sandbox.doctor.docker import check_docker
-from mcp_code_sandbox.settings import Settings
+from mcp_code_sandbox.doctor.holders import leftovers_check, state_dir_check
+from mcp_code_sandbox.errors import SandboxError
+from mcp_code_sandbox.settings import Settings, docker_environ
 
 __all__ = ["run_doctor"]
 
@@ -35,7 +39,16 @@ def run_doctor(settings: Settings, out: TextIO = sys.stdout) -> int:
         chosen = "docker" if usable["docker"] else "bwrap"
     state = "ready" if usable[chosen] else "NOT usable"
     print("sessions:", file=out)
-    _print([pool_check(settings), pausing_check(settings)], out)
+    containers = _docker_leftovers(settings) if usable["docker"] else []
+    _print(
+        [
+            state_dir_check(settings),
+            pool_check(settings),
+            pausing_check(settings),
+            leftovers_check(settings, containers),
+        ],
+        out,
+    )
     print(f"backend in use ({settings.backend}): {chosen}, {state}", file=out)
     return 0 if usable[chosen] else 1
 
@@ -46,3 +59,20 @@ def _print(checks: list[Check], out: TextIO) -> None:
         print(f"  {mark} {check.name}: {check.detail}", file=out)
         if not check.ok and check.fix:
             print(f"       fix: {check.fix}", file=out)
+
+
+def _docker_leftovers(settings: Settings) -> list[Leftover]:
+    """Containers of servers that are gone (none when the engine does not answer)."""
+    from mcp_code_sandbox.backends.docker.backend import DockerBackend
+
+    async def listed() -> list[Leftover]:
+        backend = DockerBackend(settings, docker_environ())
+        try:
+            return await backend.list_leftovers()
+        finally:
+            await backend.aclose()
+
+    try:
+        return asyncio.run(listed())
+    except SandboxError:
+        return []
