@@ -37,7 +37,7 @@ from mcp_code_sandbox.service import SandboxService
 from mcp_code_sandbox.settings import Settings
 
 from .. import labnet, netlab
-from ..conftest import MakeService, each_runtime
+from ..conftest import MakeService, each_runtime, long_dir
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None,
@@ -529,32 +529,13 @@ async def test_every_language_finds_the_proxy(net_service: SandboxService, testn
         assert report.stdout.strip().splitlines() == [f"{token} -", "403"], report.stdout
 
 
-#: Longer than a socket's address (107 bytes) leaves room for with the proxy's socket
-#: below it, as a real user's ``~/.local/state/mcp-code-sandbox`` often is (issue 30).
-LONG_STATE_DIR_CHARS = 150
-
-
-def _long_dir(base: Path, length: int) -> Path:
-    """A directory under ``base`` whose path is ``length`` characters, each level
-    traversable by the sandbox's uid (as the state dir fixture's own)."""
-    path, left = base, length - len(str(base))
-    while left > 0:
-        # "/" and a name; never leave 1 character, which could not hold another level.
-        name = min(50, left - 1)
-        name -= left - 1 - name == 1
-        path = path / ("d" * name)
-        path.mkdir()
-        path.chmod(0o711)
-        left -= name + 1
-    assert len(str(path)) == length
-    return path
-
-
 @each_runtime
 async def test_network_works_whatever_the_state_dirs_length(
     make_service: MakeService, testnet: LabNet, state_dir: Path
 ) -> None:
-    deep = _long_dir(state_dir, LONG_STATE_DIR_CHARS)
+    # Longer than a socket's address (107 bytes) leaves room for with the proxy's socket
+    # below it, as a real user's ~/.local/state/mcp-code-sandbox often is (issue 30).
+    deep = long_dir(state_dir, 150)
     async with make_service(**testnet.settings(), state_dir=str(deep)) as svc:
         found, report = await _run(
             svc,

@@ -162,11 +162,11 @@ class EgressProxies:
         same session that a dead server left running still has its old one bound), and
         that directory held open. Those of a previous server are removed first: their
         proxies are gone. Raises ``SandboxFailed`` (the path is logged)."""
-        if not self._swept:
-            self._swept = True
-            self._sweep()
         host_dir = self.root / f"{key}-{secrets.token_hex(4)}"
         try:
+            if not self._swept:
+                self._swept = True
+                self._sweep()
             self.root.mkdir(mode=0o755, parents=True, exist_ok=True)
             host_dir.mkdir(mode=0o755)
             # Whatever the umask: the sandbox's uid must traverse it (it holds no secret).

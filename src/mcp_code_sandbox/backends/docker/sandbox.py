@@ -81,9 +81,18 @@ class DockerSandbox(Sandbox):
 
 
 def make_run_dir(base: Path, key: str) -> Path:
-    base.mkdir(parents=True, exist_ok=True)
+    """A new run dir under ``base``; ``SandboxFailed`` (the path logged) if it cannot be."""
     run_dir = base / f"{key}-{secrets.token_hex(4)}"
-    run_dir.mkdir(mode=0o755)
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        run_dir.mkdir(mode=0o755)
+    except OSError as exc:
+        log.error("cannot make the sandbox's run dir %s: %s", run_dir, exc)
+        raise SandboxFailed(
+            "cannot make the sandbox's run directory in the state directory "
+            f"({exc.strerror or exc}; the server's log names it). Check that the server "
+            "may write its state directory, then try again"
+        ) from None
     return run_dir
 
 
