@@ -137,6 +137,22 @@ def state_dir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def long_dir(base: Path, length: int) -> Path:
+    """A directory under ``base`` whose path is ``length`` characters (a deep state dir),
+    each level traversable by a sandbox's uid, as the ``state_dir`` fixture's own."""
+    path, left = base, length - len(str(base))
+    while left > 0:
+        # "/" and a name; never leave 1 character, which could not hold another level.
+        name = min(50, left - 1)
+        name -= left - 1 - name == 1
+        path = path / ("d" * name)
+        path.mkdir()
+        path.chmod(0o711)
+        left -= name + 1
+    assert len(str(path)) == length
+    return path
+
+
 def _unmount_below(path: Path) -> None:
     with open("/proc/self/mountinfo") as info:
         points = [line.split()[4] for line in info]

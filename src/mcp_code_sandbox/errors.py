@@ -37,6 +37,8 @@ never further up. User code that fails is *not* an error: it is data in the run 
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 __all__ = [
@@ -73,6 +75,11 @@ class SandboxError(Exception):
     #: The HTTP status of this code where HTTP routes answer with it (``/files`` PUT):
     #: 500 unless the code names a fault of the request (4xx) or a backend that is down.
     http_status: ClassVar[int] = 500
+    #: The message may quote another program (the Docker engine, pip, a tool the server
+    #: ran) or the OS, and so a host path: ``hide_paths`` runs on it before a client
+    #: sees it. The other codes' messages are the server's own words and what the client
+    #: sent (a path it gave is its own, and hiding it would tell it whose path it was).
+    quotes_host: ClassVar[bool] = False
 
     def __init__(self, message: str, **details: Any) -> None:
         super().__init__(message)
@@ -82,6 +89,24 @@ class SandboxError(Exception):
 
     def __str__(self) -> str:
         return f"{self.code}: {self.message}"
+
+    def hide_paths(self, names: Mapping[str, str]) -> bool:
+        """Replace each host path of ``names`` (path -> what to call it instead) where the
+        message names it, or a path below it; ``True`` if any was. Only a whole path
+        counts (``/data`` is not in ``/mnt/data``). The server's boundaries call it
+        (``SandboxService.public_error``): a message may quote text a tool, pip or the
+        Docker engine wrote, and no client is told where the server keeps its files."""
+        shown = {path.rstrip("/"): name for path, name in names.items() if path.strip("/")}
+        if not shown:
+            return False
+        longest_first = "|".join(map(re.escape, sorted(shown, key=len, reverse=True)))
+        whole = re.compile(rf"(?<![\w.~/-])({longest_first})(?![\w.~-])")
+        hidden = whole.sub(lambda match: shown[match.group(1)], self.message)
+        if hidden == self.message:
+            return False
+        self.message = hidden
+        self.args = (hidden,)
+        return True
 
 
 class InvalidArgument(SandboxError):
@@ -164,10 +189,12 @@ class EnvNotAllowed(SandboxError):
 class BackendUnavailable(SandboxError):
     code = "backend_unavailable"
     http_status = 503
+    quotes_host = True
 
 
 class SandboxFailed(SandboxError):
     code = "sandbox_failed"
+    quotes_host = True
 
 
 class Unauthorized(SandboxError):
@@ -177,6 +204,7 @@ class Unauthorized(SandboxError):
 
 class InternalError(SandboxError):
     code = "internal_error"
+    quotes_host = True
 
 
 #: Every public code, in the order of DESIGN.md §7.

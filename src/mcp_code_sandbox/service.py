@@ -102,6 +102,23 @@ def _after(sink: execute.ProgressSink | None, waited: float) -> execute.Progress
     return later
 
 
+def _host_dirs(settings: Settings) -> dict[str, str]:
+    """Each directory of the server's (as set, and with its links resolved) -> the setting
+    that names it, which a message shows instead: the operator knows where it is."""
+    named = {
+        "$SANDBOX_STATE_DIR": settings.state_dir,
+        "$SANDBOX_DOCKER_HOST_STATE_DIR": settings.docker_host_state_dir,
+        "$SANDBOX_RUNTIME_DIR": settings.runtime_dir,
+        "$SANDBOX_UID_LEASE_DIR": settings.uid_lease_dir,
+    }
+    dirs: dict[str, str] = {}
+    for name, path in named.items():
+        # "/" or a relative path would match text that is no path of ours.
+        if path is not None and path.is_absolute() and len(path.parts) > 1:
+            dirs[str(path)] = dirs[str(path.resolve())] = name
+    return dirs
+
+
 class SandboxService:
     def __init__(
         self,
@@ -141,6 +158,8 @@ class SandboxService:
         self._ready_lock = asyncio.Lock()
         #: The latest runs of every owner, for the operator's ``/ui`` page.
         self.recent_runs = RecentRuns()
+        #: The server's own directories, hidden from error messages (``public_error``).
+        self._host_dirs = _host_dirs(settings)
         if preparing is not None:  # built further: what the sandboxes offer changed
             preparing.listeners.append(self.refresh_runners)
 
@@ -196,6 +215,17 @@ class SandboxService:
         if self.preparing is not None:
             await self.preparing.aclose()
         await self.sessions.aclose()
+
+    def public_error(self, error: SandboxError) -> SandboxError:
+        """``error`` as a client may see it: the server's own directories that its message
+        names (where it ``quotes_host``: a tool's, pip's or the engine's text) shown as
+        the setting that names them; the message as it was goes to the log. Called by
+        every boundary that answers a client with an error (tools, resources, ``/files``
+        uploads)."""
+        original = error.message
+        if error.quotes_host and error.hide_paths(self._host_dirs):
+            log.warning("an error message named a host path", code=error.code, message=original)
+        return error
 
     def session_count(self) -> int:
         """Sessions open now, of every owner (``/healthz``)."""

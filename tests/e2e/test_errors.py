@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import shutil
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +24,7 @@ from mcp_code_sandbox.server.app import build_server
 from mcp_code_sandbox.service import SandboxService
 from mcp_code_sandbox.settings import Settings
 
+from ..conftest import long_dir
 from .conftest import server_env
 
 pytestmark = [pytest.mark.e2e, pytest.mark.bwrap]
@@ -242,3 +245,64 @@ async def test_sandbox_failed(make_settings: Callable[..., Settings]) -> None:
             assert not (await client.call_tool("list_runtimes", {})).is_error
     finally:
         await service.aclose()
+
+
+#: A call the leak test makes: tool, arguments, and the error code it must get (``None``:
+#: it must succeed). The tool ``block`` puts a file where the server makes a directory.
+Call = tuple[str, dict[str, Any], str | None]
+
+
+async def _error_texts(settings: Settings, calls: list[Call]) -> list[str]:
+    """The error texts of ``calls``, made in order to a server of ``settings``."""
+    service = SandboxService(settings, create_backend(settings))
+    await service.start()
+    texts = []
+    try:
+        async with Client(build_server(service), mode="legacy") as client:
+            for tool, args, code in calls:
+                if tool == "block":
+                    path = settings.state_dir / args["dir"]
+                    shutil.rmtree(path, ignore_errors=True)
+                    path.write_text("in the way")
+                    continue
+                result = await client.call_tool(tool, args)
+                if code is None:
+                    assert not result.is_error, (tool, result.content)
+                else:
+                    texts.append(assert_error(result, code))
+    finally:
+        await service.aclose()
+    return texts
+
+
+async def test_no_error_names_where_the_server_keeps_its_files(
+    make_settings: Callable[..., Settings], state_dir: Path
+) -> None:
+    """Errors with a deep state dir (issue 30), several about the server's own files:
+    each says what failed and what to do, and none names a directory of the server's."""
+    deep = long_dir(state_dir, 150)
+    unbuilt = make_settings(state_dir=str(deep), runtime_dir=str(deep / "runtime"))
+    texts = await _error_texts(unbuilt, [("run_code", {"code": "1"}, "backend_unavailable")])
+    assert "mcp-code-sandbox setup" in texts[0]
+    settings = make_settings(
+        state_dir=str(deep), allow_network=True, network_allow="example.com",
+        workspace_quota_bytes=100_000,
+    )  # fmt: skip
+    sid, big = {"session_id": "leaks"}, "x" * 200_000
+    texts += await _error_texts(
+        settings,
+        [
+            ("upload_file", {**sid, "filename": "a.txt", "content_text": "a"}, None),
+            ("upload_file", {**sid, "filename": "a.txt", "content_text": "b"}, "file_exists"),
+            ("upload_file", {**sid, "filename": "b", "content_text": big}, "quota_exceeded"),
+            ("upload_file", {**sid, "filename": "../a", "content_text": "a"}, "invalid_filename"),
+            ("read_file", {**sid, "path": "missing.txt"}, "not_found"),
+            ("list_files", {"session_id": "never-made"}, "session_not_found"),
+            ("run_code", {**sid, "code": "1", "language": "cobol"}, "unsupported_language"),
+            ("block", {"dir": "egress"}, None),
+            ("run_code", {**sid, "code": "1", "network": True}, "sandbox_failed"),
+        ],
+    )  # fmt: skip
+    assert "egress proxy" in texts[-1] and "without network" in texts[-1]
+    for text in texts:
+        assert str(deep) not in text and str(state_dir) not in text, text

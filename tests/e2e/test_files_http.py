@@ -10,6 +10,7 @@ the server never handed out (an expired one, one for a symlink) exactly as it wo
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -22,6 +23,7 @@ from mcp import Client
 from mcp_code_sandbox.server.downloads import UrlSigner
 from mcp_code_sandbox.settings import Settings
 
+from ..conftest import each_runtime
 from .conftest import http_server
 
 SECRET = "test-secret-0123456789abcdef"
@@ -219,3 +221,52 @@ async def test_files_over_http_belong_to_the_token_owner(
         assert httpx.get(bobs).content == b"bob's"
         # The legacy SSE transport is behind the same bearer check as /mcp.
         assert httpx.get(f"{base}/sse", timeout=10).status_code == 401
+
+
+#: About a second idle before a pause (the reaper looks every 0.5 s then).
+PAUSE_AFTER_M = "0.02"
+#: Generous: 2 cores, gVisor's checkpoint; never a speed claim.
+PAUSE_WAIT_S = 120.0
+
+
+async def _paused(client: Client, session_id: str) -> None:
+    deadline = time.monotonic() + PAUSE_WAIT_S
+    while True:
+        listed = await client.call_tool("list_sessions", {})
+        states = {s["session_id"]: s["state"] for s in listed.structured_content["sessions"]}
+        if states.get(session_id) == "paused":
+            return
+        assert time.monotonic() < deadline, states
+        await asyncio.sleep(0.2)
+
+
+@each_runtime
+async def test_no_upload_goes_into_a_paused_sessions_saved_state(
+    make_settings: Callable[..., Settings],
+) -> None:
+    """``.session/`` is where a pause keeps a session's variables (bwrap, runc) or nothing
+    (a gVisor checkpoint): an upload there is refused alike on every backend, by PUT or
+    ``upload_file``, new file or not, and the session resumes as it was."""
+    with http_server(make_settings(), SANDBOX_PAUSE_AFTER_M=PAUSE_AFTER_M) as base:
+        async with Client(f"{base}/mcp", mode="legacy") as client:
+            made = await client.call_tool("run_code", {"code": "x = 41", "session_id": "st"})
+            assert not made.is_error, made.content
+            await _paused(client, "st")
+            for path in (".session/manifest.json", ".session/planted.pkl", ".session"):
+                for overwrite in ("false", "true"):
+                    refused = put(base, "st", path, b"planted", overwrite=overwrite)
+                    answer = (refused.status_code, refused.json().get("error"))
+                    assert answer == (400, "invalid_path"), (path, overwrite, refused.text)
+                    assert ".session" in refused.json()["message"]
+            tool = await client.call_tool(
+                "upload_file",
+                {
+                    "session_id": "st",
+                    "filename": ".session/x",
+                    "content_text": "x",
+                    "overwrite": True,
+                },
+            )
+            assert tool.is_error and (tool.meta or {}).get("error_code") == "invalid_path"
+            back = await client.call_tool("run_code", {"code": "print(x + 1)", "session_id": "st"})
+            assert back.structured_content and back.structured_content["stdout"] == "42\n", back

@@ -37,7 +37,7 @@ from mcp_code_sandbox.service import SandboxService
 from mcp_code_sandbox.settings import Settings
 
 from .. import labnet, netlab
-from ..conftest import MakeService, each_runtime
+from ..conftest import MakeService, each_runtime, long_dir
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None,
@@ -527,3 +527,27 @@ async def test_every_language_finds_the_proxy(net_service: SandboxService, testn
     assert report.status == "ok", (report.stdout, report.stderr)
     if report.stdout.strip() != "no-curl":
         assert report.stdout.strip().splitlines() == [f"{token} -", "403"], report.stdout
+
+
+@each_runtime
+async def test_network_works_whatever_the_state_dirs_length(
+    make_service: MakeService, testnet: LabNet, state_dir: Path
+) -> None:
+    # Longer than a socket's address (107 bytes) leaves room for with the proxy's socket
+    # below it, as a real user's ~/.local/state/mcp-code-sandbox often is (issue 30).
+    deep = long_dir(state_dir, 150)
+    async with make_service(**testnet.settings(), state_dir=str(deep)) as svc:
+        found, report = await _run(
+            svc,
+            "net-deep",
+            f"""
+            out["allowed"] = get("http://allowed.test:{HTTP}/")
+            out["allowed_tls"] = get("https://allowed.test:{HTTPS}/")
+            out["refused"] = get("http://other.test:{HTTP}/")
+            """,
+        )
+    assert found["allowed"] == f"200 {testnet.token(f'{testnet.ns_ip}:{HTTP}')} -"
+    assert found["allowed_tls"] == f"200 {testnet.token(f'{testnet.ns_ip}:{HTTPS}')} -"
+    assert found["refused"].startswith("403 "), found
+    assert BLOCKED_MESSAGE.format("other.test") in found["refused"]
+    assert report.blocked_hosts == ["other.test"]

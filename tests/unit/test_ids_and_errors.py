@@ -62,3 +62,21 @@ def test_client_ids_are_checked(bad: str) -> None:
 def test_keys_separate_owners() -> None:
     assert session_key("alice", "conv-1") != session_key("bob", "conv-1")
     assert re.fullmatch(r"s[0-9a-f]{31}", session_key("alice", "conv-1"))
+
+
+def test_an_error_hides_the_servers_directories_it_names() -> None:
+    names = {"/data": "$SANDBOX_STATE_DIR", "/data/runtime": "$SANDBOX_RUNTIME_DIR"}
+    err = errors_module.SandboxFailed(
+        "docker: bind source path does not exist: /data/workspaces/s1 (pip: '/data/runtime/"
+        "venv/bin/pip' failed; in /mnt/data, /data2 and /old/data nothing changed) /data"
+    )
+    assert err.hide_paths(names)
+    assert err.message == (
+        "docker: bind source path does not exist: $SANDBOX_STATE_DIR/workspaces/s1 (pip: "
+        "'$SANDBOX_RUNTIME_DIR/venv/bin/pip' failed; in /mnt/data, /data2 and /old/data "
+        "nothing changed) $SANDBOX_STATE_DIR"
+    )
+    assert str(err).startswith("sandbox_failed: docker: bind source")
+    untouched = errors_module.NotFound("'data/x' does not exist in /mnt/data")
+    assert not untouched.hide_paths(names) and not untouched.hide_paths({"/": "root"})
+    assert untouched.message == "'data/x' does not exist in /mnt/data"

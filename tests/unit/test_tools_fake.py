@@ -20,6 +20,7 @@ from mcp_types import (
     TextContent,
 )
 
+from mcp_code_sandbox.errors import SandboxFailed
 from mcp_code_sandbox.run.languages import RUNTIMES
 from mcp_code_sandbox.run.request import RunRequest
 from mcp_code_sandbox.server.app import build_server
@@ -218,3 +219,30 @@ async def test_list_sessions_names_a_bounded_number_of_saved_variables(state_dir
         assert len(listed["saved_variables"]) == 100
         assert listed["saved_variables_more"] == 50
         assert {"name": "v0", "type": "int"} in listed["saved_variables"]
+
+
+async def test_an_error_quoting_a_host_path_reaches_the_client_without_it(
+    state_dir: Path,
+) -> None:
+    """A backend's error may quote a tool's text (the Docker engine names a bind mount's
+    source): the client reads the setting in its place, never the server's directory."""
+    async with connected(state_dir) as (client, svc):
+        backend = svc.backend
+        assert isinstance(backend, FakeBackend)
+
+        async def refused(spec: Any, *, mounted: Any = None) -> Any:
+            raise SandboxFailed(
+                f"the Docker engine refused (HTTP 400): invalid mount config for type "
+                f'"bind": bind source path does not exist: {spec.workspace}'
+            )
+
+        backend.create = refused  # type: ignore[method-assign]
+        failed = await client.call_tool("run_code", {"code": "1", "session_id": "s"})
+        assert error_code(failed) == "sandbox_failed"
+        text = failed.content[0].text  # type: ignore[union-attr]
+        assert str(state_dir) not in text
+        assert "bind source path does not exist: $SANDBOX_STATE_DIR/workspaces/" in text
+        # A path the client gave is quoted as given: hiding it would say whose it is.
+        own = await client.call_tool("read_file", {"session_id": "s", "path": str(state_dir)})
+        assert error_code(own) == "invalid_path"
+        assert f"'{state_dir}'" in own.content[0].text  # type: ignore[union-attr]

@@ -288,6 +288,7 @@ def _add_file_resource(
         try:
             return await service.read_resource(owner, session_id, path, link)
         except SandboxError as exc:
+            exc = service.public_error(exc)
             # A protocol error whose data carries our code, as _meta does for tools.
             uri = f"sandbox://{session_id}/{path}"
             data = {"uri": uri, "error_code": exc.code, **_plain_details(exc)}

@@ -104,7 +104,7 @@ def file_routes(
                     overwrite=overwrite,
                 )
             except SandboxError as exc:
-                return _error(exc)
+                return _error(service.public_error(exc))
         body = {
             "session_id": done.session_id,
             "path": done.path,

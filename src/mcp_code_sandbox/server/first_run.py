@@ -90,7 +90,8 @@ def runtime_preparation(settings: Settings, backend: Backend) -> Preparation | N
         await _run_setup(setup_argv(settings, node=False), steps)
         status = await asyncio.to_thread(runtime_status, settings)
         if not status.ok:  # setup said it worked: believe the disk, not the exit code
-            raise BackendUnavailable(status.detail)
+            log.warning("sandbox runtime unusable after setup", detail=status.detail)
+            raise status.unavailable()
         usable()
         await _run_setup(setup_argv(settings, node=True), steps)
 

@@ -12,7 +12,7 @@ import datetime
 import functools
 import inspect
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Annotated, Any, ParamSpec
+from typing import Annotated, Any, Concatenate, ParamSpec
 
 import structlog
 from mcp.server.mcpserver import Context
@@ -65,16 +65,17 @@ RequiredSession = Annotated[str, Field(description="The session_id a previous re
 
 
 def tool_errors(
-    fn: Callable[P, Awaitable[CallToolResult]],
-) -> Callable[P, Awaitable[CallToolResult]]:
-    """Turn our errors into ``isError`` results; anything else is ``internal_error``."""
+    fn: Callable[Concatenate[ToolSet, P], Awaitable[CallToolResult]],
+) -> Callable[Concatenate[ToolSet, P], Awaitable[CallToolResult]]:
+    """Turn our errors into ``isError`` results (as the service lets a client see them:
+    ``public_error``); anything else is ``internal_error``."""
 
     @functools.wraps(fn)
-    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> CallToolResult:
+    async def wrapper(tools: ToolSet, /, *args: P.args, **kwargs: P.kwargs) -> CallToolResult:
         try:
-            return await fn(*args, **kwargs)
+            return await fn(tools, *args, **kwargs)
         except SandboxError as exc:
-            return error_result(exc)
+            return error_result(tools.service.public_error(exc))
         except Exception:
             log.exception("tool failed unexpectedly", tool=fn.__name__)
             return error_result(

@@ -26,16 +26,19 @@ import os
 import secrets
 import shutil
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
 
 from mcp_code_sandbox.backends.base import Egress
+from mcp_code_sandbox.backends.unix_sockets import SocketDir
 from mcp_code_sandbox.egress.dns import resolver_from_settings
 from mcp_code_sandbox.egress.policy import Policy
 from mcp_code_sandbox.egress.presets import learn_presets
 from mcp_code_sandbox.egress.proxy import EgressProxy, open_proxy
 from mcp_code_sandbox.egress.secrets import Secret, load_secrets, placeholder_env
+from mcp_code_sandbox.errors import SandboxFailed
 from mcp_code_sandbox.layout import EGRESS_CA_NAME, egress_env
 from mcp_code_sandbox.metrics import Metrics
 from mcp_code_sandbox.settings import Settings
@@ -52,6 +55,14 @@ MAX_BLOCKED = 50
 MAX_HOST_CHARS = 253
 
 
+@dataclass(frozen=True)
+class _Open:
+    """A running proxy and its directory, held open for the socket's short address."""
+
+    proxy: EgressProxy
+    directory: SocketDir
+
+
 class EgressProxies:
     """Every open egress proxy of this server, by its directory."""
 
@@ -60,7 +71,7 @@ class EgressProxies:
         self.metrics = metrics
         #: In the state dir: the Docker engine binds it from its own view of that dir.
         self.root = settings.state_dir / "egress"
-        self._open: dict[Path, EgressProxy] = {}
+        self._open: dict[Path, _Open] = {}
         self._policy: Policy | None = None
         self._secrets: tuple[Secret, ...] | None = None
         self._swept = False
@@ -95,13 +106,17 @@ class EgressProxies:
         self, key: str, owner: str, session_id: str, hosts: tuple[str, ...]
     ) -> tuple[Egress, dict[str, str]]:
         """A new proxy for one sandbox of ``key``; its :class:`Egress` for the spec and
-        the variables the sandbox gets (proxy URLs, CA bundle, secrets' placeholders)."""
+        the variables the sandbox gets (proxy URLs, CA bundle, secrets' placeholders).
+        Raises ``SandboxFailed`` when its directory or socket cannot be made (the host
+        path goes to the log, never into the message)."""
         policy = self.policy(hosts)
         secrets_ = self._loaded_secrets()
-        host_dir = await asyncio.to_thread(self._make_dir, key)
+        host_dir, directory = await asyncio.to_thread(self._make_dir, key)
         try:
             proxy = await open_proxy(
-                host_dir / SOCKET_NAME,
+                # Through the directory's fd, held open as long as the proxy: the state
+                # dir may be too deep for a socket's address (``backends.unix_sockets``).
+                Path(directory.address(SOCKET_NAME)),
                 policy,
                 secrets_,
                 owner=owner,
@@ -110,10 +125,17 @@ class EgressProxies:
                 upstream_ca=self.settings.network_upstream_ca,
                 resolver=self._resolver,
             )
-        except BaseException:
+        except BaseException as exc:
+            directory.close()
             await asyncio.to_thread(shutil.rmtree, host_dir, True)
+            if isinstance(exc, SandboxFailed):
+                log.error("cannot start an egress proxy", dir=str(host_dir), error=exc.message)
+                raise SandboxFailed(
+                    "could not start the sandbox's egress proxy (its socket could not be "
+                    "made; the server's log says why). Try again, or run without network"
+                ) from None
             raise
-        self._open[host_dir] = proxy
+        self._open[host_dir] = _Open(proxy, directory)
         try:
             ca = proxy.ca_bundle()
             await asyncio.to_thread(self._publish, host_dir, ca)
@@ -130,24 +152,34 @@ class EgressProxies:
         Called by the session side for a call with network on a sandbox that has it.
         Raises ``NetworkNotAllowed`` as :meth:`policy` does (the service checked first)."""
         policy = self.policy(hosts)
-        proxy = self._open.get(egress.host_dir)
-        if proxy is not None:
-            proxy.use_policy(policy)
+        opened = self._open.get(egress.host_dir)
+        if opened is not None:
+            opened.proxy.use_policy(policy)
         return Egress(egress.host_dir, hosts or None)
 
-    def _make_dir(self, key: str) -> Path:
+    def _make_dir(self, key: str) -> tuple[Path, SocketDir]:
         """A fresh directory for one sandbox's proxy (a random suffix: a sandbox of the
-        same session that a dead server left running still has its old one bound).
-        Those of a previous server are removed first: their proxies are gone."""
-        if not self._swept:
-            self._swept = True
-            self._sweep()
-        self.root.mkdir(mode=0o755, parents=True, exist_ok=True)
+        same session that a dead server left running still has its old one bound), and
+        that directory held open. Those of a previous server are removed first: their
+        proxies are gone. Raises ``SandboxFailed`` (the path is logged)."""
         host_dir = self.root / f"{key}-{secrets.token_hex(4)}"
-        host_dir.mkdir(mode=0o755)
-        # Whatever the umask: the sandbox's uid must traverse it (it holds no secret).
-        os.chmod(host_dir, 0o755)  # noqa: S103
-        return host_dir
+        try:
+            if not self._swept:
+                self._swept = True
+                self._sweep()
+            self.root.mkdir(mode=0o755, parents=True, exist_ok=True)
+            host_dir.mkdir(mode=0o755)
+            # Whatever the umask: the sandbox's uid must traverse it (it holds no secret).
+            os.chmod(host_dir, 0o755)  # noqa: S103
+            return host_dir, SocketDir(host_dir)
+        except OSError as exc:
+            log.error("cannot make an egress proxy's directory", dir=str(host_dir), error=str(exc))
+            shutil.rmtree(host_dir, ignore_errors=True)
+            raise SandboxFailed(
+                "could not make the directory of the sandbox's egress proxy in the state "
+                f"directory ({exc.strerror or exc}; the server's log names it). Check that "
+                "the server may write its state directory, or run without network"
+            ) from None
 
     def _sweep(self) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -169,12 +201,14 @@ class EgressProxies:
         one already closed. Never raises (logged): called on every stop path."""
         if egress is None:
             return
-        proxy = self._open.pop(egress.host_dir, None)
-        if proxy is not None:
+        opened = self._open.pop(egress.host_dir, None)
+        if opened is not None:
             try:
-                await proxy.aclose()
+                await opened.proxy.aclose()
             except Exception:
                 log.exception("cannot close an egress proxy", dir=str(egress.host_dir))
+            finally:
+                opened.directory.close()  # after the proxy, which unlinks its socket by it
         await asyncio.to_thread(shutil.rmtree, egress.host_dir, True)
 
     def take_blocked(self, egresses: Iterable[Egress | None]) -> list[str]:
@@ -182,9 +216,9 @@ class EgressProxies:
         sorted: for the run result (``blocked_hosts``)."""
         blocked: set[str] = set()
         for egress in egresses:
-            if egress is not None and (proxy := self._open.get(egress.host_dir)) is not None:
+            if egress is not None and (opened := self._open.get(egress.host_dir)) is not None:
                 # Names the sandbox sent: bounded here, escaped by the tool layer.
-                blocked.update(host[:MAX_HOST_CHARS] for host in proxy.take_blocked())
+                blocked.update(host[:MAX_HOST_CHARS] for host in opened.proxy.take_blocked())
         return sorted(blocked)[:MAX_BLOCKED]
 
     async def aclose(self) -> None:

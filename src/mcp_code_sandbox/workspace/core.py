@@ -126,13 +126,21 @@ class Workspace:
         """Write ``data`` (bytes, or a file positioned at its start, read to its end) at
         ``rel`` atomically, creating parent directories.
 
-        Raises ``InvalidFilename`` for a bad path, ``InvalidPath`` when a component is a
-        link or not a directory or the target is not a regular file, ``FileExists_`` when
-        it exists and not ``overwrite``, ``QuotaExceeded`` when it would not fit. A failed
-        write leaves nothing behind (neither a partial file nor new directories).
+        Raises ``InvalidFilename`` for a bad path, ``InvalidPath`` for a path in
+        ``STATE_DIR``, when a component is a link or not a directory or when the target is
+        not a regular file, ``FileExists_`` when it exists and not ``overwrite``,
+        ``QuotaExceeded`` when it would not fit. A failed write leaves nothing behind
+        (neither a partial file nor new directories).
         """
         parts = parse_path(rel, for_upload=True)
         shown = join_parts(parts)
+        if parts[0] == STATE_DIR:
+            # The sandbox's own saved state (a pause writes it, a resume loads it): never
+            # the client's, paused or not, whatever the backend keeps there.
+            raise InvalidPath(
+                f"'{shown}' is in {STATE_DIR}/, where the session keeps the variables a "
+                "pause saves; nothing is uploaded there. Pick another path"
+            )
         size, head = measure(data)
         with _fs_errors(shown), closing_fd(self._open_root()) as root:
             replaced = self._existing_size(root, parts, shown, overwrite=overwrite)

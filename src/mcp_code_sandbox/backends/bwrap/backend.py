@@ -246,7 +246,8 @@ class BwrapBackend(Backend):
     def _mounts(self, spec: SandboxSpec) -> tuple[Mounts, list[tuple[str, str]] | None]:
         status = runtime_status(self.settings)
         if not status.ok:
-            raise BackendUnavailable(status.detail)
+            log.warning("sandbox runtime unavailable: %s", status.detail)
+            raise status.unavailable()
         agent_dir = self._agent_package()
         sources = {"ws": str(spec.workspace), "venv": str(status.venv_dir), "agent": str(agent_dir)}
         if status.base_prefix is not None:
@@ -276,7 +277,8 @@ class BwrapBackend(Backend):
         self._bwrap()
         status = await asyncio.to_thread(runtime_status, self.settings)
         if not status.ok:
-            raise BackendUnavailable(status.detail)
+            log.warning("sandbox runtime unavailable: %s", status.detail)
+            raise status.unavailable()
 
     async def create(self, spec: SandboxSpec, *, mounted: Awaitable[None] | None = None) -> Sandbox:
         bwrap = self._bwrap()
@@ -324,7 +326,11 @@ class BwrapBackend(Backend):
             parent.close()
             if cgroup is not None:
                 await asyncio.to_thread(cgroup.remove)
-            raise SandboxFailed(f"cannot start the sandbox: {exc}") from None
+            log.error("cannot start the sandbox %s: %s", spec.key, exc)
+            raise SandboxFailed(
+                f"cannot start the sandbox ({exc.strerror or exc}; the server's log says "
+                "more): try again; if it persists, `mcp-code-sandbox doctor` checks bubblewrap"
+            ) from None
         except BaseException:
             parent.close()
             raise

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mcp_code_sandbox.errors import BackendUnavailable
 from mcp_code_sandbox.settings import Settings
 
 __all__ = [
@@ -64,6 +65,8 @@ def runtime_packages(settings: Settings) -> tuple[str, ...]:
 #: Bump when the layout of the runtime changes, to make ``setup`` rebuild.
 #: 2: pip in the venv and :data:`SESSION_SITE_PTH` (packages installed at run time).
 MANIFEST_FORMAT = 2
+#: The runtime's state before its first ``setup`` (``RuntimeStatus.reason``).
+NOT_BUILT = "not built yet"
 
 
 @dataclass(frozen=True)
@@ -127,7 +130,7 @@ class RuntimeStatus:
     #: The venv directory exists (it may still be broken or stale: see ``ok``).
     exists: bool
     ok: bool
-    #: Why not ``ok``, or a one-line summary when it is.
+    #: Why not ``ok``, or a one-line summary when it is; names the venv's host path.
     detail: str
     python_version: str | None = None
     #: Prefix of the base interpreter to bind read-only at its own path in the sandbox;
@@ -137,6 +140,8 @@ class RuntimeStatus:
     packages: dict[str, str] = field(default_factory=dict)
     #: Node.js, bun and the npm packages; ``None`` when not built (no npm at ``setup``).
     node: NodeRuntime | None = None
+    #: Why not ``ok`` (``NOT_BUILT``, or what changed); ``None`` when ``ok``.
+    reason: str | None = None
 
     @property
     def node_dir(self) -> Path | None:
@@ -147,6 +152,15 @@ class RuntimeStatus:
     def venv(self) -> Path:
         """Alias of ``venv_dir`` (the CLI's name for it)."""
         return self.venv_dir
+
+    def unavailable(self) -> BackendUnavailable:
+        """What a call gets while the runtime is not ``ok``: what to do, without its host
+        path (which ``detail`` has, for the server's log and ``doctor``)."""
+        what = "not built yet" if self.reason == NOT_BUILT else "out of date or broken"
+        return BackendUnavailable(
+            f"the sandbox runtime environment is {what}: run `mcp-code-sandbox setup` "
+            "on the server (`mcp-code-sandbox doctor` shows where it is and what is wrong)"
+        )
 
 
 def venv_dir(settings: Settings) -> Path:
@@ -184,7 +198,7 @@ def manifest_mismatch(
     ``base`` ``None`` skips the comparison with a freshly chosen interpreter (status only).
     """
     if manifest is None:
-        return "not built yet"
+        return NOT_BUILT
     if manifest.get("format") != MANIFEST_FORMAT:
         return "built by another version of mcp-code-sandbox"
     if list(manifest.get("packages", [])) != list(packages):
@@ -210,7 +224,7 @@ def runtime_status(settings: Settings) -> RuntimeStatus:
         reason = "the venv's python is missing or its link is broken"
     if manifest is None or reason is not None:
         detail = f"runtime environment at {venv}: {reason}; run `mcp-code-sandbox setup`"
-        return RuntimeStatus(venv, exists, False, detail, node=node)
+        return RuntimeStatus(venv, exists, False, detail, node=node, reason=reason)
     prefix = Path(str(manifest["base_prefix"]))
     packages = {str(k): str(v) for k, v in dict(manifest.get("installed", {})).items()}
     return RuntimeStatus(

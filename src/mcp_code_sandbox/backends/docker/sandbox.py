@@ -15,13 +15,10 @@ thread. Engine calls go through the backend's ``call`` (which maps docker-py's e
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
 import secrets
 import shutil
 import socket
-import stat
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -30,6 +27,7 @@ from mcp_code_sandbox.backends import base
 from mcp_code_sandbox.backends.base import Channel, Sandbox, SandboxSpec
 from mcp_code_sandbox.backends.docker.spec import SOCKET_NAME
 from mcp_code_sandbox.backends.streams import escape_control
+from mcp_code_sandbox.backends.unix_sockets import SocketDir
 from mcp_code_sandbox.errors import SandboxError, SandboxFailed
 
 __all__ = [
@@ -83,9 +81,18 @@ class DockerSandbox(Sandbox):
 
 
 def make_run_dir(base: Path, key: str) -> Path:
-    base.mkdir(parents=True, exist_ok=True)
+    """A new run dir under ``base``; ``SandboxFailed`` (the path logged) if it cannot be."""
     run_dir = base / f"{key}-{secrets.token_hex(4)}"
-    run_dir.mkdir(mode=0o755)
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        run_dir.mkdir(mode=0o755)
+    except OSError as exc:
+        log.error("cannot make the sandbox's run dir %s: %s", run_dir, exc)
+        raise SandboxFailed(
+            "cannot make the sandbox's run directory in the state directory "
+            f"({exc.strerror or exc}; the server's log names it). Check that the server "
+            "may write its state directory, then try again"
+        ) from None
     return run_dir
 
 
@@ -99,48 +106,29 @@ def run_dir_from_label(base: Path, name: str | None) -> Path | None:
 
 def bind_listener(run_dir: Path, ids: tuple[int, int], *, replace: bool = False) -> socket.socket:
     """A non-blocking listener on ``run_dir/agent.sock``, owned by the sandbox's ``ids``
-    (uid, gid), mode 0600: only the sandbox may connect (and root).
+    (uid, gid), mode 0600: only the sandbox may connect (and root). Bound through the
+    directory's fd (:class:`.unix_sockets.SocketDir`): a state dir may be deeper than a
+    socket's address allows.
 
     ``replace`` first unlinks a socket a dead server left there (only a socket: anything
     else is refused, though the sandbox cannot write here, the mount being read-only).
-    Raises ``SandboxFailed``; on a fresh run dir (not ``replace``) it is removed then.
+    Raises ``SandboxFailed`` (the path goes to the log, not to the client); on a fresh run
+    dir (not ``replace``) it is removed then.
     """
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        # Through the directory's fd: a state dir may be deeper than sun_path's 108 bytes,
-        # and no link in the path is followed.
-        dir_fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        with SocketDir(run_dir) as directory:
+            if replace:
+                directory.unlink_socket(SOCKET_NAME)
+            return directory.listen(SOCKET_NAME, owner=ids, mode=0o600)
     except OSError as exc:
-        listener.close()
-        raise SandboxFailed(f"cannot open the sandbox's run dir {run_dir}: {exc}") from None
-    try:
-        if replace:
-            _unlink_socket(dir_fd)
-        listener.bind(f"/proc/self/fd/{dir_fd}/{SOCKET_NAME}")
-        if ids != (os.geteuid(), os.getegid()):
-            os.chown(SOCKET_NAME, *ids, dir_fd=dir_fd)
-        os.chmod(SOCKET_NAME, 0o600, dir_fd=dir_fd)
-    except OSError as exc:
-        listener.close()
+        log.error("cannot make the sandbox's channel in %s: %s", run_dir, exc)
         if not replace:
             shutil.rmtree(run_dir, ignore_errors=True)
-        raise SandboxFailed(f"cannot make the sandbox's channel in {run_dir}: {exc}") from None
-    finally:
-        os.close(dir_fd)
-    listener.listen(1)
-    listener.setblocking(False)
-    return listener
-
-
-def _unlink_socket(dir_fd: int) -> None:
-    try:
-        st = os.stat(SOCKET_NAME, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISSOCK(st.st_mode):
-        raise OSError(f"{SOCKET_NAME} is not a socket")
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(SOCKET_NAME, dir_fd=dir_fd)
+        raise SandboxFailed(
+            "cannot make the sandbox's channel (a Unix socket in the state directory: "
+            f"{exc.strerror or exc}); the server's log names it. Check that the server "
+            "may write its state directory, then try again"
+        ) from None
 
 
 async def accept_agent(
