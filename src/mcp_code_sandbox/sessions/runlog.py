@@ -8,11 +8,13 @@ manager removes it when the session ends (before the record, see
 keeps it for a re-attached one (same slot), and a log whose record is gone is garbage
 (:func:`sweep`). Being on disk, it outlives a pause of the session too.
 
-Bounded: every entry's texts are the run's result (already within the output and result
-budgets); images come by reference (the workspace path) where the run wrote a file, and
-only figures and ``display()`` images, at most ``max_image_bytes`` each, are kept as
-bytes. Past ``max_bytes`` an entry keeps only its code (its outputs are said to be
-dropped); past twice that only a one-line "not recorded" marker is written.
+Bounded, hard: the file never grows past ``max_bytes``. Every entry's texts are the run's
+result (already within the output and result budgets); images come by reference (the
+workspace path) where the run wrote a file, and only figures and ``display()`` images,
+at most ``max_image_bytes`` each, are kept as bytes. An entry that would not fit keeps
+only its code (its outputs are said to be dropped); when even that would not fit, the
+log ends with one fixed-width marker that counts the runs not recorded, rewritten in
+place for each later run (room for it is kept free), so a full log stops growing.
 
 Semantics of an entry's fields: ``None`` means the run had none (no result, no error,
 no execution count: a language without one); empty lists mean nothing of that kind.
@@ -26,16 +28,22 @@ import contextlib
 import dataclasses
 import json
 import os
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 __all__ = ["RecordedDisplay", "RunEntry", "RunLog", "log_path", "remove_log", "sweep"]
 
 _SUFFIX = ".jsonl"
 #: Most bytes of code an entry keeps once the log is past its byte budget.
 _CODE_ONLY_BYTES = 16 * 1024
+#: The last line of a full log: how many runs were not recorded, fixed-width so that
+#: each later run rewrites it in place (ten digits outlast any session's runs).
+_MARKER = b'{"skipped":%010d}\n'
+_MARKER_BYTES = len(_MARKER % 0)
+_MARKER_LINE = re.compile(rb'\{"skipped":(\d{10})\}\n')
 
 
 @dataclass(frozen=True)
@@ -90,18 +98,25 @@ class RunLog:
     def append(self, entry: RunEntry) -> None:
         """Add ``entry`` at the end, within the byte budget (see the module doc)."""
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        try:
-            size = self.path.stat().st_size
-        except FileNotFoundError:
-            size = 0
-        line = _dump(entry)
-        if size + len(line) > self.max_bytes:
-            line = _dump(_code_only(entry))
-            if size + len(line) > 2 * self.max_bytes:
-                line = b'{"skipped":true}\n'
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        with os.fdopen(fd, "ab") as out:
-            out.write(line)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "r+b") as log:
+            size = log.seek(0, os.SEEK_END)
+            skipped = _skipped_at_end(log, size)
+            if skipped is not None:  # full: count this run too, in place
+                log.seek(size - _MARKER_BYTES)
+                log.write(_MARKER % min(skipped + 1, 10**10 - 1))
+                return
+            # Room for the marker stays free, so a full log can always say so.
+            room = self.max_bytes - _MARKER_BYTES - size
+            line = _dump(entry)
+            if len(line) > room:
+                line = _dump(_code_only(entry))
+            if len(line) > room:
+                line = _MARKER % 1
+            if size + len(line) <= self.max_bytes:
+                log.write(line)
+            # Else a log over its budget before the bound was hard (or after the setting
+            # was lowered): it is not written to again.
 
     def entries(self) -> list[RunEntry]:
         """The recorded runs, in the order they ran."""
@@ -109,20 +124,33 @@ class RunLog:
 
     def read(self) -> tuple[list[RunEntry], int]:
         """The recorded runs in order, and how many runs were not recorded (the log was
-        full) or cannot be read back."""
-        try:
-            raw = self.path.read_bytes()
-        except FileNotFoundError:
-            return [], 0
+        full) or cannot be read back. Holds the whole log: for tests and small logs;
+        ``export_notebook`` streams :meth:`records`."""
         found: list[RunEntry] = []
         missing = 0
-        for line in raw.splitlines():
-            entry = _load(line)
-            if entry is None:
-                missing += 1
+        for record in self.records():
+            if isinstance(record, int):
+                missing += record
             else:
-                found.append(entry)
+                found.append(record)
         return found, missing
+
+    def records(self) -> Iterator[RunEntry | int]:
+        """The log, one run at a time, in order: an entry, or a number of runs that
+        were not recorded (the log was full) or cannot be read back. Holds one line at a
+        time, never the whole log."""
+        try:
+            log = self.path.open("rb")
+        except FileNotFoundError:
+            return
+        with log:
+            for line in log:
+                marker = _MARKER_LINE.fullmatch(line)
+                if marker is not None:
+                    yield int(marker.group(1))
+                    continue
+                entry = _load(line)
+                yield 1 if entry is None else entry
 
 
 def remove_log(directory: Path, slot: str) -> None:
@@ -141,6 +169,22 @@ def sweep(directory: Path, has_record: Callable[[str], bool]) -> None:
     for path in directory.glob(f"*{_SUFFIX}"):
         if not has_record(path.name.removesuffix(_SUFFIX)):
             path.unlink(missing_ok=True)
+
+
+def _skipped_at_end(log: BinaryIO, size: int) -> int | None:
+    """The count of the marker that ends the log, or ``None`` when it does not end with
+    one (the log is not full yet)."""
+    if size < _MARKER_BYTES:
+        return None
+    log.seek(size - _MARKER_BYTES)
+    marker = _MARKER_LINE.fullmatch(log.read(_MARKER_BYTES))
+    if marker is None:
+        return None
+    if size > _MARKER_BYTES:  # a whole line: after a newline, or the first
+        log.seek(size - _MARKER_BYTES - 1)
+        if log.read(1) != b"\n":
+            return None
+    return int(marker.group(1))
 
 
 def _code_only(entry: RunEntry) -> RunEntry:
@@ -170,7 +214,9 @@ def _dump(entry: RunEntry) -> bytes:
         }
         for d in entry.displays
     ]
-    return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n"
+    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    # A sandbox's strings may hold lone surrogates (JSON's "\ud800"): "?", never an error.
+    return text.encode("utf-8", "replace") + b"\n"
 
 
 def _load(line: bytes) -> RunEntry | None:
