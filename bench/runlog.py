@@ -57,9 +57,9 @@ def main() -> None:
             ours = median_us(lambda e=entry: log.append(e), runs)
             theirs = median_us(lambda b=line: os.write(base.fileno(), b), runs)
             print(f"| {name} | {ours:.0f} | {theirs:.0f} |")
-    found, missing = log.read()
+    found = list(log.records())[:200]
     started = time.perf_counter()
-    notebook = build_notebook(found[:200], missing, lambda _: None)
+    notebook = build_notebook(found, lambda _: None, 1 << 30)
     took = (time.perf_counter() - started) * 1000
     print(f"\nnotebook of 200 runs: {took:.0f} ms to build and validate, {len(notebook)} bytes")
 

@@ -7,6 +7,8 @@ The MCP layer (and the ``exec`` CLI command) call this; it validates what only i
 from __future__ import annotations
 
 import asyncio
+import functools
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -388,13 +390,9 @@ class SandboxService:
             owner, session_id, create=False, wait_s=self.settings.exec_timeout_s
         ) as held:
             session = held.session
-            entries, missing = await self.threads.run(owner, self.runlog(session).read)
-            data = await self.threads.run(
-                owner, notebook.build_notebook, entries, missing, _image_reader(session)
-            )
-            write = session.workspace.write_file
-            info = await self.threads.run(owner, write, path, data, overwrite=True)
-        return Exported(session.id, info.path, info.size_bytes, len(entries))
+            export = functools.partial(_export, self.runlog(session), session, path)
+            info, written = await self.threads.run(owner, export)
+        return Exported(session.id, info.path, info.size_bytes, written.runs)
 
     def _run_budget(self) -> execute.RunBudget:
         return execute.RunBudget(
@@ -567,6 +565,19 @@ class SandboxService:
                 }
             )
         return out
+
+
+def _export(runs: RunLog, session: Session, path: str) -> tuple[FileInfo, notebook.Written]:
+    """Write ``runs`` as a notebook at ``path`` in ``session``'s workspace: built a cell
+    at a time into a temporary file beside the run logs (on the host's disk, not in
+    memory), then installed like an upload. Blocking: run in a worker thread."""
+    runs.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with tempfile.TemporaryFile(dir=runs.directory) as spool:
+        written = notebook.write_notebook(
+            runs.records(), _image_reader(session), spool, runs.max_bytes
+        )
+        spool.seek(0)
+        return session.workspace.write_file(path, spool, overwrite=True), written
 
 
 def _image_reader(session: Session) -> notebook.ReadImage:

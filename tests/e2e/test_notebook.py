@@ -21,6 +21,7 @@ from mcp_code_sandbox.settings import Settings
 
 from ..conftest import each_backend
 from .conftest import http_server
+from .tenants import structured, two_tenants
 
 pytestmark = [pytest.mark.e2e]
 
@@ -149,3 +150,42 @@ async def test_export_notebook_refuses_bad_paths_and_sessions(
             )
         )
         assert out["path"] == "out/analysis.ipynb" and out["runs"] == 1
+
+
+#: Issue 27, finding 6: newline-heavy output (two bytes a line in the run log, a JSON
+#: string a line in the notebook nbformat writes: six times the log), then long code,
+#: whose code-only records grew the log to twice its budget, then a line per run.
+NEWLINES = "print('\\n' * 30000, end='')"
+LONG_CODE = "#" * 20_000 + "\n1"
+BUDGET = 256 * 1024
+
+
+@pytest.mark.bwrap
+async def test_a_hostile_session_cannot_grow_its_run_log_or_notebook_past_the_budget(
+    make_settings: Callable[..., Settings],
+) -> None:
+    settings = make_settings()
+    async with two_tenants(settings, SANDBOX_NOTEBOOK_MAX_BYTES=str(BUDGET)) as t:
+        await t.run(t.victim, "print('mine')", session_id="victim-nb")
+        for code in [NEWLINES] * 6 + [LONG_CODE] * 10:
+            await t.run(t.mallory, code, session_id="hog")
+        logs = {p: p.stat().st_size for p in settings.runlogs_dir.glob("*.jsonl")}
+        assert logs and max(logs.values()) <= BUDGET, logs
+        for _ in range(3):  # full: a run more does not grow it
+            await t.run(t.mallory, LONG_CODE, session_id="hog")
+        assert {p: p.stat().st_size for p in logs} == logs
+
+        out = structured(await t.mallory.call_tool("export_notebook", {"session_id": "hog"}))
+        assert out["size_bytes"] <= BUDGET
+        nb = nbformat.reads(httpx.get(out["download_url"], timeout=30).text, as_version=4)
+        nbformat.validate(nb)
+        said = nb.cells[-1].source
+        assert nb.cells[-1].cell_type == "markdown" and "SANDBOX_NOTEBOOK_MAX_BYTES" in said
+        assert "were not recorded" in said and "reached its size limit" in said
+        assert nb.cells[0].outputs[0].text == "\n" * 30000  # what fits is whole
+
+        # The other owner's notebook is whole, and its work goes on.
+        mine = structured(await t.victim.call_tool("export_notebook", {"session_id": "victim-nb"}))
+        theirs = nbformat.reads(httpx.get(mine["download_url"], timeout=30).text, as_version=4)
+        assert [c.outputs[0].text for c in theirs.cells] == ["mine\n"]
+        await t.victim_is_fine()
