@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -189,3 +190,39 @@ async def test_a_hostile_session_cannot_grow_its_run_log_or_notebook_past_the_bu
         theirs = nbformat.reads(httpx.get(mine["download_url"], timeout=30).text, as_version=4)
         assert [c.outputs[0].text for c in theirs.cells] == ["mine\n"]
         await t.victim_is_fine()
+
+
+#: Issue 27, finding 7: what a sandbox displays, made to run in whoever opens the
+#: notebook. HTML is not a kind the agent sends, so the attacker's code makes it one.
+HOSTILE_OUTPUTS = """
+import sys
+from IPython.display import SVG, Markdown, display
+for module in list(sys.modules.values()):
+    if isinstance(getattr(module, 'RICH_MIMES', None), tuple):
+        module.RICH_MIMES = ('text/html',) + module.RICH_MIMES
+display(SVG('<svg xmlns="http://www.w3.org/2000/svg" onload="alert(1)">'
+            '<script>alert(2)</script><rect width="9" height="9"/></svg>'))
+display(Markdown('[x](javascript:alert(3)) <img src=x onerror=alert(4)>'))
+display({'text/html': '<img src=x onerror=alert(5)><script>alert(6)</script>'}, raw=True)
+"""
+INERT_HTML = re.compile(r'<img src="data:image/svg\+xml;base64,([A-Za-z0-9+/=]*)" alt="SVG image">')
+
+
+@pytest.mark.bwrap
+async def test_hostile_html_svg_and_markdown_are_inert_in_the_notebook(
+    make_settings: Callable[..., Settings],
+) -> None:
+    async with two_tenants(make_settings()) as t:
+        await t.run(t.mallory, HOSTILE_OUTPUTS, session_id="xss")
+        out = structured(await t.mallory.call_tool("export_notebook", {"session_id": "xss"}))
+        nb = nbformat.reads(httpx.get(out["download_url"], timeout=30).text, as_version=4)
+        nbformat.validate(nb)
+        bundles = [o.data for o in nb.cells[0].outputs if o.output_type == "display_data"]
+        assert len(bundles) == 3, nb.cells[0].outputs
+        for bundle in bundles:
+            assert set(bundle) <= {"text/plain", "text/html"}, bundle
+            if "text/html" in bundle:  # an SVG, as an image: no script runs in one
+                shown = INERT_HTML.fullmatch(bundle["text/html"])
+                assert shown and b"onload" in base64.b64decode(shown.group(1)), bundle
+        texts = " ".join(b["text/plain"] for b in bundles)
+        assert "onerror=alert(4)" in texts and "<script>alert(6)</script>" in texts

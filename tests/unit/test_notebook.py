@@ -1,8 +1,10 @@
 """The notebook built from a session's run log (``run.notebook``): valid for every kind of
-run, within its byte budget with what was cut said in it, and built in bounded memory."""
+run, within its byte budget with what was cut said in it, built in bounded memory, and
+never carrying active content a sandbox produced."""
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import tracemalloc
@@ -12,7 +14,7 @@ from typing import Any
 import nbformat
 
 from mcp_code_sandbox.run.notebook import build_notebook, write_notebook
-from mcp_code_sandbox.sessions.runlog import RunEntry, RunLog
+from mcp_code_sandbox.sessions.runlog import RecordedDisplay, RunEntry, RunLog
 
 SLOT = "s" + "0" * 31 + "-0badcafe"
 PNG = b"\x89PNG\r\n\x1a\n" + b"\0" * 16
@@ -134,6 +136,51 @@ def test_an_export_of_a_full_log_holds_a_cell_at_a_time(tmp_path: Path) -> None:
     assert peak < budget // 8, peak
     assert written.size_bytes == (tmp_path / "out.ipynb").stat().st_size <= budget
     assert len(read((tmp_path / "out.ipynb").read_bytes()).cells) == written.runs + 1
+
+
+HOSTILE_SVG = (
+    '<svg xmlns="http://www.w3.org/2000/svg" onload="alert(1)">'
+    "<script>alert(2)</script><rect width='9' height='9'/></svg>"
+)
+HOSTILE_HTML = '<img src=x onerror="alert(3)"><script>alert(4)</script>'
+HOSTILE_MARKDOWN = "[click](javascript:alert(5)) <img src=x onerror=alert(6)>"
+
+
+def test_html_svg_and_markdown_outputs_are_inert() -> None:
+    """Issue 27, finding 7: a sandbox's HTML, SVG and markdown outputs went into the
+    notebook as they were, run by every viewer that renders them. The notebook carries
+    them as text, and an SVG as an image (where no script runs)."""
+    displays = [
+        RecordedDisplay("image/svg+xml", text=HOSTILE_SVG),
+        RecordedDisplay("text/html", text=HOSTILE_HTML),
+        RecordedDisplay("text/markdown", text=HOSTILE_MARKDOWN),
+        RecordedDisplay("image/png", data=PNG),
+    ]
+    nb = read(build_notebook([entry("show()", displays=displays)], lambda _: None, MiB))
+    svg, html, markdown, png = (o.data for o in nb.cells[0].outputs)
+    assert_inert(nb)
+    shown = re.fullmatch(
+        r'<img src="data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)" alt="SVG image">',
+        svg["text/html"],
+    )
+    assert shown and base64.b64decode(shown.group(1)).decode() == HOSTILE_SVG
+    assert html == {"text/plain": HOSTILE_HTML}
+    assert markdown == {"text/plain": HOSTILE_MARKDOWN}
+    assert base64.b64decode(png["image/png"]) == PNG
+
+
+def assert_inert(nb: Any) -> None:
+    """No output a viewer would run: only plain text, PNG/JPEG, and HTML that is one
+    ``<img>`` of a base64 SVG."""
+    for cell in nb.cells:
+        for output in cell.get("outputs", []):
+            for mime, value in output.get("data", {}).items():
+                assert mime in ("text/plain", "image/png", "image/jpeg", "text/html"), mime
+                if mime == "text/html":
+                    assert re.fullmatch(
+                        r'<img src="data:image/svg\+xml;base64,[A-Za-z0-9+/=]*" alt="SVG image">',
+                        value,
+                    ), value
 
 
 def test_strings_a_sandbox_sent_become_valid_utf8() -> None:

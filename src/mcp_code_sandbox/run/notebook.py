@@ -17,6 +17,12 @@ failed, an ``error`` output. A runner image's language has no magic: a markdown 
 the code and its output fenced. The sandbox's words (status, notices, duration) go into
 each cell's metadata under ``mcp_code_sandbox``.
 
+Nothing a sandbox produced is active in the notebook: viewers (nbviewer, VS Code, GitHub,
+a trusted JupyterLab) render HTML, SVG and markdown outputs as they are, scripts and
+event handlers included. Only PNG and JPEG (base64 of bytes) and plain text go in as
+they came; an SVG is shown as an ``<img>`` of a base64 ``data:`` URL, where a browser
+runs no script and loads nothing; markdown and HTML are kept as plain text.
+
 Bounded: the notebook is at most ``max_bytes`` (the session's run-log budget), built one
 cell at a time into a file, so an export holds one cell, never the whole notebook. A run
 that does not fit is written without its outputs, and once even its code does not fit,
@@ -326,11 +332,17 @@ def _streams(entry: RunEntry) -> list[Node]:
 
 
 def _display(display: RecordedDisplay) -> Node:
-    if display.data is not None:
+    """A ``display()`` output, inert: images as base64 of their bytes, an SVG as an
+    ``<img>`` of it (no script runs in an image), every other kind as plain text."""
+    if display.data is not None and display.mime_type in _EMBEDDED:
         value = base64.b64encode(display.data).decode("ascii")
-    else:
-        value = display.text or ""
-    return _output("display_data", data={display.mime_type: value})
+        return _output("display_data", data={display.mime_type: value})
+    text = display.text or ""
+    if display.mime_type == "image/svg+xml":
+        svg = base64.b64encode(text.encode("utf-8", "replace")).decode("ascii")
+        html = f'<img src="data:image/svg+xml;base64,{svg}" alt="SVG image">'
+        return _output("display_data", data={"text/html": html, "text/plain": "[SVG image]"})
+    return _output("display_data", data={"text/plain": text})
 
 
 def _image_files(entry: RunEntry, read_image: ReadImage, room: int, cuts: _Cuts) -> list[Node]:
