@@ -168,8 +168,8 @@ class Settings(BaseSettings):
     max_images: int = Field(4, ge=0, le=64)
     max_read_bytes: Size = 1024**2
     #: Disk each session's run record may take (``export_notebook``'s source, kept on
-    #: the host under ``state_dir/runlogs``). Past it, runs are recorded without their
-    #: outputs; past twice it, not at all.
+    #: the host under ``state_dir/runlogs``), and the most an exported notebook takes.
+    #: Past it, runs are recorded without their outputs, then only counted.
     notebook_max_bytes: Size = 32 * 1024**2
     #: The most bytes one tool result may take as a serialized JSON-RPC message (the
     #: structured content, its text copy, image blocks and links together). Half of the
