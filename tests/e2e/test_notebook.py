@@ -226,3 +226,19 @@ async def test_hostile_html_svg_and_markdown_are_inert_in_the_notebook(
                 assert shown and b"onload" in base64.b64decode(shown.group(1)), bundle
         texts = " ".join(b["text/plain"] for b in bundles)
         assert "onerror=alert(4)" in texts and "<script>alert(6)</script>" in texts
+
+
+@pytest.mark.bwrap
+async def test_a_session_that_forges_its_execution_count_still_exports(
+    served: tuple[str, Settings],
+) -> None:
+    """The count is the interpreter's, which the session's code can set: a negative one
+    made the notebook invalid and its export an ``internal_error``."""
+    base, _ = served
+    async with Client(f"{base}/mcp", mode="legacy") as client:
+        for code in ("get_ipython().execution_count = -10", "6 * 7"):
+            data(await client.call_tool("run_code", {"code": code, "session_id": "nb-neg"}))
+        out = data(await client.call_tool("export_notebook", {"session_id": "nb-neg"}))
+        nb = nbformat.reads(httpx.get(out["download_url"], timeout=30).text, as_version=4)
+        nbformat.validate(nb)
+        assert nb.cells[1].outputs[0].data == {"text/plain": "42"}

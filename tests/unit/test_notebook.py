@@ -187,3 +187,11 @@ def test_strings_a_sandbox_sent_become_valid_utf8() -> None:
     bad = {"name": "ValueError", "value": "\ud800", "traceback": "x\udfff"}
     raw = build_notebook([entry("raise", status="error", error=bad)], lambda _: None, MiB)
     assert read(raw).cells[0].outputs[-1].evalue == "?"
+
+
+def test_a_forged_execution_count_does_not_break_the_export() -> None:
+    """The count is the agent's word, and code in the sandbox can speak for the agent: a
+    negative one made the notebook invalid, and its export an internal error."""
+    forged = entry("1", execution_count=-7, result="1")
+    cell = read(build_notebook([forged], lambda _: None, MiB)).cells[0]
+    assert cell.execution_count is None and cell.outputs[0].execution_count is None

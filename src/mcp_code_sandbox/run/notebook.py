@@ -255,8 +255,7 @@ def _fitted(
 def _encode(cell: Node, cell_id: str) -> bytes:
     """``cell`` as one line of the notebook's JSON, checked against nbformat's schema (a
     failure is our bug: ``ValidationError``, an ``internal_error``). Strings from a
-    sandbox may hold lone surrogates: they become U+FFFD-like ``?``, never invalid
-    UTF-8."""
+    sandbox may hold lone surrogates: each becomes ``?``, never invalid UTF-8."""
     cell["id"] = cell_id
     get_validator(version=4, version_minor=5).validate({**_SKELETON, "cells": [cell]})
     text = json.dumps(cell, ensure_ascii=False, sort_keys=True)
@@ -302,7 +301,7 @@ def _cell(entry: RunEntry, *, outputs: bool = True) -> Node:
     return {
         "cell_type": "code",
         "source": source,
-        "execution_count": entry.execution_count if entry.language == "python" else None,
+        "execution_count": _count(entry) if entry.language == "python" else None,
         "outputs": shown,
         "metadata": meta,
     }
@@ -315,12 +314,19 @@ def _outputs(entry: RunEntry) -> list[Node]:
             _output(
                 "execute_result",
                 data={"text/plain": entry.result},
-                execution_count=entry.execution_count,
+                execution_count=_count(entry),
             )
         )
     if entry.status != "ok":
         shown.append(_error(entry))
     return shown
+
+
+def _count(entry: RunEntry) -> int | None:
+    """The run's execution count as a notebook may hold it (0 or more): the agent's
+    word, which a sandbox can forge."""
+    count = entry.execution_count
+    return count if count is not None and count >= 0 else None
 
 
 def _streams(entry: RunEntry) -> list[Node]:
