@@ -76,6 +76,8 @@ class Exported:
     size_bytes: int
     #: Runs in it (recorded ones; the notebook says how many were not).
     runs: int
+    #: What it leaves out, as its last cell says; ``None``: nothing.
+    notice: str | None
 
 
 #: Largest workspace image a notebook embeds (beyond: its path, as text).
@@ -392,7 +394,7 @@ class SandboxService:
             session = held.session
             export = functools.partial(_export, self.runlog(session), session, path)
             info, written = await self.threads.run(owner, export)
-        return Exported(session.id, info.path, info.size_bytes, written.runs)
+        return Exported(session.id, info.path, info.size_bytes, written.runs, written.cut)
 
     def _run_budget(self) -> execute.RunBudget:
         return execute.RunBudget(

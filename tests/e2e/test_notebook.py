@@ -178,6 +178,7 @@ async def test_a_hostile_session_cannot_grow_its_run_log_or_notebook_past_the_bu
 
         out = structured(await t.mallory.call_tool("export_notebook", {"session_id": "hog"}))
         assert out["size_bytes"] <= BUDGET
+        assert "were not recorded" in out["notice"], out
         nb = nbformat.reads(httpx.get(out["download_url"], timeout=30).text, as_version=4)
         nbformat.validate(nb)
         said = nb.cells[-1].source
@@ -187,6 +188,7 @@ async def test_a_hostile_session_cannot_grow_its_run_log_or_notebook_past_the_bu
 
         # The other owner's notebook is whole, and its work goes on.
         mine = structured(await t.victim.call_tool("export_notebook", {"session_id": "victim-nb"}))
+        assert mine["notice"] is None
         theirs = nbformat.reads(httpx.get(mine["download_url"], timeout=30).text, as_version=4)
         assert [c.outputs[0].text for c in theirs.cells] == ["mine\n"]
         await t.victim_is_fine()

@@ -87,6 +87,8 @@ class Written:
     size_bytes: int
     #: Run cells in it (with or without their outputs).
     runs: int
+    #: What it leaves out, as its last cell says; ``None``: nothing.
+    cut: str | None
 
 
 @dataclass
@@ -122,7 +124,7 @@ class _Cuts:
             parts.append(" and ".join(book) + ": this notebook reached its size limit")
         if not parts:
             return None
-        return "*" + "; ".join(parts) + " (`SANDBOX_NOTEBOOK_MAX_BYTES`).*"
+        return "; ".join(parts) + " (`SANDBOX_NOTEBOOK_MAX_BYTES`)."
 
 
 def entry_of(
@@ -201,8 +203,8 @@ def write_notebook(
         writer.cell(cell)
     said = cuts.text()
     if said is not None:
-        writer.cell(_encode(_markdown(said), f"run-{writer.cells + 1}"))
-    return Written(writer.end(), writer.cells - (said is not None))
+        writer.cell(_encode(_markdown(f"*{said}*"), f"run-{writer.cells + 1}"))
+    return Written(writer.end(), writer.cells - (said is not None), said)
 
 
 class _Writer:

@@ -190,3 +190,6 @@ class ExportNotebookResult(BaseModel):
     download_url: str | None = Field(
         None, description="Where a person can download it (over HTTP; none over stdio)"
     )
+    notice: str | None = Field(
+        None, description="What the notebook leaves out (its last cell says it too)"
+    )

@@ -308,6 +308,7 @@ class ToolSet:
             size_bytes=done.size_bytes,
             runs=done.runs,
             download_url=links(name) if links else None,
+            notice=done.notice,
         )
         return structured_result(result, [link])
 
