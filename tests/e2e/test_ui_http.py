@@ -23,6 +23,7 @@ from .ui_harness import (
     ROOT,
     assert_secure_headers,
     close_form,
+    forms,
     logged_in,
     session_ids,
     ui_server,
@@ -70,6 +71,29 @@ def test_without_a_valid_login_nothing_is_shown(make_settings: Callable[..., Set
 
         # A POST without any login is refused, not redirected.
         assert plain.post("/ui/close", data={"owner": "alice"}).status_code == 401
+
+
+def test_a_signed_out_cookie_is_no_login(make_settings: Callable[..., Settings]) -> None:
+    """A copy of the login cookie (a shared machine, a proxy's log) replayed after sign-out
+    gets nothing: the server ended that login, it did not only ask the browser to forget
+    it."""
+    with (
+        ui_server(make_settings()) as (base, _proc),
+        logged_in(base, ALICE) as alice,
+        logged_in(base, ALICE) as other_browser,
+    ):
+        copied = alice.cookies["mcs_ui"]
+        page = alice.get("/ui").text
+        (logout,) = [f for f in forms(page) if f["_action"].endswith("/ui/logout")]
+        assert alice.post("/ui/logout", data={"csrf": logout["csrf"]}).status_code == 303
+        with httpx.Client(base_url=base, timeout=30, cookies={"mcs_ui": copied}) as replay:
+            assert replay.get("/ui").status_code == 303  # to the sign-in form
+            closing = replay.post("/ui/close", data={**logout, "owner": "alice"})
+            assert closing.status_code == 401
+            again = replay.post("/ui/logout", data={"csrf": logout["csrf"]})
+            assert again.status_code == 401
+        # Only that login ended: alice's other browser is still signed in.
+        assert other_browser.get("/ui").status_code == 200
 
 
 def test_a_removed_token_ends_its_browser_logins(

@@ -10,7 +10,12 @@ import pytest
 
 from mcp_code_sandbox.run.recent import MAX_ERROR_CHARS, MAX_ID_CHARS, RecentRuns
 from mcp_code_sandbox.server.auth import StaticTokens, is_admin, parse_token_roles
-from mcp_code_sandbox.server.ui.cookies import LOGIN_TTL_S, CookieSigner
+from mcp_code_sandbox.server.ui.cookies import (
+    LOGIN_TTL_S,
+    MAX_LOGINS_PER_OWNER,
+    CookieSigner,
+    LiveLogins,
+)
 from mcp_code_sandbox.server.ui.views import duration, size
 from mcp_code_sandbox.settings import ConfigError, load_settings
 
@@ -124,3 +129,31 @@ def test_recent_runs_are_bounded_newest_first_and_per_owner() -> None:
 def test_page_values() -> None:
     assert size(None) == "unknown" and size(512) == "512 B" and size(5000) == "4.9 KiB"
     assert duration(5) == "5 s" and duration(600) == "10 min" and duration(36000) == "10.0 h"
+
+
+def test_a_login_is_good_only_while_the_server_holds_it() -> None:
+    clock = Clock()
+    signer = CookieSigner(b"k" * 32, clock)
+    live = LiveLogins(clock)
+    first, second = signer.login("alice", None, None), signer.login("alice", None, None)
+    assert not live.holds(first)  # never given out here (another server's, a restart)
+    live.add(first)
+    live.add(second)
+    live.end(first)
+    assert not live.holds(first) and live.holds(second)
+    live.end(first)  # twice: nothing
+    clock.now += LOGIN_TTL_S + 1
+    assert not live.holds(second)
+
+
+def test_one_owner_cannot_make_the_server_hold_logins_without_bound() -> None:
+    clock = Clock()
+    signer = CookieSigner(b"k" * 32, clock)
+    live = LiveLogins(clock)
+    bob = signer.login("bob", None, None)
+    live.add(bob)
+    alices = [signer.login("alice", None, None) for _ in range(MAX_LOGINS_PER_OWNER + 5)]
+    for login in alices:
+        live.add(login)
+    assert [live.holds(a) for a in alices] == [False] * 5 + [True] * MAX_LOGINS_PER_OWNER
+    assert live.holds(bob)

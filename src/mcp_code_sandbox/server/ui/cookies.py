@@ -11,6 +11,11 @@ request compares it with the token configured *now*, so a token removed or repla
 (SIGHUP) logs out its browsers at once. OAuth logins have none; their cookie expires
 with the access token that made it.
 
+A cookie is good only while the server holds its login (:class:`LiveLogins`): signing
+out ends it there, so a copy of the cookie (taken from a shared machine, a proxy's log, a
+backup) is dead at once, not when it expires. A restart forgets every login: browsers
+sign in again.
+
 CSRF: every form that changes something carries :meth:`CookieSigner.csrf` of the
 login's nonce (an HMAC no other origin can compute or read), checked in constant time;
 ``SameSite=Strict`` and the Host/Origin checks come on top.
@@ -28,14 +33,27 @@ import hmac
 import json
 import secrets
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-__all__ = ["COOKIE_NAME", "LOGIN_TTL_S", "CookieSigner", "Login"]
+__all__ = [
+    "COOKIE_NAME",
+    "LOGIN_TTL_S",
+    "MAX_LOGINS_PER_OWNER",
+    "CookieSigner",
+    "LiveLogins",
+    "Login",
+]
 
 COOKIE_NAME = "mcs_ui"
 #: How long a browser login lasts (then the token is asked for again).
 LOGIN_TTL_S = 8 * 3600
+#: Logins one owner holds at once; a new one past it ends that owner's oldest. Bounds
+#: what a token's holder (or, without tokens, any loopback client, who gets a ``local``
+#: login per cookie-less visit) can make the server remember, never touching another
+#: owner's logins; a few dozen browsers is more than one person uses.
+MAX_LOGINS_PER_OWNER = 32
 #: A cookie longer than this is refused before any decoding (a cookie is anyone's to forge).
 MAX_COOKIE_CHARS = 1024
 
@@ -91,7 +109,8 @@ class CookieSigner:
 
     def decode(self, value: str | None) -> Login | None:
         """The login a cookie holds; ``None`` when it is missing, forged, tampered with,
-        malformed or expired."""
+        malformed or expired. Whether the server still holds it is :class:`LiveLogins`'
+        to say."""
         if not value or len(value) > MAX_COOKIE_CHARS or value.count(".") != 1:
             return None
         body, signature = value.split(".")
@@ -119,3 +138,38 @@ class CookieSigner:
 
     def csrf_ok(self, login: Login, given: str) -> bool:
         return hmac.compare_digest(self.csrf(login).encode(), given.encode())
+
+
+class LiveLogins:
+    """The logins the server gave out and that have not ended: a cookie is a login only
+    while its own is here. Sign-out ends it (:meth:`end`); a server restart forgets all.
+
+    Per owner, at most :data:`MAX_LOGINS_PER_OWNER` (the oldest ends first) and none past
+    its expiry (dropped whenever that owner signs in). Called on the event loop only."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
+        #: owner -> nonce -> expiry, oldest first.
+        self._held: dict[str, OrderedDict[str, int]] = {}
+
+    def add(self, login: Login) -> None:
+        held = self._held.setdefault(login.owner, OrderedDict())
+        now = self.clock()
+        for nonce in [n for n, expires in held.items() if expires <= now]:
+            del held[nonce]
+        held[login.nonce] = login.expires
+        while len(held) > MAX_LOGINS_PER_OWNER:
+            held.popitem(last=False)
+
+    def holds(self, login: Login) -> bool:
+        held = self._held.get(login.owner)
+        expires = None if held is None else held.get(login.nonce)
+        return expires is not None and expires > self.clock()
+
+    def end(self, login: Login) -> None:
+        held = self._held.get(login.owner)
+        if held is None:
+            return
+        held.pop(login.nonce, None)
+        if not held:
+            del self._held[login.owner]

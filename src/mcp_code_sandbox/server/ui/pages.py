@@ -42,7 +42,7 @@ from mcp_code_sandbox.server.auth import (
     owner_of_request,
     owner_of_token,
 )
-from mcp_code_sandbox.server.ui.cookies import COOKIE_NAME, CookieSigner, Login
+from mcp_code_sandbox.server.ui.cookies import COOKIE_NAME, CookieSigner, LiveLogins, Login
 from mcp_code_sandbox.server.ui.views import SECURITY_HEADERS, STATIC_DIR, render
 from mcp_code_sandbox.service import SandboxService
 
@@ -98,6 +98,8 @@ class _Ui:
         self.auth = auth
         self.host_check = TransportSecurityMiddleware(security)
         self.signer = signer
+        #: The logins given out and not ended (a cookie is good only while its login is here).
+        self.logins = LiveLogins(signer.clock)
         base = service.settings.public_base_url or ""
         #: The path the server is published under (a proxy strips it before us).
         self.prefix = urlsplit(base).path.rstrip("/")
@@ -148,7 +150,7 @@ class _Ui:
                 )
             return Viewer(owner, is_admin(self.auth, owner), None)
         login = self.signer.decode(request.cookies.get(COOKIE_NAME))
-        if login is None or not self._still_valid(login):
+        if login is None or not self.logins.holds(login) or not self._still_valid(login):
             return None
         return Viewer(login.owner, is_admin(self.auth, login.owner), login)
 
@@ -163,10 +165,13 @@ class _Ui:
         return not login.fingerprint  # OAuth: bounded by the access token's expiry
 
     def _set_login(self, response: Response, login: Login | None) -> Response:
+        """Give the browser ``login``'s cookie (the server holds the login from now), or
+        (``None``) tell it to drop its cookie."""
         path = f"{self.prefix}/ui"
         if login is None:
             response.delete_cookie(COOKIE_NAME, path=path, secure=self.tls, httponly=True)
             return response
+        self.logins.add(login)
         response.set_cookie(
             COOKIE_NAME,
             self.signer.encode(login),
@@ -279,8 +284,12 @@ class _Ui:
         return self._set_login(self._redirect("/ui"), login)
 
     async def logout(self, request: Request) -> Response:
+        """End the login on the server (its cookie, wherever a copy is, is no login from
+        now) and drop the browser's cookie."""
         viewer = await self._required(request)
         self._check_csrf(viewer, await self._form(request))
+        if viewer.login is not None:
+            self.logins.end(viewer.login)
         return self._set_login(self._redirect("/ui/login"), None)
 
     async def close(self, request: Request) -> Response:
