@@ -26,6 +26,7 @@ from .ui_harness import (
     forms,
     logged_in,
     session_ids,
+    sign_in_fields,
     ui_server,
 )
 
@@ -45,11 +46,12 @@ def test_without_a_valid_login_nothing_is_shown(make_settings: Callable[..., Set
         assert form.status_code == 200 and 'name="token"' in form.text
         assert_secure_headers(form)
 
-        wrong = plain.post("/ui/login", data={"token": ALICE + "x"})
+        csrf = sign_in_fields(plain)
+        wrong = plain.post("/ui/login", data={**csrf, "token": ALICE + "x"})
         assert wrong.status_code == 401 and "not valid" in wrong.text
-        assert "set-cookie" not in wrong.headers
-        assert plain.post("/ui/login", data={}).status_code == 401
-        too_big = plain.post("/ui/login", data={"token": "a" * 20_000})
+        assert "mcs_ui=" not in wrong.headers.get("set-cookie", "")
+        assert plain.post("/ui/login", data=csrf).status_code == 401
+        too_big = plain.post("/ui/login", data={**csrf, "token": "a" * 20_000})
         assert too_big.status_code == 413
 
         for header in (f"Bearer {ALICE}x", "Bearer", f"Basic {ALICE}"):
@@ -71,6 +73,33 @@ def test_without_a_valid_login_nothing_is_shown(make_settings: Callable[..., Set
 
         # A POST without any login is refused, not redirected.
         assert plain.post("/ui/close", data={"owner": "alice"}).status_code == 401
+
+
+def test_the_sign_in_form_carries_a_csrf_token(make_settings: Callable[..., Settings]) -> None:
+    """Login CSRF: a page elsewhere posting its own token to the sign-in form would sign
+    the victim's browser in as the attacker (whose sessions the victim then fills)."""
+    with (
+        ui_server(make_settings()) as (base, _proc),
+        httpx.Client(base_url=base, timeout=30) as victim,
+        httpx.Client(base_url=base, timeout=30) as attacker,
+    ):
+        fields = sign_in_fields(victim)
+        assert fields.get("csrf") and "mcs_ui_pre" in victim.cookies
+        # The attacker's own form page: a token valid for the attacker's pre-login cookie,
+        # which the victim's browser does not hold.
+        theirs = sign_in_fields(attacker)
+        forged = [{}, {"csrf": ""}, {"csrf": fields["csrf"][:-2] + "xx"}, theirs]
+        for extra in forged:
+            refused = victim.post("/ui/login", data={"token": BOB, **extra})
+            assert refused.status_code == 403 and "stale" in refused.text, extra
+            assert "mcs_ui=" not in refused.headers.get("set-cookie", "")
+        # Without the form's cookie (a cross-site post carries none), its token is nothing.
+        with httpx.Client(base_url=base, timeout=30) as bare:
+            alone = bare.post("/ui/login", data={"token": BOB, **fields})
+            assert alone.status_code == 403
+        signed_in = victim.post("/ui/login", data={"token": ALICE, **fields})
+        assert signed_in.status_code == 303 and signed_in.headers["location"] == "/ui"
+        assert "signed in as <strong>alice</strong>" in victim.get("/ui").text
 
 
 def test_a_signed_out_cookie_is_no_login(make_settings: Callable[..., Settings]) -> None:

@@ -157,3 +157,12 @@ def test_one_owner_cannot_make_the_server_hold_logins_without_bound() -> None:
         live.add(login)
     assert [live.holds(a) for a in alices] == [False] * 5 + [True] * MAX_LOGINS_PER_OWNER
     assert live.holds(bob)
+
+
+def test_a_pre_login_cookie_is_never_a_login() -> None:
+    signer = CookieSigner(b"k" * 32, Clock())
+    pre = signer.pre_login()
+    assert signer.decode_pre(signer.encode_pre(pre)) == pre
+    assert signer.decode(signer.encode_pre(pre)) is None
+    login = signer.login("alice", None, None)
+    assert signer.decode_pre(signer.encode(login)) is None

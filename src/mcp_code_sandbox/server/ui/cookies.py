@@ -18,7 +18,11 @@ sign in again.
 
 CSRF: every form that changes something carries :meth:`CookieSigner.csrf` of the
 login's nonce (an HMAC no other origin can compute or read), checked in constant time;
-``SameSite=Strict`` and the Host/Origin checks come on top.
+``SameSite=Strict`` and the Host/Origin checks come on top. The sign-in form too: before
+any login, the form's page sets a short-lived pre-login cookie (:data:`PRE_COOKIE_NAME`,
+its own signature label, so it is never a login) whose nonce the form's token is made of;
+a sign-in posted from anywhere else (to sign a victim's browser in as the attacker) is
+refused.
 
 The signing key is derived from the server's URL secret (``downloads.load_secret``)
 with a label of its own, so a download signature is never a valid cookie or the reverse.
@@ -41,19 +45,28 @@ __all__ = [
     "COOKIE_NAME",
     "LOGIN_TTL_S",
     "MAX_LOGINS_PER_OWNER",
+    "PRE_COOKIE_NAME",
+    "PRE_LOGIN_TTL_S",
     "CookieSigner",
     "LiveLogins",
     "Login",
 ]
 
 COOKIE_NAME = "mcs_ui"
+PRE_COOKIE_NAME = "mcs_ui_pre"
 #: How long a browser login lasts (then the token is asked for again).
 LOGIN_TTL_S = 8 * 3600
+#: How long a sign-in form stays good to post (then it is reloaded: a token is pasted
+#: within minutes of opening the form).
+PRE_LOGIN_TTL_S = 3600
 #: Logins one owner holds at once; a new one past it ends that owner's oldest. Bounds
 #: what a token's holder (or, without tokens, any loopback client, who gets a ``local``
 #: login per cookie-less visit) can make the server remember, never touching another
 #: owner's logins; a few dozen browsers is more than one person uses.
 MAX_LOGINS_PER_OWNER = 32
+#: Signature labels: a pre-login cookie is never a login, and the reverse.
+_LOGIN = b"cookie"
+_PRE_LOGIN = b"pre-login"
 #: A cookie longer than this is refused before any decoding (a cookie is anyone's to forge).
 MAX_COOKIE_CHARS = 1024
 
@@ -100,14 +113,25 @@ class CookieSigner:
         nonce = secrets.token_urlsafe(16)
         return Login(owner, nonce, until, self.fingerprint(token_digest))
 
-    def encode(self, login: Login) -> str:
+    def pre_login(self) -> Login:
+        """A sign-in form's pre-login (no owner): its nonce makes the form's CSRF token."""
+        until = int(self.clock()) + PRE_LOGIN_TTL_S
+        return Login("", secrets.token_urlsafe(16), until, "")
+
+    def encode(self, login: Login, label: bytes = _LOGIN) -> str:
         payload = json.dumps(
             {"o": login.owner, "n": login.nonce, "e": login.expires, "f": login.fingerprint},
             separators=(",", ":"),
         ).encode()
-        return f"{_b64(payload)}.{_b64(self._mac(b'cookie', payload))}"
+        return f"{_b64(payload)}.{_b64(self._mac(label, payload))}"
 
-    def decode(self, value: str | None) -> Login | None:
+    def encode_pre(self, pre: Login) -> str:
+        return self.encode(pre, _PRE_LOGIN)
+
+    def decode_pre(self, value: str | None) -> Login | None:
+        return self.decode(value, _PRE_LOGIN)
+
+    def decode(self, value: str | None, label: bytes = _LOGIN) -> Login | None:
         """The login a cookie holds; ``None`` when it is missing, forged, tampered with,
         malformed or expired. Whether the server still holds it is :class:`LiveLogins`'
         to say."""
@@ -120,7 +144,7 @@ class CookieSigner:
             return None
         # Compared as text, in the one encoding we write: base64's last character has
         # spare bits, and another spelling of the same bytes is not our cookie.
-        expected = _b64(self._mac(b"cookie", payload))
+        expected = _b64(self._mac(label, payload))
         if not hmac.compare_digest(expected.encode(), signature.encode("utf-8", "replace")):
             return None
         if _b64(payload) != body:
