@@ -30,7 +30,7 @@ from mcp_code_sandbox.metrics import Metrics
 from mcp_code_sandbox.run import execute, notebook
 from mcp_code_sandbox.run.languages import RUNTIMES, Languages, runner_summary
 from mcp_code_sandbox.run.probe import RuntimeProbe
-from mcp_code_sandbox.run.recent import RecentRuns
+from mcp_code_sandbox.run.recent import RecentRuns, error_label
 from mcp_code_sandbox.run.request import RunRequest, check_request
 from mcp_code_sandbox.sessions.holder import Role
 from mcp_code_sandbox.sessions.manager import SessionManager
@@ -244,7 +244,7 @@ class SandboxService:
             took = int((time.monotonic() - started) * 1000)
             self.recent_runs.add(owner, session_id, request.language, "failed", took, exc.code)
             raise
-        error = (report.error or {}).get("name") if report.status == "error" else None
+        error = error_label(report.status, report.error, report.exit_code, report.stderr)
         self.recent_runs.add(
             owner, report.session_id, report.language, report.status, report.duration_ms, error
         )

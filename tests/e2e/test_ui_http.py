@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import html
 import os
+import re
 import signal
 import time
 from collections.abc import Callable
@@ -166,6 +167,25 @@ async def test_owners_see_their_own_and_the_admin_sees_all(
         assert "ZeroDivisionError" in root_page
         for section in ('id="pool"', 'id="paused"', "Not enabled"):
             assert section in root_page
+
+
+async def test_a_failed_program_shows_its_error(make_settings: Callable[..., Settings]) -> None:
+    """node and bun print an uncaught error on stderr, with no structured error: the page
+    names it as it names a Python exception; another program's failure is its exit code."""
+    failing = {
+        "javascript": "null.x",
+        "typescript": "throw new RangeError('out of range')",
+        "bash": "exit 3",
+    }
+    with ui_server(make_settings()) as (base, _proc):
+        async with client_as(base, ALICE) as a:
+            for language, code in failing.items():
+                args = {"session_id": "a1", "language": language, "code": code}
+                assert structured(await a.call_tool("run_code", args))["status"] == "error"
+        with logged_in(base, ALICE) as alice:
+            page = alice.get("/ui").text
+    shown = re.findall(r'<td class="error">([^<]*)</td>', page)
+    assert shown == ["exit code 3", "RangeError", "TypeError"]  # newest first
 
 
 async def test_what_clients_and_sandboxes_wrote_is_escaped(

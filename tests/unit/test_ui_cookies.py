@@ -8,7 +8,7 @@ import hashlib
 
 import pytest
 
-from mcp_code_sandbox.run.recent import MAX_ERROR_CHARS, MAX_ID_CHARS, RecentRuns
+from mcp_code_sandbox.run.recent import MAX_ERROR_CHARS, MAX_ID_CHARS, RecentRuns, error_label
 from mcp_code_sandbox.server.auth import StaticTokens, is_admin, parse_token_roles
 from mcp_code_sandbox.server.ui.cookies import (
     LOGIN_TTL_S,
@@ -166,3 +166,55 @@ def test_a_pre_login_cookie_is_never_a_login() -> None:
     assert signer.decode(signer.encode_pre(pre)) is None
     login = signer.login("alice", None, None)
     assert signer.decode_pre(signer.encode(login)) is None
+
+
+NODE_TYPE_ERROR = """file:///tmp/mcs-code-x/main.mjs:1
+null.x
+     ^
+
+TypeError: Cannot read properties of null (reading 'x')
+    at file:///tmp/mcs-code-x/main.mjs:1:6
+    at ModuleJob.run (node:internal/modules/esm/module_job:561:25)
+
+Node.js v24.21.0
+"""
+NODE_SUBCLASS = """file:///tmp/mcs-code-x/main.mjs:1
+label: for (;;) { class MyErr extends Error {}; throw new MyErr('m') }
+                                                   ^
+
+MyErr [Error]: m
+    at file:///tmp/mcs-code-x/main.mjs:1:36
+"""
+BUN_SUBCLASS = """1 | class MyErr extends Error{}; throw new MyErr('m')
+                                       ^
+error: m
+      at /tmp/mcs-code-x/main.ts:1:36
+
+Bun v1.4.5 (Linux x64)
+"""
+NODE_THROWN_STRING = """node:internal/modules/run_main:107
+    triggerUncaughtException(
+    ^
+str
+(Use `node --trace-uncaught ...` to show where the exception was thrown)
+"""
+
+
+@pytest.mark.parametrize(
+    ("status", "error", "exit_code", "stderr", "label"),
+    [
+        ("error", {"name": "ZeroDivisionError"}, None, "", "ZeroDivisionError"),
+        ("error", None, 1, NODE_TYPE_ERROR, "TypeError"),
+        ("error", None, 1, NODE_SUBCLASS, "MyErr"),
+        ("error", None, 1, BUN_SUBCLASS, "Error"),
+        ("error", None, 1, NODE_THROWN_STRING, "exit code 1"),
+        ("error", None, 3, "", "exit code 3"),
+        ("error", None, 1, "x" * 100_000 + "\n" + NODE_TYPE_ERROR, "exit code 1"),
+        ("ok", None, 0, NODE_TYPE_ERROR, None),
+        ("timeout", None, None, "", None),
+    ],
+)
+def test_a_failed_run_is_labelled_by_its_error(
+    status: str, error: dict[str, str] | None, exit_code: int | None, stderr: str, label: str
+) -> None:
+    assert error_label(status, error, exit_code, stderr) == label
