@@ -476,6 +476,20 @@ class SandboxService:
         ``starting``, ``preload`` (modules imported ahead)."""
         return self.sessions.pool.status().as_json()
 
+    def paused_status(self, owner: str | None) -> dict[str, Any]:
+        """Paused sessions as ``/ui`` shows them: ``sessions`` and ``bytes`` on disk
+        (``owner``'s; ``None``: every owner's), and the server's rules, which hold for all
+        owners together: ``pause_after_m`` (0: idle sessions are not paused),
+        ``disk_budget_bytes`` and ``max_sessions``."""
+        paused = [s.paused for s in self.sessions.listed(owner) if s.paused is not None]
+        return {
+            "sessions": len(paused),
+            "bytes": sum(p.bytes for p in paused),
+            "pause_after_m": self.settings.pause_after_m,
+            "disk_budget_bytes": self.settings.paused_disk_bytes,
+            "max_sessions": self.settings.max_paused_sessions,
+        }
+
     async def runtimes(self) -> list[dict[str, Any]]:
         """``list_runtimes``: every language with its version, image and limits (runner
         images are looked for again first, and the server's own probe sandbox is asked

@@ -188,6 +188,35 @@ async def test_a_failed_program_shows_its_error(make_settings: Callable[..., Set
     assert shown == ["exit code 3", "RangeError", "TypeError"]  # newest first
 
 
+async def test_paused_sessions_show_their_real_figures(
+    make_settings: Callable[..., Settings],
+) -> None:
+    """Pausing is on by default: the card says how many sessions are paused and what they
+    hold on disk (an owner's own; the admin's: all), and the rules that bound them."""
+    settings = make_settings()
+    keep = {"SANDBOX_KEEP_SESSIONS_ON_SHUTDOWN": ""}  # the HTTP default: a stop pauses all
+    with ui_server(settings, **keep) as (base, _proc):
+        async with client_as(base, ALICE) as a, client_as(base, BOB) as b:
+            for owner, sid in ((a, "a1"), (a, "a2"), (b, "b1")):
+                code = "v = 'x' * 1000; open('f.txt', 'w').write(v)"
+                ran = structured(
+                    await owner.call_tool("run_code", {"session_id": sid, "code": code})
+                )
+                assert ran["status"] == "ok"
+    with (
+        ui_server(settings, **keep) as (base, _proc),
+        logged_in(base, ALICE) as alice,
+        logged_in(base, ROOT) as root,
+    ):
+        mine, every = alice.get("/ui").text, root.get("/ui").text
+    assert "Not enabled on this server" not in mine
+    assert re.search(r'Paused \(yours\)</dt><dd id="paused-count">2<', mine), mine
+    assert re.search(r'<dd id="paused-count">3<', every)
+    held = re.search(r'<dd id="paused-bytes">([^<]*)<', mine)
+    assert held and held.group(1) not in {"0 B", "unknown"}
+    assert "idle for 10 min is paused" in mine and "10.0 GiB" in mine
+
+
 async def test_what_clients_and_sandboxes_wrote_is_escaped(
     make_settings: Callable[..., Settings],
 ) -> None:
@@ -278,11 +307,12 @@ async def _close_checks(
 
 def test_without_tokens_local_gets_in_on_loopback(make_settings: Callable[..., Settings]) -> None:
     with (
-        http_server_process(make_settings()) as (base, _proc),
+        http_server_process(make_settings(), SANDBOX_PAUSE_AFTER_M="0") as (base, _proc),
         httpx.Client(base_url=base, timeout=30) as client,
     ):
         page = client.get("/ui")
         assert page.status_code == 200 and "signed in as <strong>local</strong>" in page.text
+        assert "Idle sessions are not paused on this server" in page.text
         assert "mcs_ui" in client.cookies
         rebound = client.get("/ui", headers={"Host": "evil.example"})
         assert rebound.status_code == 421

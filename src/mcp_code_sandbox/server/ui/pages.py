@@ -275,7 +275,12 @@ class _Ui:
         runs = self.service.recent_runs.listed(scope, limit=50)
         notice = NOTICES.get(request.query_params.get("notice", ""))
         context = self._context(
-            viewer, sessions=sessions, runs=runs, pool=self.service.pool_status(), notice=notice
+            viewer,
+            sessions=sessions,
+            runs=runs,
+            pool=self.service.pool_status(),
+            paused=self.service.paused_status(scope),
+            notice=notice,
         )
         response = render("index.html", context)
         return self._set_login(response, fresh) if fresh else response
