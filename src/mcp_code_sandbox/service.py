@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -475,6 +475,11 @@ class SandboxService:
         (the target; 0: no pool), ``ready`` (started, waiting for a session),
         ``starting``, ``preload`` (modules imported ahead)."""
         return self.sessions.pool.status().as_json()
+
+    def ended_sessions(self) -> Mapping[tuple[str, str], str]:
+        """Why each remembered ``(owner, session_id)`` ended, in words (the manager's
+        tombstones), for the operator's ``/ui`` page."""
+        return self.sessions.tombstones()
 
     def paused_status(self, owner: str | None) -> dict[str, Any]:
         """Paused sessions as ``/ui`` shows them: ``sessions`` and ``bytes`` on disk

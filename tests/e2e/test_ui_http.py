@@ -217,6 +217,26 @@ async def test_paused_sessions_show_their_real_figures(
     assert "idle for 10 min is paused" in mine and "10.0 GiB" in mine
 
 
+async def test_runs_of_an_ended_session_say_so(make_settings: Callable[..., Settings]) -> None:
+    with ui_server(make_settings()) as (base, _proc):
+        async with client_as(base, ALICE) as a:
+            for sid in ("gone", "open", "again"):
+                await a.call_tool("run_code", {"session_id": sid, "code": "1"})
+            for sid in ("gone", "again"):
+                assert not (await a.call_tool("close_session", {"session_id": sid})).is_error
+            await a.call_tool("run_code", {"session_id": "again", "code": "2"})  # a new one
+        with logged_in(base, ALICE) as alice:
+            page = alice.get("/ui").text
+    rows = re.findall(r'<td class="sid"><code>([^<]*)</code>(?:<br><span[^>]*>([^<]*)<)?', page)
+    runs = rows[len(session_ids(page)) :]  # after the Sessions table's
+    assert runs == [
+        ("again", ""),
+        ("again", "this session has ended"),
+        ("open", ""),
+        ("gone", "session gone was closed; files and variables from before are gone"),
+    ]
+
+
 async def test_what_clients_and_sandboxes_wrote_is_escaped(
     make_settings: Callable[..., Settings],
 ) -> None:

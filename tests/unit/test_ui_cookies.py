@@ -8,7 +8,13 @@ import hashlib
 
 import pytest
 
-from mcp_code_sandbox.run.recent import MAX_ERROR_CHARS, MAX_ID_CHARS, RecentRuns, error_label
+from mcp_code_sandbox.run.recent import (
+    MAX_ERROR_CHARS,
+    MAX_ID_CHARS,
+    RecentRuns,
+    RunEntry,
+    error_label,
+)
 from mcp_code_sandbox.server.auth import StaticTokens, is_admin, parse_token_roles
 from mcp_code_sandbox.server.ui.cookies import (
     LOGIN_TTL_S,
@@ -16,7 +22,7 @@ from mcp_code_sandbox.server.ui.cookies import (
     CookieSigner,
     LiveLogins,
 )
-from mcp_code_sandbox.server.ui.views import duration, size
+from mcp_code_sandbox.server.ui.views import duration, ended_note, size
 from mcp_code_sandbox.settings import ConfigError, load_settings
 
 ALICE = "alice-0123456789abcdef"
@@ -218,3 +224,18 @@ def test_a_failed_run_is_labelled_by_its_error(
     status: str, error: dict[str, str] | None, exit_code: int | None, stderr: str, label: str
 ) -> None:
     assert error_label(status, error, exit_code, stderr) == label
+
+
+def test_a_run_of_an_ended_session_says_why() -> None:
+    def run(sid: str | None, at: float = 100.0, status: str = "ok") -> RunEntry:
+        return RunEntry(at, "alice", sid, "python", status, 5, None)
+
+    live = {("alice", "open"): 50.0, ("alice", "again"): 150.0}
+    ended = {("alice", "gone"): "session gone was closed", ("bob", "open"): "expired"}
+    assert ended_note(run("open"), live, ended) is None
+    assert ended_note(run("gone"), live, ended) == "session gone was closed"
+    assert ended_note(run("again"), live, ended) == "this session has ended"  # an earlier one
+    assert ended_note(run("again", at=200.0), live, ended) is None
+    assert ended_note(run("forgotten"), live, ended) == "this session has ended"
+    assert ended_note(run("bad id", status="failed"), live, ended) is None  # never was one
+    assert ended_note(run(None, status="failed"), live, ended) is None

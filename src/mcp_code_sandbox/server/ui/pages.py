@@ -50,7 +50,7 @@ from mcp_code_sandbox.server.ui.cookies import (
     LiveLogins,
     Login,
 )
-from mcp_code_sandbox.server.ui.views import SECURITY_HEADERS, STATIC_DIR, render
+from mcp_code_sandbox.server.ui.views import SECURITY_HEADERS, STATIC_DIR, ended_note, render
 from mcp_code_sandbox.service import SandboxService
 
 __all__ = ["ui_routes"]
@@ -272,7 +272,10 @@ class _Ui:
             viewer = Viewer(LOCAL_OWNER, True, fresh)
         scope = None if viewer.admin else viewer.owner
         sessions = await self.service.session_overview(scope)
-        runs = self.service.recent_runs.listed(scope, limit=50)
+        listed = self.service.recent_runs.listed(scope, limit=50)
+        live = {(s.owner, s.session_id): s.created_at for s in sessions}
+        ended = self.service.ended_sessions()
+        runs = [(run, ended_note(run, live, ended)) for run in listed]
         notice = NOTICES.get(request.query_params.get("notice", ""))
         context = self._context(
             viewer,
