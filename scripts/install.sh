@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Install what mcp-code-sandbox needs on a Debian/Ubuntu machine, skipping what is there:
 # system packages (bubblewrap, libseccomp, npm), a virtualenv in .venv with the package, and the
-# sandbox runtime environment (`mcp-code-sandbox setup`). Idempotent; every line of output
-# goes to stderr, so this can run in front of a stdio MCP server.
+# sandbox runtime environment (`mcp-code-sandbox setup`). --dev adds what the tests use:
+# chromium and chromedriver, the dev extras, and the MCP conformance suite (npm, pinned).
+# Idempotent; every line of output goes to stderr, so this can run in front of a stdio MCP
+# server.
 # Usage: scripts/install.sh [--dev]
 set -euo pipefail
 exec 3>&1 1>&2   # keep stdout clean: stdio mode reserves it for the MCP protocol
@@ -49,6 +51,19 @@ if [[ ! -e "$stamp" ]]; then
   fi
   rm -f "$venv"/.installed-*
   touch "$stamp"
+fi
+
+if ((dev)); then
+  # The official MCP conformance suite (tests/e2e/test_conformance.py), at the versions
+  # its lockfile pins, into a directory git ignores; it runs on the sandbox runtime's
+  # Node.js (setup, below), as it needs Node >= 22. npm only installs it here.
+  suite="$root/tests/conformance"
+  suite_stamp="$suite/node_modules/.installed-$(sha256sum "$suite/package-lock.json" | cut -c1-16)"
+  if [[ ! -e "$suite_stamp" ]]; then
+    echo "installing the MCP conformance suite into $suite/node_modules"
+    npm ci --prefix "$suite" --no-audit --no-fund --loglevel=error --engine-strict=false
+    touch "$suite_stamp"
+  fi
 fi
 
 "$venv/bin/mcp-code-sandbox" setup

@@ -10,7 +10,7 @@ import asyncio
 import functools
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -32,7 +32,7 @@ from mcp_code_sandbox.metrics import Metrics
 from mcp_code_sandbox.run import execute, notebook
 from mcp_code_sandbox.run.languages import RUNTIMES, Languages, runner_summary
 from mcp_code_sandbox.run.probe import RuntimeProbe
-from mcp_code_sandbox.run.recent import RecentRuns
+from mcp_code_sandbox.run.recent import RecentRuns, error_label
 from mcp_code_sandbox.run.request import RunRequest, check_request
 from mcp_code_sandbox.sessions.holder import Role
 from mcp_code_sandbox.sessions.manager import SessionManager
@@ -278,7 +278,7 @@ class SandboxService:
             took = int((time.monotonic() - started) * 1000)
             self.recent_runs.add(owner, session_id, request.language, "failed", took, exc.code)
             raise
-        error = (report.error or {}).get("name") if report.status == "error" else None
+        error = error_label(report.status, report.error, report.exit_code, report.stderr)
         self.recent_runs.add(
             owner, report.session_id, report.language, report.status, report.duration_ms, error
         )
@@ -505,6 +505,25 @@ class SandboxService:
         (the target; 0: no pool), ``ready`` (started, waiting for a session),
         ``starting``, ``preload`` (modules imported ahead)."""
         return self.sessions.pool.status().as_json()
+
+    def ended_sessions(self) -> Mapping[tuple[str, str], str]:
+        """Why each remembered ``(owner, session_id)`` ended, in words (the manager's
+        tombstones), for the operator's ``/ui`` page."""
+        return self.sessions.tombstones()
+
+    def paused_status(self, owner: str | None) -> dict[str, Any]:
+        """Paused sessions as ``/ui`` shows them: ``sessions`` and ``bytes`` on disk
+        (``owner``'s; ``None``: every owner's), and the server's rules, which hold for all
+        owners together: ``pause_after_m`` (0: idle sessions are not paused),
+        ``disk_budget_bytes`` and ``max_sessions``."""
+        paused = [s.paused for s in self.sessions.listed(owner) if s.paused is not None]
+        return {
+            "sessions": len(paused),
+            "bytes": sum(p.bytes for p in paused),
+            "pause_after_m": self.settings.pause_after_m,
+            "disk_budget_bytes": self.settings.paused_disk_bytes,
+            "max_sessions": self.settings.max_paused_sessions,
+        }
 
     async def runtimes(self) -> list[dict[str, Any]]:
         """``list_runtimes``: every language with its version, image and limits (runner

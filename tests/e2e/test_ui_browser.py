@@ -13,6 +13,7 @@ import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from PIL import Image, ImageStat
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -140,6 +141,13 @@ async def test_the_operator_view_in_chromium(
                 cookies = driver.get_cookies()
                 assert [c["httpOnly"] for c in cookies] == [True]
                 assert ALICE not in str(cookies) and ALICE not in driver.page_source
+                # Signing out ends the login on the server: the cookie it held, replayed
+                # from elsewhere, opens nothing.
+                copied = {c["name"]: c["value"] for c in cookies}
+                driver.find_element("css selector", "form.who button").click()
+                arrived(driver, "/ui/login")
+                replayed = httpx.get(f"{base}/ui", cookies=copied)
+                assert replayed.status_code == 303, replayed.text
 
             with browser(tmp_path / "root-profile") as driver:
                 sign_in(driver, base, ROOT)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import html
 import os
+import re
 import signal
 import time
 from collections.abc import Callable
@@ -23,8 +24,10 @@ from .ui_harness import (
     ROOT,
     assert_secure_headers,
     close_form,
+    forms,
     logged_in,
     session_ids,
+    sign_in_fields,
     ui_server,
 )
 
@@ -44,11 +47,12 @@ def test_without_a_valid_login_nothing_is_shown(make_settings: Callable[..., Set
         assert form.status_code == 200 and 'name="token"' in form.text
         assert_secure_headers(form)
 
-        wrong = plain.post("/ui/login", data={"token": ALICE + "x"})
+        csrf = sign_in_fields(plain)
+        wrong = plain.post("/ui/login", data={**csrf, "token": ALICE + "x"})
         assert wrong.status_code == 401 and "not valid" in wrong.text
-        assert "set-cookie" not in wrong.headers
-        assert plain.post("/ui/login", data={}).status_code == 401
-        too_big = plain.post("/ui/login", data={"token": "a" * 20_000})
+        assert "mcs_ui=" not in wrong.headers.get("set-cookie", "")
+        assert plain.post("/ui/login", data=csrf).status_code == 401
+        too_big = plain.post("/ui/login", data={**csrf, "token": "a" * 20_000})
         assert too_big.status_code == 413
 
         for header in (f"Bearer {ALICE}x", "Bearer", f"Basic {ALICE}"):
@@ -70,6 +74,56 @@ def test_without_a_valid_login_nothing_is_shown(make_settings: Callable[..., Set
 
         # A POST without any login is refused, not redirected.
         assert plain.post("/ui/close", data={"owner": "alice"}).status_code == 401
+
+
+def test_the_sign_in_form_carries_a_csrf_token(make_settings: Callable[..., Settings]) -> None:
+    """Login CSRF: a page elsewhere posting its own token to the sign-in form would sign
+    the victim's browser in as the attacker (whose sessions the victim then fills)."""
+    with (
+        ui_server(make_settings()) as (base, _proc),
+        httpx.Client(base_url=base, timeout=30) as victim,
+        httpx.Client(base_url=base, timeout=30) as attacker,
+    ):
+        fields = sign_in_fields(victim)
+        assert fields.get("csrf") and "mcs_ui_pre" in victim.cookies
+        # The attacker's own form page: a token valid for the attacker's pre-login cookie,
+        # which the victim's browser does not hold.
+        theirs = sign_in_fields(attacker)
+        forged = [{}, {"csrf": ""}, {"csrf": fields["csrf"][:-2] + "xx"}, theirs]
+        for extra in forged:
+            refused = victim.post("/ui/login", data={"token": BOB, **extra})
+            assert refused.status_code == 403 and "stale" in refused.text, extra
+            assert "mcs_ui=" not in refused.headers.get("set-cookie", "")
+        # Without the form's cookie (a cross-site post carries none), its token is nothing.
+        with httpx.Client(base_url=base, timeout=30) as bare:
+            alone = bare.post("/ui/login", data={"token": BOB, **fields})
+            assert alone.status_code == 403
+        signed_in = victim.post("/ui/login", data={"token": ALICE, **fields})
+        assert signed_in.status_code == 303 and signed_in.headers["location"] == "/ui"
+        assert "signed in as <strong>alice</strong>" in victim.get("/ui").text
+
+
+def test_a_signed_out_cookie_is_no_login(make_settings: Callable[..., Settings]) -> None:
+    """A copy of the login cookie (a shared machine, a proxy's log) replayed after sign-out
+    gets nothing: the server ended that login, it did not only ask the browser to forget
+    it."""
+    with (
+        ui_server(make_settings()) as (base, _proc),
+        logged_in(base, ALICE) as alice,
+        logged_in(base, ALICE) as other_browser,
+    ):
+        copied = alice.cookies["mcs_ui"]
+        page = alice.get("/ui").text
+        (logout,) = [f for f in forms(page) if f["_action"].endswith("/ui/logout")]
+        assert alice.post("/ui/logout", data={"csrf": logout["csrf"]}).status_code == 303
+        with httpx.Client(base_url=base, timeout=30, cookies={"mcs_ui": copied}) as replay:
+            assert replay.get("/ui").status_code == 303  # to the sign-in form
+            closing = replay.post("/ui/close", data={**logout, "owner": "alice"})
+            assert closing.status_code == 401
+            again = replay.post("/ui/logout", data={"csrf": logout["csrf"]})
+            assert again.status_code == 401
+        # Only that login ended: alice's other browser is still signed in.
+        assert other_browser.get("/ui").status_code == 200
 
 
 def test_a_removed_token_ends_its_browser_logins(
@@ -113,6 +167,74 @@ async def test_owners_see_their_own_and_the_admin_sees_all(
         assert "ZeroDivisionError" in root_page
         for section in ('id="pool"', 'id="paused"', "Not enabled"):
             assert section in root_page
+
+
+async def test_a_failed_program_shows_its_error(make_settings: Callable[..., Settings]) -> None:
+    """node and bun print an uncaught error on stderr, with no structured error: the page
+    names it as it names a Python exception; another program's failure is its exit code."""
+    failing = {
+        "javascript": "null.x",
+        "typescript": "throw new RangeError('out of range')",
+        "bash": "exit 3",
+    }
+    with ui_server(make_settings()) as (base, _proc):
+        async with client_as(base, ALICE) as a:
+            for language, code in failing.items():
+                args = {"session_id": "a1", "language": language, "code": code}
+                assert structured(await a.call_tool("run_code", args))["status"] == "error"
+        with logged_in(base, ALICE) as alice:
+            page = alice.get("/ui").text
+    shown = re.findall(r'<td class="error">([^<]*)</td>', page)
+    assert shown == ["exit code 3", "RangeError", "TypeError"]  # newest first
+
+
+async def test_paused_sessions_show_their_real_figures(
+    make_settings: Callable[..., Settings],
+) -> None:
+    """Pausing is on by default: the card says how many sessions are paused and what they
+    hold on disk (an owner's own; the admin's: all), and the rules that bound them."""
+    settings = make_settings()
+    keep = {"SANDBOX_KEEP_SESSIONS_ON_SHUTDOWN": ""}  # the HTTP default: a stop pauses all
+    with ui_server(settings, **keep) as (base, _proc):
+        async with client_as(base, ALICE) as a, client_as(base, BOB) as b:
+            for owner, sid in ((a, "a1"), (a, "a2"), (b, "b1")):
+                code = "v = 'x' * 1000; open('f.txt', 'w').write(v)"
+                ran = structured(
+                    await owner.call_tool("run_code", {"session_id": sid, "code": code})
+                )
+                assert ran["status"] == "ok"
+    with (
+        ui_server(settings, **keep) as (base, _proc),
+        logged_in(base, ALICE) as alice,
+        logged_in(base, ROOT) as root,
+    ):
+        mine, every = alice.get("/ui").text, root.get("/ui").text
+    assert "Not enabled on this server" not in mine
+    assert re.search(r'Paused \(yours\)</dt><dd id="paused-count">2<', mine), mine
+    assert re.search(r'<dd id="paused-count">3<', every)
+    held = re.search(r'<dd id="paused-bytes">([^<]*)<', mine)
+    assert held and held.group(1) not in {"0 B", "unknown"}
+    assert "idle for 10 min is paused" in mine and "10.0 GiB" in mine
+
+
+async def test_runs_of_an_ended_session_say_so(make_settings: Callable[..., Settings]) -> None:
+    with ui_server(make_settings()) as (base, _proc):
+        async with client_as(base, ALICE) as a:
+            for sid in ("gone", "open", "again"):
+                await a.call_tool("run_code", {"session_id": sid, "code": "1"})
+            for sid in ("gone", "again"):
+                assert not (await a.call_tool("close_session", {"session_id": sid})).is_error
+            await a.call_tool("run_code", {"session_id": "again", "code": "2"})  # a new one
+        with logged_in(base, ALICE) as alice:
+            page = alice.get("/ui").text
+    rows = re.findall(r'<td class="sid"><code>([^<]*)</code>(?:<br><span[^>]*>([^<]*)<)?', page)
+    runs = rows[len(session_ids(page)) :]  # after the Sessions table's
+    assert runs == [
+        ("again", ""),
+        ("again", "this session has ended"),
+        ("open", ""),
+        ("gone", "session gone was closed; files and variables from before are gone"),
+    ]
 
 
 async def test_what_clients_and_sandboxes_wrote_is_escaped(
@@ -205,11 +327,12 @@ async def _close_checks(
 
 def test_without_tokens_local_gets_in_on_loopback(make_settings: Callable[..., Settings]) -> None:
     with (
-        http_server_process(make_settings()) as (base, _proc),
+        http_server_process(make_settings(), SANDBOX_PAUSE_AFTER_M="0") as (base, _proc),
         httpx.Client(base_url=base, timeout=30) as client,
     ):
         page = client.get("/ui")
         assert page.status_code == 200 and "signed in as <strong>local</strong>" in page.text
+        assert "Idle sessions are not paused on this server" in page.text
         assert "mcs_ui" in client.cookies
         rebound = client.get("/ui", headers={"Host": "evil.example"})
         assert rebound.status_code == 421

@@ -39,11 +39,20 @@ def assert_secure_headers(response: httpx.Response) -> None:
         assert value in response.headers.get(name, ""), (name, response.headers)
 
 
+def sign_in_fields(client: httpx.Client) -> dict[str, str]:
+    """The sign-in form's hidden fields (its CSRF token), as a browser gets them with the
+    form's page (and its pre-login cookie, now in ``client``)."""
+    page = client.get("/ui/login")
+    assert page.status_code == 200, page.text
+    (form,) = [f for f in forms(page.text) if f["_action"].endswith("/ui/login")]
+    return {k: v for k, v in form.items() if k != "_action"}
+
+
 @contextlib.contextmanager
 def logged_in(base: str, token: str) -> Iterator[httpx.Client]:
     """A client holding the login cookie ``token`` gets from the sign-in form."""
     with httpx.Client(base_url=base, timeout=30) as client:
-        answer = client.post("/ui/login", data={"token": token})
+        answer = client.post("/ui/login", data={**sign_in_fields(client), "token": token})
         assert answer.status_code == 303, answer.text
         assert answer.headers["location"] == "/ui"
         cookie = answer.headers["set-cookie"]

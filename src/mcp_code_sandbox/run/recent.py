@@ -9,16 +9,21 @@ so it is cut to :data:`MAX_ERROR_CHARS` here; escaping is the page's job.
 
 Semantics: ``status`` is a run's own (``ok``, ``error``, ``timeout``, ``cancelled``), or
 ``failed`` when the tool failed before or around the run; ``error`` is then the error
-code, else the user's exception name for ``error``, else ``None``.
+code, else for ``error`` what :func:`error_label` finds (the exception's name, or the
+exit code), else ``None``.
 """
 
 from __future__ import annotations
 
+import itertools
+import re
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["MAX_ERROR_CHARS", "RING_SIZE", "RecentRuns", "RunEntry"]
+__all__ = ["MAX_ERROR_CHARS", "RING_SIZE", "RecentRuns", "RunEntry", "error_label"]
 
 RING_SIZE = 200
 MAX_ERROR_CHARS = 120
@@ -26,6 +31,35 @@ MAX_ERROR_CHARS = 120
 #: an invalid id are refused, and recorded): cut too.
 MAX_LANGUAGE_CHARS = 40
 MAX_ID_CHARS = 80
+#: How much of a failed run's stderr is searched for its uncaught error: runtimes print it
+#: first (after the source line), so a flood after it is never read.
+STDERR_SCAN_CHARS = 16 * 1024
+#: The line a JavaScript runtime prints for an uncaught error, the one above its first
+#: stack frame: ``TypeError: ...`` (node, bun), ``MyErr [Error]: ...`` (node, a subclass),
+#: ``error: ...`` (bun, a subclass or a syntax error).
+_UNCAUGHT = re.compile(r"([A-Za-z_$][\w$]{0,100})(?: \[[A-Za-z_$][\w$]*\])?(?::\s|:?$)")
+_FRAME = re.compile(r"\s+at \S")
+
+
+def error_label(
+    status: str, error: Mapping[str, Any] | None, exit_code: int | None, stderr: str
+) -> str | None:
+    """What the page says of how a run failed: the exception's name where the run has one
+    (Python's, from the agent), else the name of the uncaught error a program printed on
+    stderr (JavaScript, TypeScript: node and bun print no structured error), else ``exit
+    code N``; ``None`` for a run that did not end in ``error``."""
+    if status != "error":
+        return None
+    name = (error or {}).get("name")
+    if isinstance(name, str) and name:
+        return name
+    lines = stderr[:STDERR_SCAN_CHARS].splitlines()
+    for line, after in itertools.pairwise(lines):
+        found = _UNCAUGHT.match(line)
+        if found and _FRAME.match(after):
+            uncaught = found.group(1)
+            return "Error" if uncaught == "error" else uncaught
+    return f"exit code {exit_code}" if exit_code else None
 
 
 @dataclass(frozen=True)

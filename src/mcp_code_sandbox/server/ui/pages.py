@@ -10,8 +10,9 @@ who gets a login cookie on the first visit without a form (the CSRF tokens need 
 
 Every answer goes through the Host/Origin checks of ``/mcp`` (a rebinding page must not
 read or post), carries :data:`.views.SECURITY_HEADERS`, and a changing request (``POST``)
-from a cookie login must carry that login's CSRF token. Refusals say little: a session
-another owner holds is "not found", as in the tools.
+from a cookie login must carry that login's CSRF token; the sign-in form's post, that of
+its pre-login cookie. Refusals say little: a session another owner holds is "not found",
+as in the tools.
 
 Routes: ``GET /ui`` (the overview; without a login, a redirect to the form), ``GET|POST
 /ui/login``, ``POST /ui/logout``, ``POST /ui/close`` (``owner``, ``session_id``), and
@@ -42,8 +43,14 @@ from mcp_code_sandbox.server.auth import (
     owner_of_request,
     owner_of_token,
 )
-from mcp_code_sandbox.server.ui.cookies import COOKIE_NAME, CookieSigner, Login
-from mcp_code_sandbox.server.ui.views import SECURITY_HEADERS, STATIC_DIR, render
+from mcp_code_sandbox.server.ui.cookies import (
+    COOKIE_NAME,
+    PRE_COOKIE_NAME,
+    CookieSigner,
+    LiveLogins,
+    Login,
+)
+from mcp_code_sandbox.server.ui.views import SECURITY_HEADERS, STATIC_DIR, ended_note, render
 from mcp_code_sandbox.service import SandboxService
 
 __all__ = ["ui_routes"]
@@ -98,6 +105,8 @@ class _Ui:
         self.auth = auth
         self.host_check = TransportSecurityMiddleware(security)
         self.signer = signer
+        #: The logins given out and not ended (a cookie is good only while its login is here).
+        self.logins = LiveLogins(signer.clock)
         base = service.settings.public_base_url or ""
         #: The path the server is published under (a proxy strips it before us).
         self.prefix = urlsplit(base).path.rstrip("/")
@@ -148,7 +157,7 @@ class _Ui:
                 )
             return Viewer(owner, is_admin(self.auth, owner), None)
         login = self.signer.decode(request.cookies.get(COOKIE_NAME))
-        if login is None or not self._still_valid(login):
+        if login is None or not self.logins.holds(login) or not self._still_valid(login):
             return None
         return Viewer(login.owner, is_admin(self.auth, login.owner), login)
 
@@ -163,14 +172,34 @@ class _Ui:
         return not login.fingerprint  # OAuth: bounded by the access token's expiry
 
     def _set_login(self, response: Response, login: Login | None) -> Response:
+        """Give the browser ``login``'s cookie (the server holds the login from now), or
+        (``None``) tell it to drop its cookie."""
         path = f"{self.prefix}/ui"
         if login is None:
             response.delete_cookie(COOKIE_NAME, path=path, secure=self.tls, httponly=True)
             return response
+        self.logins.add(login)
         response.set_cookie(
             COOKIE_NAME,
             self.signer.encode(login),
             max_age=max(0, login.expires - int(self.signer.clock())),
+            path=path,
+            secure=self.tls,
+            httponly=True,
+            samesite="strict",
+        )
+        return response
+
+    def _set_pre_login(self, response: Response, pre: Login | None) -> Response:
+        """The sign-in form's pre-login cookie (``None``: drop it), sent to the form only."""
+        path = f"{self.prefix}/ui/login"
+        if pre is None:
+            response.delete_cookie(PRE_COOKIE_NAME, path=path, secure=self.tls, httponly=True)
+            return response
+        response.set_cookie(
+            PRE_COOKIE_NAME,
+            self.signer.encode_pre(pre),
+            max_age=max(0, pre.expires - int(self.signer.clock())),
             path=path,
             secure=self.tls,
             httponly=True,
@@ -214,14 +243,7 @@ class _Ui:
         if viewer.login is None:
             return  # bearer: no browser sends that by itself
         if not self.signer.csrf_ok(viewer.login, form.get("csrf", "")):
-            raise _Refused(
-                PlainTextResponse(
-                    "forbidden: this form is stale or did not come from this page; reload "
-                    "the page and try again",
-                    status_code=403,
-                    headers=SECURITY_HEADERS,
-                )
-            )
+            raise _Refused(_stale_form())
 
     async def _required(self, request: Request) -> Viewer:
         viewer = await self.viewer(request)
@@ -250,10 +272,18 @@ class _Ui:
             viewer = Viewer(LOCAL_OWNER, True, fresh)
         scope = None if viewer.admin else viewer.owner
         sessions = await self.service.session_overview(scope)
-        runs = self.service.recent_runs.listed(scope, limit=50)
+        listed = self.service.recent_runs.listed(scope, limit=50)
+        live = {(s.owner, s.session_id): s.created_at for s in sessions}
+        ended = self.service.ended_sessions()
+        runs = [(run, ended_note(run, live, ended)) for run in listed]
         notice = NOTICES.get(request.query_params.get("notice", ""))
         context = self._context(
-            viewer, sessions=sessions, runs=runs, pool=self.service.pool_status(), notice=notice
+            viewer,
+            sessions=sessions,
+            runs=runs,
+            pool=self.service.pool_status(),
+            paused=self.service.paused_status(scope),
+            notice=notice,
         )
         response = render("index.html", context)
         return self._set_login(response, fresh) if fresh else response
@@ -261,26 +291,44 @@ class _Ui:
     async def login_form(self, request: Request) -> Response:
         if self.auth is None or await self.viewer(request) is not None:
             return self._redirect("/ui")
-        return render("login.html", self._context(None, problem=None))
+        pre = self.signer.decode_pre(request.cookies.get(PRE_COOKIE_NAME))
+        fresh = pre is None
+        pre = pre or self.signer.pre_login()
+        page = render("login.html", self._sign_in_context(pre, problem=None))
+        return self._set_pre_login(page, pre) if fresh else page
+
+    def _sign_in_context(self, pre: Login, problem: str | None) -> dict[str, Any]:
+        return {**self._context(None, problem=problem), "csrf": self.signer.csrf(pre)}
 
     async def login(self, request: Request) -> Response:
+        """The sign-in form posted: its CSRF token first (made from the pre-login cookie
+        its page set: a form posted from another page signs nobody in), then the token."""
         if self.auth is None:
             return self._redirect("/ui")
-        token = (await self._form(request)).get("token", "").strip()
+        form = await self._form(request)
+        pre = self.signer.decode_pre(request.cookies.get(PRE_COOKIE_NAME))
+        if pre is None or not self.signer.csrf_ok(pre, form.get("csrf", "")):
+            raise _Refused(_stale_form())
+        token = form.get("token", "").strip()
         access = await self.auth.verifier.verify_token(token) if token else None
         required = self.auth.settings.required_scopes or []
         if access is None or any(scope not in access.scopes for scope in required):
             problem = "That token is not valid here."
-            return render("login.html", self._context(None, problem=problem), status=401)
+            return render("login.html", self._sign_in_context(pre, problem), status=401)
         owner = owner_of_token(access)
         verifier = self.auth.verifier
         digest = verifier.digest_of(owner) if isinstance(verifier, StaticTokens) else None
         login = self.signer.login(owner, digest, access.expires_at)
-        return self._set_login(self._redirect("/ui"), login)
+        signed_in = self._set_login(self._redirect("/ui"), login)
+        return self._set_pre_login(signed_in, None)
 
     async def logout(self, request: Request) -> Response:
+        """End the login on the server (its cookie, wherever a copy is, is no login from
+        now) and drop the browser's cookie."""
         viewer = await self._required(request)
         self._check_csrf(viewer, await self._form(request))
+        if viewer.login is not None:
+            self.logins.end(viewer.login)
         return self._set_login(self._redirect("/ui/login"), None)
 
     async def close(self, request: Request) -> Response:
@@ -303,3 +351,12 @@ class _Ui:
 
     async def css(self, request: Request) -> Response:
         return FileResponse(STATIC_DIR / "ui.css", media_type="text/css", headers=SECURITY_HEADERS)
+
+
+def _stale_form() -> Response:
+    return PlainTextResponse(
+        "forbidden: this form is stale or did not come from this page; reload the page and "
+        "try again",
+        status_code=403,
+        headers=SECURITY_HEADERS,
+    )

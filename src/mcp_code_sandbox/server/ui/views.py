@@ -9,13 +9,16 @@ template, so each one is HTML-escaped where it is written.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import jinja2
 from starlette.responses import HTMLResponse
 
-__all__ = ["SECURITY_HEADERS", "ago", "duration", "render", "size"]
+from mcp_code_sandbox.run.recent import RunEntry
+
+__all__ = ["SECURITY_HEADERS", "ago", "duration", "ended_note", "render", "size"]
 
 _HERE = Path(__file__).parent
 STATIC_DIR = _HERE / "static"
@@ -57,6 +60,26 @@ def duration(seconds: float) -> str:
 
 def ago(wall: float) -> str:
     return f"{duration(max(0.0, time.time() - wall))} ago"
+
+
+def ended_note(
+    run: RunEntry, live: Mapping[tuple[str, str], float], ended: Mapping[tuple[str, str], str]
+) -> str | None:
+    """What a recent run's row says of its session when that session is gone: why it
+    ended (``ended``: the server's words), or that it ended; ``None`` while the session it
+    ran in is open. ``live``: each open session's creation time (wall clock), so a run of
+    an earlier session under the same name reads as ended too. A run that failed before
+    any session (an invalid id) gets no note."""
+    if run.session_id is None:
+        return None
+    key = (run.owner, run.session_id)
+    created = live.get(key)
+    if created is not None and run.ended_at >= created:
+        return None
+    why = ended.get(key) if created is None else None
+    if why is not None:
+        return why
+    return None if run.status == "failed" and created is None else "this session has ended"
 
 
 _ENV = jinja2.Environment(
