@@ -28,7 +28,8 @@ def state_dir_check(settings: Settings) -> Check:
     """Where the state directory is, and the service that serves it now, if any."""
     pid = service_pid(settings.run_dir)
     serving = (
-        f"served by the service with pid {pid}: a stdio server or `exec` started here keeps "
+        f"served by the service with {f'pid {pid}' if pid else 'a pid of another namespace'}"
+        ": a stdio server or `exec` started here keeps "
         "sessions of its own and never touches the service's"
         if pid is not None
         else "no service runs on it now"

@@ -76,7 +76,7 @@ class ServiceLock:
 
 def refusal(state_dir: Path, pid: int | None) -> str:
     """The one line a second service on ``state_dir`` stops with."""
-    who = f"pid {pid}" if pid is not None else "another process"
+    who = f"pid {pid}" if pid else "a process in another pid namespace"
     return (
         f"another mcp-code-sandbox service ({who}) already serves the state directory "
         f"{state_dir}: give this server a state directory of its own with "
@@ -85,10 +85,12 @@ def refusal(state_dir: Path, pid: int | None) -> str:
 
 
 def service_pid(run_dir: Path) -> int | None:
-    """The pid of the live service on this state directory; ``None`` when none runs.
+    """The pid of the live service on this state directory; ``None`` when none runs, 0
+    when one runs whose pid means nothing here (a server in a container sharing the state
+    directory through a bind mount: another pid namespace).
 
-    Asks the lock itself (a lock file left by a dead service is not held), then the mark
-    in it, so a pid reused by an unrelated process is never named."""
+    Asks the lock itself: a lock file left by a dead service is not held, however its
+    mark reads."""
     try:
         fd = os.open(run_dir / SERVICE_LOCK, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
@@ -103,6 +105,4 @@ def service_pid(run_dir: Path) -> int | None:
         mark = read_mark(os.pread(fd, 64, 0).decode("ascii", "replace"))
     finally:
         os.close(fd)
-    if mark is None or not process_alive(*mark):
-        return None
-    return mark[0]
+    return mark[0] if mark is not None and process_alive(*mark) else 0
