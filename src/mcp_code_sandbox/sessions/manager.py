@@ -31,12 +31,16 @@ Semantics:
   call but at most every ``RECORD_EVERY_S`` per session: one small file write per call
   would be cheap too, but a restart only needs the idle time to within seconds of a
   30-minute TTL, and a burst of calls then costs no disk writes at all.
-- At start, under a lock that two servers starting at once share, what dead servers left
-  is re-attached where the backend can (docker: the container and its interpreter
-  outlive the server; same id, owner, files and variables) and removed otherwise (bwrap:
-  its sandboxes died with their server, so only their workspaces and records remain).
+- Who holds a session, and who may take over what a dead server left, is the rule of
+  :mod:`.holder` (the manager's ``role``). At start, under a lock that two servers
+  starting at once share, the state directory's service re-attaches what a dead service
+  left where the backend can (docker: the container and its interpreter outlive the
+  server; same id, owner, files and variables) and removes the rest (bwrap: its
+  sandboxes died with their server, so only their workspaces and records remain); any
+  server removes what dead private servers left.
 - Shutdown (``aclose``) is not a crash: it stops every sandbox and deletes every
-  workspace and record.
+  workspace and record, or (a service keeping its sessions) pauses them for its
+  successor. A private server's janitor (:mod:`.janitor`) removes what a crash left.
 - Where the backend can run each sandbox as a host uid of its own, every session leases
   one (:mod:`.uids`) when it is registered, before its record and workspace exist (the
   workspace is given to it), keeps it for its whole life (every sandbox and runner of the
@@ -273,8 +277,10 @@ class SessionManager:
         (self.settings.run_dir / f"{self._instance}.pid").unlink(missing_ok=True)
         if self._service_lock is not None:
             self._service_lock.release()
-        if self._janitor is not None:
-            self._janitor.dismiss()  # everything of ours is gone: nothing for it to do
+        if self._janitor is not None and not self._unfinished:
+            # Everything of ours is gone: nothing for it to do. Otherwise it is left to
+            # clean up what could not be freed once this process has exited.
+            await asyncio.to_thread(self._janitor.dismiss)
 
     @property
     def instance(self) -> str:
