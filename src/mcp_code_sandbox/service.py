@@ -18,6 +18,7 @@ from mcp_code_sandbox.backends.base import Backend, Enforcement, Sandbox
 from mcp_code_sandbox.backends.preparation import Preparation
 from mcp_code_sandbox.backends.runner_images import RunnerImages
 from mcp_code_sandbox.errors import (
+    BackendUnavailable,
     InvalidArgument,
     InvalidFilename,
     NetworkNotAllowed,
@@ -254,6 +255,8 @@ class SandboxService:
         builds it. While the backend is still being prepared, the call waits for it up
         to its timeout (a language not offered yet: for the whole preparation)."""
         timeout = check_request(self.settings, request)
+        if self.backend.host_problem is not None:  # no sandbox can start here: say why
+            raise BackendUnavailable(self.backend.host_problem)
         if self.preparing is not None:
             whole = request.language not in self.languages()
             waiting = time.monotonic()

@@ -16,6 +16,7 @@ from mcp_code_sandbox.backends.bwrap import cgroups
 from mcp_code_sandbox.backends.bwrap.argv import drop_uid_argv, minimal_argv
 from mcp_code_sandbox.backends.bwrap.backend import BwrapBackend
 from mcp_code_sandbox.backends.bwrap.runtime import runtime_status
+from mcp_code_sandbox.backends.bwrap.userns import userns_problem
 from mcp_code_sandbox.backends.seccomp import build_seccomp_bpf
 from mcp_code_sandbox.doctor.checks import (
     Check,
@@ -67,6 +68,10 @@ def _bwrap_checks(bwrap: str, uid: int | None) -> list[Check]:
     except (OSError, subprocess.SubprocessError) as exc:
         version = f"unknown ({exc})"
     checks = [Check("bwrap", True, f"{bwrap}: {version}")]
+    problem = userns_problem(bwrap)
+    if problem is not None:  # the server's own words, which hold this host's fix
+        checks.append(Check("user namespaces", False, problem))
+        return checks
     userns = _try(bwrap, uid, "user namespaces", ["--unshare-user"], _USERNS_FIX)
     checks.append(userns)
     if not userns.ok:

@@ -182,8 +182,9 @@ class WarmPool:
     # -- keeping it full -------------------------------------------------------------------
 
     def refill(self) -> None:
-        """Start what is missing, at most ``_STARTS_AT_ONCE`` at a time."""
-        if self._closed or time.monotonic() < self._next_start:
+        """Start what is missing, at most ``_STARTS_AT_ONCE`` at a time; nothing on a
+        host where no sandbox can start (the backend said why, once)."""
+        if self._closed or time.monotonic() < self._next_start or self.backend.host_problem:
             return
         missing = self.size - len(self._ready) - len(self._starting)
         for _ in range(min(missing, _STARTS_AT_ONCE - len(self._starting))):
@@ -202,6 +203,9 @@ class WarmPool:
         try:
             pooled = await self._make()
         except Exception as exc:
+            if self.backend.host_problem is not None:  # said by the backend; not retried
+                log.error("the warm pool is off: no sandbox can start on this host")
+                return
             self._failures += 1
             delay = min(_BACKOFF_MAX_S, 2.0 ** min(self._failures, 6))
             self._next_start = time.monotonic() + delay
