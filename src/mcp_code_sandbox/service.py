@@ -136,6 +136,9 @@ class SandboxService:
         self.recent_runs = RecentRuns()
         if preparing is not None:  # built further: what the sandboxes offer changed
             preparing.listeners.append(self.refresh_runners)
+            # No warm sandbox before they can start (each start would fail, and say so).
+            self.sessions.pool.held_by = lambda: None if preparing.usable else preparing.step
+            preparing.listeners.append(self._refill_pool)
 
     async def start(self) -> None:
         if self.settings.allow_network:
@@ -145,6 +148,9 @@ class SandboxService:
             self.preparing.start()
         await self.sessions.start()
         await self.refresh_runners()
+
+    async def _refill_pool(self) -> None:
+        self.sessions.pool.refill()
 
     def languages(self) -> list[str]:
         """What ``run_code`` offers (see :class:`.run.languages.Languages`)."""

@@ -123,6 +123,10 @@ class WarmPool:
         #: Stops of retired sandboxes in flight (shutdown waits for them too).
         self._retiring: set[asyncio.Task[None]] = set()
         self._closed = False
+        #: Why no sandbox should be started now (the first-start build of what sandboxes
+        #: need is under way: a start would only fail, and its warning would tell the
+        #: user to build it by hand), or ``None``. Set by the service; asked by refill.
+        self.held_by: Callable[[], str | None] | None = None
         self._failures = 0
         self._next_start = 0.0
         self._watcher: asyncio.Task[None] | None = None
@@ -185,6 +189,8 @@ class WarmPool:
         """Start what is missing, at most ``_STARTS_AT_ONCE`` at a time; nothing on a
         host where no sandbox can start (the backend said why, once)."""
         if self._closed or time.monotonic() < self._next_start or self.backend.host_problem:
+            return
+        if self.held_by is not None and self.held_by() is not None:
             return
         missing = self.size - len(self._ready) - len(self._starting)
         for _ in range(min(missing, _STARTS_AT_ONCE - len(self._starting))):
