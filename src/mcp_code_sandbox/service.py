@@ -89,17 +89,27 @@ READY_TIMEOUT_S = 5.0
 READY_CACHE_S = 2.0
 
 
-def _after(sink: execute.ProgressSink | None, waited: float) -> execute.ProgressSink | None:
-    """``sink`` counting from ``waited`` seconds on: a run's progress continues the wait's
-    (MCP progress values only increase within a request)."""
-    if sink is None or waited <= 0:
-        return sink
+#: What the tool layer is told of a call's progress: seconds so far, the most seconds the
+#: call may take (both grow: a wait for the first-start build, then the run with its own
+#: timeout), and what is happening.
+ProgressReport = Callable[[float, float, str], Awaitable[None]]
+
+
+def _counted(
+    sink: ProgressReport | None, waited: float, timeout: float
+) -> execute.ProgressSink | None:
+    """``sink`` for one phase of a call (the wait for the build, then the run): its
+    seconds counted from ``waited`` on, out of ``waited + timeout``, so that progress and
+    total only grow within a request (MCP progress values must increase)."""
+    if sink is None:
+        return None
     sink_ = sink
 
-    async def later(elapsed: float, message: str) -> None:
-        await sink_(waited + elapsed, message)
+    async def report(elapsed: float, message: str) -> None:
+        done = waited + elapsed
+        await sink_(done, max(waited + timeout, done), message)
 
-    return later
+    return report
 
 
 class SandboxService:
@@ -233,7 +243,7 @@ class SandboxService:
         owner: str,
         request: RunRequest,
         session_id: str | None = None,
-        on_progress: execute.ProgressSink | None = None,
+        on_progress: ProgressReport | None = None,
     ) -> execute.RunReport:
         """:meth:`_run_code`, and an entry in :attr:`recent_runs` for how it ended."""
         started = time.monotonic()
@@ -254,7 +264,7 @@ class SandboxService:
         owner: str,
         request: RunRequest,
         session_id: str | None,
-        on_progress: execute.ProgressSink | None,
+        report_progress: ProgressReport | None,
     ) -> execute.RunReport:
         """Check ``request``, hold the session (made when new), get its executor from the
         session manager and run; the report is complete as :func:`.run.execute.run`
@@ -263,12 +273,14 @@ class SandboxService:
         timeout = check_request(self.settings, request)
         if self.backend.host_problem is not None:  # no sandbox can start here: say why
             raise BackendUnavailable(self.backend.host_problem)
+        on_progress = _counted(report_progress, 0.0, timeout)
         if self.preparing is not None:
             whole = request.language not in self.languages()
             waiting = time.monotonic()
             with self.metrics.counting_backend_errors():
                 await self.preparing.wait(timeout, on_progress, whole=whole)
-            on_progress = _after(on_progress, time.monotonic() - waiting)
+            waited = time.monotonic() - waiting
+            on_progress = _counted(report_progress, waited, timeout)
         if request.language not in self.languages():
             await self.refresh_runners()  # an image built since the last look
         self.offer.check(request.language)
