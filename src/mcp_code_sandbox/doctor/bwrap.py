@@ -129,6 +129,7 @@ def _cgroup_checks() -> list[Check]:
                     f"rlimits only: {rlimit[controller]} ({why})",
                     "run the server as root, or in a cgroup with delegated controllers "
                     "(systemd: Delegate=yes)",
+                    note=os.geteuid() != 0,  # a user's own server: as expected
                 )
             )
     return out
@@ -151,6 +152,7 @@ def _node_check(settings: Settings) -> Check:
             False,
             f"no Node.js or bun at {settings.runtime_dir / 'node'}",
             "install npm (apt-get install npm), then mcp-code-sandbox setup",
+            note=True,  # Python works without them
         )
     packages = ", ".join(f"{k} {v}" for k, v in sorted(node.packages.items()))
     return Check("javascript/typescript", True, f"Node.js {node.node}, bun {node.bun}; {packages}")
@@ -163,7 +165,7 @@ def _uid_check(settings: Settings) -> Check:
             name, False,
             f"no (server not root): every sandbox runs as the server's uid {os.geteuid()}, "
             "so per-user limits like inotify instances are shared by all sandboxes",
-            "run the server as root",
+            "run the server as root (for several users)", note=True,
         )  # fmt: skip
     detail, why_not = uid_range_detail(settings)
     if why_not is not None:
