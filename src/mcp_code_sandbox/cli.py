@@ -74,6 +74,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=True,
         help="also build Node.js and bun for JavaScript and TypeScript (default: yes)",
     )
+    setup.add_argument(
+        "--apparmor",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="as root, where AppArmor forbids unprivileged user namespaces (Ubuntu >= "
+        "23.10), write a profile that lets bwrap create them (default: yes)",
+    )
     sub.add_parser("doctor", help="check each backend and say what is enforced")
     run = sub.add_parser("exec", help="run code once in a fresh sandbox and print the result")
     run.add_argument("code", nargs="?", help="the code (or use --file)")
@@ -147,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "serve":
             return _serve(settings, args.transport)
         if args.command == "setup":
-            return _setup(settings, force=args.force, node=args.node)
+            return _setup(settings, force=args.force, node=args.node, apparmor=args.apparmor)
         if args.command == "image":
             return _image_build(settings, args)
         if args.command == "doctor":
@@ -197,12 +204,15 @@ def _serve(settings: Settings, transport: str) -> int:
     return 0
 
 
-def _setup(settings: Settings, *, force: bool, node: bool = True) -> int:
+def _setup(settings: Settings, *, force: bool, node: bool = True, apparmor: bool = True) -> int:
+    from mcp_code_sandbox.provision.apparmor import allow_bwrap_userns
     from mcp_code_sandbox.provision.venv import build_runtime
 
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
+    if apparmor:  # not in the server's background build (--no-apparmor): it changes the host
+        allow_bwrap_userns(progress)
     status = build_runtime(settings, force=force, progress=progress, node=node)
     js = status.node
     languages = f", Node.js {js.node}, bun {js.bun}" if js else ", no JavaScript/TypeScript"

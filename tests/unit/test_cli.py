@@ -69,3 +69,8 @@ def test_a_mistyped_variable_is_warned_with_the_closest_name() -> None:
     ]
     assert unknown_variables({"SANDBOX_ZZZ": "1"}) == ["unknown setting SANDBOX_ZZZ is ignored"]
     assert unknown_variables({"SANDBOX_REQUIRE_DOCKER": "1"}) == []  # the test suite's own
+
+
+def test_setup_writes_the_apparmor_profile_unless_told_not_to() -> None:
+    assert build_parser().parse_args(["setup"]).apparmor is True
+    assert build_parser().parse_args(["setup", "--no-apparmor"]).apparmor is False

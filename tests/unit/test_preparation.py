@@ -187,6 +187,8 @@ def test_setup_argv_builds_this_servers_runtime(tmp_path: Path) -> None:
     assert "--runtime-packages ipython,six" in joined and argv[-1] == "--no-node"
     assert setup_argv(fake_settings(tmp_path), node=True)[-1] == "--node"
     assert "--runtime-packages" not in setup_argv(fake_settings(tmp_path), node=True)
+    # The server's own build never changes the host's AppArmor policy: a person does.
+    assert "--no-apparmor" in argv
 
 
 async def test_run_code_waits_for_the_preparation_and_its_progress_goes_on(

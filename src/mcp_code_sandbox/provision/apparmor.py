@@ -48,7 +48,8 @@ def allow_bwrap_userns(
 ) -> Path | None:
     """On a host whose AppArmor forbids unprivileged user namespaces, write and load the
     profile (root), or say the command that does (not root). Returns the profile's path
-    when written. Called by ``setup`` first; the arguments are for tests."""
+    when written. Called first by ``setup`` run by a person (the server's own background
+    build does not change the host); the arguments are for tests."""
     facts = facts or HostFacts.read()
     bwrap = bwrap or shutil.which("bwrap")
     if facts.apparmor_restrict != "1" or bwrap is None:

@@ -53,7 +53,6 @@ from mcp_code_sandbox.backends.bwrap.runtime import (
 )
 from mcp_code_sandbox.errors import BackendUnavailable
 from mcp_code_sandbox.layout import SANDBOX_PYTHON
-from mcp_code_sandbox.provision.apparmor import allow_bwrap_userns
 from mcp_code_sandbox.provision.common import Progress, run_streaming, stderr_progress
 from mcp_code_sandbox.provision.node import (
     NODE_FORMAT,
@@ -317,7 +316,6 @@ def build_runtime(
     runs sooner, and Node.js after it). One build at a time per runtime dir (a lock file
     in it): two servers started at once on a new machine, or ``setup`` beside a first
     ``serve``, take turns; the second then finds the first's result current."""
-    allow_bwrap_userns(progress)
     with _build_lock(settings.runtime_dir, progress):
         base = choose_base_interpreter()
         status = runtime_status(settings)

@@ -110,7 +110,8 @@ def setup_argv(settings: Settings, *, node: bool) -> list[str]:
     argv += ["--state-dir", str(settings.state_dir), "--runtime-dir", str(settings.runtime_dir)]
     if settings.runtime_packages:
         argv += ["--runtime-packages", ",".join(settings.runtime_packages)]
-    return [*argv, "--node" if node else "--no-node"]
+    # The host's AppArmor policy is a person's to change (`sudo mcp-code-sandbox setup`).
+    return [*argv, "--no-apparmor", "--node" if node else "--no-node"]
 
 
 class SetupSteps:
