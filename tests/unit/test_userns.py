@@ -9,24 +9,25 @@ from mcp_code_sandbox.backends.bwrap.userns import HostFacts, userns_fix, userns
 
 
 def test_ubuntu_apparmor_gets_setup_and_the_sysctl() -> None:
-    fix = userns_fix(HostFacts("1", "15000", None), "/usr/bin/bwrap")
+    fix = userns_fix(HostFacts("1", "15000", None))
     assert "`sudo mcp-code-sandbox setup`" in fix
-    assert "AppArmor profile that lets /usr/bin/bwrap create user namespaces" in fix
+    assert "AppArmor profile that lets bwrap create user namespaces" in fix
+    assert "/usr/bin" not in fix  # a client reads it: no host path
     assert "`sudo sysctl kernel.apparmor_restrict_unprivileged_userns=0`" in fix
 
 
 def test_a_kernel_without_user_namespaces_gets_its_sysctl() -> None:
-    fix = userns_fix(HostFacts(None, "0", None), "/usr/bin/bwrap")
+    fix = userns_fix(HostFacts(None, "0", None))
     assert "`sudo sysctl user.max_user_namespaces=15000`" in fix
 
 
 def test_old_debian_gets_its_sysctl() -> None:
-    fix = userns_fix(HostFacts(None, "15000", "0"), "/usr/bin/bwrap")
+    fix = userns_fix(HostFacts(None, "15000", "0"))
     assert "`sudo sysctl kernel.unprivileged_userns_clone=1`" in fix
 
 
 def test_otherwise_a_container_is_suspected_and_docker_offered() -> None:
-    fix = userns_fix(HostFacts(None, "15000", None), "/usr/bin/bwrap")
+    fix = userns_fix(HostFacts(None, "15000", None))
     assert "container" in fix and "SANDBOX_BACKEND=docker" in fix
 
 
@@ -51,5 +52,5 @@ def test_readme_troubleshooting_says_the_servers_words() -> None:
     said = userns_message("x", "y")
     assert said.split(" (bwrap:")[0] in section
     for facts in (HostFacts("1", "1", None), HostFacts(None, "0", None), HostFacts(None, "1", "0")):
-        for command in userns_fix(facts, "bwrap").split("`")[1::2]:
+        for command in userns_fix(facts).split("`")[1::2]:
             assert f"`{command}`" in section, command

@@ -67,14 +67,15 @@ class HostFacts:
         )
 
 
-def userns_fix(facts: HostFacts, bwrap: str) -> str:
-    """The fix for this host, most specific first, as commands a person can paste."""
+def userns_fix(facts: HostFacts) -> str:
+    """The fix for this host, most specific first, as commands a person can paste (no
+    host path: a client reads it too)."""
     if facts.apparmor_restrict == "1":
         return (
-            f"AppArmor forbids it (kernel.apparmor_restrict_unprivileged_userns=1, as on "
-            f"Ubuntu 23.10 and later). Fix: run `sudo mcp-code-sandbox setup` once (it "
-            f"writes an AppArmor profile that lets {bwrap} create user namespaces), or "
-            f"`sudo sysctl kernel.apparmor_restrict_unprivileged_userns=0` for every program"
+            "AppArmor forbids it (kernel.apparmor_restrict_unprivileged_userns=1, as on "
+            "Ubuntu 23.10 and later). Fix: run `sudo mcp-code-sandbox setup` once (it "
+            "writes an AppArmor profile that lets bwrap create user namespaces), or "
+            "`sudo sysctl kernel.apparmor_restrict_unprivileged_userns=0` for every program"
         )
     if facts.max_user_namespaces == "0":
         return (
@@ -147,4 +148,4 @@ def userns_problem(bwrap: str | None = None) -> str | None:
     if "namespace" not in said and "uid map" not in said and "RTM_NEWADDR" not in said:
         return None  # another failure (bwrap's own words say it when a sandbox starts)
     said = said.removeprefix("bwrap: ")
-    return userns_message(said, userns_fix(HostFacts.read(), bwrap))
+    return userns_message(said, userns_fix(HostFacts.read()))
