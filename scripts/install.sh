@@ -5,13 +5,22 @@
 # chromium and chromedriver, the dev extras, and the MCP conformance suite (npm, pinned).
 # Idempotent; every line of output goes to stderr, so this can run in front of a stdio MCP
 # server.
-# Usage: scripts/install.sh [--dev]
+# Usage: scripts/install.sh [--dev] [--no-runtime]
+#   --no-runtime: leave the runtime environment to the server, which builds it in the
+#   background on its first start while it answers its client (scripts/serve.sh).
 set -euo pipefail
 exec 3>&1 1>&2   # keep stdout clean: stdio mode reserves it for the MCP protocol
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 dev=0
-[[ "${1:-}" == "--dev" ]] && dev=1
+runtime=1
+for arg in "$@"; do
+  case "$arg" in
+    --dev) dev=1 ;;
+    --no-runtime) runtime=0 ;;
+    *) echo "install.sh: unknown argument $arg" >&2; exit 2 ;;
+  esac
+done
 
 sudo=""
 if [[ "$(id -u)" -ne 0 ]]; then sudo="sudo"; fi
@@ -41,7 +50,8 @@ if [[ ! -x "$venv/bin/python" ]]; then
   python3 -m venv "$venv"
 fi
 stamp="$venv/.installed-$(sha256sum "$root/pyproject.toml" | cut -c1-16)-$dev"
-if [[ ! -e "$stamp" ]]; then
+dev_stamp="${stamp%-*}-1"   # a dev install holds everything a plain one needs
+if [[ ! -e "$stamp" && ! -e "$dev_stamp" ]]; then
   echo "installing mcp-code-sandbox into $venv"
   "$venv/bin/python" -m pip install -q --upgrade pip
   if ((dev)); then
@@ -66,4 +76,6 @@ if ((dev)); then
   fi
 fi
 
-"$venv/bin/mcp-code-sandbox" setup
+if ((runtime)); then
+  "$venv/bin/mcp-code-sandbox" setup
+fi

@@ -16,21 +16,32 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import structlog
+
 from mcp_code_sandbox import __version__
 from mcp_code_sandbox.errors import SandboxError
-from mcp_code_sandbox.settings import ConfigError, Settings, load_settings
+from mcp_code_sandbox.settings import ConfigError, Settings, load_settings, unknown_variables
 
 __all__ = ["default_command", "main"]
 
 
 def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("settings (also SANDBOX_<NAME> environment variables)")
-    for name, field in Settings.model_fields.items():
-        flag = "--" + name.replace("_", "-")
-        if typing.get_origin(field.annotation) is None and field.annotation is bool:
-            group.add_argument(flag, dest=name, default=None, action=argparse.BooleanOptionalAction)
-        else:
-            group.add_argument(flag, dest=name, default=None, metavar=name.upper())
+    """One flag per setting, in the README's groups, each with its meaning and default."""
+    from mcp_code_sandbox.cli_help import GROUPS, default_text
+
+    for title, entries in GROUPS:
+        group = parser.add_argument_group(f"{title} (also SANDBOX_<NAME> variables)")
+        for name, meaning, default in entries:
+            field = Settings.model_fields[name]
+            flag = "--" + name.replace("_", "-")
+            shown = f"{meaning} (default: {default or default_text(name)})".replace("%", "%%")
+            if typing.get_origin(field.annotation) is None and field.annotation is bool:
+                group.add_argument(
+                    flag, dest=name, default=None, action=argparse.BooleanOptionalAction,
+                    help=shown,
+                )  # fmt: skip
+            else:
+                group.add_argument(flag, dest=name, default=None, metavar=name.upper(), help=shown)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,18 +52,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=__version__)
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser(
-        "serve", help="serve MCP over stdio (default) or HTTP; the command when none is given"
-    )
-    serve.add_argument("--transport", choices=("stdio", "http"), default="stdio")
-    serve.add_argument(
-        "--host",
-        dest="http_host_flag",
-        default=None,
-        help="HTTP address to bind (default 127.0.0.1)",
+        "serve",
+        help="serve MCP over stdio (default) or HTTP; the command when none is given",
+        usage="mcp-code-sandbox serve [--transport {stdio,http}] [--SETTING VALUE ...]",
     )
     serve.add_argument(
-        "--port", dest="http_port_flag", default=None, type=int, help="HTTP port (default 8080)"
+        "--transport",
+        choices=("stdio", "http"),
+        default="stdio",
+        help="stdio (what a client starts) or http (default: stdio)",
     )
+    # The spellings of --http-host/--http-port before 0.x, kept working (scripts and
+    # service files pass them), not shown: one flag per setting.
+    serve.add_argument("--host", dest="http_host", default=None, help=argparse.SUPPRESS)
+    serve.add_argument("--port", dest="http_port", default=None, help=argparse.SUPPRESS)
     setup = sub.add_parser("setup", help="build the sandbox runtime environment (bwrap)")
     setup.add_argument("--force", action="store_true", help="rebuild even if up to date")
     setup.add_argument(
@@ -60,6 +73,13 @@ def build_parser() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="also build Node.js and bun for JavaScript and TypeScript (default: yes)",
+    )
+    setup.add_argument(
+        "--apparmor",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="as root, where AppArmor forbids unprivileged user namespaces (Ubuntu >= "
+        "23.10), write a profile that lets bwrap create them (default: yes)",
     )
     sub.add_parser("doctor", help="check each backend and say what is enforced")
     run = sub.add_parser("exec", help="run code once in a fresh sandbox and print the result")
@@ -111,10 +131,6 @@ def _settings(args: argparse.Namespace) -> Settings:
     overrides: dict[str, Any] = {
         name: getattr(args, name) for name in Settings.model_fields if hasattr(args, name)
     }
-    if getattr(args, "http_host_flag", None) is not None:
-        overrides["http_host"] = args.http_host_flag
-    if getattr(args, "http_port_flag", None) is not None:
-        overrides["http_port"] = args.http_port_flag
     return load_settings(overrides)
 
 
@@ -132,11 +148,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         # A person trying code by hand wants its output, not the server's INFO lines.
         settings = settings.model_copy(update={"log_level": "WARNING"})
     configure_logging(settings)
+    for line in unknown_variables():
+        structlog.get_logger("mcp_code_sandbox.cli").warning(line)
     try:
         if args.command == "serve":
             return _serve(settings, args.transport)
         if args.command == "setup":
-            return _setup(settings, force=args.force, node=args.node)
+            return _setup(settings, force=args.force, node=args.node, apparmor=args.apparmor)
         if args.command == "image":
             return _image_build(settings, args)
         if args.command == "doctor":
@@ -156,16 +174,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _serve(settings: Settings, transport: str) -> int:
-    from mcp_code_sandbox.backends import create_backend
+    from mcp_code_sandbox.backends import choose_backend
     from mcp_code_sandbox.server.auth import build_auth
     from mcp_code_sandbox.server.first_run import runtime_preparation
-    from mcp_code_sandbox.server.transports import check_http_exposure, serve_http, serve_stdio
+    from mcp_code_sandbox.server.transports import (
+        bind_http,
+        check_http_exposure,
+        serve_http,
+        serve_stdio,
+    )
     from mcp_code_sandbox.service import SandboxService
     from mcp_code_sandbox.sessions.holder import Role, refusal, service_pid
 
-    if transport == "http":  # refuse an open bind or bad tokens before any sandbox work
-        check_http_exposure(settings)
-        build_auth(settings)
     if settings.keep_sessions_on_shutdown is None:  # HTTP keeps sessions; stdio does not
         settings = settings.model_copy(update={"keep_sessions_on_shutdown": transport == "http"})
     # The state directory's one service (HTTP, or a server told to keep its sessions)
@@ -174,7 +194,14 @@ def _serve(settings: Settings, transport: str) -> int:
     role = Role.SERVICE if service_role else Role.PRIVATE
     if role is Role.SERVICE and (pid := service_pid(settings.run_dir)) is not None:
         raise ConfigError([refusal(settings.state_dir, pid)])  # before any port or sandbox
-    backend = create_backend(settings)
+    sock = None
+    if transport == "http":  # refuse an open bind, bad tokens or a busy port first
+        check_http_exposure(settings)
+        build_auth(settings)
+        sock = bind_http(settings)
+    backend, why = choose_backend(settings)
+    where = "stdio" if sock is None else f"http://{settings.http_host}:{settings.http_port}/mcp"
+    structlog.get_logger("mcp_code_sandbox.cli").info(f"serving MCP on {where}; backend {why}")
     # No runtime env yet (a first `uvx mcp-code-sandbox`): serve at once, build it beside.
     service = SandboxService(
         settings,
@@ -183,19 +210,22 @@ def _serve(settings: Settings, transport: str) -> int:
         role=role,
         janitor=role is Role.PRIVATE,
     )
-    if transport == "stdio":
+    if sock is None:
         asyncio.run(serve_stdio(service))
     else:
-        asyncio.run(serve_http(service))
+        asyncio.run(serve_http(service, sock))
     return 0
 
 
-def _setup(settings: Settings, *, force: bool, node: bool = True) -> int:
+def _setup(settings: Settings, *, force: bool, node: bool = True, apparmor: bool = True) -> int:
+    from mcp_code_sandbox.provision.apparmor import allow_bwrap_userns
     from mcp_code_sandbox.provision.venv import build_runtime
 
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
+    if apparmor:  # not in the server's background build (--no-apparmor): it changes the host
+        allow_bwrap_userns(progress)
     status = build_runtime(settings, force=force, progress=progress, node=node)
     js = status.node
     languages = f", Node.js {js.node}, bun {js.bun}" if js else ", no JavaScript/TypeScript"

@@ -20,6 +20,7 @@ from mcp_code_sandbox.backends.base import Backend, Enforcement, Sandbox
 from mcp_code_sandbox.backends.preparation import Preparation
 from mcp_code_sandbox.backends.runner_images import RunnerImages
 from mcp_code_sandbox.errors import (
+    BackendUnavailable,
     InvalidArgument,
     InvalidFilename,
     NetworkNotAllowed,
@@ -93,17 +94,27 @@ READY_TIMEOUT_S = 5.0
 READY_CACHE_S = 2.0
 
 
-def _after(sink: execute.ProgressSink | None, waited: float) -> execute.ProgressSink | None:
-    """``sink`` counting from ``waited`` seconds on: a run's progress continues the wait's
-    (MCP progress values only increase within a request)."""
-    if sink is None or waited <= 0:
-        return sink
+#: What the tool layer is told of a call's progress: seconds so far, the most seconds the
+#: call may take (both grow: a wait for the first-start build, then the run with its own
+#: timeout), and what is happening.
+ProgressReport = Callable[[float, float, str], Awaitable[None]]
+
+
+def _counted(
+    sink: ProgressReport | None, waited: float, timeout: float
+) -> execute.ProgressSink | None:
+    """``sink`` for one phase of a call (the wait for the build, then the run): its
+    seconds counted from ``waited`` on, out of ``waited + timeout``, so that progress and
+    total only grow within a request (MCP progress values must increase)."""
+    if sink is None:
+        return None
     sink_ = sink
 
-    async def later(elapsed: float, message: str) -> None:
-        await sink_(waited + elapsed, message)
+    async def report(elapsed: float, message: str) -> None:
+        done = waited + elapsed
+        await sink_(done, max(waited + timeout, done), message)
 
-    return later
+    return report
 
 
 def _host_dirs(settings: Settings) -> dict[str, str]:
@@ -166,6 +177,9 @@ class SandboxService:
         self._host_dirs = _host_dirs(settings)
         if preparing is not None:  # built further: what the sandboxes offer changed
             preparing.listeners.append(self.refresh_runners)
+            # No warm sandbox before they can start (each start would fail, and say so).
+            self.sessions.pool.held_by = lambda: None if preparing.usable else preparing.step
+            preparing.listeners.append(self._refill_pool)
 
     async def start(self) -> None:
         if self.settings.allow_network:
@@ -175,6 +189,9 @@ class SandboxService:
             self.preparing.start()
         await self.sessions.start()
         await self.refresh_runners()
+
+    async def _refill_pool(self) -> None:
+        self.sessions.pool.refill()
 
     def languages(self) -> list[str]:
         """What ``run_code`` offers (see :class:`.run.languages.Languages`)."""
@@ -268,7 +285,7 @@ class SandboxService:
         owner: str,
         request: RunRequest,
         session_id: str | None = None,
-        on_progress: execute.ProgressSink | None = None,
+        on_progress: ProgressReport | None = None,
     ) -> execute.RunReport:
         """:meth:`_run_code`, and an entry in :attr:`recent_runs` for how it ended."""
         started = time.monotonic()
@@ -289,19 +306,23 @@ class SandboxService:
         owner: str,
         request: RunRequest,
         session_id: str | None,
-        on_progress: execute.ProgressSink | None,
+        report_progress: ProgressReport | None,
     ) -> execute.RunReport:
         """Check ``request``, hold the session (made when new), get its executor from the
         session manager and run; the report is complete as :func:`.run.execute.run`
         builds it. While the backend is still being prepared, the call waits for it up
         to its timeout (a language not offered yet: for the whole preparation)."""
         timeout = check_request(self.settings, request)
+        if self.backend.host_problem is not None:  # no sandbox can start here: say why
+            raise BackendUnavailable(self.backend.host_problem)
+        on_progress = _counted(report_progress, 0.0, timeout)
         if self.preparing is not None:
             whole = request.language not in self.languages()
             waiting = time.monotonic()
             with self.metrics.counting_backend_errors():
                 await self.preparing.wait(timeout, on_progress, whole=whole)
-            on_progress = _after(on_progress, time.monotonic() - waiting)
+            waited = time.monotonic() - waiting
+            on_progress = _counted(report_progress, waited, timeout)
         if request.language not in self.languages():
             await self.refresh_runners()  # an image built since the last look
         self.offer.check(request.language)

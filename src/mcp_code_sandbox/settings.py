@@ -8,6 +8,7 @@ is Docker's own setting). Invalid values stop the server with one line per probl
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import os
 import re
@@ -32,6 +33,7 @@ __all__ = [
     "docker_environ",
     "load_settings",
     "parse_size",
+    "unknown_variables",
 ]
 
 #: A Host header value: a name or IPv4 address, or a bracketed IPv6 one; a port or ``*``.
@@ -483,6 +485,30 @@ def load_settings(
         return Settings(**{**from_env, **given})
     except ValidationError as exc:
         raise ConfigError([_describe(err) for err in exc.errors()]) from None
+
+
+#: ``SANDBOX_*`` names that are no setting but not a mistake either: the test suite's
+#: own switches, which CI exports for the whole run (servers under test inherit them).
+_NOT_SETTINGS = frozenset({"SANDBOX_REQUIRE_DOCKER", "SANDBOX_TEST_RUNTIME_PYTHON"})
+
+
+def unknown_variables(environ: Mapping[str, str] | None = None) -> list[str]:
+    """One warning per ``SANDBOX_*`` variable of ``environ`` (default: the process env)
+    that names no setting (a typo is otherwise silently ignored), with the closest
+    setting's name when there is one. Logged by the CLI at start."""
+    env = os.environ if environ is None else environ
+    known = {f"SANDBOX_{name.upper()}" for name in Settings.model_fields}
+    lines = []
+    for name in sorted(env):
+        upper = name.upper()
+        if not upper.startswith("SANDBOX_") or upper in known or upper in _NOT_SETTINGS:
+            continue
+        shown = name[:80]
+        # Compared without the prefix, which every name shares.
+        close = difflib.get_close_matches(upper[8:], [k[8:] for k in known], n=1, cutoff=0.7)
+        hint = f"; did you mean SANDBOX_{close[0]}?" if close else ""
+        lines.append(f"unknown setting {shown} is ignored{hint}")
+    return lines
 
 
 #: Never repeated in an error message.

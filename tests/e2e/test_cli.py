@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -128,6 +129,36 @@ def test_bad_tokens_stop_the_server_with_one_line_each(
         "characters; make one with `openssl rand -hex 32`",
         "invalid configuration: SANDBOX_API_TOKENS entry 3: token name 'ok' is given twice",
     ]
+
+
+def test_a_port_in_use_is_one_clear_line_and_a_failed_exit(
+    make_settings: Callable[..., Settings],
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = cli(make_settings(), "serve", "--transport", "http", "--http-port", str(port))
+    assert proc.returncode != 0
+    assert proc.stderr.splitlines() == [
+        f"error: cannot listen on 127.0.0.1:{port}: the port is in use (another server?); "
+        "stop it or choose another port with --http-port or SANDBOX_HTTP_PORT"
+    ]
+
+
+def test_the_start_line_names_the_backend_and_why_and_warns_of_typos(
+    make_settings: Callable[..., Settings],
+) -> None:
+    settings = make_settings()
+    with http_server(settings, SANDBOX_MEMORY_LIMT="1g") as base:
+        assert httpx.get(f"{base}/healthz").status_code == 200
+    log = (settings.state_dir / "server.log").read_text()
+    assert (
+        "unknown setting SANDBOX_MEMORY_LIMT is ignored; did you mean SANDBOX_MEMORY_LIMIT?" in log
+    )
+    started = [line for line in log.splitlines() if "serving MCP on http://" in line]
+    assert len(started) == 1, log[-3000:]
+    assert "backend bwrap, because SANDBOX_BACKEND=bwrap" in started[0]
 
 
 def test_healthz_and_host_checks(make_settings: Callable[..., Settings]) -> None:

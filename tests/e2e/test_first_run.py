@@ -71,3 +71,43 @@ async def test_a_failed_build_is_said_once_and_the_next_call_builds_again(
     log = (tmp_path / "server.log").read_text(errors="replace")
     assert log.count("building the sandbox runtime failed") == 2, log[-3000:]
     assert not (tmp_path / "runtime" / "venv").exists()
+
+
+@pytest.mark.bwrap
+async def test_serve_script_answers_at_once_and_builds_in_the_background(
+    make_settings: Callable[..., Settings], tmp_path: Path
+) -> None:
+    # scripts/serve.sh is a client's command line: it must answer `initialize` before the
+    # runtime exists, never after a build (which a client's start-up timeout would not
+    # wait for). A build that fails shows it: the script itself must still serve, and
+    # the call is told why.
+    params = first_run(make_settings(), tmp_path, SANDBOX_RUNTIME_PACKAGES="no-such-pkg-zq7x")
+    script = Path(__file__).resolve().parents[2] / "scripts" / "serve.sh"
+    params = params.model_copy(update={"command": str(script), "args": []})
+    async with Client(params, mode="legacy") as client:
+        result = await client.call_tool("run_code", {"code": "1", "timeout_s": 300})
+        assert result.is_error
+        text = result.content[0].text  # type: ignore[union-attr]
+        assert text.startswith("backend_unavailable: building the sandbox runtime failed, so")
+        assert "No matching distribution found for no-such-pkg-zq7x" in text
+
+
+@pytest.mark.bwrap
+async def test_while_the_runtime_builds_nothing_tells_the_user_to_run_setup(
+    make_settings: Callable[..., Settings], tmp_path: Path
+) -> None:
+    # The warm pool waits for the build instead of failing (and logging "run `setup`")
+    # every few seconds; then it fills, and the first call runs.
+    params = first_run(
+        make_settings(), tmp_path, SANDBOX_RUNTIME_PACKAGES="six", SANDBOX_PRELOAD="",
+        SANDBOX_POOL_SIZE="1",
+    )  # fmt: skip
+    async with Client(params, mode="legacy") as client:
+        result = await client.call_tool("run_code", {"code": "6*7", "timeout_s": 300})
+        assert not result.is_error, result.content
+        assert result.structured_content is not None
+        assert result.structured_content["result"] == "42"
+    log = (tmp_path / "server.log").read_text(errors="replace")
+    assert "building the sandbox runtime: installing six (1/1)" in log
+    assert "run `mcp-code-sandbox setup`" not in log, log[-3000:]
+    assert "pooled sandbox did not start" not in log, log[-3000:]

@@ -58,17 +58,22 @@ async def test_tools_schemas_and_annotations(inproc: Client) -> None:
 
 
 async def test_progress_is_reported_during_a_run(inproc: Client) -> None:
-    seen: list[tuple[float, str | None]] = []
+    seen: list[tuple[float, float | None, str | None]] = []
 
     async def on_progress(progress: float, total: float | None, message: str | None) -> None:
-        seen.append((progress, message))
+        seen.append((progress, total, message))
 
     code = "import time\nfor i in range(6):\n    print('step', i, flush=True)\n    time.sleep(1)"
-    result = await inproc.call_tool("run_code", {"code": code}, progress_callback=on_progress)
+    arguments = {"code": code, "timeout_s": 120}
+    result = await inproc.call_tool("run_code", arguments, progress_callback=on_progress)
     assert not result.is_error
     assert len(seen) >= 2
-    assert [p for p, _ in seen] == sorted(p for p, _ in seen)
-    assert any(m and "step" in m for _, m in seen)
+    progress = [p for p, _, _ in seen]
+    assert progress == sorted(set(progress))  # strictly increasing, as MCP requires
+    # Out of the most the call may take: its timeout, so a client can draw a bar.
+    assert all(total is not None and p <= total for p, total, _ in seen)
+    assert seen[0][1] == 120
+    assert any(m and "step" in m for _, _, m in seen)
 
 
 async def test_cancellation_interrupts_the_run(inproc: Client) -> None:

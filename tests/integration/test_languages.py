@@ -131,7 +131,7 @@ async def test_output_streams_and_is_cut_like_pythons(
 
         progress: list[str] = []
 
-        async def on_progress(elapsed: float, message: str) -> None:
+        async def on_progress(elapsed: float, total: float, message: str) -> None:
             progress.append(message)
 
         slow = await svc.run_code("local", RunRequest(SLOW[language], language), "s", on_progress)

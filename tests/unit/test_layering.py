@@ -13,7 +13,7 @@ Layers, lowest first; a module imports only its own layer or lower (issue 11)::
     run/
     service
     server/  doctor/  provision/             (provision/ is build time only)
-    cli  __main__
+    cli  cli_help  __main__
 
 On top of the order: only ``server/`` imports the MCP SDK, only ``settings`` reads the
 process environment, nothing imports a private (``_name``) of another module, and the
@@ -49,7 +49,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"run"}),
     frozenset({"service"}),
     frozenset({"server", "doctor", "provision"}),
-    frozenset({"cli", "__main__"}),
+    frozenset({"cli", "cli_help", "__main__"}),
 )
 #: The request path: it never imports build-time code.
 REQUEST_PATH = frozenset({"backends", "sessions", "run", "service", "server"})

@@ -187,6 +187,8 @@ def test_setup_argv_builds_this_servers_runtime(tmp_path: Path) -> None:
     assert "--runtime-packages ipython,six" in joined and argv[-1] == "--no-node"
     assert setup_argv(fake_settings(tmp_path), node=True)[-1] == "--node"
     assert "--runtime-packages" not in setup_argv(fake_settings(tmp_path), node=True)
+    # The server's own build never changes the host's AppArmor policy: a person does.
+    assert "--no-apparmor" in argv
 
 
 async def test_run_code_waits_for_the_preparation_and_its_progress_goes_on(
@@ -199,9 +201,11 @@ async def test_run_code_waits_for_the_preparation_and_its_progress_goes_on(
     refreshed: list[bool] = []
     prep.listeners.append(lambda: _note(refreshed))
     told: list[tuple[float, str]] = []
+    totals: list[float] = []
 
-    async def sink(elapsed: float, message: str) -> None:
+    async def sink(elapsed: float, total: float, message: str) -> None:
         told.append((elapsed, message))
+        totals.append(total)
 
     await service.start()
     try:
@@ -216,6 +220,10 @@ async def test_run_code_waits_for_the_preparation_and_its_progress_goes_on(
         assert told[0][1] == "building the sandbox runtime: installing pandas (1/2)"
         # The run's progress continues the wait's: values only increase.
         assert [e for e, _ in told] == sorted(e for e, _ in told) and len(told) >= 3
+        # Out of the most the call may take: the wait's timeout, then the wait plus the
+        # run's; never below the progress.
+        assert totals == sorted(totals) and totals[-1] > totals[0]
+        assert all(e <= t for (e, _), t in zip(told, totals, strict=True))
         assert refreshed  # usable: the service was told (its languages refreshed)
     finally:
         await service.aclose()

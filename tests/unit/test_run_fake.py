@@ -71,7 +71,10 @@ async def test_a_timeout_interrupts_and_keeps_the_interpreter(state_dir: Path) -
     async with fake_service(state_dir) as svc:
         await run(svc, "import time\nkept = 'yes'")
         report = await run(svc, "print('before', flush=True)\ntime.sleep(60)", timeout_s=0.5)
-        assert (report.status, report.stdout, report.state_lost) == ("timeout", "before\n", False)
+        assert (report.status, report.state_lost) == ("timeout", False)
+        # What it printed is kept; on a busy machine the deadline may come before the
+        # print (the output kept at a timeout is tested without a clock in test_agent.py).
+        assert "before\n".startswith(report.stdout)
         assert (
             report.notice
             == "timed out after 0.5 s; the interpreter was interrupted, variables kept"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,6 +22,10 @@ __all__ = ["make_ipython_shell"]
 
 #: Names the shell binds in the user namespace that are never the user's variables.
 _OWN_NAMES = frozenset({"In", "Out", "get_ipython", "exit", "quit", "display"})
+#: How IPython (colors "nocolor") starts a traceback entry for a frame of the agent's own
+#: code: user code calls into it (a patched ``savefig``, a flush of ``sys.stdout``), and
+#: such frames say nothing to the user and name this package's path.
+_AGENT_ENTRY = "File " + os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 def make_ipython_shell(emit: Emit, gate: InterruptGate) -> Any:
@@ -92,7 +97,8 @@ def make_ipython_shell(emit: Emit, gate: InterruptGate) -> Any:
             self._completer = value
 
         def _showtraceback(self, etype: Any, evalue: Any, stb: list[str]) -> None:
-            self.last_traceback = (evalue, "\n".join(stb))
+            kept = [entry for entry in stb if not entry.startswith(_AGENT_ENTRY)]
+            self.last_traceback = (evalue, "\n".join(kept))
 
         @contextlib.contextmanager
         def _tee(self, channel: str) -> Iterator[None]:

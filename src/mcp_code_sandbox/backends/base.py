@@ -270,6 +270,12 @@ class Backend(abc.ABC):
     #: view of the directory). Fixed at construction; read once at start by
     #: :func:`mcp_code_sandbox.sessions.quota.choose`.
     workspace_mounts_unseen: str | None = None
+    #: Why no sandbox can start on this host at all, whatever is retried (bwrap: the
+    #: kernel refuses user namespaces), with the fix; ``None`` when none was found. Set
+    #: by the backend once it knows (at start, or at its first ``create``, which then
+    #: raises ``BackendUnavailable`` with it); read by the warm pool, which then stops
+    #: starting sandboxes instead of failing every few seconds.
+    host_problem: str | None = None
 
     @abc.abstractmethod
     async def create(self, spec: SandboxSpec, *, mounted: Awaitable[None] | None = None) -> Sandbox:

@@ -16,6 +16,7 @@ from mcp_code_sandbox.backends.bwrap import cgroups
 from mcp_code_sandbox.backends.bwrap.argv import drop_uid_argv, minimal_argv
 from mcp_code_sandbox.backends.bwrap.backend import BwrapBackend
 from mcp_code_sandbox.backends.bwrap.runtime import runtime_status
+from mcp_code_sandbox.backends.bwrap.userns import userns_problem
 from mcp_code_sandbox.backends.seccomp import build_seccomp_bpf
 from mcp_code_sandbox.doctor.checks import (
     Check,
@@ -67,6 +68,10 @@ def _bwrap_checks(bwrap: str, uid: int | None) -> list[Check]:
     except (OSError, subprocess.SubprocessError) as exc:
         version = f"unknown ({exc})"
     checks = [Check("bwrap", True, f"{bwrap}: {version}")]
+    problem = userns_problem(bwrap)
+    if problem is not None:  # the server's own words, which hold this host's fix
+        checks.append(Check("user namespaces", False, problem))
+        return checks
     userns = _try(bwrap, uid, "user namespaces", ["--unshare-user"], _USERNS_FIX)
     checks.append(userns)
     if not userns.ok:
@@ -124,6 +129,7 @@ def _cgroup_checks() -> list[Check]:
                     f"rlimits only: {rlimit[controller]} ({why})",
                     "run the server as root, or in a cgroup with delegated controllers "
                     "(systemd: Delegate=yes)",
+                    note=os.geteuid() != 0,  # a user's own server: as expected
                 )
             )
     return out
@@ -146,6 +152,7 @@ def _node_check(settings: Settings) -> Check:
             False,
             f"no Node.js or bun at {settings.runtime_dir / 'node'}",
             "install npm (apt-get install npm), then mcp-code-sandbox setup",
+            note=True,  # Python works without them
         )
     packages = ", ".join(f"{k} {v}" for k, v in sorted(node.packages.items()))
     return Check("javascript/typescript", True, f"Node.js {node.node}, bun {node.bun}; {packages}")
@@ -158,7 +165,7 @@ def _uid_check(settings: Settings) -> Check:
             name, False,
             f"no (server not root): every sandbox runs as the server's uid {os.geteuid()}, "
             "so per-user limits like inotify instances are shared by all sandboxes",
-            "run the server as root",
+            "run the server as root (for several users)", note=True,
         )  # fmt: skip
     detail, why_not = uid_range_detail(settings)
     if why_not is not None:

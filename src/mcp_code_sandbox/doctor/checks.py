@@ -23,6 +23,7 @@ __all__ = [
     "pause_check",
     "pausing_check",
     "pool_check",
+    "size_text",
     "uid_range_detail",
     "workspace_quota_check",
 ]
@@ -34,6 +35,20 @@ class Check(NamedTuple):
     detail: str
     #: What to run or change when not ``ok``; ``None`` when there is nothing to do.
     fix: str | None = None
+    #: Not ``ok``, but what a normal install of this kind has (a single user's server not
+    #: run as root: rlimits instead of cgroups, one uid for all sandboxes; no npm): said
+    #: as a ``note``, never a ``FAIL``.
+    note: bool = False
+
+
+def size_text(size: int) -> str:
+    """``size`` bytes as a person reads it: ``10 GiB``, ``512 MiB``, ``1.5 KiB``."""
+    value = float(size)
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if value < 1024:
+            return f"{value:g} {unit}" if unit != "bytes" else f"{size} bytes"
+        value /= 1024
+    return f"{value:.3g} TiB"
 
 
 def network_check(settings: Settings, why_not: str | None, how: str) -> Check:
@@ -144,6 +159,6 @@ def pausing_check(settings: Settings) -> Check:
         True,
         f"{head}; they expire after {settings.session_ttl_m:g} min idle or "
         f"{settings.session_max_lifetime_h:g} h in all; paused state is kept within "
-        f"{settings.paused_disk_bytes} bytes (the longest idle expire first); {room}; "
+        f"{size_text(settings.paused_disk_bytes)} (the longest idle expire first); {room}; "
         f"{len(paused)} paused sessions on this state dir now",
     )

@@ -7,12 +7,14 @@ cgroups for every container, whatever the host's cgroup version.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import Any
 
 import docker
 
 from mcp_code_sandbox import host
+from mcp_code_sandbox.backends.base import Limits
 from mcp_code_sandbox.backends.docker.backend import DockerBackend, no_checkpoints
 from mcp_code_sandbox.backends.docker.engine import foreign, probe_engine
 from mcp_code_sandbox.backends.docker.labels import RUNNER_FILTER, is_runner
@@ -25,7 +27,10 @@ from mcp_code_sandbox.doctor.checks import (
     uid_range_detail,
     workspace_quota_check,
 )
+from mcp_code_sandbox.errors import SandboxError
 from mcp_code_sandbox.run.languages import RUNTIMES
+from mcp_code_sandbox.run.probe import RuntimeProbe
+from mcp_code_sandbox.sessions.uids import uid_pool
 from mcp_code_sandbox.settings import Settings, docker_environ
 
 __all__ = ["ESSENTIAL", "check_docker", "seccomp_check", "uid_check"]
@@ -77,7 +82,10 @@ def _engine_checks(client: Any, settings: Settings, where: str) -> list[Check]:
             "does) with runtimeArgs --network=none --host-uds=open",
         ))  # fmt: skip
     checks.append(seccomp_check(wanted, info.get("SecurityOptions") or []))
-    checks.append(_image_check(client, settings.image))
+    image = _image_check(client, settings.image)
+    if image.ok:  # what the image serves, asked of a sandbox of it (not only its label)
+        image = Check(image.name, True, f"{settings.image} ({_served(settings, image.detail)})")
+    checks.append(image)
     checks.append(_runners_check(client, settings.image))
     checks.append(Check(
         "docker limits", True,
@@ -174,6 +182,39 @@ def _image_check(client: Any, image: str) -> Check:
         return Check("docker image", False, f"{image} lacks the label sandbox.runner=true",
                      "rebuild it: mcp-code-sandbox image build")  # fmt: skip
     return Check("docker image", True, f"{image} (languages: {languages})")
+
+
+def _served(settings: Settings, label_detail: str) -> str:
+    """ "languages: python 3.11.2, javascript 24.1.0, ...", as the server's own probe
+    sandbox finds them (the image's label names only its first language); the label's
+    words when no sandbox could be started."""
+    backend = DockerBackend(settings, docker_environ())
+    uids = uid_pool(settings) if backend.per_sandbox_uids else None
+    probe = RuntimeProbe(settings, backend, lambda: _limits(settings), RUNTIMES, uids)
+
+    async def ask() -> dict[str, str] | None:
+        try:
+            return await probe.get()
+        finally:
+            await backend.aclose()
+
+    try:
+        found = asyncio.run(ask())
+    except SandboxError:
+        found = None
+    if not found:
+        return label_detail.split("(", 1)[-1].rstrip(")")
+    return "languages: " + ", ".join(f"{name} {version}" for name, version in found.items())
+
+
+def _limits(settings: Settings) -> Limits:
+    return Limits(
+        memory_bytes=settings.memory_limit,
+        cpu=settings.cpu_limit,
+        pids=settings.pids_limit,
+        tmp_bytes=settings.tmp_size,
+        file_bytes=settings.workspace_quota_bytes,
+    )
 
 
 def _runners_check(client: Any, image: str) -> Check:

@@ -25,18 +25,21 @@ __all__ = ["run_doctor"]
 
 def run_doctor(settings: Settings, out: TextIO = sys.stdout) -> int:
     """Print every check of each backend; exit status 1 when no backend can start a
-    sandbox (or the one chosen by SANDBOX_BACKEND cannot), else 0."""
-    usable: dict[str, bool] = {}
-    for backend, checks, essential in (
-        ("bwrap", check_bwrap(settings), bwrap.ESSENTIAL),
-        ("docker", check_docker(settings), docker.ESSENTIAL),
-    ):
-        print(f"{backend} backend:", file=out)
-        _print(checks, out)
-        usable[backend] = not [c for c in checks if not c.ok and c.name in essential]
+    sandbox (or the one chosen by SANDBOX_BACKEND cannot), else 0. What fails for the
+    backend not in use is said as a note: it does not stop this server."""
+    checked = {"bwrap": check_bwrap(settings), "docker": check_docker(settings)}
+    essentials = {"bwrap": bwrap.ESSENTIAL, "docker": docker.ESSENTIAL}
+    usable = {
+        backend: not [c for c in checks if not c.ok and c.name in essentials[backend]]
+        for backend, checks in checked.items()
+    }
     chosen = settings.backend
     if chosen == "auto":
         chosen = "docker" if usable["docker"] else "bwrap"
+    for backend, checks in checked.items():
+        in_use = backend == chosen
+        print(f"{backend} backend{'' if in_use else ' (not in use)'}:", file=out)
+        _print(checks if in_use else [c._replace(note=True) for c in checks], out)
     state = "ready" if usable[chosen] else "NOT usable"
     print("sessions:", file=out)
     containers = _docker_leftovers(settings) if usable["docker"] else []
@@ -55,10 +58,10 @@ def run_doctor(settings: Settings, out: TextIO = sys.stdout) -> int:
 
 def _print(checks: list[Check], out: TextIO) -> None:
     for check in checks:
-        mark = "ok  " if check.ok else "FAIL"
+        mark = "ok  " if check.ok else "note" if check.note else "FAIL"
         print(f"  {mark} {check.name}: {check.detail}", file=out)
         if not check.ok and check.fix:
-            print(f"       fix: {check.fix}", file=out)
+            print(f"       {'if wanted' if check.note else 'fix'}: {check.fix}", file=out)
 
 
 def _docker_leftovers(settings: Settings) -> list[Leftover]:

@@ -30,7 +30,7 @@ from collections.abc import Callable
 import structlog
 
 from mcp_code_sandbox.backends.base import Backend
-from mcp_code_sandbox.backends.bwrap.backend import bwrap_missing
+from mcp_code_sandbox.backends.bwrap.backend import BwrapBackend, bwrap_missing
 from mcp_code_sandbox.backends.bwrap.runtime import runtime_packages, runtime_status
 from mcp_code_sandbox.backends.preparation import Preparation, Step
 from mcp_code_sandbox.errors import BackendUnavailable
@@ -77,11 +77,14 @@ _STEPS = (
 def runtime_preparation(settings: Settings, backend: Backend) -> Preparation | None:
     """The background build for ``backend``, or ``None`` when there is nothing to build
     (another backend than bwrap, or a runtime env that is there and current). Called by
-    the CLI's ``serve`` before the server starts; says a missing ``bwrap`` once, here."""
-    if backend.name != "bwrap":
+    the CLI's ``serve`` before the server starts; says a missing ``bwrap``, or a host
+    where it cannot make user namespaces, once, here."""
+    if not isinstance(backend, BwrapBackend):
         return None
     if (why := bwrap_missing()) is not None:
         log.warning(why)
+    elif (problem := backend.find_host_problem()) is not None:
+        log.error(problem)
     if runtime_status(settings).ok:
         return None
 
@@ -95,7 +98,10 @@ def runtime_preparation(settings: Settings, backend: Backend) -> Preparation | N
         usable()
         await _run_setup(setup_argv(settings, node=True), steps)
 
-    return Preparation(WHAT, job, blocked=bwrap_missing)
+    def blocked() -> str | None:
+        return bwrap_missing() or backend.host_problem
+
+    return Preparation(WHAT, job, blocked=blocked)
 
 
 def setup_argv(settings: Settings, *, node: bool) -> list[str]:
@@ -105,7 +111,8 @@ def setup_argv(settings: Settings, *, node: bool) -> list[str]:
     argv += ["--state-dir", str(settings.state_dir), "--runtime-dir", str(settings.runtime_dir)]
     if settings.runtime_packages:
         argv += ["--runtime-packages", ",".join(settings.runtime_packages)]
-    return [*argv, "--node" if node else "--no-node"]
+    # The host's AppArmor policy is a person's to change (`sudo mcp-code-sandbox setup`).
+    return [*argv, "--no-apparmor", "--node" if node else "--no-node"]
 
 
 class SetupSteps:

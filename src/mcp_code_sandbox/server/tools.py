@@ -364,12 +364,23 @@ def _listing_page(
     return fit_count(page, len(entries), budget)
 
 
-def _progress_sink(ctx: Context[Any, Any]) -> Callable[[float, str], Awaitable[None]] | None:
+#: The least a progress value grows by, when two reports come within a clock tick.
+_PROGRESS_STEP = 0.001
+
+
+def _progress_sink(
+    ctx: Context[Any, Any],
+) -> Callable[[float, float, str], Awaitable[None]] | None:
+    """Progress notifications for a request that asked for them: seconds so far out of
+    the most the call may take, each value above the last (MCP requires it)."""
     meta = ctx.request_context.meta or {}
     if meta.get("progress_token") is None:
         return None
+    last = -1.0
 
-    async def report(elapsed: float, message: str) -> None:
-        await ctx.report_progress(elapsed, None, clean_text(message))
+    async def report(done: float, total: float, message: str) -> None:
+        nonlocal last
+        last = max(done, last + _PROGRESS_STEP)
+        await ctx.report_progress(last, max(total, last), clean_text(message))
 
     return report

@@ -13,10 +13,12 @@ uploads with the same bearer check. ``/ui`` (:mod:`.ui`) is the operator's view.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import logging
 import os
 import signal
+import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -44,6 +46,7 @@ from mcp_code_sandbox.service import SandboxService
 from mcp_code_sandbox.settings import ConfigError, Settings
 
 __all__ = [
+    "bind_http",
     "build_http_app",
     "check_http_exposure",
     "serve_http",
@@ -174,11 +177,49 @@ class _FirstResponseOnly:
         await self.app(scope, receive, first_only)
 
 
-async def serve_http(service: SandboxService, **uvicorn_options: Any) -> None:
+def bind_http(settings: Settings) -> socket.socket:
+    """The listening socket for ``SANDBOX_HTTP_HOST``:``SANDBOX_HTTP_PORT``, bound before
+    anything else starts, so that a port in use (or an address not of this host) is one
+    clear line and a non-zero exit (``ConfigError``), not uvicorn's line after the
+    server's startup messages. Called by the CLI's ``serve`` first."""
+    host, port = settings.http_host, settings.http_port
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise ConfigError([f"error: cannot listen on {where}: {exc.strerror or exc}"]) from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        sock.bind(address)
+        sock.listen(2048)  # uvicorn's own backlog
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise ConfigError(
+                [
+                    f"error: cannot listen on {where}: the port is in use (another server?); "
+                    "stop it or choose another port with --http-port or SANDBOX_HTTP_PORT"
+                ]
+            ) from None
+        raise ConfigError([f"error: cannot listen on {where}: {exc.strerror or exc}"]) from None
+    sock.set_inheritable(False)
+    return sock
+
+
+async def serve_http(
+    service: SandboxService, sock: socket.socket | None = None, **uvicorn_options: Any
+) -> None:
+    """Serve HTTP on ``sock`` (from :func:`bind_http`; bound here when not given)."""
     settings = service.settings
     warning = check_http_exposure(settings)
     if warning:
         log.warning(warning)
+    sock = sock or bind_http(settings)
     config = uvicorn.Config(
         build_http_app(service),
         host=settings.http_host,
@@ -188,4 +229,5 @@ async def serve_http(service: SandboxService, **uvicorn_options: Any) -> None:
         lifespan="on",
         **uvicorn_options,
     )
-    await uvicorn.Server(config).serve()
+    with sock:
+        await uvicorn.Server(config).serve(sockets=[sock])

@@ -127,6 +127,10 @@ class WarmPool:
         #: Stops of retired sandboxes in flight (shutdown waits for them too).
         self._retiring: set[asyncio.Task[None]] = set()
         self._closed = False
+        #: Why no sandbox should be started now (the first-start build of what sandboxes
+        #: need is under way: a start would only fail, and its warning would tell the
+        #: user to build it by hand), or ``None``. Set by the service; asked by refill.
+        self.held_by: Callable[[], str | None] | None = None
         self._failures = 0
         self._next_start = 0.0
         self._watcher: asyncio.Task[None] | None = None
@@ -186,8 +190,11 @@ class WarmPool:
     # -- keeping it full -------------------------------------------------------------------
 
     def refill(self) -> None:
-        """Start what is missing, at most ``_STARTS_AT_ONCE`` at a time."""
-        if self._closed or time.monotonic() < self._next_start:
+        """Start what is missing, at most ``_STARTS_AT_ONCE`` at a time; nothing on a
+        host where no sandbox can start (the backend said why, once)."""
+        if self._closed or time.monotonic() < self._next_start or self.backend.host_problem:
+            return
+        if self.held_by is not None and self.held_by() is not None:
             return
         missing = self.size - len(self._ready) - len(self._starting)
         for _ in range(min(missing, _STARTS_AT_ONCE - len(self._starting))):
@@ -206,6 +213,9 @@ class WarmPool:
         try:
             pooled = await self._make()
         except Exception as exc:
+            if self.backend.host_problem is not None:  # said by the backend; not retried
+                log.error("the warm pool is off: no sandbox can start on this host")
+                return
             self._failures += 1
             delay = min(_BACKOFF_MAX_S, 2.0 ** min(self._failures, 6))
             self._next_start = time.monotonic() + delay

@@ -71,6 +71,7 @@ from mcp_code_sandbox.backends.bwrap.argv import (
     env_args,
 )
 from mcp_code_sandbox.backends.bwrap.runtime import runtime_status
+from mcp_code_sandbox.backends.bwrap.userns import userns_problem
 from mcp_code_sandbox.backends.seccomp import build_seccomp_bpf
 from mcp_code_sandbox.errors import BackendUnavailable, SandboxFailed
 from mcp_code_sandbox.settings import Settings
@@ -183,6 +184,7 @@ class BwrapBackend(Backend):
         # otherwise all run as the server's uid, the only one its user namespaces can map.
         self.per_sandbox_uids = self._root
         self._compiled = False
+        self._probed = False
 
     @property
     def cgroups(self) -> cgroups.CgroupSupport:
@@ -238,6 +240,15 @@ class BwrapBackend(Backend):
             raise BackendUnavailable(BWRAP_MISSING)
         return path
 
+    def find_host_problem(self) -> str | None:
+        """Probe once whether this host lets bwrap make user namespaces, and keep the
+        answer in :attr:`host_problem`. Runs one short process: called before the event
+        loop by ``serve`` (which logs the answer), else by the first :meth:`create`."""
+        if not self._probed:
+            self._probed = True
+            self.host_problem = userns_problem(shutil.which("bwrap"))
+        return self.host_problem
+
     def _agent_package(self) -> Path:
         from mcp_code_sandbox import agent
 
@@ -273,8 +284,11 @@ class BwrapBackend(Backend):
         return mounts, stage
 
     async def check_ready(self) -> None:
-        """bwrap on PATH and the runtime environment on disk (manifest, venv's python)."""
+        """bwrap on PATH, user namespaces (when probed) and the runtime environment on
+        disk (manifest, venv's python)."""
         self._bwrap()
+        if self.host_problem is not None:
+            raise BackendUnavailable(self.host_problem)
         status = await asyncio.to_thread(runtime_status, self.settings)
         if not status.ok:
             log.warning("sandbox runtime unavailable: %s", status.detail)
@@ -282,6 +296,10 @@ class BwrapBackend(Backend):
 
     async def create(self, spec: SandboxSpec, *, mounted: Awaitable[None] | None = None) -> Sandbox:
         bwrap = self._bwrap()
+        if not self._probed:
+            await asyncio.to_thread(self.find_host_problem)
+        if self.host_problem is not None:
+            raise BackendUnavailable(self.host_problem)
         if self._root and spec.uid is None:  # never a sandbox as root
             raise SandboxFailed("a sandbox of a server run as root needs a host uid of its own")
         if not self._compiled:

@@ -31,6 +31,7 @@ __all__ = [
     "API_TIMEOUT_S",
     "Engine",
     "create_container",
+    "engine_missing",
     "engine_ready",
     "foreign",
     "instance_alive",
@@ -267,18 +268,29 @@ def probe_engine(environment: Mapping[str, str]) -> None:
 
 def engine_ready(environment: Mapping[str, str], image: str) -> bool:
     """For ``auto``: does an engine answer at ``environment``'s DOCKER_HOST, with ``image``?"""
+    return engine_missing(environment, image) is None
+
+
+def engine_missing(environment: Mapping[str, str], image: str) -> str | None:
+    """Why ``auto`` cannot use Docker (no engine answers, or it lacks ``image``), in words
+    for the start log line; ``None`` when it can."""
+    host = environment.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
     try:
         probe_engine(environment)
         client = docker.from_env(environment=dict(environment), timeout=3)
-        try:
-            client.images.get(image)
-        finally:
-            client.close()
     except Exception as exc:
         if not foreign(exc):
             raise
-        return False
-    return True
+        return f"no Docker engine answers at {host}"
+    try:
+        client.images.get(image)
+    except Exception as exc:
+        if not foreign(exc):
+            raise
+        return f"the Docker engine at {host} has no image {image}"
+    finally:
+        client.close()
+    return None
 
 
 def same_host(instance: str) -> bool:
