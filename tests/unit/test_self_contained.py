@@ -15,9 +15,14 @@ _OUTSIDE = re.compile(r"\.\./shared\b|[\"']shared[\"']\s*/")
 
 
 def _sources() -> list[Path]:
+    """The project's own files: installed packages (``node_modules``, a venv) are not."""
     found = []
     for top in ("src", "tests", "bench", "scripts", ".ci"):
-        found += [p for p in (ROOT / top).rglob("*") if p.is_file() and p.suffix != ".pyc"]
+        found += [
+            p
+            for p in (ROOT / top).rglob("*")
+            if p.is_file() and p.suffix != ".pyc" and "node_modules" not in p.parts
+        ]
     return found
 
 
