@@ -208,7 +208,8 @@ class EgressProxy:
         if conn is None:
             conn = h11.Connection(h11.SERVER, max_incomplete_event_size=http.MAX_HEAD)
         while True:
-            event = await http.next_event(conn, client, IDLE_S)
+            what = "bad request" if tunnel is None else "a tunnel carries TLS or HTTP/1.1"
+            event = await http.next_request(conn, client, IDLE_S, what)
             if not isinstance(event, h11.Request):
                 return
             if event.method == b"CONNECT" and tunnel is None:
@@ -469,8 +470,11 @@ class EgressProxy:
             audit.allowed, audit.intercepted = True, True
             await upstream.close()  # reopened with TLS, verified by the proxy
             session = Intercepted(
-                outcome.stream, audit.host, mine, lambda: self._dial_tls(audit.host, audit.port)
-            )
+                outcome.stream, audit.host, mine,
+                lambda: self._dial_tls(audit.host, audit.port),
+                lambda: self.policy.decide(audit.host, audit.port),
+                lambda conn, stream, decision: self._refuse(conn, stream, audit, decision),
+            )  # fmt: skip
             try:
                 await session.serve()
             finally:
