@@ -316,6 +316,14 @@ async def test_ip_literals_need_an_address_entry(lab: Lab) -> None:
         ("169.254.169.254", [], "metadata-address"),
         ("169.254.169.254", ["169.254.0.0/16", "0.0.0.0/0"], "metadata-address"),
         ("fd00:ec2::254", ["fd00::/8"], "metadata-address"),
+        # IPv4 inside IPv6: NAT64, local-use NAT64, IPv4-compatible, 6to4, Teredo.
+        ("64:ff9b::a9fe:a9fe", [], "metadata-address (embedded 169.254.169.254)"),
+        ("64:ff9b::7f00:1", [], "private-address (embedded 127.0.0.1)"),
+        ("64:ff9b::a00:1", ["64:ff9b::/96"], "private-address (embedded 10.0.0.1)"),
+        ("64:ff9b:1::7f00:1", [], "private-address (embedded 0.0.0.0)"),
+        ("::7f00:1", [], "private-address (embedded 127.0.0.1)"),
+        ("2002:7f00:1::1", [], "private-address (embedded 127.0.0.1)"),
+        ("2001:0:4136:e378:8000:63bf:80ff:fffe", [], "private-address (embedded 127.0.0.1)"),
     ],
 )
 async def test_a_name_resolving_to_a_private_address_is_refused(
