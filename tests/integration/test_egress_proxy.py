@@ -8,8 +8,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import shutil
 import ssl
+import sys
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,11 +26,13 @@ from mcp_code_sandbox.egress import (
     EgressProxy,
     Policy,
     Secret,
+    limits,
     open_proxy,
     placeholder,
     static_resolver,
 )
 from mcp_code_sandbox.egress import proxy as proxy_module
+from mcp_code_sandbox.egress.limits import ConnectionBudget
 from mcp_code_sandbox.egress.secrets import parse_secrets
 from mcp_code_sandbox.errors import SandboxFailed
 from mcp_code_sandbox.metrics import Metrics
@@ -738,6 +742,133 @@ async def test_connections_past_the_limit_get_503(
     finally:
         await proxy.aclose()
     assert second.startswith(b"HTTP/1.1 503 ")
+
+
+#: Run apart (its descriptors are not the server's): open connections to the proxy's
+#: socket without a byte, say how many, print when one of them gets an answer, then
+#: hold them all until stdin closes.
+FLOOD = """
+import select, socket, sys, time
+held = []
+while len(held) < int(sys.argv[2]):
+    s = socket.socket(socket.AF_UNIX)
+    s.setblocking(False)
+    waited = time.monotonic()
+    while True:
+        try:
+            s.connect(sys.argv[1])
+            break
+        except BlockingIOError:  # the backlog is full: the proxy takes no more now
+            time.sleep(0.005)
+        if time.monotonic() - waited > 1:
+            break
+    else:
+        continue
+    if time.monotonic() - waited > 1:
+        s.close()
+        break
+    held.append(s)
+print(len(held), flush=True)
+select.select(held, [], [], 60)
+print("answered", flush=True)
+sys.stdin.read()
+"""
+
+
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def test_a_flood_of_connections_holds_at_the_cap(lab: Lab) -> None:
+    """A sandbox opening hundreds of idle connections (20,000 ate the server's whole
+    RLIMIT_NOFILE once): the proxy holds at most its cap, and a few being refused."""
+    proxy = await lab.proxy()
+    before = _fds()
+    flood = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", FLOOD, str(proxy.socket_path), "400",
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert flood.stdin is not None and flood.stdout is not None
+    try:
+        opened = int(await asyncio.wait_for(flood.stdout.readline(), 30))
+        # The first answer is a refusal past the cap: by then the proxy took all it takes.
+        assert await asyncio.wait_for(flood.stdout.readline(), 30) == b"answered\n"
+        held = _fds() - before
+        flood.stdin.close()
+        await asyncio.wait_for(flood.wait(), 10)
+    finally:
+        if flood.returncode is None:
+            flood.kill()
+            await flood.wait()
+        await proxy.aclose()
+    assert opened > proxy_module.MAX_CONNECTIONS + proxy_module.REFUSING
+    # Slack: the pipes to the flooding process are this process's too.
+    assert held <= proxy_module.MAX_CONNECTIONS + proxy_module.REFUSING + 4, held
+
+
+async def test_an_owners_sandboxes_share_a_bounded_part_of_the_servers_connections(
+    lab: Lab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two sandboxes of one owner hold its share together; another owner still gets in."""
+    monkeypatch.setattr(proxy_module, "MAX_CONNECTIONS", 2)
+    budget = ConnectionBudget(total=10, share=3)
+    proxies = [
+        await open_proxy(
+            lab.tmp / f"{owner}-{n}.sock",
+            Policy.parse(["other.test", "127.0.0.1/32"]),
+            (),
+            owner=owner,
+            session=f"sess_{owner}_{n}",
+            metrics=None,
+            budget=budget,
+            resolver=static_resolver({"other.test": ["127.0.0.1"]}),
+        )
+        for owner, n in (("alice", 1), ("alice", 2), ("bob", 1))
+    ]
+    target = f"other.test:{lab.other.port}"
+    try:
+        opened = [await connect_raw(proxies[i], target) for i in (0, 0, 1, 1, 2)]
+        heads = [head for head, _, _ in opened]
+        for _, _, writer in opened:
+            writer.close()
+    finally:
+        for proxy in proxies:
+            await proxy.aclose()
+    assert [head.split(b" ")[1] for head in heads] == [b"200", b"200", b"200", b"503", b"200"]
+
+
+async def test_refusals_in_a_loop_are_slowed_and_summarised(
+    lab: Lab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """2,000 refusals a second once flooded the log: past a burst, refusals wait their
+    turn, their lines are left out and one summary counts them."""
+    monkeypatch.setattr(limits, "REFUSAL_BURST", 5)
+    monkeypatch.setattr(limits, "REFUSALS_PER_S", 100.0)
+    metrics = Metrics("test")
+    proxy = await lab.proxy(metrics=metrics)
+    request = b"GET http://blocked.test/ HTTP/1.1\r\nHost: blocked.test\r\n\r\n"
+    try:
+        with structlog.testing.capture_logs() as logs:
+            started = asyncio.get_running_loop().time()
+            for _ in range(60):  # a refusal ends its connection: a flood opens new ones
+                reader, writer = await asyncio.open_unix_connection(str(proxy.socket_path))
+                writer.write(request)
+                assert (await read_response(reader)).startswith(b"HTTP/1.1 403 ")
+                writer.close()
+            elapsed = asyncio.get_running_loop().time() - started
+            await asyncio.sleep(0.1)
+            await proxy.aclose()
+    finally:
+        await proxy.aclose()
+    lines = [entry for entry in logs if entry["event"] == "egress"]
+    summary = [entry for entry in logs if entry["event"] == "egress refusals throttled"]
+    assert elapsed >= 0.5  # slowed to the rate: 55 refusals past the burst
+    assert len(lines) <= 5 + elapsed * 100 + 1
+    assert sum(entry["refusals_without_line"] for entry in summary) == 60 - len(lines)
+    text = metrics.render(None)[0].decode()
+    assert (
+        'mcp_sandbox_egress_connections_total{host="blocked.test",outcome="blocked"} 60.0' in text
+    )
 
 
 async def test_an_oversized_head_or_garbage_ends_that_connection_only(lab: Lab) -> None:
