@@ -595,15 +595,15 @@ async def test_a_smuggled_request_cannot_read_back_an_injected_secret(lab: Lab) 
 
 
 async def test_a_kept_alive_intercepted_connection_is_judged_at_every_request(lab: Lab) -> None:
-    """A call without network ends what an earlier call opened: the next request on a
-    kept-alive intercepted connection gets no secret, and no upstream."""
+    """A call that narrows the hosts applies to connections an earlier call opened: the
+    next request on a kept-alive intercepted connection gets no secret, no upstream."""
     proxy = await lab.proxy()
     try:
         async with naive_upstream(lab.ca.server_context("api.test")) as naive:
             reader, writer = await _intercepted(proxy, lab, naive.port)
             writer.write(b"GET /one HTTP/1.1\r\nHost: api.test\r\n\r\n")
             first = await read_response(reader)
-            proxy.use_policy(Policy())
+            proxy.use_policy(proxy.policy.narrowed(["other.test"]))
             writer.write(b"GET /two HTTP/1.1\r\nHost: api.test\r\n\r\n")
             second = await read_response(reader)
             writer.close()

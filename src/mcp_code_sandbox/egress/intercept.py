@@ -1,8 +1,8 @@
 """HTTP inside a TLS session the proxy terminated, for a host that secrets go to.
 
 The sandbox's requests arrive in plaintext here (:class:`Intercepted`); each is judged
-as the first was (the proxy's policy of the moment must still allow the host: a call
-without network ends what an earlier call opened), must be for the CONNECT host in
+as the first was (the proxy's policy of the moment must still allow the host: a later
+call that names fewer hosts applies to it), must be for the CONNECT host in
 origin form, gets the secrets for that host added (:func:`with_secrets`) and goes to the
 upstream over the proxy's own TLS connection, verified by the proxy and kept alive
 across requests while both ends allow. Only bytes the proxy framed reach that upstream

@@ -139,7 +139,8 @@ class EgressProxy:
     def use_policy(self, policy: Policy) -> None:
         """Judge new connections by ``policy`` from now on (a call's narrowed policy, the
         server's, or ``Policy()`` to refuse everything while a call has no network).
-        Connections already open keep the verdict they got."""
+        Requests on connections already open are judged by it too (plain HTTP, and
+        intercepted TLS); a tunnel the proxy does not intercept keeps its verdict."""
         self.policy = policy
 
     def ca_bundle(self) -> bytes | None:
