@@ -152,3 +152,58 @@ async def bridge(socket_path: Path) -> AsyncIterator[int]:
         yield server.sockets[0].getsockname()[1]
     finally:
         server.close()
+
+
+@dataclass
+class Naive:
+    """A running :func:`naive_upstream`: ``requests`` holds every request it ran, as
+    (request line, headers by lower-case name: the first of each)."""
+
+    port: int
+    requests: list[tuple[str, dict[str, str]]] = field(default_factory=list)
+    stored: bytes = b""
+
+
+async def _serve_naive(
+    up: Naive, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> None:
+    try:
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            line, *rest = head.decode("latin-1").split("\r\n")
+            headers: dict[str, str] = {}
+            for item in rest:
+                name, _, value = item.partition(":")
+                headers.setdefault(name.strip().lower(), value.strip())
+            body = await reader.readexactly(int(headers.get("content-length", "0")))
+            up.requests.append((line, headers))
+            if line.startswith("POST /store "):
+                up.stored = body
+            answer = up.stored if line.startswith("GET /store ") else line.encode()
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(answer), answer))
+            await writer.drain()
+    except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError):
+        return
+    finally:
+        writer.close()
+
+
+@contextlib.asynccontextmanager
+async def naive_upstream(tls: ssl.SSLContext | None = None) -> AsyncIterator[Naive]:
+    """A keep-alive HTTP/1.1 server on 127.0.0.1 that frames requests by
+    ``Content-Length`` only (it ignores ``Transfer-Encoding``), as many real servers and
+    caches did: what request smuggling needs. ``POST /store`` keeps its body, ``GET
+    /store`` answers it back; every other request is answered its request line."""
+    holder: list[Naive] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _serve_naive(holder[0], reader, writer)
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=tls)
+    holder.append(Naive(server.sockets[0].getsockname()[1]))
+    try:
+        yield holder[0]
+    finally:
+        server.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(server.wait_closed(), 5)

@@ -147,6 +147,15 @@ class Metrics:
             registry=r,
         )
         self._egress_hosts: dict[str, set[str]] = {"allowed": set(), "blocked": set()}
+        self._egress_refused = Counter(
+            "mcp_sandbox_egress_refusals",
+            "Egress proxy refusals beyond the per-host counts, by reason: connections past "
+            "a sandbox's limit, its owner's share or the server's reserve ('sandbox_limit', "
+            "'owner_share', 'server_reserve'), and refusals delayed past the per-sandbox rate "
+            "whose log lines were summarised ('throttled')",
+            ["reason"],
+            registry=r,
+        )
         self._states = Gauge(
             "mcp_sandbox_sessions", "Sessions by state: running or paused", ["state"], registry=r
         )
@@ -238,6 +247,10 @@ class Metrics:
             else:
                 seen.add(host)
         self._egress.labels(outcome, host[:253]).inc()
+
+    def egress_refused(self, reason: str) -> None:
+        """One refusal of an egress proxy by a limit or its rate (``egress.limits``)."""
+        self._egress_refused.labels(reason).inc()
 
     @contextlib.contextmanager
     def counting_backend_errors(self) -> Iterator[None]:

@@ -6,9 +6,12 @@ as the sandbox has. Names resolve through an injected resolver (no ``/etc/hosts`
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import shutil
 import ssl
+import sys
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,17 +26,19 @@ from mcp_code_sandbox.egress import (
     EgressProxy,
     Policy,
     Secret,
+    limits,
     open_proxy,
     placeholder,
     static_resolver,
 )
 from mcp_code_sandbox.egress import proxy as proxy_module
+from mcp_code_sandbox.egress.limits import ConnectionBudget
 from mcp_code_sandbox.egress.secrets import parse_secrets
 from mcp_code_sandbox.errors import SandboxFailed
 from mcp_code_sandbox.metrics import Metrics
 
 from ..conftest import shared_runtime_dir
-from ..egress_lab import LabCA, Upstream, bridge, upstream
+from ..egress_lab import LabCA, Upstream, bridge, naive_upstream, upstream
 
 VALUE = "sk-live-NEVER-IN-THE-SANDBOX-42"
 NAMES = ("api.test", "other.test", "plain.test", "blocked.test")
@@ -315,6 +320,14 @@ async def test_ip_literals_need_an_address_entry(lab: Lab) -> None:
         ("169.254.169.254", [], "metadata-address"),
         ("169.254.169.254", ["169.254.0.0/16", "0.0.0.0/0"], "metadata-address"),
         ("fd00:ec2::254", ["fd00::/8"], "metadata-address"),
+        # IPv4 inside IPv6: NAT64, local-use NAT64, IPv4-compatible, 6to4, Teredo.
+        ("64:ff9b::a9fe:a9fe", [], "metadata-address (embedded 169.254.169.254)"),
+        ("64:ff9b::7f00:1", [], "private-address (embedded 127.0.0.1)"),
+        ("64:ff9b::a00:1", ["64:ff9b::/96"], "private-address (embedded 10.0.0.1)"),
+        ("64:ff9b:1::7f00:1", [], "private-address (embedded 0.0.0.0)"),
+        ("::7f00:1", [], "private-address (embedded 127.0.0.1)"),
+        ("2002:7f00:1::1", [], "private-address (embedded 127.0.0.1)"),
+        ("2001:0:4136:e378:8000:63bf:80ff:fffe", [], "private-address (embedded 127.0.0.1)"),
     ],
 )
 async def test_a_name_resolving_to_a_private_address_is_refused(
@@ -455,6 +468,168 @@ async def test_a_plain_tunnel_takes_paths_only(lab: Lab) -> None:
     assert lab.plain.requests == []
 
 
+# -- framing (request smuggling) ----------------------------------------------------
+
+
+def chunked(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n0\r\n\r\n" % (len(data), data)
+
+
+async def read_response(reader: asyncio.StreamReader) -> bytes:
+    """One response (head and ``Content-Length`` body), or what came before the end."""
+    try:
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    except asyncio.IncompleteReadError as exc:
+        return exc.partial
+    return head + await read_body(reader, head)
+
+
+async def test_a_request_smuggled_past_the_host_check_never_reaches_the_upstream(
+    lab: Lab,
+) -> None:
+    """CL.TE: an upstream that frames by ``Content-Length`` would run the chunk's data as
+    a second request, for a host the proxy never judged."""
+    proxy = await lab.proxy()
+    smuggled = b"GET /smuggled HTTP/1.1\r\nHost: internal.corp\r\n\r\n"
+    try:
+        async with naive_upstream() as naive:
+            reader, writer = await asyncio.open_unix_connection(str(proxy.socket_path))
+            writer.write(
+                f"POST http://plain.test:{naive.port}/ HTTP/1.1\r\n"
+                f"Host: plain.test:{naive.port}\r\nContent-Length: 4\r\n"
+                "Transfer-Encoding: chunked\r\n\r\n".encode()
+                + chunked(smuggled)
+            )
+            answer = await asyncio.wait_for(reader.read(), 10)
+            writer.close()
+            await asyncio.sleep(0.2)
+    finally:
+        await proxy.aclose()
+    assert answer.startswith(b"HTTP/1.1 400 "), answer
+    assert b"both Content-Length and Transfer-Encoding" in answer
+    assert naive.requests == []
+
+
+@pytest.mark.parametrize(
+    ("framing", "why"),
+    [
+        ("Content-Length: 4\r\nTransfer-Encoding: chunked", b"both Content-Length"),
+        ("Transfer-Encoding: chunked\r\nContent-Length: 4", b"both Content-Length"),
+        ("Content-Length: 4\r\nContent-Length: 4", b"several Content-Length"),
+        ("Content-Length: 4\r\nContent-Length: 40", b"several Content-Length"),
+        ("Content-Length: 4, 4", b"several Content-Length"),
+        ("Content-Length: 4\r\nX-Note: a\r\n\tTransfer-Encoding: chunked", b"obs-fold"),
+        ("Transfer-Encoding: gzip", b"other than chunked"),
+        ("Transfer-Encoding: gzip, chunked", b"other than chunked"),
+        ("Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked", b"several Transfer"),
+        ("Content-Length: 4\r\nHost: internal.corp", b"several Host"),
+    ],
+)
+async def test_ambiguous_framing_is_refused_with_400(lab: Lab, framing: str, why: bytes) -> None:
+    proxy = await lab.proxy()
+    try:
+        async with naive_upstream() as naive:
+            where = f"plain.test:{naive.port}"
+            reader, writer = await asyncio.open_unix_connection(str(proxy.socket_path))
+            # A first, clean request on the connection: the next is judged all the same.
+            writer.write(f"GET http://{where}/first HTTP/1.1\r\nHost: {where}\r\n\r\n".encode())
+            first = await read_response(reader)
+            writer.write(
+                f"POST http://{where}/ HTTP/1.1\r\nHost: {where}\r\n{framing}\r\n\r\n"
+                "0\r\n\r\n".encode()
+            )
+            answer = await asyncio.wait_for(reader.read(), 10)
+            writer.close()
+            await asyncio.sleep(0.1)
+    finally:
+        await proxy.aclose()
+    assert first.startswith(b"HTTP/1.1 200 ")
+    assert answer.startswith(b"HTTP/1.1 400 ") and why in answer, answer
+    assert [line for line, _ in naive.requests] == ["GET /first HTTP/1.1"]
+
+
+async def _intercepted(
+    proxy: EgressProxy, lab: Lab, port: int
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A CONNECT to api.test (which has a secret: intercepted), TLS trusting the proxy."""
+    head, reader, writer = await connect_raw(proxy, f"api.test:{port}")
+    assert head.startswith(b"HTTP/1.1 200 ")
+    await writer.start_tls(client_context(proxy, lab), server_hostname="api.test")
+    return reader, writer
+
+
+async def test_a_smuggled_request_cannot_read_back_an_injected_secret(lab: Lab) -> None:
+    """On a kept-alive intercepted connection, a smuggled ``POST /store`` would swallow
+    the next request, the one the proxy adds the secret to, and ``GET /store`` would
+    hand the secret to the sandbox."""
+    proxy = await lab.proxy()
+    token = placeholder(lab.secrets[0])
+    store = b"POST /store HTTP/1.1\r\nHost: api.test\r\nContent-Length: 150\r\n\r\n"
+    seen = b""
+    try:
+        async with naive_upstream(lab.ca.server_context("api.test")) as naive:
+            reader, writer = await _intercepted(proxy, lab, naive.port)
+            writer.write(
+                b"POST /x HTTP/1.1\r\nHost: api.test\r\nContent-Length: 4\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n" + chunked(store)
+            )
+            seen += await read_response(reader)
+            with contextlib.suppress(OSError):
+                writer.write(
+                    f"POST /y HTTP/1.1\r\nHost: api.test\r\nAuthorization: Bearer {token}\r\n"
+                    "Content-Length: 300\r\n\r\n".encode()
+                    + b"x" * 300
+                )
+                seen += await read_response(reader)
+            writer.close()
+            reader, writer = await _intercepted(proxy, lab, naive.port)
+            writer.write(b"GET /store HTTP/1.1\r\nHost: api.test\r\n\r\n")
+            seen += await read_response(reader)
+            writer.close()
+            await asyncio.sleep(0.1)
+    finally:
+        await proxy.aclose()
+    assert seen.startswith(b"HTTP/1.1 400 "), seen
+    assert VALUE.encode() not in seen
+    assert all(not line.startswith("POST /store") for line, _ in naive.requests)
+
+
+async def test_a_kept_alive_intercepted_connection_is_judged_at_every_request(lab: Lab) -> None:
+    """A call that narrows the hosts applies to connections an earlier call opened: the
+    next request on a kept-alive intercepted connection gets no secret, no upstream."""
+    proxy = await lab.proxy()
+    try:
+        async with naive_upstream(lab.ca.server_context("api.test")) as naive:
+            reader, writer = await _intercepted(proxy, lab, naive.port)
+            writer.write(b"GET /one HTTP/1.1\r\nHost: api.test\r\n\r\n")
+            first = await read_response(reader)
+            proxy.use_policy(proxy.policy.narrowed(["other.test"]))
+            writer.write(b"GET /two HTTP/1.1\r\nHost: api.test\r\n\r\n")
+            second = await read_response(reader)
+            writer.close()
+            await asyncio.sleep(0.1)
+    finally:
+        await proxy.aclose()
+    assert first.startswith(b"HTTP/1.1 200 ")
+    assert second.startswith(b"HTTP/1.1 403 ") and BLOCKED.format("api.test").encode() in second
+    assert [line for line, _ in naive.requests] == ["GET /one HTTP/1.1"]
+
+
+async def test_an_absolute_url_in_an_intercepted_tunnel_is_refused(lab: Lab) -> None:
+    """An upstream prefers the absolute URL's host to ``Host``: a second host, refused."""
+    proxy = await lab.proxy()
+    try:
+        async with naive_upstream(lab.ca.server_context("api.test")) as naive:
+            reader, writer = await _intercepted(proxy, lab, naive.port)
+            writer.write(b"GET http://internal.corp/ HTTP/1.1\r\nHost: api.test\r\n\r\n")
+            answer = await read_response(reader)
+            writer.close()
+    finally:
+        await proxy.aclose()
+    assert answer.startswith(b"HTTP/1.1 403 ") and b"origin form" in answer
+    assert naive.requests == []
+
+
 # -- secrets -------------------------------------------------------------------------
 
 
@@ -569,14 +744,142 @@ async def test_connections_past_the_limit_get_503(
     assert second.startswith(b"HTTP/1.1 503 ")
 
 
+#: Run apart (its descriptors are not the server's): open connections to the proxy's
+#: socket without a byte, say how many, print when one of them gets an answer, then
+#: hold them all until stdin closes.
+FLOOD = """
+import select, socket, sys, time
+held = []
+while len(held) < int(sys.argv[2]):
+    s = socket.socket(socket.AF_UNIX)
+    s.setblocking(False)
+    waited = time.monotonic()
+    while True:
+        try:
+            s.connect(sys.argv[1])
+            break
+        except BlockingIOError:  # the backlog is full: the proxy takes no more now
+            time.sleep(0.005)
+        if time.monotonic() - waited > 1:
+            break
+    else:
+        continue
+    if time.monotonic() - waited > 1:
+        s.close()
+        break
+    held.append(s)
+print(len(held), flush=True)
+select.select(held, [], [], 60)
+print("answered", flush=True)
+sys.stdin.read()
+"""
+
+
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def test_a_flood_of_connections_holds_at_the_cap(lab: Lab) -> None:
+    """A sandbox opening hundreds of idle connections (20,000 ate the server's whole
+    RLIMIT_NOFILE once): the proxy holds at most its cap, and a few being refused."""
+    proxy = await lab.proxy()
+    before = _fds()
+    flood = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", FLOOD, str(proxy.socket_path), "400",
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert flood.stdin is not None and flood.stdout is not None
+    try:
+        opened = int(await asyncio.wait_for(flood.stdout.readline(), 30))
+        # The first answer is a refusal past the cap: by then the proxy took all it takes.
+        assert await asyncio.wait_for(flood.stdout.readline(), 30) == b"answered\n"
+        held = _fds() - before
+        flood.stdin.close()
+        await asyncio.wait_for(flood.wait(), 10)
+    finally:
+        if flood.returncode is None:
+            flood.kill()
+            await flood.wait()
+        await proxy.aclose()
+    assert opened > proxy_module.MAX_CONNECTIONS + proxy_module.REFUSING
+    # Slack: the pipes to the flooding process are this process's too.
+    assert held <= proxy_module.MAX_CONNECTIONS + proxy_module.REFUSING + 4, held
+
+
+async def test_an_owners_sandboxes_share_a_bounded_part_of_the_servers_connections(
+    lab: Lab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two sandboxes of one owner hold its share together; another owner still gets in."""
+    monkeypatch.setattr(proxy_module, "MAX_CONNECTIONS", 2)
+    budget = ConnectionBudget(total=10, share=3)
+    proxies = [
+        await open_proxy(
+            lab.tmp / f"{owner}-{n}.sock",
+            Policy.parse(["other.test", "127.0.0.1/32"]),
+            (),
+            owner=owner,
+            session=f"sess_{owner}_{n}",
+            metrics=None,
+            budget=budget,
+            resolver=static_resolver({"other.test": ["127.0.0.1"]}),
+        )
+        for owner, n in (("alice", 1), ("alice", 2), ("bob", 1))
+    ]
+    target = f"other.test:{lab.other.port}"
+    try:
+        opened = [await connect_raw(proxies[i], target) for i in (0, 0, 1, 1, 2)]
+        heads = [head for head, _, _ in opened]
+        for _, _, writer in opened:
+            writer.close()
+    finally:
+        for proxy in proxies:
+            await proxy.aclose()
+    assert [head.split(b" ")[1] for head in heads] == [b"200", b"200", b"200", b"503", b"200"]
+
+
+async def test_refusals_in_a_loop_are_slowed_and_summarised(
+    lab: Lab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """2,000 refusals a second once flooded the log: past a burst, refusals wait their
+    turn, their lines are left out and one summary counts them."""
+    monkeypatch.setattr(limits, "REFUSAL_BURST", 5)
+    monkeypatch.setattr(limits, "REFUSALS_PER_S", 100.0)
+    metrics = Metrics("test")
+    proxy = await lab.proxy(metrics=metrics)
+    request = b"GET http://blocked.test/ HTTP/1.1\r\nHost: blocked.test\r\n\r\n"
+    try:
+        with structlog.testing.capture_logs() as logs:
+            started = asyncio.get_running_loop().time()
+            for _ in range(60):  # a refusal ends its connection: a flood opens new ones
+                reader, writer = await asyncio.open_unix_connection(str(proxy.socket_path))
+                writer.write(request)
+                assert (await read_response(reader)).startswith(b"HTTP/1.1 403 ")
+                writer.close()
+            elapsed = asyncio.get_running_loop().time() - started
+            await asyncio.sleep(0.1)
+            await proxy.aclose()
+    finally:
+        await proxy.aclose()
+    lines = [entry for entry in logs if entry["event"] == "egress"]
+    summary = [entry for entry in logs if entry["event"] == "egress refusals throttled"]
+    assert elapsed >= 0.5  # slowed to the rate: 55 refusals past the burst
+    assert len(lines) <= 5 + elapsed * 100 + 1
+    assert sum(entry["refusals_without_line"] for entry in summary) == 60 - len(lines)
+    text = metrics.render(None)[0].decode()
+    assert (
+        'mcp_sandbox_egress_connections_total{host="blocked.test",outcome="blocked"} 60.0' in text
+    )
+
+
 async def test_an_oversized_head_or_garbage_ends_that_connection_only(lab: Lab) -> None:
     proxy = await lab.proxy()
     try:
         reader, writer = await asyncio.open_unix_connection(str(proxy.socket_path))
         writer.write(b"GET http://plain.test/ HTTP/1.1\r\nX: " + b"a" * 200_000)
-        with pytest.raises((ConnectionError, asyncio.IncompleteReadError)):
+        with contextlib.suppress(ConnectionError):
             await writer.drain()
-            await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        answer = await asyncio.wait_for(reader.read(), 10)  # a 400, then the end
+        assert answer.startswith(b"HTTP/1.1 400 ") and answer.count(b"HTTP/1.1") == 1
         writer.close()
         reader, writer = await asyncio.open_unix_connection(str(proxy.socket_path))
         writer.write(b"\x16\x03\x01\x00\xff\x00garbage\r\n\r\n")
@@ -756,3 +1059,67 @@ async def test_two_sandboxes_proxies_share_nothing(lab: Lab) -> None:
         assert first.ca_bundle() != second.ca_bundle()  # a CA of its own each
     finally:
         await second.aclose()
+
+
+async def test_framing_is_the_proxys_own_both_ways(lab: Lab) -> None:
+    """A chunked body goes on chunked and a sized one sized, each with that one header;
+    a head sent a byte at a time is judged like one sent whole."""
+    proxy = await lab.proxy()
+    where = f"plain.test:{lab.plain.port}"
+    try:
+        async with (
+            bridge(proxy.socket_path) as port,
+            httpx.AsyncClient(proxy=f"http://127.0.0.1:{port}") as client,
+        ):
+
+            async def stream() -> AsyncIterator[bytes]:
+                yield b"a" * 10
+
+            chunked_reply = await client.post(f"http://{where}/c", content=stream())
+            sized_reply = await client.post(f"http://{where}/s", content=b"b" * 10)
+        reader, writer = await asyncio.open_unix_connection(str(proxy.socket_path))
+        head = (
+            f"POST http://{where}/ HTTP/1.1\r\nHost: {where}\r\nContent-Length: 1\r\n"
+            "Transfer-Encoding: chunked\r\n\r\n"
+        ).encode()
+        for byte in head:
+            writer.write(bytes([byte]))
+            await writer.drain()
+        dripped = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+    finally:
+        await proxy.aclose()
+    chunked_headers = chunked_reply.json()["headers"]
+    assert chunked_headers["transfer-encoding"] == "chunked"
+    assert "content-length" not in chunked_headers
+    sized_headers = sized_reply.json()["headers"]
+    assert sized_headers["content-length"] == "10" and "transfer-encoding" not in sized_headers
+    assert dripped.startswith(b"HTTP/1.1 400 ")
+
+
+async def test_an_upstreams_ambiguous_response_is_not_relayed(lab: Lab) -> None:
+    """An upstream answering with both framing headers gets the sandbox a 502."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"3\r\nabc\r\n0\r\n\r\n"
+        )
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    proxy = await lab.proxy()
+    try:
+        reader, writer = await asyncio.open_unix_connection(str(proxy.socket_path))
+        writer.write(
+            f"GET http://plain.test:{port}/ HTTP/1.1\r\nHost: plain.test:{port}\r\n\r\n".encode()
+        )
+        reply = await read_response(reader)
+        writer.close()
+    finally:
+        await proxy.aclose()
+        server.close()
+    assert reply.startswith(b"HTTP/1.1 502 ") and b"ambiguous message framing" in reply

@@ -11,6 +11,7 @@ import pytest
 
 from mcp_code_sandbox.egress import Policy, preset_hosts, resolver_from_settings
 from mcp_code_sandbox.egress.dns import is_own_address, static_resolver, vetted_addresses
+from mcp_code_sandbox.egress.policy import embedded_ipv4
 from mcp_code_sandbox.errors import NetworkNotAllowed
 from mcp_code_sandbox.settings import ConfigError, load_settings
 
@@ -90,6 +91,42 @@ def test_ip_literals_need_an_address_entry_even_under_a_star() -> None:
 def test_private_link_local_and_metadata_addresses_are_refused(address: str, rule: str) -> None:
     verdict = Policy.parse(["*"]).check_address(ip(address), own=False)
     assert (verdict.allowed, verdict.rule) == (False, rule)
+
+
+@pytest.mark.parametrize(
+    ("address", "rule"),
+    [
+        ("64:ff9b::a9fe:a9fe", "metadata-address (embedded 169.254.169.254)"),  # NAT64
+        ("64:ff9b::7f00:1", "private-address (embedded 127.0.0.1)"),
+        ("64:ff9b::a00:1", "private-address (embedded 10.0.0.1)"),
+        ("64:ff9b:1::a00:1", "private-address (embedded 0.0.0.0)"),  # local-use, /48
+        ("64:ff9b:1:a9fe:a9:fe00::", "metadata-address (embedded 169.254.169.254)"),  # /56
+        ("::7f00:1", "private-address (embedded 127.0.0.1)"),  # IPv4-compatible
+        ("::a9fe:a9fe", "metadata-address (embedded 169.254.169.254)"),
+        ("2002:a9fe:a9fe::1", "metadata-address (embedded 169.254.169.254)"),  # 6to4
+        ("2002:7f00:1::", "private-address (embedded 127.0.0.1)"),
+        ("2002:c0a8:101::1", "private-address (embedded 192.168.1.1)"),
+        # Teredo: server 65.54.227.120, client 127.0.0.1 (stored inverted).
+        ("2001:0:4136:e378:8000:63bf:80ff:fffe", "private-address (embedded 127.0.0.1)"),
+    ],
+)
+def test_ipv4_embedded_in_ipv6_is_judged_as_that_ipv4(address: str, rule: str) -> None:
+    verdict = Policy.parse(["*"]).check_address(ip(address), own=False)
+    assert (verdict.allowed, verdict.rule) == (False, rule)
+
+
+def test_embedded_public_ipv4_passes_and_an_ipv4_entry_opens_its_embedded_forms() -> None:
+    policy = Policy.parse(["*"])
+    assert policy.check_address(ip("64:ff9b::808:808"), own=False).allowed
+    assert policy.check_address(ip("2002:808:808::1"), own=False).allowed
+    own = policy.check_address(ip("64:ff9b::808:808"), own=False, own_of=lambda _: True)
+    assert own.rule == "own-address (embedded 8.8.8.8)"
+    # A local-use NAT64 prefix may be /48 to /96: each layout's IPv4 is judged.
+    assert embedded_ipv4(ip("64:ff9b:1:0:a9:fea9:fe00:0"))[2] == ip("169.254.169.254")
+    assert not policy.check_address(ip("64:ff9b:1:0:a9:fea9:fe00:0"), own=False).allowed
+    opened = Policy.parse(["*", "10.0.0.0/8", "64:ff9b::/96"])
+    assert opened.check_address(ip("64:ff9b::a00:1"), own=False).allowed
+    assert not opened.check_address(ip("64:ff9b::a9fe:a9fe"), own=False).allowed
 
 
 def test_public_addresses_pass_but_not_the_hosts_own() -> None:

@@ -9,9 +9,10 @@ the proxy variables) belongs to the backends; this package is the host side::
     secrets.py   SANDBOX_SECRETS_FILE: secrets, their hosts and header, placeholders
     tls.py       SNI check of CONNECT tunnels; TLS termination with an ephemeral CA
     streams.py   counted, bounded byte streams; the two-way pipe of a tunnel
-    http.py      HTTP/1.1 relaying with h11
+    http.py      HTTP/1.1 relaying with h11; ambiguous framing refused, bodies re-framed
     intercept.py requests inside a terminated TLS session: the secrets added
     audit.py     one audit line and one metrics count per connection
+    limits.py    the proxies' share of the server's descriptors; the pace of refusals
     proxy.py     open_proxy() -> EgressProxy on a Unix socket: CONNECT and plain HTTP
 """
 

@@ -36,10 +36,20 @@ class Audit:
     secrets: set[str] = field(default_factory=set)
     intercepted: bool = False
     started: float = field(default_factory=time.monotonic)
+    #: A refusal past the proxy's rate: counted, its line left to the proxy's summary.
+    quiet: bool = False
 
     def emit(self, session: str, owner: str, metrics: Metrics | None) -> None:
         """Log the line and count the connection (by host; by the wildcard entry that
-        allowed it, so a ``*`` allowlist does not make one series per host)."""
+        allowed it, so a ``*`` allowlist does not make one series per host). A
+        ``quiet`` one is only counted."""
+        if not self.quiet:
+            self._log(session, owner)
+        if metrics is not None:
+            entry = self.rule.partition(":")[2] if self.allowed else ""
+            metrics.egress_connection(entry if entry.startswith("*") else self.host, self.allowed)
+
+    def _log(self, session: str, owner: str) -> None:
         log.info(
             "egress",
             session=session,
@@ -55,6 +65,3 @@ class Audit:
             secrets=sorted(self.secrets),
             duration_ms=round((time.monotonic() - self.started) * 1000),
         )
-        if metrics is not None:
-            entry = self.rule.partition(":")[2] if self.allowed else ""
-            metrics.egress_connection(entry if entry.startswith("*") else self.host, self.allowed)

@@ -116,7 +116,7 @@ async def vetted_addresses(
     if not addresses:
         raise ResolveFailed(f"{host} has no address")
     for address in addresses:
-        verdict = policy.check_address(address, own=is_own_address(address))
+        verdict = policy.check_address(address, own=is_own_address(address), own_of=is_own_address)
         if not verdict.allowed:
             return [], verdict
     return addresses, Decision(True, "addresses-ok")

@@ -1,9 +1,14 @@
 """HTTP inside a TLS session the proxy terminated, for a host that secrets go to.
 
-The sandbox's requests arrive in plaintext here (:class:`Intercepted`); each must be for
-the CONNECT host, gets the secrets for that host added (:func:`with_secrets`) and goes
-to the upstream over the proxy's own TLS connection, verified by the proxy and kept
-alive across requests while both ends allow.
+The sandbox's requests arrive in plaintext here (:class:`Intercepted`); each is judged
+as the first was (the proxy's policy of the moment must still allow the host: a later
+call that names fewer hosts applies to it), must be for the CONNECT host in
+origin form, gets the secrets for that host added (:func:`with_secrets`) and goes to the
+upstream over the proxy's own TLS connection, verified by the proxy and kept alive
+across requests while both ends allow. Only bytes the proxy framed reach that upstream
+(``http.relay``), and a response followed by bytes nobody asked for ends the kept
+connection: a request that carries a secret never meets a response (or a request) that
+another exchange left behind.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from urllib.parse import urlsplit
 import h11
 
 from . import http
-from .policy import normalize_host
+from .policy import Decision, normalize_host
 from .secrets import Secret
 from .streams import IDLE_S, ByteStream, SocketStream
 
@@ -42,7 +47,9 @@ def with_secrets(headers: http.Headers, secrets: Sequence[Secret], used: set[str
 
 class Intercepted:
     """One intercepted connection. ``dial`` opens a verified connection to the host, or
-    raises :class:`http.UpstreamFailed`; ``used`` collects the secret names added."""
+    raises :class:`http.UpstreamFailed`; ``judge`` is the policy's verdict on the host
+    now, asked before every request; ``refused`` answers a refusal (the proxy's 403,
+    which it counts); ``used`` collects the secret names added."""
 
     def __init__(
         self,
@@ -50,10 +57,14 @@ class Intercepted:
         host: str,
         secrets: Sequence[Secret],
         dial: Callable[[], Awaitable[SocketStream]],
+        judge: Callable[[], Decision],
+        refused: Callable[[h11.Connection, ByteStream, Decision], Awaitable[None]],
     ) -> None:
         self.tls = tls
         self.host = host
         self.secrets = tuple(secrets)
+        self._judge = judge
+        self._refused = refused
         self.used: set[str] = set()
         self._dial = dial
         self._upstream: SocketStream | None = None
@@ -65,14 +76,18 @@ class Intercepted:
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=http.MAX_HEAD)
         try:
             for _ in range(MAX_REQUESTS):
-                event = await http.next_event(conn, self.tls, IDLE_S)
+                event = await http.next_request(conn, self.tls, IDLE_S)
                 if not isinstance(event, h11.Request):
                     return
                 if not self._for_host(event):
                     await http.respond(
-                        conn, self.tls, 403, f"requests in this tunnel must be for {self.host}",
+                        conn, self.tls, 403,
+                        f"requests in this tunnel must be for {self.host}, in origin form",
                         close=True,
                     )  # fmt: skip
+                    return
+                if not (decision := self._judge()).allowed:
+                    await self._refused(conn, self.tls, decision)
                     return
                 headers = with_secrets(http.forwardable(event.headers), self.secrets, self.used)
                 if not await self._relay(conn, event, headers):
@@ -84,8 +99,10 @@ class Intercepted:
             await self._drop()
 
     def _for_host(self, request: h11.Request) -> bool:
-        """The Host header names the CONNECT host (no second host behind an allowed one)."""
-        if request.method == b"CONNECT":
+        """The Host header names the CONNECT host and the target is a path (no second
+        host behind an allowed one, by ``Host`` or by an absolute URL an upstream would
+        prefer to it)."""
+        if request.method == b"CONNECT" or not request.target.startswith(b"/"):
             return False
         stated = (http.header(request.headers, b"host") or b"").decode("latin-1")
         try:
@@ -115,7 +132,7 @@ class Intercepted:
         except BaseException:
             await self._drop()
             raise
-        if up.our_state is h11.DONE and up.their_state is h11.DONE:
+        if up.our_state is h11.DONE and up.their_state is h11.DONE and not up.trailing_data[0]:
             up.start_next_cycle()
         else:
             await self._drop()

@@ -22,13 +22,19 @@ private, link-local, shared, reserved and multicast ranges and this host's own a
 are refused unless an address entry of the allow list covers them. The cloud metadata
 addresses (:data:`METADATA`) need an entry naming exactly that address: a broad
 ``10.0.0.0/8``, ``169.254.0.0/16`` or ``0.0.0.0/0`` does not open them.
+
+An IPv6 address that carries an IPv4 one (:func:`embedded_ipv4`: IPv4-mapped and
+-compatible, NAT64 ``64:ff9b::/96`` and ``64:ff9b:1::/48`` in each RFC 6052 layout, 6to4
+``2002::/16``, Teredo's server and client) is judged twice: as itself, and each IPv4 in
+it as that IPv4 would be. On a host with NAT64, ``64:ff9b::a9fe:a9fe`` *is* the
+metadata address, and gets no further than ``169.254.169.254`` does.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
@@ -44,6 +50,7 @@ __all__ = [
     "IPAddress",
     "IPNetwork",
     "Policy",
+    "embedded_ipv4",
     "normalize_host",
     "parse_address",
 ]
@@ -103,6 +110,51 @@ def _network(entry: str) -> IPNetwork | None:
         return ipaddress.ip_network(text, strict=False)
     except ValueError:
         return None
+
+
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_NAT64_LOCAL = ipaddress.ip_network("64:ff9b:1::/48")
+_COMPATIBLE = ipaddress.ip_network("::/96")
+#: Where RFC 6052 (§2.2) puts the IPv4 address for each prefix length: (bit offset,
+#: width) pieces, skipping bits 64-71 (the "u" octet). A local-use prefix's length is the
+#: operator's choice, so every layout that fits in ``64:ff9b:1::/48`` is read.
+_RFC6052 = {
+    48: ((48, 16), (72, 16)),
+    56: ((56, 8), (72, 24)),
+    64: ((72, 32),),
+    96: ((96, 32),),
+}
+
+
+def _bits(value: int, offset: int, width: int) -> int:
+    return (value >> (128 - offset - width)) & ((1 << width) - 1)
+
+
+def embedded_ipv4(address: IPAddress) -> list[ipaddress.IPv4Address]:
+    """The IPv4 addresses an IPv6 ``address`` carries, by where packets to it may end up:
+    IPv4-mapped and IPv4-compatible (``::a.b.c.d``), NAT64 (RFC 6052: the well-known
+    ``64:ff9b::/96`` and the local-use ``64:ff9b:1::/48``, every layout), 6to4
+    (``2002::/16``) and Teredo (its server, and its client de-obfuscated). Empty for an
+    IPv4 address and for every other IPv6 one."""
+    if not isinstance(address, ipaddress.IPv6Address):
+        return []
+    value = int(address)
+    found: list[ipaddress.IPv4Address] = []
+    if address.ipv4_mapped is not None:
+        found.append(address.ipv4_mapped)
+    elif (address in _COMPATIBLE and value > 1) or address in _NAT64:  # not :: nor ::1
+        found.append(ipaddress.IPv4Address(value & 0xFFFFFFFF))
+    elif address in _NAT64_LOCAL:
+        for pieces in _RFC6052.values():
+            v4 = 0
+            for offset, width in pieces:
+                v4 = (v4 << width) | _bits(value, offset, width)
+            found.append(ipaddress.IPv4Address(v4))
+    elif address.sixtofour is not None:
+        found.append(address.sixtofour)
+    elif address.teredo is not None:
+        found.extend(address.teredo)
+    return list(dict.fromkeys(found))
 
 
 def _unmapped(address: IPAddress) -> IPAddress:
@@ -274,11 +326,26 @@ class Policy:
             return Decision(True, f"allow:{allowed}")
         return Decision(False, "ip-literal")
 
-    def check_address(self, address: IPAddress, *, own: bool) -> Decision:
+    def check_address(
+        self,
+        address: IPAddress,
+        *,
+        own: bool,
+        own_of: Callable[[IPAddress], bool] | None = None,
+    ) -> Decision:
         """The verdict on an address the proxy is about to connect to (a literal that
         :meth:`decide` allowed, or one a name resolved to). ``own``: it is one of this
-        host's addresses (the caller found out; see ``dns.is_own_address``)."""
+        host's addresses (the caller found out; see ``dns.is_own_address``). An IPv6
+        address carrying IPv4 ones (:func:`embedded_ipv4`) is allowed only when each of
+        them would be too (``own_of`` tells whether one is this host's; None: not)."""
         address = _unmapped(address)
+        for inner in embedded_ipv4(address):
+            verdict = self._check_one(inner, own=own_of is not None and own_of(inner))
+            if not verdict.allowed:
+                return Decision(False, f"{verdict.rule} (embedded {inner})")
+        return self._check_one(address, own=own)
+
+    def _check_one(self, address: IPAddress, *, own: bool) -> Decision:
         if (denied := self.deny.network_match(address)) is not None:
             return Decision(False, f"deny:{denied}")
         for network in self.resolved:

@@ -17,7 +17,10 @@ The sandbox side (``backends``) binds the socket into the sandbox and bridges it
   message otherwise: no second host behind an allowed one). Like all plain HTTP, no
   secret is ever added to them.
 
-Bounds: :data:`MAX_CONNECTIONS` at once (more are answered 503), heads of
+Bounds: :data:`MAX_CONNECTIONS` at once, fewer when the owner's sandboxes hold their
+share of the server's connections (``limits.ConnectionBudget``; more are answered 503,
+a few at a time, and past those wait in the socket's backlog), refusals at the pace of
+``limits.RefusalPace``, heads of
 ``http.MAX_HEAD`` bytes, :data:`IDLE_S` without a byte either way, ten seconds for DNS, the
 upstream's connect and the TLS handshake. Every connection ends in one audit line (logger
 ``mcp_code_sandbox.egress``) and one metrics count. A failure inside one connection ends
@@ -29,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import socket
 import ssl
 from collections.abc import Sequence
 from pathlib import Path
@@ -44,6 +48,7 @@ from . import http
 from .audit import Audit
 from .dns import ResolveFailed, Resolver, system_resolver, vetted_addresses
 from .intercept import Intercepted
+from .limits import ConnectionBudget, RefusalPace
 from .policy import Decision, IPAddress, Policy, normalize_host
 from .secrets import Secret, secrets_for
 from .streams import IDLE_S, ByteStream, SocketStream, pipe
@@ -61,7 +66,17 @@ __all__ = ["EgressProxy", "blocked_message", "open_proxy"]
 
 log = structlog.get_logger("mcp_code_sandbox.egress")
 
+#: Connections one sandbox's proxy serves at once (the README documents it).
 MAX_CONNECTIONS = 64
+#: Connections past a limit being answered 503 at once; more wait in the backlog.
+REFUSING = 8
+#: The listening socket's backlog: connections the kernel holds (on the sandbox's
+#: account) while every slot is taken.
+BACKLOG = 64
+#: How long a connection past a limit may take to send its request before its 503.
+REFUSE_READ_S = 2.0
+#: After a failed accept (the process out of descriptors): a pause, not a busy loop.
+ACCEPT_RETRY_S = 0.1
 CONNECT_TIMEOUT_S = 10.0
 HANDSHAKE_TIMEOUT_S = 10.0
 #: Hosts kept for :meth:`EgressProxy.take_blocked` between two calls.
@@ -96,6 +111,7 @@ class EgressProxy:
         ca: EphemeralCA | None,
         bundle: bytes | None,
         upstream_tls: ssl.SSLContext | None,
+        budget: ConnectionBudget | None = None,
     ) -> None:
         self.socket_path = socket_path
         self.policy = policy
@@ -109,16 +125,22 @@ class EgressProxy:
         self._upstream_tls = upstream_tls
         self._leaves: dict[str, ssl.SSLContext] = {}
         self._blocked: dict[str, None] = {}
-        self._open = 0
+        self._budget = budget
+        self._pace = RefusalPace(session, owner, metrics)
+        #: Connections accepted and not yet ended: those served and those being refused.
+        self._slots = asyncio.Semaphore(MAX_CONNECTIONS + REFUSING)
+        self._serving = 0
         self._tasks: set[asyncio.Task[None]] = set()
-        self._server: asyncio.Server | None = None
+        self._listener: socket.socket | None = None
+        self._accepting: asyncio.Task[None] | None = None
 
     # -- the API --------------------------------------------------------------------
 
     def use_policy(self, policy: Policy) -> None:
         """Judge new connections by ``policy`` from now on (a call's narrowed policy, the
         server's, or ``Policy()`` to refuse everything while a call has no network).
-        Connections already open keep the verdict they got."""
+        Requests on connections already open are judged by it too (plain HTTP, and
+        intercepted TLS); a tunnel the proxy does not intercept keeps its verdict."""
         self.policy = policy
 
     def ca_bundle(self) -> bytes | None:
@@ -136,15 +158,16 @@ class EgressProxy:
 
     async def aclose(self) -> None:
         """Stop listening, end every open connection, remove the socket. Bounded."""
-        if self._server is not None:
-            self._server.close()
+        if self._accepting is not None:
+            self._accepting.cancel()
+            await asyncio.wait([self._accepting], timeout=5)
+        if self._listener is not None:
+            self._listener.close()
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=5)
-        if self._server is not None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._server.wait_closed(), 5)
+        self._pace.summarise()
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
 
@@ -155,43 +178,93 @@ class EgressProxy:
         uid differs from the server's): the directory it lies in is the gate."""
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
-        self._server = await asyncio.start_unix_server(
-            self._accept, path=str(self.socket_path), limit=http.MAX_HEAD
-        )
-        os.chmod(self.socket_path, 0o666)  # noqa: S103 - the directory guards it
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            listener.bind(str(self.socket_path))
+            os.chmod(self.socket_path, 0o666)  # noqa: S103 - the directory guards it
+            listener.listen(BACKLOG)
+            listener.setblocking(False)
+        except BaseException:
+            listener.close()
+            raise
+        self._listener = listener
+        self._accepting = asyncio.create_task(self._accept_loop(listener))
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _accept_loop(self, listener: socket.socket) -> None:
+        """Accept only while a slot is free: past :data:`MAX_CONNECTIONS` served and
+        :data:`REFUSING` being refused, connections wait in the kernel's backlog (the
+        sandbox's, not the server's descriptors). Each accepted one is served, or (past
+        this proxy's cap, its owner's share or the server's budget) answered 503."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._slots.acquire()
+            try:
+                sock, _ = await loop.sock_accept(listener)
+            except OSError as exc:  # EMFILE and friends: the reserve is the server's
+                self._slots.release()
+                log.warning("egress proxy cannot accept", session=self.session, error=str(exc))
+                await asyncio.sleep(ACCEPT_RETRY_S)
+                continue
+            except BaseException:
+                self._slots.release()
+                raise
+            task = asyncio.create_task(self._connection(sock))
+            self._tasks.add(task)
+
+    def _grant(self) -> tuple[str, str] | None:
+        """A slot to serve one more connection, or (the metrics' reason, the message)."""
+        if self._serving >= MAX_CONNECTIONS:
+            return "sandbox_limit", f"too many connections (at most {MAX_CONNECTIONS})"
+        if self._budget is not None and (refused := self._budget.take(self.owner)) is not None:
+            return refused
+        self._serving += 1
+        return None
+
+    async def _connection(self, sock: socket.socket) -> None:
         task = asyncio.current_task()
         assert task is not None
-        self._tasks.add(task)
+        refusal = self._grant()
         audit = [Audit("http")]  # the current request's (plain HTTP: one per request)
-        client = SocketStream(reader, writer, received=audit[0].up, sent=audit[0].down)
-        self._open += 1
+        client: SocketStream | None = None
         try:
-            if self._open > MAX_CONNECTIONS:
-                conn = h11.Connection(h11.SERVER)
-                with contextlib.suppress(Exception):
-                    await http.next_event(conn, client, HANDSHAKE_TIMEOUT_S)
-                    await http.respond(
-                        conn, client, 503, f"too many connections (at most {MAX_CONNECTIONS})",
-                        close=True,
-                    )  # fmt: skip
-                return
-            await self._serve(client, audit)
-        except (OSError, h11.ProtocolError, http.ReadTimeout, ssl.SSLError):
+            reader, writer = await asyncio.open_unix_connection(sock=sock, limit=http.MAX_HEAD)
+            client = SocketStream(reader, writer, received=audit[0].up, sent=audit[0].down)
+            if refusal is None:
+                await self._serve(client, audit)
+            else:
+                await self._overloaded(client, *refusal)
+        except (OSError, h11.ProtocolError, http.ReadTimeout, ssl.SSLError, TimeoutError):
             pass  # the peer went away or spoke nonsense: the connection ends, the audit says so
         except asyncio.CancelledError:
-            # aclose() ends open connections. Nobody awaits this task, and asyncio's
-            # stream callback would log a cancelled one as an error: end it normally.
-            pass
+            pass  # aclose() ends open connections; nobody awaits this task
         except Exception:  # one connection's bug never stops the proxy
             log.exception("egress connection failed", session=self.session)
         finally:
-            self._open -= 1
-            await client.close()
+            if refusal is None:
+                self._serving -= 1
+                if self._budget is not None:
+                    self._budget.give(self.owner)
+            if client is not None:
+                await client.close()
+            else:
+                sock.close()
+            self._slots.release()
             self._tasks.discard(task)
             if audit[0].host:
                 audit[0].emit(self.session, self.owner, self._metrics)
+
+    async def _overloaded(self, client: SocketStream, reason: str, message: str) -> None:
+        """A connection past a limit: its request (read for at most a moment) is answered
+        503, at the pace of refusals."""
+        if self._metrics is not None:
+            self._metrics.egress_refused(reason)
+        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=http.MAX_HEAD)
+        with contextlib.suppress(h11.ProtocolError, http.ReadTimeout):
+            await http.next_event(conn, client, REFUSE_READ_S)
+        if await self._pace.wait():
+            log.info("egress connection refused", session=self.session, owner=self.owner,
+                     reason=reason)  # fmt: skip
+        await http.respond(conn, client, 503, message, close=True)
 
     async def _serve(
         self,
@@ -208,7 +281,8 @@ class EgressProxy:
         if conn is None:
             conn = h11.Connection(h11.SERVER, max_incomplete_event_size=http.MAX_HEAD)
         while True:
-            event = await http.next_event(conn, client, IDLE_S)
+            what = "bad request" if tunnel is None else "a tunnel carries TLS or HTTP/1.1"
+            event = await http.next_request(conn, client, IDLE_S, what)
             if not isinstance(event, h11.Request):
                 return
             if event.method == b"CONNECT" and tunnel is None:
@@ -233,6 +307,7 @@ class EgressProxy:
     ) -> None:
         audit.allowed, audit.rule = False, decision.rule
         self._note_blocked(audit.host)
+        audit.quiet = not await self._pace.wait()
         await http.respond(conn, client, 403, blocked_message(audit.host))
 
     def _note_blocked(self, host: str) -> None:
@@ -469,8 +544,11 @@ class EgressProxy:
             audit.allowed, audit.intercepted = True, True
             await upstream.close()  # reopened with TLS, verified by the proxy
             session = Intercepted(
-                outcome.stream, audit.host, mine, lambda: self._dial_tls(audit.host, audit.port)
-            )
+                outcome.stream, audit.host, mine,
+                lambda: self._dial_tls(audit.host, audit.port),
+                lambda: self.policy.decide(audit.host, audit.port),
+                lambda conn, stream, decision: self._refuse(conn, stream, audit, decision),
+            )  # fmt: skip
             try:
                 await session.serve()
             finally:
@@ -509,14 +587,16 @@ async def open_proxy(
     metrics: Metrics | None,
     upstream_ca: Path | None = None,
     resolver: Resolver | None = None,
+    budget: ConnectionBudget | None = None,
 ) -> EgressProxy:
     """Start a sandbox's proxy listening on ``socket_path`` (created; replaced if stale).
 
     ``secrets``: all the server's secrets (the proxy picks those whose hosts a CONNECT
     names). ``upstream_ca``: extra roots for upstreams (``SANDBOX_NETWORK_UPSTREAM_CA``).
     ``resolver``: how names resolve (default: the host's resolver;
-    ``dns.resolver_from_settings`` adds ``SANDBOX_NETWORK_RESOLVE``). The blocking set-up
-    (a CA key, reading the roots) runs in a worker thread. Raises
+    ``dns.resolver_from_settings`` adds ``SANDBOX_NETWORK_RESOLVE``). ``budget``: the
+    server's connections, shared by all its proxies (None: this proxy's cap only). The
+    blocking set-up (a CA key, reading the roots) runs in a worker thread. Raises
     :class:`~mcp_code_sandbox.errors.SandboxFailed` when the socket cannot be made.
     """
     ca: EphemeralCA | None = None
@@ -529,6 +609,7 @@ async def open_proxy(
     proxy = EgressProxy(
         socket_path, policy, secrets, owner=owner, session=session, metrics=metrics,
         resolver=resolver or system_resolver, ca=ca, bundle=bundle, upstream_tls=upstream_tls,
+        budget=budget,
     )  # fmt: skip
     try:
         await proxy.start()

@@ -34,9 +34,10 @@ import structlog
 from mcp_code_sandbox.backends.base import Egress
 from mcp_code_sandbox.backends.unix_sockets import SocketDir
 from mcp_code_sandbox.egress.dns import resolver_from_settings
+from mcp_code_sandbox.egress.limits import ConnectionBudget
 from mcp_code_sandbox.egress.policy import Policy
 from mcp_code_sandbox.egress.presets import learn_presets
-from mcp_code_sandbox.egress.proxy import EgressProxy, open_proxy
+from mcp_code_sandbox.egress.proxy import MAX_CONNECTIONS, EgressProxy, open_proxy
 from mcp_code_sandbox.egress.secrets import Secret, load_secrets, placeholder_env
 from mcp_code_sandbox.errors import SandboxFailed
 from mcp_code_sandbox.layout import EGRESS_CA_NAME, egress_env
@@ -77,6 +78,8 @@ class EgressProxies:
         self._swept = False
         #: How the proxies resolve names: ``network_resolve`` first, then the host's DNS.
         self._resolver = resolver_from_settings(settings)
+        #: The descriptors all the proxies may take, and each owner's share of them.
+        self._budget = ConnectionBudget.for_process(MAX_CONNECTIONS)
 
     def policy(self, hosts: tuple[str, ...] = ()) -> Policy:
         """The server's policy, or (``hosts``) the call's narrower one. Raises
@@ -124,6 +127,7 @@ class EgressProxies:
                 metrics=self.metrics,
                 upstream_ca=self.settings.network_upstream_ca,
                 resolver=self._resolver,
+                budget=self._budget,
             )
         except BaseException as exc:
             directory.close()
