@@ -203,9 +203,16 @@ class SessionManager:
         self.settings.workspaces_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / f"{self._instance}.pid").write_text(process_mark())
         if self._wants_janitor:  # before any sandbox or workspace of ours exists
-            self._janitor = await asyncio.to_thread(
-                Janitor.spawn, self.settings, self.backend.name, self._instance
-            )
+            try:
+                self._janitor = await asyncio.to_thread(
+                    Janitor.spawn, self.settings, self.backend.name, self._instance
+                )
+            except OSError as exc:  # an interpreter this uid may run but not start again
+                log.warning(
+                    "no janitor: if this server is killed, the next start on its state "
+                    "directory removes what it leaves",
+                    error=str(exc),
+                )
         self.quota = await asyncio.to_thread(quota.choose, self.settings, self.backend)
         log.info("workspace quota", enforced=self.quota.describe())
         if self.uids is not None:
