@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -58,3 +59,53 @@ async def test_pausing_off_pauses_nothing() -> None:
     assert paused == []
     with pytest.raises(MaxSessions):
         room.check("y")
+
+
+async def test_another_owners_slow_pause_is_never_waited_for() -> None:
+    alices = session("a", "alice", 1.0)
+    sessions = [alices]
+    pausing = asyncio.Event()
+    finish = asyncio.Event()
+
+    async def slow_pause(victim: Session) -> None:
+        pausing.set()
+        await finish.wait()  # a big checkpoint, or hostile code making its save slow
+        victim.paused = Paused("files", 0.0)
+
+    settings = load_settings({"max_sessions": 2, "max_sessions_per_owner": 1}, environ={})
+    room = Room(settings, lambda: sessions, slow_pause)
+    alice = asyncio.create_task(room.make("alice"))
+    await pausing.wait()
+    # Bob makes his room and takes it while Alice's pause is still under way.
+    await asyncio.wait_for(room.make("bob"), timeout=5)
+    room.check("bob")
+    sessions.append(session("b", "bob", 2.0))
+    assert not alice.done()
+    # The slot Alice's pause frees is hers: neither Bob nor a third owner takes it.
+    with pytest.raises(MaxSessions):
+        room.check("carol")
+    finish.set()
+    await alice
+    room.check("alice")
+
+
+async def test_two_calls_never_pause_one_session_for_two_slots() -> None:
+    a, b = session("a", "x", 1.0), session("b", "x", 2.0)
+    started: list[str] = []
+    finish = asyncio.Event()
+
+    async def pause(victim: Session) -> None:
+        started.append(victim.id)
+        await finish.wait()
+        victim.paused = Paused("files", 0.0)
+
+    settings = load_settings({"max_sessions": 2}, environ={})
+    room = Room(settings, lambda: [a, b], pause)
+    first = asyncio.create_task(room.make("y"))
+    second = asyncio.create_task(room.make("z"))
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert started == ["a", "b"]  # each its own victim, the idlest first
+    finish.set()
+    await asyncio.gather(first, second)
+    assert room.running() == 0

@@ -316,9 +316,8 @@ class SessionManager:
         workspace is mounted here.
         """
         if create and (session_id is None or (owner, session_id) not in self._sessions):
-            async with self.room.lock:  # a new session runs: room first (see ``room``)
-                await self.room.make(owner)
-                session, created, notice = self._lookup(owner, session_id, create=True, pool=pool)
+            await self.room.make(owner)  # a new session runs: room first (see ``room``)
+            session, created, notice = self._lookup(owner, session_id, create=True, pool=pool)
         else:
             session, created, notice = self._lookup(owner, session_id, create=create, pool=pool)
         session.queued += 1  # not idle while a call waits for it (see ``room``)
@@ -510,10 +509,9 @@ class SessionManager:
             if not session.workspace_made:
                 return await self._mounting(session, network=network, runner=runner)
             return await self.sandboxes.executor(session, network=network, runner=runner)
-        async with self.room.lock:  # it runs again: room first (see ``room``)
-            await self.room.make(session.owner, exclude=session)
-            self.room.check(session.owner)
-            session.resuming = True
+        await self.room.make(session.owner, exclude=session)  # it runs again: room first
+        self.room.check(session.owner)  # in the step in which ``make`` returned (``room``)
+        session.resuming = True
         try:
             pooled = self.pool.claim() if pool and fits_pool(session) else None
             if pooled is not None:

@@ -11,13 +11,18 @@ Semantics (the manager owns one :class:`Room`):
   of that owner's): it resumes on its own next call, as after any pause. Only when every
   running session is in a call, or pausing is off (``pause_after_m`` 0, or
   ``max_paused_sessions`` 0), does the call fail with ``max_sessions``.
-- Making room is serialised (:attr:`Room.lock`): two calls never pause for one slot, and
-  a resume is counted as running from the moment it has its room.
+- Deciding takes no lock and no time: each decision is one synchronous step on the event
+  loop, and the pause it decides on runs after it, holding nothing but the victim's own
+  lock. So no owner ever waits for another owner's pause (a pause can take long: a big
+  session's checkpoint, or hostile code making its own save slow). Two calls never pick
+  one victim (it is marked before the step ends), and a slot being freed is *claimed*:
+  while its victim is paused it counts for the call that paused it, not for its old
+  owner, so no other call takes it meanwhile; the call takes it in the same synchronous
+  step in which :meth:`Room.make` returns (``check`` and registering, or ``resuming``).
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable, Iterable
 
 from mcp_code_sandbox.errors import MaxSessions
@@ -39,16 +44,22 @@ class Room:
         self.settings = settings
         self._sessions = sessions
         self._pause = pause
-        #: Held while room is made and taken (see the module docstring).
-        self.lock = asyncio.Lock()
+        #: Sessions being paused to make room, each with the owner whose call claimed the
+        #: slot it frees (see the module docstring).
+        self._freeing: dict[Session, str] = {}
 
     def running(self, owner: str | None = None) -> int:
-        """Running sessions: all of them, or ``owner``'s."""
-        return sum(
+        """Running sessions, with the slots claimed from sessions being paused for room:
+        all of them, or ``owner``'s."""
+        sessions = sum(
             1
             for s in self._sessions()
-            if (s.paused is None or s.resuming) and (owner is None or s.owner == owner)
+            if (s.paused is None or s.resuming)
+            and s not in self._freeing
+            and (owner is None or s.owner == owner)
         )
+        claims = sum(1 for who in self._freeing.values() if owner is None or who == owner)
+        return sessions + claims
 
     def check(self, owner: str) -> None:
         """Raise ``MaxSessions`` when ``owner`` may not have one more running session."""
@@ -70,23 +81,32 @@ class Room:
     async def make(self, owner: str, exclude: Session | None = None) -> None:
         """Pause idle running sessions until ``owner`` may run one more (``exclude``: the
         session that wants to run). Returns when there is room, or when there is none to
-        be had (:meth:`check` then says so). Call with :attr:`lock` held."""
+        be had (:meth:`check` then says so); the caller takes it (or is refused) before
+        it awaits anything else."""
         s = self.settings
         if s.pause_after_m <= 0 or s.max_paused_sessions <= 0:
             return
         while True:
-            per_owner = s.sessions_per_owner
-            if per_owner is not None and self.running(owner) >= per_owner:
-                victim = self._idlest(owner, exclude)
-            elif self.running() >= s.max_sessions:
-                victim = self._idlest(None, exclude)
-            else:
-                return
+            victim = self.victim(owner, exclude)
             if victim is None:
                 return
-            await self._pause(victim)
+            self._freeing[victim] = owner  # claimed: see the module docstring
+            try:
+                await self._pause(victim)
+            finally:
+                del self._freeing[victim]
             if victim.paused is None:  # closed meanwhile, or could not: do not spin
                 return
+
+    def victim(self, owner: str, exclude: Session | None = None) -> Session | None:
+        """The session to pause so that ``owner`` may run one more; ``None`` when there
+        is room already, or no session to pause."""
+        per_owner = self.settings.sessions_per_owner
+        if per_owner is not None and self.running(owner) >= per_owner:
+            return self._idlest(owner, exclude)
+        if self.running() >= self.settings.max_sessions:
+            return self._idlest(None, exclude)
+        return None
 
     def _idlest(self, owner: str | None, exclude: Session | None) -> Session | None:
         idle = [
@@ -96,6 +116,7 @@ class Room:
             and s.paused is None
             and not s.resuming
             and not s.pausing
+            and s not in self._freeing
             and not s.closed
             and not s.lock.locked()
             and not s.queued  # a call waits for it: pausing would wait for that call

@@ -1,0 +1,86 @@
+"""Issue 27, findings 4, 5 and 7 (last bullet): the paused state, making room, and the
+mounts of paused workspaces, attacked by one tenant (``mallory``) while another
+(``victim``) works, over streamable HTTP with the official MCP client.
+
+- A slow pause: Mallory makes her own session's pause slow on purpose (a variable whose
+  pickling waits for a gate the test opens) and then needs room for a new session; the
+  victim's new session must be served while that pause is still under way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mcp_code_sandbox.settings import Settings
+
+from ..conftest import each_runtime
+from .tenants import two_tenants
+
+pytestmark = [pytest.mark.e2e]
+
+
+async def until(check: Callable[[], Any], what: str, limit_s: float = 180.0) -> None:
+    """Poll ``check`` (a coroutine function) until it is true; the bound only ends a
+    test that would otherwise wait for ever, it is not what the test asserts."""
+    deadline = time.monotonic() + limit_s
+    while not await check():
+        assert time.monotonic() < deadline, f"still waiting for {what}"
+        await asyncio.sleep(0.25)
+
+
+GATED = """
+import os, time
+class Gated:
+    def __reduce__(self):
+        if os.path.exists('/mnt/data/armed'):
+            open('/mnt/data/pausing', 'w').close()
+            while not os.path.exists('/mnt/data/open'):
+                time.sleep(0.05)
+        return (Gated, ())
+gated = Gated()
+"""
+
+
+def gate_dir(settings: Settings) -> Path:
+    """The workspace (on the host) whose pause is waiting at the gate."""
+    found = list(settings.workspaces_dir.glob("*/pausing"))
+    assert len(found) <= 1, found
+    return found[0].parent if found else Path()
+
+
+@each_runtime
+async def test_a_slow_pause_of_one_owner_never_stalls_another(
+    make_settings: Callable[..., Settings],
+) -> None:
+    # Two running sessions, one each: Mallory's next new session needs her idle one
+    # paused. No pause happens on its own (60 min idle), only to make room.
+    settings = make_settings()
+    async with two_tenants(settings, SANDBOX_MAX_SESSIONS="2", SANDBOX_PAUSE_AFTER_M="60") as t:
+        await t.run(t.mallory, GATED, session_id="mallory-slow")
+        # Paused once and resumed, so that even where memory is checkpointed the next
+        # pause saves variables (a restored gVisor sandbox is never checkpointed again).
+        await t.run(t.mallory, "1", session_id="mallory-other")
+        await t.run(t.mallory, GATED + "open('armed', 'w').close()", session_id="mallory-slow")
+
+        mallory_new = asyncio.create_task(t.run(t.mallory, "print('m')", session_id="m-new"))
+
+        async def at_the_gate() -> bool:
+            return gate_dir(settings) != Path()
+
+        await until(at_the_gate, "Mallory's pause to reach its gate")
+        victim_new = await t.run(t.victim, "print('v')", session_id="v-new")
+        assert victim_new["stdout"] == "v\n"
+        # Served while Mallory's pause still waits at its gate (a finished pause, or one
+        # given up, unmounts her workspace, and the gate with it).
+        assert gate_dir(settings) != Path(), "the victim waited for Mallory's pause"
+        assert not mallory_new.done()
+        (gate_dir(settings) / "open").touch()
+        assert (await mallory_new)["stdout"] == "m\n"
+        back = await t.run(t.mallory, "type(gated).__name__", session_id="mallory-slow")
+        assert back["result"] == "'Gated'", back
