@@ -2,6 +2,9 @@
 mounts of paused workspaces, attacked by one tenant (``mallory``) while another
 (``victim``) works, over streamable HTTP with the official MCP client.
 
+- Sparse files: Mallory's workspaces claim 100 GiB each and hold nothing; the paused-disk
+  budget must count what is held, and when it is really over, Mallory (whose paused
+  state is the largest) pays, never the victim.
 - A slow pause: Mallory makes her own session's pause slow on purpose (a variable whose
   pickling waits for a gate the test opens) and then needs room for a new session; the
   victim's new session must be served while that pause is still under way.
@@ -19,10 +22,34 @@ import pytest
 
 from mcp_code_sandbox.settings import Settings
 
-from ..conftest import each_runtime
-from .tenants import two_tenants
+from ..conftest import each_backend, each_runtime
+from .tenants import structured, two_tenants
 
 pytestmark = [pytest.mark.e2e]
+
+MIB = 1 << 20
+
+REAL = """
+import os
+with open('real.bin', 'wb') as f:
+    for _ in range({mib}):
+        f.write(os.urandom(1 << 20))
+kept = 'kept-{mib}'
+"""
+
+SPARSE = """
+import os
+# Each file as large as the sandbox may make one (RLIMIT_FSIZE: the quota), all holes.
+for i in range(100):
+    with open(f'holes{i}.bin', 'wb') as f:
+        f.truncate((1 << 30) - 4096)
+print(sum(os.stat(f'holes{i}.bin').st_size for i in range(100)) >> 30)
+"""
+
+
+async def sessions_of(client: Any) -> dict[str, dict[str, Any]]:
+    listed = structured(await client.call_tool("list_sessions", {}))
+    return {s["session_id"]: s for s in listed["sessions"]}
 
 
 async def until(check: Callable[[], Any], what: str, limit_s: float = 180.0) -> None:
@@ -32,6 +59,46 @@ async def until(check: Callable[[], Any], what: str, limit_s: float = 180.0) -> 
     while not await check():
         assert time.monotonic() < deadline, f"still waiting for {what}"
         await asyncio.sleep(0.25)
+
+
+# Not under gVisor: there a pause is a memory checkpoint, whose size (counted by its
+# blocks too) varies from run to run, so no budget set before the test fits it exactly.
+@each_backend
+async def test_sparse_files_cost_no_other_owner_its_paused_session(
+    make_settings: Callable[..., Settings],
+) -> None:
+    # Every session is paused after 3 s idle; the budget holds the victim's 8 MiB and
+    # Mallory's real bytes once, not twice.
+    settings = make_settings()
+    budget = str(48 * MIB)
+    async with two_tenants(
+        settings, SANDBOX_PAUSE_AFTER_M="0.05", SANDBOX_PAUSED_DISK_BYTES=budget
+    ) as t:
+        await t.run(t.victim, REAL.format(mib=8), session_id="victim-work")  # idlest
+        await t.run(t.mallory, REAL.format(mib=24), session_id="mallory-real")
+        sparse = await t.run(t.mallory, SPARSE, session_id="mallory-sparse")
+        assert sparse["stdout"] == "99\n", sparse["error"]
+
+        async def mallorys_paused() -> bool:
+            states = {sid: s["state"] for sid, s in (await sessions_of(t.mallory)).items()}
+            return states == {"mallory-real": "paused", "mallory-sparse": "paused"}
+
+        await until(mallorys_paused, "Mallory's two sessions to be paused")
+        # Over the budget for real now: Mallory's longest idle goes, nobody else's.
+        await t.run(t.mallory, REAL.format(mib=24), session_id="mallory-more")
+
+        async def mallory_paid() -> bool:
+            return "mallory-real" not in await sessions_of(t.mallory)
+
+        await until(mallory_paid, "Mallory's longest-idle paused session to expire")
+        mine, theirs = await sessions_of(t.mallory), await sessions_of(t.victim)
+        assert set(theirs) == {"victim-work"}, "the victim's paused session was expired"
+        assert "mallory-sparse" in mine, "100 GiB of holes were counted as disk"
+        back = await t.run(
+            t.victim, "print(kept, os.path.getsize('real.bin'))", session_id="victim-work"
+        )
+        assert back["stdout"] == f"kept-8 {8 * MIB}\n", back
+        await t.victim_is_fine()
 
 
 GATED = """

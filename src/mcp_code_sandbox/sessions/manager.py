@@ -18,7 +18,8 @@ Semantics:
   idle past the TTL or older than the max lifetime, never in the middle of a call.
 - Limits on running sessions: ``max_sessions`` in all, ``sessions_per_owner`` each; a
   call that needs one more pauses the longest-idle running session (:mod:`.room`).
-  Paused ones are bounded by ``max_paused_sessions`` and ``paused_disk_bytes``.
+  Paused ones are bounded by ``max_paused_sessions`` and ``paused_disk_bytes`` (by what
+  they hold on disk, the largest owner first: :func:`.room.over_disk_budget`).
 - A session created by a call that runs code in a sandbox of the default kind takes a
   warm one from :mod:`.pool` when there is one (its slot, workspace, uid and sandbox
   become the session's; owner and id are bound then); else it starts one as before.
@@ -88,7 +89,7 @@ from mcp_code_sandbox.sessions.overview import files_held
 from mcp_code_sandbox.sessions.pool import Pooled, WarmPool
 from mcp_code_sandbox.sessions.quota import QuotaMode
 from mcp_code_sandbox.sessions.recovery import Adopted, Kept, recover
-from mcp_code_sandbox.sessions.room import Room
+from mcp_code_sandbox.sessions.room import Room, over_disk_budget
 from mcp_code_sandbox.sessions.sandboxes import Sandboxes
 from mcp_code_sandbox.sessions.session import (
     END_WAIT_S,
@@ -616,8 +617,10 @@ class SessionManager:
             self._save(session, force=True)
             paused = await self.sandboxes.pause(session)
             count, size = await files_held(self.threads, session) or (0, 0)
+            # Its bytes: the checkpoint's, then the workspace's on disk (measured by
+            # ``_unmount``; saved variables are in the workspace).
             paused = dataclasses.replace(
-                paused, bytes=paused.bytes + size, file_count=count, files_bytes=size
+                paused, bytes=_outside_bytes(paused), file_count=count, files_bytes=size
             )
             session.paused, session.pausing = paused, False
             self._save(session, force=True)
@@ -628,14 +631,34 @@ class SessionManager:
                 session.lock.release()
 
     async def _unmount(self, session: Session) -> None:
-        """Let go of a paused session's filesystem (mounted again by its next call)."""
+        """Let go of a paused session's filesystem (mounted again by its next call), then
+        measure its state on disk. A filesystem still busy (a download reading a file)
+        stays mounted, and the reaper tries again."""
         if session.workspace_made and session.workspace.volume is not None:
             try:
-                await self.threads.run(session.owner, session.workspace.unmount)
+                gone = await self.threads.run(session.owner, session.workspace.unmount)
             except (SandboxError, OSError) as exc:
                 log.warning("cannot unmount a paused workspace", session=session.id, error=str(exc))
-                return
-            session.workspace_made = False
+                gone = False
+            if gone:
+                session.workspace_made = False
+        await self._measure(session)
+
+    async def _measure(self, session: Session) -> None:
+        """Set a paused session's ``bytes`` to what its state holds on the host's disk
+        now: allocated blocks, never the sizes its files claim (a hostile session's
+        sparse files would else count terabytes against every owner's budget)."""
+        paused = session.paused
+        if paused is None:
+            return
+        try:
+            disk = await self.threads.run(session.owner, session.workspace.disk_bytes)
+        except (SandboxError, OSError) as exc:
+            log.warning("cannot measure a paused workspace", session=session.id, error=str(exc))
+            return
+        if session.paused is paused and paused.bytes != _outside_bytes(paused) + disk:
+            session.paused = dataclasses.replace(paused, bytes=_outside_bytes(paused) + disk)
+            self._save(session, force=True)
 
     def paused_bytes(self) -> int:
         """Bytes of paused sessions' state on disk, all owners (for the disk budget)."""
@@ -788,23 +811,16 @@ class SessionManager:
             log.exception("pausing a session failed", owner=session.owner, session=session.id)
 
     async def _keep_within_disk_budget(self) -> None:
-        """Past ``paused_disk_bytes``, expire paused sessions, the longest idle first."""
+        """Past ``paused_disk_bytes``, expire paused sessions: the longest idle of the
+        owner whose paused state takes the most disk first (:func:`.room.over_disk_budget`)."""
         budget = self.settings.paused_disk_bytes
-        total = self.paused_bytes()
-        if total <= budget:
-            return
-        paused = sorted(
-            (s for s in self._sessions.values() if s.paused is not None and not s.lock.locked()),
-            key=lambda s: s.last_active,
-        )
-        for session in paused:
-            if total <= budget:
-                break
-            assert session.paused is not None
-            total -= session.paused.bytes
+        for session in over_disk_budget(self._sessions.values(), budget):
+            if session.lock.locked():  # a call came meanwhile: decide again next pass
+                return
             reason = (
                 f"session {session.id} was paused and then expired to keep paused sessions "
-                f"within SANDBOX_PAUSED_DISK_BYTES ({budget} bytes); the longest idle go first"
+                f"within SANDBOX_PAUSED_DISK_BYTES ({budget} bytes); the owner whose paused "
+                "sessions take the most disk loses its longest idle first"
             )
             await self._isolated(session, self._expire(session, reason, "disk"))
 
@@ -869,3 +885,8 @@ class SessionManager:
 
 def _gone_suffix(tombstone: str | None) -> str:
     return f" ({tombstone})" if tombstone else ""
+
+
+def _outside_bytes(paused: Paused) -> int:
+    """What a pause holds outside the workspace: its checkpoint image, if any."""
+    return (paused.checkpoint.bytes or 0) if paused.checkpoint is not None else 0

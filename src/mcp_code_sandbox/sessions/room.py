@@ -1,11 +1,11 @@
-"""Room for one more running session: the session limits count running sessions, and a
-call that needs one more pauses the longest-idle session to make room.
+"""Room for one more running session, and which paused sessions give way to the
+paused-state budgets: the reaper's and the limits' decisions, kept apart from acting.
 
 Semantics (the manager owns one :class:`Room`):
 - A session is *running* unless it is paused (with or without a sandbox: an upload makes
   one too), or while a call resumes it. ``max_sessions`` bounds running sessions, and
   ``sessions_per_owner`` each owner's; paused ones cost disk, not RAM, and are bounded
-  apart (``max_paused_sessions``, ``paused_disk_bytes``: see the manager's reaper).
+  apart (``max_paused_sessions``, ``paused_disk_bytes``: see :func:`over_disk_budget`).
 - A call that creates a session, or resumes a paused one, when a limit is reached first
   pauses the longest-idle running session that no call holds (for an owner's limit, one
   of that owner's): it resumes on its own next call, as after any pause. Only when every
@@ -19,17 +19,23 @@ Semantics (the manager owns one :class:`Room`):
   while its victim is paused it counts for the call that paused it, not for its old
   owner, so no other call takes it meanwhile; the call takes it in the same synchronous
   step in which :meth:`Room.make` returns (``check`` and registering, or ``resuming``).
+- Past ``paused_disk_bytes`` the owner whose paused state is largest gives way first,
+  that owner's longest-idle paused session first; nobody else's is taken while that
+  owner still has paused state (:func:`over_disk_budget`). Sizes are what the state
+  holds on disk (allocated blocks), never what its files claim: a sparse file's holes
+  cost nothing and count nothing.
 """
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Awaitable, Callable, Iterable
 
 from mcp_code_sandbox.errors import MaxSessions
 from mcp_code_sandbox.sessions.session import Session
 from mcp_code_sandbox.settings import Settings
 
-__all__ = ["Room"]
+__all__ = ["Room", "over_disk_budget"]
 
 
 class Room:
@@ -123,3 +129,33 @@ class Room:
             and (owner is None or s.owner == owner)
         ]
         return min(idle, key=lambda s: s.last_active, default=None)
+
+
+def over_disk_budget(sessions: Iterable[Session], budget: int) -> list[Session]:
+    """The paused sessions to expire, in order, so that paused state fits in ``budget``
+    bytes (each session's ``paused.bytes``: what it holds on disk). Each is taken from the
+    owner whose paused state is largest at that moment (that owner is always over its
+    fair share while the total is over), that owner's longest idle first. A session a call
+    holds is not taken; while the largest owner has only such sessions, nobody else's is
+    taken either (the reaper's next pass decides again)."""
+    held = [s for s in sessions if s.paused is not None and not s.closed]
+    by_owner: collections.Counter[str] = collections.Counter()
+    for s in held:
+        assert s.paused is not None
+        by_owner[s.owner] += s.paused.bytes
+    total = sum(by_owner.values())
+    chosen: list[Session] = []
+    while total > budget and by_owner:
+        owner = max(by_owner, key=lambda o: (by_owner[o], o))
+        free = [s for s in held if s.owner == owner and not s.lock.locked()]
+        if not free:
+            break
+        victim = min(free, key=lambda s: s.last_active)
+        assert victim.paused is not None
+        held.remove(victim)
+        chosen.append(victim)
+        by_owner[owner] -= victim.paused.bytes
+        total -= victim.paused.bytes
+        if not any(s.owner == owner for s in held):
+            del by_owner[owner]
+    return chosen
