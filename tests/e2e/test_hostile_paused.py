@@ -8,16 +8,20 @@ mounts of paused workspaces, attacked by one tenant (``mallory``) while another
 - A slow pause: Mallory makes her own session's pause slow on purpose (a variable whose
   pickling waits for a gate the test opens) and then needs room for a new session; the
   victim's new session must be served while that pause is still under way.
+- Mounts: a file call on a paused session (or one that never ran code) leaves no mount
+  behind, and one owner holding its share of mounts open cannot take the rest.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from mcp_code_sandbox.settings import Settings
@@ -151,3 +155,59 @@ async def test_a_slow_pause_of_one_owner_never_stalls_another(
         assert (await mallory_new)["stdout"] == "m\n"
         back = await t.run(t.mallory, "type(gated).__name__", session_id="mallory-slow")
         assert back["result"] == "'Gated'", back
+
+
+def workspace_mounts(settings: Settings) -> int:
+    below = f"{settings.workspaces_dir}/"
+    with open("/proc/self/mountinfo") as info:
+        return sum(1 for line in info if line.split()[4].startswith(below))
+
+
+@contextlib.contextmanager
+def held_open(url: str) -> Iterator[None]:
+    """A download started and never read: the server keeps the file open."""
+    with httpx.stream("GET", url, timeout=30) as response:
+        assert response.status_code == 200
+        yield
+
+
+@each_runtime
+async def test_file_calls_leave_no_mounts_and_one_owner_takes_only_its_share(
+    make_settings: Callable[..., Settings],
+) -> None:
+    settings = make_settings()
+    limits = {"SANDBOX_MAX_SESSIONS": "4", "SANDBOX_PAUSE_AFTER_M": "60"}
+    async with two_tenants(settings, SANDBOX_EXEC_TIMEOUT_S="5", **limits) as t:
+        # 1. Uploads into new sessions (no code runs), then reads of them: every call
+        #    lets its mount go before it returns.
+        for i in range(6):
+            args = {"filename": "f.txt", "content_text": "x", "session_id": f"up{i}"}
+            structured(await t.mallory.call_tool("upload_file", args))
+            structured(
+                await t.mallory.call_tool("read_file", {"session_id": "up0", "path": "f.txt"})
+            )
+            assert workspace_mounts(settings) == 0, f"mounts left after upload {i}"
+        uploaded = await sessions_of(t.mallory)  # its files, as noted at the unmount
+        assert uploaded["up5"]["file_count"] == 1 and uploaded["up5"]["workspace_bytes"] == 1
+
+        # 2. Mallory holds downloads open on two paused sessions, her share of the
+        #    mounts of sessions without a sandbox; her third file call waits and is
+        #    refused, the victim's are served.
+        await t.run(t.victim, "x = 1", session_id="victim-paused")
+        await t.run(t.victim, "1", session_id="victim-a")
+        await t.run(t.victim, "1", session_id="victim-b")  # pauses victim-paused
+        links = []
+        for i in range(2):
+            made = await t.run(
+                t.mallory, "open('big.bin', 'wb').truncate(512 << 20)", session_id=f"held{i}"
+            )
+            links.append(made["files"][0]["download_url"])
+        await t.run(t.mallory, "1", session_id="m-running")  # pauses held0
+        await t.run(t.mallory, "1", session_id="m-running2")  # pauses held1
+        with held_open(links[0]), held_open(links[1]):
+            assert workspace_mounts(settings) == 4 + 2  # four running, two held open
+            refused = await t.mallory.call_tool("list_files", {"session_id": "up1"})
+            assert refused.is_error and "session_busy" in str(refused.content), refused
+            listed = await t.victim.call_tool("list_files", {"session_id": "victim-paused"})
+            assert isinstance(structured(listed)["entries"], list)
+            assert workspace_mounts(settings) == 4 + 2  # the victim's let go already

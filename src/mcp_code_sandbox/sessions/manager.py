@@ -20,6 +20,9 @@ Semantics:
   call that needs one more pauses the longest-idle running session (:mod:`.room`).
   Paused ones are bounded by ``max_paused_sessions`` and ``paused_disk_bytes`` (by what
   they hold on disk, the largest owner first: :func:`.room.over_disk_budget`).
+- A session without a sandbox (paused, or one that never ran code) has its workspace
+  mounted for a file call only: the call takes a place in :mod:`.mounts`, and its end
+  unmounts the workspace (the reaper retries one still busy) and measures a paused one.
 - A session created by a call that runs code in a sandbox of the default kind takes a
   warm one from :mod:`.pool` when there is one (its slot, workspace, uid and sandbox
   become the session's; owner and id are bound then); else it starts one as before.
@@ -84,6 +87,7 @@ from mcp_code_sandbox.sessions import quota, records, runlog
 from mcp_code_sandbox.sessions.agent_client import AgentClient
 from mcp_code_sandbox.sessions.egress import Wish
 from mcp_code_sandbox.sessions.ids import mint_session_id, session_key, validate_session_id
+from mcp_code_sandbox.sessions.mounts import MountedWorkspaces
 from mcp_code_sandbox.sessions.moving import fits_pool, forget_moved, move_into
 from mcp_code_sandbox.sessions.overview import files_held
 from mcp_code_sandbox.sessions.pool import Pooled, WarmPool
@@ -145,6 +149,8 @@ class SessionManager:
         self.sandboxes = Sandboxes(settings, backend, self.metrics)
         #: The running-session limits, kept by pausing the longest idle.
         self.room = Room(settings, self._sessions.values, self._pause)
+        #: Places for the mounts of sessions without a sandbox (file calls on them).
+        self.mounts = MountedWorkspaces(settings)
         #: Warm sandboxes for new sessions (started by :meth:`start`).
         self.pool = WarmPool(
             settings,
@@ -336,13 +342,30 @@ class SessionManager:
             if session.closed:  # closed while this call waited in the queue
                 raise SessionNotFound(f"session {session.id} was closed while this call waited")
             if not session.workspace_made and not (runs and session.paused is None):
+                if not runs and session.workspace.volume is not None:
+                    await self.mounts.take(session, wait_s)  # see ``mounts``
                 await self._make_workspace(session)
             self._touch(session)
             yield Acquired(session, created, notice)
         finally:
-            if not session.closed:
-                self._touch(session)
-            session.lock.release()
+            try:
+                if not session.closed:
+                    self._touch(session)
+                    await self._let_go(session)
+            finally:
+                session.lock.release()
+
+    async def _let_go(self, session: Session) -> None:
+        """At the end of a call (lock held): a session left without a sandbox (paused,
+        or one that never ran code) lets its workspace's mount go now, unless another
+        call waits for it; a paused one's state is measured again (a file call may have
+        changed it). One with a sandbox now gives its place in ``mounts`` back."""
+        if session.sandbox is not None or session.runners:
+            await self.mounts.give_back(session)
+        elif not session.queued:
+            if session.workspace_made and session.workspace.volume is not None:
+                session.files_kept = await files_held(self.threads, session)
+            await self._unmount(session)
 
     async def _make_workspace(self, session: Session) -> None:
         await self.threads.run(session.owner, session.workspace.create)
@@ -575,6 +598,7 @@ class SessionManager:
         self._unfinished[session.slot] = session
         self.metrics.session_ended(why)
         session.closed = True
+        await self.mounts.give_back(session)
         self._tombstone(session.owner, session.id, reason)
         remains = await self._destroy(session)
         log.info("session ended", owner=session.owner, session=session.id, reason=reason)
@@ -623,6 +647,7 @@ class SessionManager:
                 paused, bytes=_outside_bytes(paused), file_count=count, files_bytes=size
             )
             session.paused, session.pausing = paused, False
+            session.files_kept = (count, size)
             self._save(session, force=True)
             await self._unmount(session)
             log.info("session paused", owner=session.owner, session=session.id, kind=paused.kind)
@@ -631,9 +656,9 @@ class SessionManager:
                 session.lock.release()
 
     async def _unmount(self, session: Session) -> None:
-        """Let go of a paused session's filesystem (mounted again by its next call), then
-        measure its state on disk. A filesystem still busy (a download reading a file)
-        stays mounted, and the reaper tries again."""
+        """Let go of the filesystem of a session without a sandbox (mounted again by its
+        next call), then measure a paused one's state on disk. A filesystem still busy
+        (a download reading a file) stays mounted, and the reaper tries again."""
         if session.workspace_made and session.workspace.volume is not None:
             try:
                 gone = await self.threads.run(session.owner, session.workspace.unmount)
@@ -642,6 +667,7 @@ class SessionManager:
                 gone = False
             if gone:
                 session.workspace_made = False
+                await self.mounts.give_back(session)
         await self._measure(session)
 
     async def _measure(self, session: Session) -> None:
@@ -789,12 +815,16 @@ class SessionManager:
                     f"{self.settings.session_max_lifetime_h:g} h"
                 )
                 await self._isolated(session, self._expire(session, reason, "lifetime"))
-            elif pause_after > 0 and idle > pause_after:
-                if session.paused is None and (session.sandbox is not None or session.runners):
-                    to_pause.append(session)
-                elif session.paused is not None and session.workspace_made:
-                    async with session.lock:  # free (checked above): taken at once
-                        await self._unmount(session)  # mounted again by a file call since
+            elif (
+                pause_after > 0
+                and idle > pause_after
+                and session.paused is None
+                and (session.sandbox is not None or session.runners)
+            ):
+                to_pause.append(session)
+            elif _mount_left(session):
+                async with session.lock:  # free (checked above): taken at once
+                    await self._unmount(session)  # busy at its call's end (a download)
         # A few at a time: each waits on its sandbox (a save, a checkpoint), not the CPU.
         for start in range(0, len(to_pause), _PAUSES_AT_ONCE):
             batch = to_pause[start : start + _PAUSES_AT_ONCE]
@@ -890,3 +920,15 @@ def _gone_suffix(tombstone: str | None) -> str:
 def _outside_bytes(paused: Paused) -> int:
     """What a pause holds outside the workspace: its checkpoint image, if any."""
     return (paused.checkpoint.bytes or 0) if paused.checkpoint is not None else 0
+
+
+def _mount_left(session: Session) -> bool:
+    """Is a session without a sandbox still mounted, no call holding or awaiting it?"""
+    return (
+        session.workspace_made
+        and session.workspace.volume is not None
+        and session.sandbox is None
+        and not session.runners
+        and not session.queued
+        and not session.lock.locked()
+    )
