@@ -129,8 +129,9 @@ class Settings(BaseSettings):
     #: leaves RAM; its memory (gVisor) or variables and files stay on disk, and the next
     #: call resumes it. 0 turns pausing off (sessions keep their sandbox until they expire).
     pause_after_m: float = Field(10.0, ge=0)
-    #: Paused state on disk, all sessions together (checkpoint images, saved variables
-    #: and workspaces of paused sessions); past it the longest-idle paused sessions expire.
+    #: Paused state on disk (allocated blocks), all sessions together (checkpoint images,
+    #: workspaces of paused sessions with their saved variables); past it the owner whose
+    #: paused state is largest loses its longest-idle paused session first.
     paused_disk_bytes: Size = 10 * 1024**3
     #: Most bytes one session's saved variables may take; the largest values that do
     #: not fit are dropped and named.

@@ -67,6 +67,9 @@ async def new_session(svc: Any, session_id: str) -> Path:
     await svc.upload_file("local", "a.txt", b"hi", session_id=session_id, overwrite=False)
     [session] = svc.sessions.with_id(session_id)
     root: Path = session.workspace.root
+    # No sandbox yet: the upload's mount ends with the call, the image stays.
+    assert not mounts(svc.settings.state_dir) and len(images(svc.settings)) == 1
+    await svc.run_code("local", RunRequest("1"), session_id)  # its sandbox mounts it
     assert str(root) in mounts(svc.settings.state_dir)
     assert len(loops(svc.settings.state_dir)) == 1
     return root

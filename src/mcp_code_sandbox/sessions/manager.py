@@ -18,7 +18,11 @@ Semantics:
   idle past the TTL or older than the max lifetime, never in the middle of a call.
 - Limits on running sessions: ``max_sessions`` in all, ``sessions_per_owner`` each; a
   call that needs one more pauses the longest-idle running session (:mod:`.room`).
-  Paused ones are bounded by ``max_paused_sessions`` and ``paused_disk_bytes``.
+  Paused ones are bounded by ``max_paused_sessions`` and ``paused_disk_bytes`` (by what
+  they hold on disk, the largest owner first: :func:`.room.over_disk_budget`).
+- A session without a sandbox (paused, or one that never ran code) has its workspace
+  mounted for a file call only: the call takes a place in :mod:`.mounts`, and its end
+  unmounts the workspace (the reaper retries one still busy) and measures a paused one.
 - A session created by a call that runs code in a sandbox of the default kind takes a
   warm one from :mod:`.pool` when there is one (its slot, workspace, uid and sandbox
   become the session's; owner and id are bound then); else it starts one as before.
@@ -89,12 +93,13 @@ from mcp_code_sandbox.sessions.egress import Wish
 from mcp_code_sandbox.sessions.holder import Role, ServiceLock, service_pid
 from mcp_code_sandbox.sessions.ids import mint_session_id, session_key, validate_session_id
 from mcp_code_sandbox.sessions.janitor import Janitor
+from mcp_code_sandbox.sessions.mounts import MountedWorkspaces
 from mcp_code_sandbox.sessions.moving import fits_pool, forget_moved, move_into
 from mcp_code_sandbox.sessions.overview import files_held
 from mcp_code_sandbox.sessions.pool import Pooled, WarmPool
 from mcp_code_sandbox.sessions.quota import QuotaMode
 from mcp_code_sandbox.sessions.recovery import Adopted, Kept, recover
-from mcp_code_sandbox.sessions.room import Room
+from mcp_code_sandbox.sessions.room import Room, over_disk_budget
 from mcp_code_sandbox.sessions.sandboxes import Sandboxes
 from mcp_code_sandbox.sessions.session import (
     END_WAIT_S,
@@ -170,6 +175,8 @@ class SessionManager:
         )
         #: The running-session limits, kept by pausing the longest idle.
         self.room = Room(settings, self._sessions.values, self._pause)
+        #: Places for the mounts of sessions without a sandbox (file calls on them).
+        self.mounts = MountedWorkspaces(settings)
         #: Warm sandboxes for new sessions (started by :meth:`start`).
         self.pool = WarmPool(
             settings,
@@ -382,9 +389,8 @@ class SessionManager:
         workspace is mounted here.
         """
         if create and (session_id is None or (owner, session_id) not in self._sessions):
-            async with self.room.lock:  # a new session runs: room first (see ``room``)
-                await self.room.make(owner)
-                session, created, notice = self._lookup(owner, session_id, create=True, pool=pool)
+            await self.room.make(owner)  # a new session runs: room first (see ``room``)
+            session, created, notice = self._lookup(owner, session_id, create=True, pool=pool)
         else:
             session, created, notice = self._lookup(owner, session_id, create=create, pool=pool)
         session.queued += 1  # not idle while a call waits for it (see ``room``)
@@ -402,13 +408,30 @@ class SessionManager:
             if session.closed:  # closed while this call waited in the queue
                 raise SessionNotFound(f"session {session.id} was closed while this call waited")
             if not session.workspace_made and not (runs and session.paused is None):
+                if not runs and session.workspace.volume is not None:
+                    await self.mounts.take(session, wait_s)  # see ``mounts``
                 await self._make_workspace(session)
             self._touch(session)
             yield Acquired(session, created, notice)
         finally:
-            if not session.closed:
-                self._touch(session)
-            session.lock.release()
+            try:
+                if not session.closed:
+                    self._touch(session)
+                    await self._let_go(session)
+            finally:
+                session.lock.release()
+
+    async def _let_go(self, session: Session) -> None:
+        """At the end of a call (lock held): a session left without a sandbox (paused,
+        or one that never ran code) lets its workspace's mount go now, unless another
+        call waits for it; a paused one's state is measured again (a file call may have
+        changed it). One with a sandbox now gives its place in ``mounts`` back."""
+        if session.sandbox is not None or session.runners:
+            await self.mounts.give_back(session)
+        elif not session.queued:
+            if session.workspace_made and session.workspace.volume is not None:
+                session.files_kept = await files_held(self.threads, session)
+            await self._unmount(session)
 
     async def _make_workspace(self, session: Session) -> None:
         await self.threads.run(session.owner, session.workspace.create)
@@ -577,10 +600,9 @@ class SessionManager:
             if not session.workspace_made:
                 return await self._mounting(session, network=network, runner=runner)
             return await self.sandboxes.executor(session, network=network, runner=runner)
-        async with self.room.lock:  # it runs again: room first (see ``room``)
-            await self.room.make(session.owner, exclude=session)
-            self.room.check(session.owner)
-            session.resuming = True
+        await self.room.make(session.owner, exclude=session)  # it runs again: room first
+        self.room.check(session.owner)  # in the step in which ``make`` returned (``room``)
+        session.resuming = True
         try:
             pooled = self.pool.claim() if pool and fits_pool(session) else None
             if pooled is not None:
@@ -643,6 +665,7 @@ class SessionManager:
         self._unfinished[session.slot] = session
         self.metrics.session_ended(why)
         session.closed = True
+        await self.mounts.give_back(session)
         self._tombstone(session.owner, session.id, reason)
         remains = await self._destroy(session)
         log.info("session ended", owner=session.owner, session=session.id, reason=reason)
@@ -685,10 +708,13 @@ class SessionManager:
             self._save(session, force=True)
             paused = await self.sandboxes.pause(session)
             count, size = await files_held(self.threads, session) or (0, 0)
+            # Its bytes: the checkpoint's, then the workspace's on disk (measured by
+            # ``_unmount``; saved variables are in the workspace).
             paused = dataclasses.replace(
-                paused, bytes=paused.bytes + size, file_count=count, files_bytes=size
+                paused, bytes=_outside_bytes(paused), file_count=count, files_bytes=size
             )
             session.paused, session.pausing = paused, False
+            session.files_kept = (count, size)
             self._save(session, force=True)
             await self._unmount(session)
             log.info("session paused", owner=session.owner, session=session.id, kind=paused.kind)
@@ -697,14 +723,35 @@ class SessionManager:
                 session.lock.release()
 
     async def _unmount(self, session: Session) -> None:
-        """Let go of a paused session's filesystem (mounted again by its next call)."""
+        """Let go of the filesystem of a session without a sandbox (mounted again by its
+        next call), then measure a paused one's state on disk. A filesystem still busy
+        (a download reading a file) stays mounted, and the reaper tries again."""
         if session.workspace_made and session.workspace.volume is not None:
             try:
-                await self.threads.run(session.owner, session.workspace.unmount)
+                gone = await self.threads.run(session.owner, session.workspace.unmount)
             except (SandboxError, OSError) as exc:
                 log.warning("cannot unmount a paused workspace", session=session.id, error=str(exc))
-                return
-            session.workspace_made = False
+                gone = False
+            if gone:
+                session.workspace_made = False
+                await self.mounts.give_back(session)
+        await self._measure(session)
+
+    async def _measure(self, session: Session) -> None:
+        """Set a paused session's ``bytes`` to what its state holds on the host's disk
+        now: allocated blocks, never the sizes its files claim (a hostile session's
+        sparse files would else count terabytes against every owner's budget)."""
+        paused = session.paused
+        if paused is None:
+            return
+        try:
+            disk = await self.threads.run(session.owner, session.workspace.disk_bytes)
+        except (SandboxError, OSError) as exc:
+            log.warning("cannot measure a paused workspace", session=session.id, error=str(exc))
+            return
+        if session.paused is paused and paused.bytes != _outside_bytes(paused) + disk:
+            session.paused = dataclasses.replace(paused, bytes=_outside_bytes(paused) + disk)
+            self._save(session, force=True)
 
     def paused_bytes(self) -> int:
         """Bytes of paused sessions' state on disk, all owners (for the disk budget)."""
@@ -835,12 +882,16 @@ class SessionManager:
                     f"{self.settings.session_max_lifetime_h:g} h"
                 )
                 await self._isolated(session, self._expire(session, reason, "lifetime"))
-            elif pause_after > 0 and idle > pause_after:
-                if session.paused is None and (session.sandbox is not None or session.runners):
-                    to_pause.append(session)
-                elif session.paused is not None and session.workspace_made:
-                    async with session.lock:  # free (checked above): taken at once
-                        await self._unmount(session)  # mounted again by a file call since
+            elif (
+                pause_after > 0
+                and idle > pause_after
+                and session.paused is None
+                and (session.sandbox is not None or session.runners)
+            ):
+                to_pause.append(session)
+            elif _mount_left(session):
+                async with session.lock:  # free (checked above): taken at once
+                    await self._unmount(session)  # busy at its call's end (a download)
         # A few at a time: each waits on its sandbox (a save, a checkpoint), not the CPU.
         for start in range(0, len(to_pause), _PAUSES_AT_ONCE):
             batch = to_pause[start : start + _PAUSES_AT_ONCE]
@@ -857,23 +908,16 @@ class SessionManager:
             log.exception("pausing a session failed", owner=session.owner, session=session.id)
 
     async def _keep_within_disk_budget(self) -> None:
-        """Past ``paused_disk_bytes``, expire paused sessions, the longest idle first."""
+        """Past ``paused_disk_bytes``, expire paused sessions: the longest idle of the
+        owner whose paused state takes the most disk first (:func:`.room.over_disk_budget`)."""
         budget = self.settings.paused_disk_bytes
-        total = self.paused_bytes()
-        if total <= budget:
-            return
-        paused = sorted(
-            (s for s in self._sessions.values() if s.paused is not None and not s.lock.locked()),
-            key=lambda s: s.last_active,
-        )
-        for session in paused:
-            if total <= budget:
-                break
-            assert session.paused is not None
-            total -= session.paused.bytes
+        for session in over_disk_budget(self._sessions.values(), budget):
+            if session.lock.locked():  # a call came meanwhile: decide again next pass
+                return
             reason = (
                 f"session {session.id} was paused and then expired to keep paused sessions "
-                f"within SANDBOX_PAUSED_DISK_BYTES ({budget} bytes); the longest idle go first"
+                f"within SANDBOX_PAUSED_DISK_BYTES ({budget} bytes); the owner whose paused "
+                "sessions take the most disk loses its longest idle first"
             )
             await self._isolated(session, self._expire(session, reason, "disk"))
 
@@ -938,3 +982,20 @@ class SessionManager:
 
 def _gone_suffix(tombstone: str | None) -> str:
     return f" ({tombstone})" if tombstone else ""
+
+
+def _outside_bytes(paused: Paused) -> int:
+    """What a pause holds outside the workspace: its checkpoint image, if any."""
+    return (paused.checkpoint.bytes or 0) if paused.checkpoint is not None else 0
+
+
+def _mount_left(session: Session) -> bool:
+    """Is a session without a sandbox still mounted, no call holding or awaiting it?"""
+    return (
+        session.workspace_made
+        and session.workspace.volume is not None
+        and session.sandbox is None
+        and not session.runners
+        and not session.queued
+        and not session.lock.locked()
+    )

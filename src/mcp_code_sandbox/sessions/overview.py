@@ -76,6 +76,8 @@ async def _usage(backend: Backend, session: Session) -> Usage | None:
 
 
 async def _workspace_bytes(threads: WorkerThreads, session: Session) -> int | None:
+    if not session.workspace_made and session.files_kept is not None and not session.closed:
+        return session.files_kept[1]  # put away: as measured when it was unmounted
     if not session.workspace_made or session.closed:
         return None
     try:
@@ -128,8 +130,9 @@ class SessionSummary:
 
 
 async def summaries(sessions: list[Session], threads: WorkerThreads) -> list[SessionSummary]:
-    """A :class:`SessionSummary` per session, oldest first. A paused session's files are
-    as its pause measured them while its filesystem is put away."""
+    """A :class:`SessionSummary` per session, oldest first. A session's files are as
+    they were measured when its filesystem was put away (a pause, the end of a file call
+    on a session without a sandbox), while it is."""
     ordered = sorted(sessions, key=lambda s: s.created_wall)
     return list(await asyncio.gather(*(_summary(threads, s) for s in ordered)))
 
@@ -138,7 +141,9 @@ async def _summary(threads: WorkerThreads, session: Session) -> SessionSummary:
     paused = session.paused
     count: int | None
     size: int | None
-    if paused is not None and not session.workspace_made:
+    if not session.workspace_made and session.files_kept is not None:
+        count, size = session.files_kept
+    elif paused is not None and not session.workspace_made:
         count, size = paused.file_count, paused.files_bytes
     else:
         count, size = await _files(threads, session)

@@ -1,30 +1,41 @@
-"""Room for one more running session: the session limits count running sessions, and a
-call that needs one more pauses the longest-idle session to make room.
+"""Room for one more running session, and which paused sessions give way to the
+paused-state budgets: the reaper's and the limits' decisions, kept apart from acting.
 
 Semantics (the manager owns one :class:`Room`):
 - A session is *running* unless it is paused (with or without a sandbox: an upload makes
   one too), or while a call resumes it. ``max_sessions`` bounds running sessions, and
   ``sessions_per_owner`` each owner's; paused ones cost disk, not RAM, and are bounded
-  apart (``max_paused_sessions``, ``paused_disk_bytes``: see the manager's reaper).
+  apart (``max_paused_sessions``, ``paused_disk_bytes``: see :func:`over_disk_budget`).
 - A call that creates a session, or resumes a paused one, when a limit is reached first
   pauses the longest-idle running session that no call holds (for an owner's limit, one
   of that owner's): it resumes on its own next call, as after any pause. Only when every
   running session is in a call, or pausing is off (``pause_after_m`` 0, or
   ``max_paused_sessions`` 0), does the call fail with ``max_sessions``.
-- Making room is serialised (:attr:`Room.lock`): two calls never pause for one slot, and
-  a resume is counted as running from the moment it has its room.
+- Deciding takes no lock and no time: each decision is one synchronous step on the event
+  loop, and the pause it decides on runs after it, holding nothing but the victim's own
+  lock. So no owner ever waits for another owner's pause (a pause can take long: a big
+  session's checkpoint, or hostile code making its own save slow). Two calls never pick
+  one victim (it is marked before the step ends), and a slot being freed is *claimed*:
+  while its victim is paused it counts for the call that paused it, not for its old
+  owner, so no other call takes it meanwhile; the call takes it in the same synchronous
+  step in which :meth:`Room.make` returns (``check`` and registering, or ``resuming``).
+- Past ``paused_disk_bytes`` the owner whose paused state is largest gives way first,
+  that owner's longest-idle paused session first; nobody else's is taken while that
+  owner still has paused state (:func:`over_disk_budget`). Sizes are what the state
+  holds on disk (allocated blocks), never what its files claim: a sparse file's holes
+  cost nothing and count nothing.
 """
 
 from __future__ import annotations
 
-import asyncio
+import collections
 from collections.abc import Awaitable, Callable, Iterable
 
 from mcp_code_sandbox.errors import MaxSessions
 from mcp_code_sandbox.sessions.session import Session
 from mcp_code_sandbox.settings import Settings
 
-__all__ = ["Room"]
+__all__ = ["Room", "over_disk_budget"]
 
 
 class Room:
@@ -39,16 +50,22 @@ class Room:
         self.settings = settings
         self._sessions = sessions
         self._pause = pause
-        #: Held while room is made and taken (see the module docstring).
-        self.lock = asyncio.Lock()
+        #: Sessions being paused to make room, each with the owner whose call claimed the
+        #: slot it frees (see the module docstring).
+        self._freeing: dict[Session, str] = {}
 
     def running(self, owner: str | None = None) -> int:
-        """Running sessions: all of them, or ``owner``'s."""
-        return sum(
+        """Running sessions, with the slots claimed from sessions being paused for room:
+        all of them, or ``owner``'s."""
+        sessions = sum(
             1
             for s in self._sessions()
-            if (s.paused is None or s.resuming) and (owner is None or s.owner == owner)
+            if (s.paused is None or s.resuming)
+            and s not in self._freeing
+            and (owner is None or s.owner == owner)
         )
+        claims = sum(1 for who in self._freeing.values() if owner is None or who == owner)
+        return sessions + claims
 
     def check(self, owner: str) -> None:
         """Raise ``MaxSessions`` when ``owner`` may not have one more running session."""
@@ -70,23 +87,32 @@ class Room:
     async def make(self, owner: str, exclude: Session | None = None) -> None:
         """Pause idle running sessions until ``owner`` may run one more (``exclude``: the
         session that wants to run). Returns when there is room, or when there is none to
-        be had (:meth:`check` then says so). Call with :attr:`lock` held."""
+        be had (:meth:`check` then says so); the caller takes it (or is refused) before
+        it awaits anything else."""
         s = self.settings
         if s.pause_after_m <= 0 or s.max_paused_sessions <= 0:
             return
         while True:
-            per_owner = s.sessions_per_owner
-            if per_owner is not None and self.running(owner) >= per_owner:
-                victim = self._idlest(owner, exclude)
-            elif self.running() >= s.max_sessions:
-                victim = self._idlest(None, exclude)
-            else:
-                return
+            victim = self.victim(owner, exclude)
             if victim is None:
                 return
-            await self._pause(victim)
+            self._freeing[victim] = owner  # claimed: see the module docstring
+            try:
+                await self._pause(victim)
+            finally:
+                del self._freeing[victim]
             if victim.paused is None:  # closed meanwhile, or could not: do not spin
                 return
+
+    def victim(self, owner: str, exclude: Session | None = None) -> Session | None:
+        """The session to pause so that ``owner`` may run one more; ``None`` when there
+        is room already, or no session to pause."""
+        per_owner = self.settings.sessions_per_owner
+        if per_owner is not None and self.running(owner) >= per_owner:
+            return self._idlest(owner, exclude)
+        if self.running() >= self.settings.max_sessions:
+            return self._idlest(None, exclude)
+        return None
 
     def _idlest(self, owner: str | None, exclude: Session | None) -> Session | None:
         idle = [
@@ -96,9 +122,40 @@ class Room:
             and s.paused is None
             and not s.resuming
             and not s.pausing
+            and s not in self._freeing
             and not s.closed
             and not s.lock.locked()
             and not s.queued  # a call waits for it: pausing would wait for that call
             and (owner is None or s.owner == owner)
         ]
         return min(idle, key=lambda s: s.last_active, default=None)
+
+
+def over_disk_budget(sessions: Iterable[Session], budget: int) -> list[Session]:
+    """The paused sessions to expire, in order, so that paused state fits in ``budget``
+    bytes (each session's ``paused.bytes``: what it holds on disk). Each is taken from the
+    owner whose paused state is largest at that moment (that owner is always over its
+    fair share while the total is over), that owner's longest idle first. A session a call
+    holds is not taken; while the largest owner has only such sessions, nobody else's is
+    taken either (the reaper's next pass decides again)."""
+    held = [s for s in sessions if s.paused is not None and not s.closed]
+    by_owner: collections.Counter[str] = collections.Counter()
+    for s in held:
+        assert s.paused is not None
+        by_owner[s.owner] += s.paused.bytes
+    total = sum(by_owner.values())
+    chosen: list[Session] = []
+    while total > budget and by_owner:
+        owner = max(by_owner, key=lambda o: (by_owner[o], o))
+        free = [s for s in held if s.owner == owner and not s.lock.locked()]
+        if not free:
+            break
+        victim = min(free, key=lambda s: s.last_active)
+        assert victim.paused is not None
+        held.remove(victim)
+        chosen.append(victim)
+        by_owner[owner] -= victim.paused.bytes
+        total -= victim.paused.bytes
+        if not any(s.owner == owner for s in held):
+            del by_owner[owner]
+    return chosen

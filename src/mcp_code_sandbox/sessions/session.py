@@ -150,6 +150,10 @@ class Session:
     #: The workspace exists (with its filesystem mounted, if it has one): made by the
     #: first call holding the lock, in a worker thread (a mount takes 20-30 ms).
     workspace_made: bool = False
+    #: ``(files, bytes)`` of the workspace when it was last unmounted without a sandbox
+    #: (a pause, or the end of a file call): what the overview and ``list_sessions`` show
+    #: until it is mounted again. ``None``: never measured so.
+    files_kept: tuple[int, int] | None = None
     #: The host uid of its sandboxes, held for its whole life; ``None``: the backend's
     #: shared uid.
     uid_lease: UidLease | None = None

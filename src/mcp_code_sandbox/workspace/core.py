@@ -107,12 +107,14 @@ class Workspace:
         with suppress(FileExistsError):
             os.mkdir(self.root, 0o700)
 
-    def unmount(self) -> None:
+    def unmount(self) -> bool:
         """Unmount the volume, keeping its image; :meth:`create` mounts it again. A no-op
-        without a volume. Blocks: call it in a worker thread."""
-        if self.volume is not None:
-            with _fs_errors("."):
-                self.volume.unmount(self.root)
+        without a volume. Whether it is unmounted now (``False``: still busy). Blocks:
+        call it in a worker thread."""
+        if self.volume is None:
+            return True
+        with _fs_errors("."):
+            return self.volume.unmount(self.root)
 
     def destroy(self) -> None:
         """Unmount and delete the volume, then remove ``root`` and everything in it,
@@ -251,6 +253,24 @@ class Workspace:
         ``limit`` entries."""
         with _fs_errors("."), closing_fd(self._open_root()) as root:
             return self._usage(root, limit)
+
+    def disk_bytes(self, limit: int = 200_000) -> int:
+        """Bytes the workspace takes on the host's disk now: allocated blocks, never
+        apparent sizes (a sparse file's holes take none). With a volume, the image's
+        blocks (files, saved variables and the filesystem's own metadata; mounted or
+        not); else the blocks of its regular files, each inode once, a lower bound past
+        ``limit`` entries. Blocks: call it in a worker thread."""
+        if self.volume is not None:
+            with _fs_errors("."):
+                return self.volume.disk_bytes()
+        seen: set[int] = set()
+        total = 0
+        with _fs_errors("."), closing_fd(self._open_root()) as root:
+            for _, st in walk(root, "", recursive=True, budget=Budget(limit)):
+                if stat.S_ISREG(st.st_mode) and st.st_ino not in seen:
+                    seen.add(st.st_ino)
+                    total += st.st_blocks * 512
+        return total
 
     @staticmethod
     def diff(before: Snapshot, after: Snapshot) -> list[entries.Change]:

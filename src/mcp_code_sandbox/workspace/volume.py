@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
@@ -44,6 +45,7 @@ from mcp_code_sandbox.workspace.loopmount import (
     MS_NODEV,
     MS_NOSUID,
     loop_mount,
+    sync_filesystem,
     unmount,
 )
 
@@ -124,14 +126,28 @@ class Volume:
             release(root, self.image, keep_root=True)
             raise
 
-    def unmount(self, root: Path) -> None:
+    def unmount(self, root: Path) -> bool:
         """Unmount ``root``, keeping the image (and everything in it) for :meth:`create`:
         a paused session holds no mount, no loop device and no page cache of its own.
         A busy filesystem (a download still reading a file) stays mounted: detached
-        lazily, it could be mounted a second time by the next call before it is gone."""
+        lazily, it could be mounted a second time by the next call before it is gone.
+        Whether ``root`` is unmounted now. The filesystem is written through to the image
+        first, so that :meth:`disk_bytes` is what the files hold."""
         if mounted(root):
             with contextlib.suppress(InternalError):
+                sync_filesystem(root)
                 unmount(root)
+        return not mounted(root)
+
+    def disk_bytes(self) -> int:
+        """Bytes the image takes on the host's disk: its allocated blocks (it is sparse,
+        and ``discard`` gives back what is deleted in it), whatever the sizes its files
+        claim; 0 when it is gone."""
+        try:
+            st = self.image.lstat()
+        except FileNotFoundError:
+            return 0
+        return st.st_blocks * 512 if stat.S_ISREG(st.st_mode) else 0
 
 
 def format_image(image: Path, size_bytes: int, *, background: bool = False) -> None:

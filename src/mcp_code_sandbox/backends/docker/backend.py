@@ -645,13 +645,14 @@ def _delete_checkpoint(api: Any, container_id: str) -> None:
 
 
 def _tree_bytes(path: Path) -> int | None:
-    """Bytes the files under ``path`` take (the engine's dir: readable by root only);
-    ``None`` when it cannot be read."""
+    """Bytes the files under ``path`` take on disk (the engine's dir: readable by root
+    only): their allocated blocks, not their sizes (a sparse memory image holds no disk
+    for its holes); ``None`` when it cannot be read."""
     total = 0
     try:
         for entry in path.rglob("*"):
             if entry.is_file() and not entry.is_symlink():
-                total += entry.lstat().st_size
+                total += entry.lstat().st_blocks * 512
     except OSError:
         return None
     return total if path.is_dir() else None
