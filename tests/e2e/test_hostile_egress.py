@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import pytest
 
+from mcp_code_sandbox.egress import limits
 from mcp_code_sandbox.egress import proxy as proxy_module
 from mcp_code_sandbox.settings import Settings
 
@@ -124,3 +125,36 @@ async def test_a_hostile_session_against_its_egress_proxy(
     assert held > proxy_module.MAX_CONNECTIONS + proxy_module.REFUSING
     # Slack: the victim's run and connection, the server's own pipes and logs.
     assert peak - before <= proxy_module.MAX_CONNECTIONS + proxy_module.REFUSING + 16, peak
+
+
+async def test_a_flood_of_refused_requests_is_paced_and_its_log_bounded(
+    make_settings: Callable[..., Settings],
+) -> None:
+    """Finding 7: a sandbox asking for a refused host as fast as it can gets its refusals
+    at the proxy's pace, the server logs a bounded number of lines for them, and the other
+    tenant is served meanwhile."""
+    network = {"SANDBOX_ALLOW_NETWORK": "true", "SANDBOX_NETWORK_ALLOW": "allowed.test"}
+    async with two_tenants(make_settings(), **network) as t:
+        flood = ASK + textwrap.dedent(
+            """
+            start = time.monotonic()
+            answers = {}
+            while time.monotonic() - start < 3:
+                got = ask(b"GET http://blocked.test/ HTTP/1.1\\r\\nHost: blocked.test\\r\\n\\r\\n")
+                answers[got] = answers.get(got, 0) + 1
+            out["answers"] = answers
+            out["seconds"] = time.monotonic() - start
+            print(json.dumps(out))
+            """
+        )
+        attack = asyncio.create_task(t.run(t.mallory, flood, session_id="m", network=True))
+        await t.victim_is_fine()
+        found = json.loads((await attack)["stdout"])
+        await t.victim_is_fine()
+        logged = sum("blocked.test" in line for line in t.log().splitlines())
+    answered = sum(found["answers"].values())
+    assert set(found["answers"]) == {"HTTP/1.1 403 Forbidden"}, found
+    # At most a burst and then the pace, over the seconds the flood lasted.
+    bound = limits.REFUSAL_BURST + limits.REFUSALS_PER_S * found["seconds"] + 5
+    assert answered <= bound, found
+    assert logged <= bound, logged
