@@ -25,6 +25,7 @@ from mcp_code_sandbox.run.languages import RUNTIMES
 from mcp_code_sandbox.run.request import RunRequest
 from mcp_code_sandbox.server.app import build_server
 from mcp_code_sandbox.service import SandboxService
+from tests.conftest import valued
 from tests.e2e.test_tools import TOOLS
 from tests.fakes import FakeBackend, fake_service
 
@@ -44,10 +45,10 @@ async def connected(
 def data(result: CallToolResult) -> dict[str, Any]:
     assert not result.is_error, result.content
     assert isinstance(result.structured_content, dict)
-    # The same JSON as text, for clients that read only text (DESIGN §6).
+    # The same JSON as text, with only the fields that have a value (DESIGN §6).
     first = result.content[0]
     assert isinstance(first, TextContent)
-    assert json.loads(first.text) == result.structured_content
+    assert json.loads(first.text) == valued(result.structured_content)
     return result.structured_content
 
 
@@ -113,6 +114,28 @@ async def test_a_workflow_upload_run_list_read_close(state_dir: Path) -> None:
         assert svc.backend.running() == []  # type: ignore[attr-defined]
         gone = await client.call_tool("list_files", {"session_id": sid})
         assert error_code(gone) == "session_not_found"
+
+
+async def test_a_run_as_text_says_only_what_has_a_value(state_dir: Path) -> None:
+    async with connected(state_dir) as (client, _):
+        result = await client.call_tool("run_code", {"code": "6*7"})
+        run = data(result)
+        first = result.content[0]
+        assert isinstance(first, TextContent)
+        text = json.loads(first.text)
+        assert text == {
+            "session_id": run["session_id"],
+            "session_created": True,
+            "language": "python",
+            "status": "ok",
+            "exit_code": 0,
+            "result": "42",
+            "execution_count": 1,
+            "duration_ms": run["duration_ms"],
+        }
+        # The structured result stays complete: every field of the output schema.
+        assert run["stdout"] == "" and run["state_lost"] is False and run["error"] is None
+        assert len(run) >= 24
 
 
 async def test_binary_upload_and_a_paged_read(state_dir: Path) -> None:

@@ -3,11 +3,11 @@
 A result travels as one JSON-RPC message, and the official MCP client refuses a
 server-sent event over 1 MiB (``SANDBOX_MAX_RESULT_BYTES`` is well under that). The
 structured content is in the message twice (as ``structuredContent`` and as the text
-block holding the same JSON, where every quote and backslash is escaped again), beside
-base64 image blocks and resource links. So the budget is checked on the real thing: the
-result is built, serialized the way the SDK sends it, and measured; when it is over,
-the largest parts are cut down to a common level ("water filling": no part is cut while
-a bigger one is left whole) and it is measured again.
+block holding the same JSON, its fields with a value, where every quote and backslash
+is escaped again), beside base64 image blocks and resource links. So the budget is
+checked on the real thing: the result is built, serialized the way the SDK sends it,
+and measured; when it is over, the largest parts are cut down to a common level ("water
+filling": no part is cut while a bigger one is left whole) and it is measured again.
 
 Parts: the text fields (``stdout``, ``stderr``, ``result``, ``error.value``,
 ``error.traceback``, each text display), each image block (dropped whole) and the file
@@ -26,7 +26,14 @@ from mcp_types import CallToolResult, ContentBlock, ImageContent, ResourceLink, 
 
 from mcp_code_sandbox.agent.budget import cut_text
 
-__all__ = ["ENVELOPE_BYTES", "Fitted", "fit_count", "fit_result", "message_bytes"]
+__all__ = [
+    "ENVELOPE_BYTES",
+    "Fitted",
+    "fit_count",
+    "fit_result",
+    "message_bytes",
+    "text_copy",
+]
 
 #: Room for what wraps a result on the wire: ``{"jsonrpc":"2.0","id":…,"result":…}``
 #: and the SSE event's ``event:``/``id:``/``data:`` lines.
@@ -51,6 +58,28 @@ def message_bytes(result: CallToolResult) -> int:
     return len(body.encode("utf-8", "replace")) + ENVELOPE_BYTES
 
 
+def text_copy(data: dict[str, Any]) -> str:
+    """The text block beside ``structuredContent``: the same JSON with only the fields
+    that have a value (DESIGN §6). ``null``, ``false`` and empty strings, lists and
+    objects say nothing a model needs (``6*7`` is ``42``, not 24 keys); clients that
+    want every field read ``structuredContent``, which stays complete."""
+    return json.dumps(_valued(data), ensure_ascii=False)
+
+
+def _valued(value: Any) -> Any:
+    if isinstance(value, dict):
+        kept = {k: _valued(v) for k, v in value.items()}
+        return {k: v for k, v in kept.items() if not _empty(v)}
+    if isinstance(value, list):
+        return [_valued(v) for v in value]
+    return value
+
+
+def _empty(value: Any) -> bool:
+    # By identity for null and false: 0 is a value (an exit code), and 0 == False.
+    return value is None or value is False or value in ("", [], {})
+
+
 def text_cost(text: str) -> int:
     """Bytes a string field adds to the message: once in the structured content, and
     once re-escaped inside the text copy."""
@@ -73,7 +102,7 @@ class Fitted:
         data = dict(self.data)
         if self.said:
             data["notice"] = _join(data.get("notice"), _sentence(self.said))
-        text = TextContent(type="text", text=json.dumps(data, ensure_ascii=False, indent=1))
+        text = TextContent(type="text", text=text_copy(data))
         blocks: list[ContentBlock] = [text, *self.images, *self.links]
         return CallToolResult(content=blocks, structured_content=data)
 

@@ -1,14 +1,14 @@
 """Shape plain results into MCP ``CallToolResult``s: structured JSON, its text, media blocks.
 
-Every tool result carries ``structuredContent`` matching the tool's output schema and the
-same JSON as a text block; images and links ride beside it as content blocks. Errors are
-``isError`` results with ``"<code>: <message>"`` and ``_meta.error_code`` (DESIGN §7).
+Every tool result carries ``structuredContent`` matching the tool's output schema and,
+as a text block, the same JSON with only the fields that have a value; images and links
+ride beside it as content blocks. Errors are ``isError`` results with
+``"<code>: <message>"`` and ``_meta.error_code`` (DESIGN §7).
 """
 
 from __future__ import annotations
 
 import base64
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +27,7 @@ from pydantic import BaseModel
 from mcp_code_sandbox.errors import SandboxError
 from mcp_code_sandbox.run.execute import RunReport
 from mcp_code_sandbox.sanitize import clean_text, escape_name
-from mcp_code_sandbox.server.fit import Fitted, fit_result
+from mcp_code_sandbox.server.fit import Fitted, fit_result, text_copy
 from mcp_code_sandbox.server.media import MAX_PIXELS, fit_image
 from mcp_code_sandbox.server.models import DisplayOut, FileOut, RunError, RunResult
 from mcp_code_sandbox.settings import Settings
@@ -75,7 +75,7 @@ def error_result(error: SandboxError) -> CallToolResult:
 
 def structured_result(model: BaseModel, extra: list[ContentBlock] | None = None) -> CallToolResult:
     data = model.model_dump(mode="json")
-    text = TextContent(type="text", text=json.dumps(data, ensure_ascii=False, indent=1))
+    text = TextContent(type="text", text=text_copy(data))
     return CallToolResult(content=[text, *(extra or [])], structured_content=data)
 
 
