@@ -7,24 +7,22 @@ always what this server does.
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from mcp import MCPError
 from mcp.server import MCPServer
 from mcp.server.context import ServerMiddleware
 from mcp.server.subscriptions import InMemorySubscriptionBus
-from mcp_types import INTERNAL_ERROR, ToolAnnotations
+from mcp_types import ToolAnnotations
 
 from mcp_code_sandbox import __version__
 from mcp_code_sandbox.backends.bwrap.runtime import PACKAGES
-from mcp_code_sandbox.errors import SandboxError
 from mcp_code_sandbox.metrics import Metrics
-from mcp_code_sandbox.server.auth import ServerAuth, current_owner
+from mcp_code_sandbox.server.auth import ServerAuth
 from mcp_code_sandbox.server.downloads import UrlSigner
 from mcp_code_sandbox.server.notify import ToolListNotifier, advertise_tools_changed
+from mcp_code_sandbox.server.resources import WorkspaceResources
 from mcp_code_sandbox.server.tools import ToolSet
 from mcp_code_sandbox.service import SandboxService
 from mcp_code_sandbox.settings import Settings
@@ -210,7 +208,7 @@ def build_server(
     tools = ToolSet(service, signer)
     http_base = signer.base_url if signer else None
     _register_tools(mcp, tools, service.languages(), http_base)
-    _add_file_resource(mcp, service, signer)
+    WorkspaceResources(service, signer).install(mcp)
     notifier = ToolListNotifier(bus)
     advertise_tools_changed(mcp)
     mcp.middleware.append(notifier.middleware)
@@ -272,31 +270,6 @@ def _register_tools(
         if again:
             mcp.remove_tool(name)
         mcp.add_tool(fn, name=name, title=title, description=text[name], annotations=tool_hints)
-
-
-def _add_file_resource(
-    mcp: MCPServer[Any], service: SandboxService, signer: UrlSigner | None
-) -> None:
-    @mcp.resource(
-        "sandbox://{session_id}/{+path}",
-        name="workspace_file",
-        description="A file in a session's /mnt/data (whole; larger files: read_file pages)",
-    )
-    async def workspace_file(session_id: str, path: str) -> str | bytes:
-        owner = current_owner()
-        link = functools.partial(signer.url, owner, session_id) if signer else None
-        try:
-            return await service.read_resource(owner, session_id, path, link)
-        except SandboxError as exc:
-            exc = service.public_error(exc)
-            # A protocol error whose data carries our code, as _meta does for tools.
-            uri = f"sandbox://{session_id}/{path}"
-            data = {"uri": uri, "error_code": exc.code, **_plain_details(exc)}
-            raise MCPError(INTERNAL_ERROR, str(exc), data) from None
-
-
-def _plain_details(error: SandboxError) -> dict[str, str | int]:
-    return {k: v for k, v in error.details.items() if isinstance(v, str | int)}
 
 
 def _error_counter(metrics: Metrics) -> ServerMiddleware[Any]:
