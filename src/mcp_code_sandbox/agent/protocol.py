@@ -35,7 +35,7 @@ Messages agent → host (key ``ev``)::
      "error": {"name": str, "value": str, "traceback": str} | None,
      "execution_count": int | None, "state_lost": bool,
      "cut": {"result": bool, "error": bool, "displays_dropped": int,
-             "displays_cut": int, "images_dropped": int}}
+             "displays_cut": int, "images_dropped": int, "displays_unsupported": int}}
                                               (``cut``: Python runs only)
 
     {"ev": "error", "message": str, "id": int | None}
@@ -230,6 +230,8 @@ class CutReport(TypedDict, total=False):
     displays_dropped: int
     displays_cut: int
     images_dropped: int
+    #: Displays with none of the forms a result carries (only JavaScript, a widget...).
+    displays_unsupported: int
 
 
 class DoneEvent(TypedDict):

@@ -608,6 +608,7 @@ def _within_budget(
         "displays_dropped": counted("displays_dropped"),
         "displays_cut": counted("displays_cut"),
         "images_dropped": counted("images_dropped"),
+        "displays_unsupported": counted("displays_unsupported"),
     }
     return result, error, cut
 

@@ -53,7 +53,14 @@ _PLAIN_RUN_FIELDS = frozenset(RunResult.model_fields) - {
 _SANDBOX_TEXT = ("stdout", "stderr", "result")
 #: Changed files a run result lists (with links); the rest are counted, list_files has all.
 MAX_FILES_LISTED = 100
-_TEXT_DISPLAYS = ("text/markdown", "text/plain", "image/svg+xml", "text/html")
+_TEXT_DISPLAYS = (
+    "text/markdown",
+    "text/plain",
+    "image/svg+xml",
+    "text/html",
+    "text/latex",
+    "application/json",
+)
 _IMAGE_DISPLAYS = ("image/png", "image/jpeg")
 #: A report with no image and at most this much text (and few files) is shaped on the
 #: event loop: well under a millisecond, less than the trip to a worker thread costs.
@@ -216,10 +223,17 @@ def _budget_notice(report: RunReport, notice: str | None) -> str | None:
             f"{many} files changed, more than a result lists ({MAX_FILES_LISTED}): "
             "list_files shows them all"
         )
-    if not said:
-        return notice
-    text = "; ".join(said) + " (over the result budget)"
-    return f"{notice}. {text}" if notice else text
+    if said:
+        text = "; ".join(said) + " (over the result budget)"
+        notice = f"{notice}. {text}" if notice else text
+    if unsupported := report.cut.get("displays_unsupported"):
+        text = (
+            f"{unsupported} display() output(s) were left out: they had none of the forms "
+            "a result carries (text, markdown, HTML, LaTeX, JSON, PNG, JPEG, SVG), e.g. "
+            "only JavaScript or a widget; display() text or an image instead, or save a file"
+        )
+        notice = f"{notice}. {text}" if notice else text
+    return notice
 
 
 def _run_error(error: dict[str, Any] | None) -> RunError | None:
