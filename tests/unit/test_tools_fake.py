@@ -138,6 +138,27 @@ async def test_a_run_as_text_says_only_what_has_a_value(state_dir: Path) -> None
         assert len(run) >= 24
 
 
+LOUD = "import sys\nprint('o' * 90_000)\nprint('e' * 90_000, file=sys.stderr)\n'r' * 50_000"
+
+
+async def test_a_results_text_stays_under_what_a_client_reads(state_dir: Path) -> None:
+    # Claude Code cuts a tool result at 25,000 tokens; by default ours stays under
+    # 20,000 even at three bytes a token (code and numbers; English prose is four).
+    async with connected(state_dir) as (client, _):
+        result = await client.call_tool("run_code", {"code": LOUD})
+        run = data(result)
+        text = sum(len(b.text.encode()) for b in result.content if isinstance(b, TextContent))
+        assert text <= 20_000 * 3
+        # Head and tail kept, the rest saved and pointed to; what else was cut is said.
+        assert run["stdout_truncated"] and run["full_output_path"]
+        assert run["stdout"].startswith("o" * 1000) and run["stdout"].endswith("o" * 1000 + "\n")
+        assert run["result_truncated"] and "SANDBOX_MAX_RESULT_TOKENS" in run["notice"]
+    # The operator can raise it.
+    async with connected(state_dir, max_result_tokens=100_000) as (client, _):
+        run = data(await client.call_tool("run_code", {"code": LOUD}))
+        assert not run["result_truncated"] and len(run["result"]) == 50_002
+
+
 async def test_binary_upload_and_a_paged_read(state_dir: Path) -> None:
     async with connected(state_dir, max_read_bytes=64 * 1024) as (client, _):
         blob = bytes(range(256)) * 4

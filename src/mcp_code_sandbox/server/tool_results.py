@@ -172,7 +172,7 @@ def run_result(
         ],
     )
     shaped = Fitted(model.model_dump(mode="json"), shown.blocks, links)
-    return fit_result(shaped, settings.max_result_bytes)
+    return fit_result(shaped, settings.max_result_bytes, settings.result_text_bytes)
 
 
 @dataclass(frozen=True)
