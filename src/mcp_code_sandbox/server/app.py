@@ -181,6 +181,8 @@ def _other_languages(languages: list[str]) -> str:
     text = f" {'; '.join(notes)}." if notes else ""
     if notes:
         text += " These run as a new process per call: their variables do not survive, files do."
+    if any(lang in languages for lang in ("javascript", "typescript")):
+        text += " A JavaScript or TypeScript program's last expression is its `result`."
     runners = [lang for lang in languages if lang != "python" and lang not in _LANGUAGE_NOTES]
     if runners:
         text += f" Other languages (language=...): {', '.join(runners)}; see list_runtimes."
