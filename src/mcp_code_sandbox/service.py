@@ -49,6 +49,11 @@ __all__ = ["Download", "Exported", "SandboxService", "Upload"]
 log = structlog.get_logger("mcp_code_sandbox.service")
 
 
+#: Room in a ``read_file`` result's text for what goes beside a text page (its
+#: structured metadata as text: path, sizes, offsets, the download link).
+READ_META_TEXT_BYTES = 2 * 1024
+
+
 @dataclass(frozen=True)
 class Upload:
     session_id: str
@@ -475,8 +480,10 @@ class SandboxService:
         ``max_result_bytes``; the tool layer only shapes it (``server.reads``)."""
         read = await self.read_file(owner, session_id, path, offset=offset, max_bytes=max_bytes)
         budget = min(self.settings.max_read_bytes, self.settings.max_result_bytes)
+        # A text page is what a client reads as tokens: within the result's text budget.
+        text = self.settings.result_text_bytes - READ_META_TEXT_BYTES
         # Decoding up to a page of text and sizing its JSON: a worker thread's job.
-        return await self.threads.run(owner, page_of, read, budget)
+        return await self.threads.run(owner, page_of, read, budget, text)
 
     async def read_resource(
         self, owner: str, session_id: str, path: str, link: Callable[[str], str] | None

@@ -159,6 +159,26 @@ async def test_a_results_text_stays_under_what_a_client_reads(state_dir: Path) -
         assert not run["result_truncated"] and len(run["result"]) == 50_002
 
 
+async def test_a_text_page_stays_under_what_a_client_reads(state_dir: Path) -> None:
+    async with connected(state_dir) as (client, _):
+        lines = "".join(f"{i},{i * 3.5}\n" for i in range(30_000))  # ~330 KB of CSV
+        args = {"filename": "big.csv", "content_text": lines, "session_id": "pages"}
+        data(await client.call_tool("upload_file", args))
+        got, offset, pages = "", 0, 0
+        while True:
+            page = {"session_id": "pages", "path": "big.csv", "offset": offset}
+            result = await client.call_tool("read_file", page)
+            meta = data(result)
+            text = sum(len(b.text.encode()) for b in result.content if isinstance(b, TextContent))
+            assert text <= 20_000 * 3  # Claude Code's 25,000 tokens, at 3 bytes a token
+            got += result.content[1].text  # type: ignore[union-attr]
+            pages += 1
+            if meta["next_offset"] is None:
+                break
+            offset = meta["next_offset"]
+        assert got == lines and pages >= 6
+
+
 async def test_binary_upload_and_a_paged_read(state_dir: Path) -> None:
     async with connected(state_dir, max_read_bytes=64 * 1024) as (client, _):
         blob = bytes(range(256)) * 4

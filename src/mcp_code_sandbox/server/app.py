@@ -111,7 +111,9 @@ def descriptions(
         ),
         "read_file": (
             "Read a file from a session's /mnt/data, a page at a time: text comes back as "
-            f"text (pages of up to {_size(settings.max_read_bytes)}), images as images, "
+            f"text (pages of up to "
+            f"{_size(min(settings.max_read_bytes, settings.result_text_bytes))}), images "
+            "as images, "
             "other files as base64 in an embedded resource (pages of up to "
             f"{_size(blob_page_bytes(settings.max_read_bytes))}). A page that does not "
             "reach the end has next_offset: pass it as offset to get the rest."
