@@ -44,6 +44,22 @@ each_backend = pytest.mark.parametrize("backend", [_BWRAP, _DOCKER], indirect=Tr
 each_runtime = pytest.mark.parametrize("backend", [_BWRAP, _DOCKER, _RUNSC], indirect=True)
 
 
+def valued(value: Any) -> Any:
+    """``value`` without the fields that say nothing (null, false, "", [], {}): what the
+    text copy of a tool result carries (DESIGN §6)."""
+    if isinstance(value, dict):
+        kept = {k: valued(v) for k, v in value.items()}
+        # By identity for null and false: 0 is a value (an exit code), and 0 == False.
+        return {
+            k: v
+            for k, v in kept.items()
+            if v is not None and v is not False and v not in ("", [], {})
+        }
+    if isinstance(value, list):
+        return [valued(v) for v in value]
+    return value
+
+
 def shared_runtime_dir() -> Path:
     configured = os.environ.get("SANDBOX_RUNTIME_DIR")
     if configured:

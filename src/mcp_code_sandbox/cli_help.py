@@ -84,6 +84,8 @@ GROUPS: tuple[tuple[str, tuple[Entry, ...]], ...] = (
             ("max_image_bytes", "images are downscaled to fit this", None),
             ("max_images", "images per result", None),
             ("max_read_bytes", "most bytes one read_file page returns", None),
+            ("max_result_tokens", "most tokens the text of one tool result takes "
+             "(3 bytes a token)", None),
             ("max_result_bytes", "most bytes one tool result takes as a message", None),
             ("worker_threads", "threads for file, workspace and image work", None),
         ),

@@ -49,6 +49,11 @@ __all__ = ["Download", "Exported", "SandboxService", "Upload"]
 log = structlog.get_logger("mcp_code_sandbox.service")
 
 
+#: Room in a ``read_file`` result's text for what goes beside a text page (its
+#: structured metadata as text: path, sizes, offsets, the download link).
+READ_META_TEXT_BYTES = 2 * 1024
+
+
 @dataclass(frozen=True)
 class Upload:
     session_id: str
@@ -56,6 +61,7 @@ class Upload:
     size_bytes: int
     session_created: bool
     notice: str | None
+    mime_type: str
 
 
 @dataclass(frozen=True)
@@ -446,7 +452,10 @@ class SandboxService:
             info: FileInfo = await self.threads.run(
                 owner, write, filename, data, overwrite=overwrite
             )
-        return Upload(held.session.id, info.path, info.size_bytes, held.created, held.notice)
+        session = held.session
+        return Upload(
+            session.id, info.path, info.size_bytes, held.created, held.notice, info.mime_type
+        )
 
     async def read_file(
         self, owner: str, session_id: str, path: str, *, offset: int, max_bytes: int | None
@@ -471,18 +480,22 @@ class SandboxService:
         ``max_result_bytes``; the tool layer only shapes it (``server.reads``)."""
         read = await self.read_file(owner, session_id, path, offset=offset, max_bytes=max_bytes)
         budget = min(self.settings.max_read_bytes, self.settings.max_result_bytes)
+        # A text page is what a client reads as tokens: within the result's text budget.
+        text = self.settings.result_text_bytes - READ_META_TEXT_BYTES
         # Decoding up to a page of text and sizing its JSON: a worker thread's job.
-        return await self.threads.run(owner, page_of, read, budget)
+        return await self.threads.run(owner, page_of, read, budget, text)
 
     async def read_resource(
         self, owner: str, session_id: str, path: str, link: Callable[[str], str] | None
-    ) -> str | bytes:
-        """A ``sandbox://`` resource: the whole file, or ``ArtifactTooLarge`` naming
-        ``read_file`` (and ``link(path)``, its download link, when given)."""
+    ) -> tuple[str | bytes, str]:
+        """A ``sandbox://`` resource: the whole file and its detected MIME type, or
+        ``ArtifactTooLarge`` naming ``read_file`` (and ``link(path)``, its download link,
+        when given)."""
         read = await self.read_file(owner, session_id, path, offset=0, max_bytes=None)
         url = link(read.path) if link else None
         # Decoding up to ``max_read_bytes`` of text: a worker thread's job, as for pages.
-        return await self.threads.run(owner, whole_file, read, self.settings.max_read_bytes, url)
+        whole = await self.threads.run(owner, whole_file, read, self.settings.max_read_bytes, url)
+        return whole, read.mime_type
 
     async def open_download(
         self, session_id: str, path: str, signed_for: Callable[[str], bool]
@@ -506,11 +519,19 @@ class SandboxService:
         return Download(owner, source, info)
 
     async def list_files(
-        self, owner: str, session_id: str, path: str, *, recursive: bool, limit: int = 10000
+        self,
+        owner: str,
+        session_id: str,
+        path: str,
+        *,
+        recursive: bool,
+        limit: int = 10000,
+        wait_s: float | None = None,
     ) -> ListResult:
-        async with self.sessions.acquire(
-            owner, session_id, create=False, wait_s=self.settings.exec_timeout_s
-        ) as held:
+        """``wait_s``: how long to wait for a session busy with another call before
+        ``SessionBusy`` (default: ``exec_timeout_s``, as every call)."""
+        wait = self.settings.exec_timeout_s if wait_s is None else wait_s
+        async with self.sessions.acquire(owner, session_id, create=False, wait_s=wait) as held:
             listing = held.session.workspace.list_files
             return await self.threads.run(owner, listing, path, recursive=recursive, limit=limit)
 

@@ -43,6 +43,10 @@ _HOST = re.compile(r"(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+)(:(\d{1,5}|\*))?")
 _NETWORK_ENTRY = re.compile(
     r"\*|(\*\.)?[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*\.?|\[?[0-9A-Fa-f:.]+\]?(/\d{1,3})?"
 )
+#: Bytes of result text one token is taken to carry, to turn ``max_result_tokens`` into
+#: bytes: English prose runs about 4, code, numbers and JSON about 3; the lower figure
+#: keeps a result under the client's limit whatever it holds.
+BYTES_PER_TOKEN = 3
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 
@@ -179,6 +183,10 @@ class Settings(BaseSettings):
     #: 1 MiB that the official MCP client accepts in one server-sent event; what does not
     #: fit is cut and the result says so (``server/fit.py``).
     max_result_bytes: Size = Field(512 * 1024, ge=64 * 1024)
+    #: The most tokens the text of one tool result may take (estimated: ``BYTES_PER_TOKEN``
+    #: bytes each). Claude Code warns at 10,000 and cuts a result at 25,000
+    #: (``MAX_MCP_OUTPUT_TOKENS``); raise both together for clients that take more.
+    max_result_tokens: int = Field(20_000, ge=2_000)
     #: Threads for blocking work (walks, file I/O, images); one owner uses at most half.
     worker_threads: int = Field(8, ge=2, le=256)
 
@@ -429,8 +437,17 @@ class Settings(BaseSettings):
     def stream_bytes(self) -> int:
         """What a result keeps of each of stdout and stderr: ``max_output_bytes``, within
         a fifth of the result budget (each stream is in the result twice: structured
-        and in its text copy). Past it the full output is saved in the workspace."""
-        return min(self.max_output_bytes, self.max_result_bytes // 5)
+        and in its text copy) and two fifths of the text budget (two streams, and room
+        for the value, the error and displays). Past it the full output is saved in the
+        workspace."""
+        return min(
+            self.max_output_bytes, self.max_result_bytes // 5, self.result_text_bytes * 2 // 5
+        )
+
+    @property
+    def result_text_bytes(self) -> int:
+        """The most bytes of text one result carries: ``max_result_tokens``, estimated."""
+        return self.max_result_tokens * BYTES_PER_TOKEN
 
     @property
     def workspaces_dir(self) -> Path:

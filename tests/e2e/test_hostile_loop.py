@@ -292,4 +292,9 @@ async def test_over_http_resources_are_whole_or_refused_with_a_link(
         # And the other tenant gets nothing of it, whole or in part.
         with pytest.raises(MCPError, match="session_not_found"):
             await t.victim.read_resource("sandbox://eda/small.pdf")
+        # Each lists its own files as resources, never the other's.
+        mine = (await t.mallory.list_resources()).resources
+        assert "sandbox://eda/small.pdf" in {str(r.uri) for r in mine}
+        theirs = (await t.victim.list_resources()).resources
+        assert not any(str(r.uri).startswith("sandbox://eda/") for r in theirs)
         await t.victim_is_fine()

@@ -166,7 +166,9 @@ async def test_a_hostile_session_cannot_grow_its_run_log_or_notebook_past_the_bu
     make_settings: Callable[..., Settings],
 ) -> None:
     settings = make_settings()
-    async with two_tenants(settings, SANDBOX_NOTEBOOK_MAX_BYTES=str(BUDGET)) as t:
+    # Outputs kept whole in results (not cut to the text budget), so that they fill the log.
+    env = {"SANDBOX_NOTEBOOK_MAX_BYTES": str(BUDGET), "SANDBOX_MAX_RESULT_TOKENS": "100000"}
+    async with two_tenants(settings, **env) as t:
         await t.run(t.victim, "print('mine')", session_id="victim-nb")
         for code in [NEWLINES] * 6 + [LONG_CODE] * 10:
             await t.run(t.mallory, code, session_id="hog")

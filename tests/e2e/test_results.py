@@ -2,10 +2,11 @@
 the official MCP client against the real HTTP server.
 
 A figure is an image and not also ``<Figure size ...>``; a DataFrame that is a cell's
-value comes back as a markdown table; ``list_runtimes`` says which packages (and
-versions) can be imported; a timeout says in words what became of the interpreter;
-Python results carry an exit code; a run whose session is closed under it says so; and
-saved full outputs are not listed as the session's files.
+value comes back once, as a markdown table; rich displays come back by type;
+``list_runtimes`` says which packages (and versions) can be imported; a timeout says in
+words what became of the interpreter; Python results carry an exit code; a run whose
+session is closed under it says so; and saved full outputs are not listed as the
+session's files.
 """
 
 from __future__ import annotations
@@ -67,14 +68,13 @@ async def test_figures_frames_runtimes_and_exit_codes(base: str) -> None:
         assert (value["result"], value["displays"]) == (None, [])
 
         frame = await run(client, FRAME)
-        assert [d["mime_type"] for d in frame["displays"]] == ["text/markdown"]
-        table = frame["displays"][0]["text"].splitlines()
+        assert frame["displays"] == []  # once: the table is the result
+        table = frame["result"].splitlines()
         assert table[0] == "|  | city | n |" and table[1] == "| --- | --- | --- |"
         assert table[2] == "| 0 | Oslo | 0 |" and table[3] == "| 1 | Lima\\|Peru | 1 |"
         assert "| … | … | … |" in table and table[-1] == (
             "40 rows × 2 columns (shown: 20 rows, 2 columns)"
         )
-        assert frame["result"] is not None and "Oslo" in frame["result"]  # the text repr
 
         assert (await run(client, "1 + 1"))["exit_code"] == 0
         failed = await run(client, "raise ValueError('no')")
@@ -84,6 +84,45 @@ async def test_figures_frames_runtimes_and_exit_codes(base: str) -> None:
         python = next(r for r in runtimes if r["language"] == "python")
         for package in ("pandas", "numpy", "matplotlib"):
             assert python["packages"].get(package, "")[:1].isdigit(), python["packages"]
+
+
+RICH = """
+from IPython.display import HTML, JSON, Latex, display
+import matplotlib.pyplot as plt, pandas as pd
+from PIL import Image
+display({"text/latex": r"$\\alpha$"}, raw=True)
+display({"application/json": {"a": [1, 2]}}, raw=True)
+display(HTML("<b>bold</b>"))
+display({"application/javascript": "alert(1)"}, raw=True)
+Image.new("RGB", (8, 8), "blue").show()
+display(pd.DataFrame({"price": [177.48850000000002, 1.5]}))
+plt.plot([1, 2])
+"""
+
+
+async def test_rich_outputs_come_back_once_and_nothing_vanishes(base: str) -> None:
+    async with Client(f"{base}/mcp", mode="legacy") as client:
+        result = await client.call_tool("run_code", {"code": RICH, "session_id": "rich"})
+        rich = data(result)
+        assert rich["status"] == "ok", rich
+        shown = [(d["mime_type"], d["text"]) for d in rich["displays"]]
+        assert shown == [
+            ("text/latex", "$\\alpha$"),
+            ("application/json", '{"a": [1, 2]}'),
+            ("text/html", "<b>bold</b>"),
+            ("text/markdown", "|  | price |\n| --- | --- |\n| 0 | 177.4885 |\n| 1 | 1.5000 |"),
+        ]
+        # Image.show() and the figure: two images inline, no viewer started.
+        assert [c.type for c in result.content].count("image") == 2
+        assert rich["stderr"] == "", rich["stderr"]
+        # The line plt.plot returned is not the result beside its figure.
+        assert rich["result"] is None
+        assert "1 display() output(s) were left out" in rich["notice"]
+        value = await run(client, "HTML('<i>x</i>')", session_id="rich")
+        assert value["result"] is None
+        assert [(d["mime_type"], d["text"]) for d in value["displays"]] == [
+            ("text/html", "<i>x</i>")
+        ]
 
 
 async def test_a_timeout_says_what_became_of_the_interpreter(base: str) -> None:

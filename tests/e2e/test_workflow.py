@@ -14,7 +14,7 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp_types import ImageContent, ResourceLink, TextContent
 
-from ..conftest import each_runtime
+from ..conftest import each_runtime, valued
 from .conftest import ERAS
 
 pytestmark = [pytest.mark.e2e, each_runtime]
@@ -42,7 +42,8 @@ def structured(result: Any) -> dict[str, Any]:
     data = result.structured_content
     assert isinstance(data, dict)
     text = [b for b in result.content if isinstance(b, TextContent)]
-    assert json.loads(text[0].text) == data  # the same JSON as text
+    # The same JSON as text, with only the fields that have a value (DESIGN §6).
+    assert json.loads(text[0].text) == valued(data)
     return data
 
 

@@ -8,6 +8,7 @@ setup`` for bwrap, ``mcp-code-sandbox image build`` for docker).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 from collections.abc import Callable
@@ -229,3 +230,40 @@ async def test_errors_point_at_the_users_line(service: Any, language: str, suffi
     assert r.status == "error" and r.exit_code == 1
     assert "boom on line 3" in r.stderr
     assert f"main.{suffix}:3:" in r.stderr, r.stderr
+
+
+@each_backend
+@pytest.mark.parametrize("language", ["javascript", "typescript"])
+async def test_a_programs_last_expression_is_its_result(service: Any, language: str) -> None:
+    # As Node's REPL and E2B's JavaScript kernel give it (DESIGN §6).
+    hello = await run(service, "await Promise.resolve('Hello World!')", language)
+    assert (hello.status, hello.result, hello.stdout) == ("ok", "Hello World!", "")
+    code = (
+        "import Papa from 'papaparse'\nconst rows = Papa.parse('a,b\\n1,2').data\nrows.length * 21"
+    )
+    assert (await run(service, code, language)).result == "42"
+    shown = await run(service, "const o = { a: [1, 2], b: 'x' }\no", language)
+    assert shown.result is not None and "a: [ 1, 2 ]" in shown.result
+    # No value: a statement, a call that returns nothing, a program that failed.
+    for code in ("const x = 1", "console.log('hi')", "throw new Error('no')\n1"):
+        assert (await run(service, code, language)).result is None, code
+    # Code the rewrite cannot take still runs as written, with its line numbers.
+    odd = "const a = 1;\nlet s = `${a}\n`\nthrow new Error('boom on line 4')"
+    failed = await run(service, odd + "\n", language)
+    assert failed.exit_code == 1 and ":4:" in failed.stderr, failed.stderr
+
+
+@each_backend
+async def test_a_value_file_the_program_replaced_is_not_waited_on(service: Any) -> None:
+    # The program can reach its scratch directory: a FIFO where its value goes must not
+    # make the agent wait for a writer.
+    code = (
+        "import { execFileSync } from 'node:child_process'\n"
+        "import { dirname, join } from 'node:path'\n"
+        "execFileSync('mkfifo', [join(dirname(process.argv[1]), 'value.txt')])\n"
+        "console.log('planted')"
+    )
+    r = await asyncio.wait_for(run(service, code, "javascript", timeout_s=20), 60)
+    assert (r.status, r.stdout, r.result) == ("ok", "planted\n", None), r.stderr
+    after = await run(service, "6 * 7", "javascript")
+    assert after.result == "42"

@@ -462,7 +462,7 @@ def test_modules_the_kernel_imports_late_cannot_be_shadowed_by_workspace_files(
     assert seen["missing"] == []
     ipython = agent.ready["ipython"]
     assert seen["loaded"] == (
-        [] if ipython else ["state", "stateload", "statewrite", "statefiles", "plain", "tables"]
+        [] if ipython else ["state", "stateload", "statewrite", "statefiles", "plain"]
     )
     for name in ("pickle", "shutil", "dataclasses"):
         (agent.workdir / f"{name}.py").write_text("raise SystemExit('a workspace module')\n")
@@ -638,9 +638,9 @@ def test_ipython_magics_shell_and_rich_display(ipy: Agent) -> None:
     result = ipy.run("%cd .\n!echo bang\nfrom IPython.display import Markdown\nMarkdown('*m*')")
     assert result.status == "ok", result.done
     assert "bang\n" in result.stdout and "Out[" not in result.stdout
-    assert result.done["result"] == "<IPython.core.display.Markdown object>"
-    assert result.displays[0]["data"]["text/markdown"] == "*m*"
-    assert ipy.run("_").done["result"] == "<IPython.core.display.Markdown object>"
+    assert result.done["result"] == "*m*"  # its markdown, once: not "<...Markdown object>"
+    assert result.displays == []
+    assert ipy.run("_").done["result"] == "*m*"
     assert ipy.run("1;").done["result"] is None  # a trailing semicolon hides it, like Jupyter
 
 
@@ -694,15 +694,74 @@ def test_savefig_into_workdir_is_not_captured_twice(ipy: Agent) -> None:
     assert ipy.run("plt.get_fignums()").done["result"] == "[]"
 
 
-def test_pandas_result_is_text_and_a_markdown_table(ipy: Agent) -> None:
-    result = ipy.run("import pandas as pd\npd.DataFrame({'a': [1, 2]})")
-    assert result.done["result"] == "   a\n0  1\n1  2"
-    table = "|  | a |\n| --- | --- |\n| 0 | 1 |\n| 1 | 2 |"
-    assert [d["data"] for d in result.displays] == [
-        {"text/markdown": table, "text/plain": "   a\n0  1\n1  2"}
+def test_a_pandas_result_is_one_markdown_table(ipy: Agent) -> None:
+    agent = ipy
+    result = agent.run("import pandas as pd\npd.DataFrame({'a': [177.48850000000002, 1.5]})")
+    table = "|  | a |\n| --- | --- |\n| 0 | 177.4885 |\n| 1 | 1.5000 |"
+    assert result.done["result"] == table
+    assert result.displays == []  # not also as a display
+    shown = agent.run("display(pd.DataFrame({'b': [0.1 + 0.2]}))")
+    assert [d["data"]["text/markdown"] for d in shown.displays] == [
+        "|  | b |\n| --- | --- |\n| 0 | 0.3 |"
     ]
-    series = ipy.run("pd.Series([1, 2])")  # only frames: a Series is its text
+    series = agent.run("pd.Series([1, 2])")  # only frames: a Series is its text
     assert series.displays == [] and series.done["result"]
+
+
+def test_latex_json_and_html_come_back_marked_by_their_type(agent: Agent) -> None:
+    code = (
+        "class Rich:\n"
+        "    def __init__(self, **forms): self.forms = forms\n"
+        "    def _repr_latex_(self): return self.forms.get('latex')\n"
+        "    def _repr_json_(self): return self.forms.get('json')\n"
+        "    def _repr_html_(self): return self.forms.get('html')\n"
+        "display(Rich(latex='$x^2$')); display(Rich(json={'a': [1]}))\n"
+        "display(Rich(html='<b>hi</b>'))\n"
+        "Rich(html='<i>value</i>')"
+    )
+    result = agent.run(code)
+    assert result.status == "ok", result.done
+    picked = [{k: v for k, v in d["data"].items() if k != "text/plain"} for d in result.displays]
+    assert picked == [
+        {"text/latex": "$x^2$"},
+        {"application/json": '{"a": [1]}'},
+        {"text/html": "<b>hi</b>"},
+        {"text/html": "<i>value</i>"},
+    ]
+    assert result.done["result"] is None  # not "<__main__.Rich object at 0x...>"
+    assert result.done["cut"].get("displays_unsupported", 0) == 0
+
+
+def test_a_display_with_no_form_a_result_carries_is_counted(ipy: Agent) -> None:
+    code = (
+        "class Js:\n"
+        "    def _repr_mimebundle_(self, include=None, exclude=None):\n"
+        "        return {'application/javascript': 'alert(1)'}\n"
+        "display(Js())"
+    )
+    result = ipy.run(code)
+    assert result.status == "ok", result.done
+    assert [sorted(d["data"]) for d in result.displays] == [["text/plain"]]
+    assert result.done["cut"]["displays_unsupported"] == 1
+
+
+def test_an_artist_beside_its_figure_is_no_result(ipy: Agent) -> None:
+    result = ipy.run("import matplotlib.pyplot as plt\nplt.plot([1, 2])")
+    assert result.done["result"] is None, result.done
+    assert [d["source"] for d in result.displays] == ["figure"]
+    axes = ipy.run("fig, ax = plt.subplots()\nax")
+    assert axes.done["result"] is None
+    # Without a figure drawn by the cell, an artist is a value like any other.
+    plt_closed = ipy.run("import matplotlib.lines as ml\n[ml.Line2D([0], [1])]")
+    assert plt_closed.done["result"].startswith("[<matplotlib.lines.Line2D")
+
+
+def test_pil_show_returns_the_image(ipy: Agent) -> None:
+    code = "from PIL import Image\nImage.new('RGB', (8, 8), 'red').show()"
+    result = ipy.run(code)
+    assert result.status == "ok", result.done
+    assert [sorted(d["data"]) for d in result.displays] == [["image/png", "text/plain"]]
+    assert result.done["result"] is None and result.stderr == ""
 
 
 def test_a_figure_value_is_its_image_not_its_repr(ipy: Agent) -> None:

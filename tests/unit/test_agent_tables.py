@@ -17,13 +17,16 @@ class _ILoc:
     def __init__(self, frame: DataFrame) -> None:
         self.frame = frame
 
-    def __getitem__(self, key: tuple[slice, slice]) -> DataFrame:
+    def __getitem__(self, key: tuple[slice | list[int], slice | int]) -> Any:
         rows, cols = key
+        if isinstance(rows, list):
+            picked, index = [self.frame.rows[i] for i in rows], [self.frame.index[i] for i in rows]
+        else:
+            picked, index = self.frame.rows[rows], self.frame.index[rows]
+        if isinstance(cols, int):  # a column: a Series, here its values
+            return [r[cols] for r in picked]
         kept = list(range(len(self.frame.columns)))[cols]
-        return DataFrame(
-            {self.frame.columns[c]: [r[c] for r in self.frame.rows[rows]] for c in kept},
-            self.frame.index[rows],
-        )
+        return DataFrame({self.frame.columns[c]: [r[c] for r in picked] for c in kept}, index)
 
 
 class DataFrame:

@@ -81,8 +81,10 @@ def test_everything_at_once_fits_and_says_what_was_cut() -> None:
         image_files=[ImageFile(f"p{i}.png", "image/png", noise_png(400, i)) for i in range(4)],
         files=[Change(f"f/{i:05}.txt", 0, "text/plain", "created") for i in range(30_000)],
     )
-    budget = settings().max_result_bytes
-    result = run_result(hostile, settings(), lambda path: f"http://h/files/{path}?sig=" + "s" * 80)
+    # The byte budget, apart from the text's (SANDBOX_MAX_RESULT_TOKENS: raised here).
+    roomy = settings(max_result_tokens=10**6)
+    budget = roomy.max_result_bytes
+    result = run_result(hostile, roomy, lambda path: f"http://h/files/{path}?sig=" + "s" * 80)
     data = structured(result)
     assert message_bytes(result) <= budget
     assert data["result_truncated"] and data["error_truncated"] and data["displays_truncated"]
@@ -110,7 +112,7 @@ def test_images_share_the_budget() -> None:
 @pytest.mark.parametrize("limit", [64 * 1024, 200 * 1024, 2 * 1024 * 1024])
 def test_the_setting_moves_the_bound(limit: int) -> None:
     big = report(stdout="o" * 90_000, result="y" * 5_000_000, stderr="\x1b" * 90_000)
-    result = run_result(big, settings(max_result_bytes=limit))
+    result = run_result(big, settings(max_result_bytes=limit, max_result_tokens=10**6))
     assert message_bytes(result) <= limit
     assert len(structured(result)["result"]) > limit // 8  # not cut to nothing either
 
@@ -118,8 +120,21 @@ def test_the_setting_moves_the_bound(limit: int) -> None:
 def test_the_budget_has_a_floor_and_bounds_each_stream() -> None:
     with pytest.raises(ConfigError):
         settings(max_result_bytes=1000)
-    assert settings().stream_bytes == 100 * 1024
-    assert settings(max_output_bytes=1024**2).stream_bytes == 512 * 1024 // 5
+    # Two fifths of the text a result may carry (20,000 tokens at 3 bytes each)...
+    assert settings().stream_bytes == 20_000 * 3 * 2 // 5
+    # ...and a fifth of the message, where the text may be longer.
+    roomy = settings(max_output_bytes=1024**2, max_result_tokens=10**6)
+    assert roomy.stream_bytes == 512 * 1024 // 5
+
+
+def test_the_text_of_a_result_stays_within_its_token_budget() -> None:
+    loud = report(stdout="o" * 8_000, stderr="e" * 8_000, result="r" * 200_000)
+    result = run_result(loud, settings())
+    text = sum(len(b.text) for b in result.content if isinstance(b, TextContent))
+    assert text <= 20_000 * 3
+    data = structured(result)
+    assert data["result_truncated"] and not data["stdout_truncated"]  # the biggest, first
+    assert "SANDBOX_MAX_RESULT_TOKENS" in data["notice"]
 
 
 def test_text_cost_counts_both_copies() -> None:

@@ -41,7 +41,13 @@ def test_code_files_go_to_the_scratch_dir_with_the_packages_linked(
 ) -> None:
     scratch = str(tmp_path / "scratch")
     argv = languages.command("javascript", "/x/node", "console.log(1)", scratch)
-    assert argv == ["/x/node", "--import", f"file://{scratch}/preload.mjs", f"{scratch}/main.mjs"]
+    preloads = [
+        "--import",
+        f"file://{scratch}/preload.mjs",
+        "--import",
+        f"file://{scratch}/value.mjs",
+    ]
+    assert argv == ["/x/node", *preloads, f"{scratch}/main.mjs"]
     assert Path(scratch, "main.mjs").read_text() == "console.log(1)"
     assert os.readlink(Path(scratch, "node_modules")) == str(node_path)
     assert "createRequire" in Path(scratch, "preload.mjs").read_text()
@@ -49,7 +55,8 @@ def test_code_files_go_to_the_scratch_dir_with_the_packages_linked(
     os.unlink(Path(scratch, "node_modules"))
     Path(scratch, "node_modules").mkdir()
     ts = languages.command("typescript", "/x/bun", "let a: number = 1", scratch)
-    assert ts == ["/x/bun", "--no-install", "run", f"{scratch}/main.ts"]
+    value = f"{scratch}/value.mjs"
+    assert ts == ["/x/bun", "--no-install", "run", "--preload", value, f"{scratch}/main.ts"]
     assert os.readlink(Path(scratch, "node_modules")) == str(node_path)
     assert languages.command("bash", "/bin/bash", "echo hi", scratch) == [
         "/bin/bash",

@@ -25,6 +25,7 @@ from mcp_code_sandbox.run.languages import RUNTIMES
 from mcp_code_sandbox.run.request import RunRequest
 from mcp_code_sandbox.server.app import build_server
 from mcp_code_sandbox.service import SandboxService
+from tests.conftest import valued
 from tests.e2e.test_tools import TOOLS
 from tests.fakes import FakeBackend, fake_service
 
@@ -44,10 +45,10 @@ async def connected(
 def data(result: CallToolResult) -> dict[str, Any]:
     assert not result.is_error, result.content
     assert isinstance(result.structured_content, dict)
-    # The same JSON as text, for clients that read only text (DESIGN §6).
+    # The same JSON as text, with only the fields that have a value (DESIGN §6).
     first = result.content[0]
     assert isinstance(first, TextContent)
-    assert json.loads(first.text) == result.structured_content
+    assert json.loads(first.text) == valued(result.structured_content)
     return result.structured_content
 
 
@@ -113,6 +114,69 @@ async def test_a_workflow_upload_run_list_read_close(state_dir: Path) -> None:
         assert svc.backend.running() == []  # type: ignore[attr-defined]
         gone = await client.call_tool("list_files", {"session_id": sid})
         assert error_code(gone) == "session_not_found"
+
+
+async def test_a_run_as_text_says_only_what_has_a_value(state_dir: Path) -> None:
+    async with connected(state_dir) as (client, _):
+        result = await client.call_tool("run_code", {"code": "6*7"})
+        run = data(result)
+        first = result.content[0]
+        assert isinstance(first, TextContent)
+        text = json.loads(first.text)
+        assert text == {
+            "session_id": run["session_id"],
+            "session_created": True,
+            "language": "python",
+            "status": "ok",
+            "exit_code": 0,
+            "result": "42",
+            "execution_count": 1,
+            "duration_ms": run["duration_ms"],
+        }
+        # The structured result stays complete: every field of the output schema.
+        assert run["stdout"] == "" and run["state_lost"] is False and run["error"] is None
+        assert len(run) >= 24
+
+
+LOUD = "import sys\nprint('o' * 90_000)\nprint('e' * 90_000, file=sys.stderr)\n'r' * 50_000"
+
+
+async def test_a_results_text_stays_under_what_a_client_reads(state_dir: Path) -> None:
+    # Claude Code cuts a tool result at 25,000 tokens; by default ours stays under
+    # 20,000 even at three bytes a token (code and numbers; English prose is four).
+    async with connected(state_dir) as (client, _):
+        result = await client.call_tool("run_code", {"code": LOUD})
+        run = data(result)
+        text = sum(len(b.text.encode()) for b in result.content if isinstance(b, TextContent))
+        assert text <= 20_000 * 3
+        # Head and tail kept, the rest saved and pointed to; what else was cut is said.
+        assert run["stdout_truncated"] and run["full_output_path"]
+        assert run["stdout"].startswith("o" * 1000) and run["stdout"].endswith("o" * 1000 + "\n")
+        assert run["result_truncated"] and "SANDBOX_MAX_RESULT_TOKENS" in run["notice"]
+    # The operator can raise it.
+    async with connected(state_dir, max_result_tokens=100_000) as (client, _):
+        run = data(await client.call_tool("run_code", {"code": LOUD}))
+        assert not run["result_truncated"] and len(run["result"]) == 50_002
+
+
+async def test_a_text_page_stays_under_what_a_client_reads(state_dir: Path) -> None:
+    async with connected(state_dir) as (client, _):
+        lines = "".join(f"{i},{i * 3.5}\n" for i in range(30_000))  # ~330 KB of CSV
+        args = {"filename": "big.csv", "content_text": lines, "session_id": "pages"}
+        data(await client.call_tool("upload_file", args))
+        got, offset, pages = "", 0, 0
+        while True:
+            page = {"session_id": "pages", "path": "big.csv", "offset": offset}
+            result = await client.call_tool("read_file", page)
+            meta = data(result)
+            text = sum(len(b.text.encode()) for b in result.content if isinstance(b, TextContent))
+            assert text <= 20_000 * 3  # Claude Code's 25,000 tokens, at 3 bytes a token
+            got += result.content[1].text  # type: ignore[union-attr]
+            pages += 1
+            if meta["next_offset"] is None:
+                break
+            offset = meta["next_offset"]
+        assert got == lines and pages >= 6
 
 
 async def test_binary_upload_and_a_paged_read(state_dir: Path) -> None:

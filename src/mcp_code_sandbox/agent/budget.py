@@ -126,6 +126,9 @@ class DisplayGate:
         self.dropped = 0
         self.images_dropped = 0
         self.cut = 0
+        #: Displays with none of the forms a result carries (e.g. only JavaScript or a
+        #: widget): left out, not for the budget; counted by the kernel.
+        self.unsupported = 0
 
     def admit(self, data: Any) -> dict[str, str] | None:
         """``data`` (a display's ``{mime: str}``) as it may be forwarded, or ``None``."""
@@ -167,4 +170,5 @@ class DisplayGate:
             "displays_dropped": self.dropped,
             "displays_cut": self.cut,
             "images_dropped": self.images_dropped,
+            "displays_unsupported": self.unsupported,
         }

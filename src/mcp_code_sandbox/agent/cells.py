@@ -7,6 +7,7 @@ fails is data here, never an exception out of a shell.
 from __future__ import annotations
 
 import base64
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,23 +15,39 @@ from typing import Any, Protocol
 
 __all__ = [
     "ANSI",
+    "LEFT_OUT",
     "RICH_MIMES",
     "Emit",
     "Outcome",
     "Shell",
     "StateShell",
+    "emit_display",
     "error_info",
     "mime_bundle",
     "pick_mimes",
+    "value_text",
 ]
 
 #: Sends one ``display`` message: (source, {mime: data}).
 Emit = Callable[[str, dict[str, str]], None]
+#: The source of an emit that carries nothing: a display had forms a result does not
+#: carry (JavaScript, a widget) and none it does but its text; the kernel counts it.
+LEFT_OUT = "left_out"
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
-#: Richest first. Only these reach the host; e.g. text/html falls back to text/plain.
-RICH_MIMES = ("image/png", "image/svg+xml", "text/markdown")
+#: Richest first (for a model: a markdown table reads better than its HTML). Only these
+#: reach the host; a bundle with none of them is left out and counted (``unsupported``).
+RICH_MIMES = (
+    "image/png",
+    "image/jpeg",
+    "image/svg+xml",
+    "text/markdown",
+    "text/html",
+    "text/latex",
+    "application/json",
+)
+_BASE64_MIMES = ("image/png", "image/jpeg")
 
 
 @dataclass
@@ -39,6 +56,9 @@ class Outcome:
     result: str | None
     error: dict[str, str] | None
     execution_count: int
+    #: The value was a matplotlib artist (``<Axes: >``, a list of ``Line2D``): said only
+    #: when the cell drew no figure (the kernel knows, after the cell).
+    artist: bool = False
 
 
 class StateShell(Protocol):
@@ -86,18 +106,24 @@ def error_info(exc: BaseException, traceback_text: str) -> dict[str, str]:
 def pick_mimes(data: dict[str, Any]) -> dict[str, str] | None:
     """The richest supported representation plus text/plain; ``None`` when there is none.
 
-    image/png may arrive as raw bytes (``_repr_png_``) or as base64 text (IPython's
-    ``Image``); it always leaves as base64 text.
+    image/png and image/jpeg may arrive as raw bytes (``_repr_png_``) or as base64 text
+    (IPython's ``Image``); they always leave as base64 text. application/json arrives as
+    the object IPython's formatter returns and leaves as its JSON text.
     """
     out: dict[str, str] = {}
     for mime in RICH_MIMES:
         value = data.get(mime)
         if value is None:
             continue
-        if mime == "image/png" and isinstance(value, bytes):
+        if mime in _BASE64_MIMES and isinstance(value, bytes):
             value = base64.b64encode(value).decode("ascii")
         elif isinstance(value, bytes):
             value = value.decode("utf-8", "replace")
+        elif mime == "application/json" and not isinstance(value, str):
+            try:
+                value = json.dumps(value, ensure_ascii=False, default=repr)
+            except (TypeError, ValueError):  # circular: no JSON of it
+                continue
         if isinstance(value, str):
             out[mime] = value
             break
@@ -107,13 +133,48 @@ def pick_mimes(data: dict[str, Any]) -> dict[str, str] | None:
     return out or None
 
 
+def emit_display(emit: Emit, data: dict[str, Any]) -> None:
+    """Send ``data`` (a display's bundle) as its richest form and text, saying
+    (:data:`LEFT_OUT`) when forms a result does not carry were all it had beside text."""
+    picked = pick_mimes(data)
+    others = set(data) - set(RICH_MIMES) - {"text/plain"}
+    if others and not (picked and set(picked) - {"text/plain"}):
+        emit(LEFT_OUT, {})
+    if picked:
+        emit("display", picked)
+
+
+def value_text(data: dict[str, Any]) -> tuple[str | None, bool]:
+    """A cell value's bundle, once: ``(result, shown)``. Its text when that is all it
+    has; its markdown (a DataFrame's table) as the text, which reads as well and says
+    it once; any other richer form (an image, HTML, LaTeX, JSON) is ``shown`` as a
+    display instead, with no text: not also ``<IPython.core.display.HTML object>``."""
+    picked = pick_mimes(data) or {}
+    plain = picked.get("text/plain")
+    rich = [mime for mime in picked if mime != "text/plain"]
+    if not rich:
+        return plain, False
+    if rich == ["text/markdown"]:
+        return picked["text/markdown"], False
+    return None, True
+
+
 def mime_bundle(obj: object) -> dict[str, Any]:
     """A Jupyter-style bundle from an object's ``_repr_*_`` methods, for the plain shell."""
     bundle: dict[str, Any] = {"text/plain": repr(obj)}
+    from .tables import dataframe_markdown  # at first use (see kernel.deferred)
+
+    table = dataframe_markdown(obj)
+    if table is not None:  # as the IPython shell's formatter does (``ipy``)
+        bundle["text/markdown"] = table
     for mime, method in (
         ("image/png", "_repr_png_"),
+        ("image/jpeg", "_repr_jpeg_"),
         ("image/svg+xml", "_repr_svg_"),
         ("text/markdown", "_repr_markdown_"),
+        ("text/html", "_repr_html_"),
+        ("text/latex", "_repr_latex_"),
+        ("application/json", "_repr_json_"),
     ):
         fn = getattr(obj, method, None)
         if callable(fn):

@@ -1,4 +1,5 @@
-"""Matplotlib figures as ``display`` messages, the way a notebook's inline backend does it.
+"""Matplotlib figures (and PIL's ``Image.show()``) as ``display`` messages, the way a
+notebook's inline backend does it.
 
 Nothing here imports matplotlib: an import hook patches ``matplotlib.pyplot`` right after
 the user's code imports it (so even the first cell behaves). From then on ``plt.show()``
@@ -23,7 +24,7 @@ from typing import Any
 
 from .cells import Emit
 
-__all__ = ["FigureCapture", "is_figure"]
+__all__ = ["FigureCapture", "is_artist", "is_figure"]
 
 
 def is_figure(obj: object) -> bool:
@@ -32,6 +33,22 @@ def is_figure(obj: object) -> bool:
     kind = type(obj)
     return kind.__module__.startswith("matplotlib") and any(
         k.__name__ == "Figure" and k.__module__ == "matplotlib.figure" for k in kind.__mro__
+    )
+
+
+def is_artist(obj: object) -> bool:
+    """Is ``obj`` a matplotlib artist (``<Axes: >``, a ``Line2D``), or a list or tuple of
+    nothing else (what ``plt.plot`` returns)? Beside the figure it drew, its repr is
+    noise for a model, and a cell whose value it is returns no ``result``."""
+    if isinstance(obj, list | tuple):
+        return bool(obj) and all(_is_one_artist(item) for item in obj)
+    return _is_one_artist(obj)
+
+
+def _is_one_artist(obj: object) -> bool:
+    kind = type(obj)
+    return kind.__module__.startswith("matplotlib") and any(
+        k.__name__ == "Artist" and k.__module__ == "matplotlib.artist" for k in kind.__mro__
     )
 
 
@@ -46,10 +63,28 @@ class FigureCapture:
         self._warn = warn
         self._plt: Any = None
         self._savefig: Any = None
+        #: Figures this cell drew (captured, or saved into the workspace): the kernel
+        #: sets it to 0 before each cell.
+        self.drawn = 0
 
     def install(self) -> None:
         """Called once at kernel start, before any user code."""
-        sys.meta_path.insert(0, _PyplotHook(self._hook))
+        sys.meta_path.insert(0, _ImportHook("matplotlib.pyplot", self._hook))
+        sys.meta_path.insert(0, _ImportHook("PIL.ImageShow", self._hook_pil))
+
+    def _hook_pil(self) -> bool:
+        """``Image.show()`` returns the image inline, as ``plt.show()`` does: a viewer of
+        ours goes first in PIL's list, so PIL never starts ``xdg-open`` or ``display`` (a
+        bwrap sandbox sees the host's ``/usr``: the host's viewers are there)."""
+        show = sys.modules.get("PIL.ImageShow")
+        if show is None:
+            return False
+        try:
+            show.register(_InlineViewer(self._emit, self._warn), 0)
+        except Exception as exc:  # an odd PIL must not break the kernel
+            self._warn(f"inline Image.show() disabled: {exc!r}")
+            return False
+        return True
 
     def flush(self) -> None:
         """After a cell: capture and close every open figure."""
@@ -98,6 +133,7 @@ class FigureCapture:
         plt = self._plt
         for num in plt.get_fignums():
             fig = plt.figure(num)
+            self.drawn += 1
             if not getattr(fig, _SAVED, False):
                 self._capture(fig)
         plt.close("all")
@@ -114,20 +150,44 @@ class FigureCapture:
         self._emit("figure", data)
 
 
-class _PyplotHook:
-    """Runs ``on_import`` right after ``matplotlib.pyplot`` finished importing.
+class _InlineViewer:
+    """A PIL viewer (``PIL.ImageShow.Viewer`` by protocol: ``show``) that sends the image
+    as a display, PNG like a figure."""
+
+    def __init__(self, emit: Emit, warn: Callable[[str], None]) -> None:
+        self._emit = emit
+        self._warn = warn
+
+    def show(self, image: Any, **options: Any) -> int:
+        buf = io.BytesIO()
+        try:
+            if image.mode not in ("1", "L", "LA", "I", "P", "RGB", "RGBA"):
+                image = image.convert("RGBA")  # CMYK, F, YCbCr...: no PNG of their own
+            image.save(buf, format="PNG")
+        except Exception as exc:
+            self._warn(f"could not show the image: {exc!r}")
+            return 1  # shown as far as PIL knows: never a viewer of the host's instead
+        data = {"image/png": base64.b64encode(buf.getvalue()).decode("ascii")}
+        data["text/plain"] = repr(image)
+        self._emit("display", data)
+        return 1
+
+
+class _ImportHook:
+    """Runs ``on_import`` right after the module ``name`` finished importing.
 
     A meta path finder by protocol (``find_spec``), not by subclassing
     ``importlib.abc.MetaPathFinder``: importing ``importlib.abc`` pulls in
     ``importlib.resources`` and ``tempfile``, ~6 ms of every kernel's start."""
 
-    def __init__(self, on_import: Callable[[], bool]) -> None:
+    def __init__(self, name: str, on_import: Callable[[], bool]) -> None:
+        self._name = name
         self._on_import = on_import
 
     def find_spec(
         self, name: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> ModuleSpec | None:
-        if name != "matplotlib.pyplot":
+        if name != self._name:
             return None
         spec = PathFinder.find_spec(name, path)
         loader: Any = spec.loader if spec is not None else None

@@ -14,8 +14,8 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from .cells import Emit, Outcome, error_info, pick_mimes
-from .figures import is_figure
+from .cells import Emit, Outcome, emit_display, error_info, value_text
+from .figures import is_artist, is_figure
 from .interrupts import InterruptGate
 
 __all__ = ["make_ipython_shell"]
@@ -42,6 +42,8 @@ def make_ipython_shell(emit: Emit, gate: InterruptGate) -> Any:
         captured: dict[str, Any] | None = None
         #: The value was a matplotlib Figure (its image is captured at the cell's end).
         figure = False
+        #: The value was a matplotlib artist, or a list of them (``Outcome.artist``).
+        artist = False
 
         def start_displayhook(self) -> None:
             pass
@@ -50,16 +52,9 @@ def make_ipython_shell(emit: Emit, gate: InterruptGate) -> Any:
             pass
 
         def compute_format_data(self, result: Any) -> Any:
-            """IPython's formats, plus a markdown table for a DataFrame (``tables``): it
-            is shown beside the text repr, which stays the ``result``."""
             self.figure = is_figure(result)
-            format_dict, md_dict = super().compute_format_data(result)
-            from .tables import dataframe_markdown  # at first use (see kernel.deferred)
-
-            table = dataframe_markdown(result)
-            if table is not None and isinstance(format_dict, dict):
-                format_dict["text/markdown"] = table
-            return format_dict, md_dict
+            self.artist = is_artist(result)
+            return super().compute_format_data(result)
 
         def write_format_data(self, format_dict: Any, md_dict: Any = None) -> None:
             self.captured = dict(format_dict)
@@ -69,9 +64,7 @@ def make_ipython_shell(emit: Emit, gate: InterruptGate) -> Any:
 
     class CapturingPublisher(DisplayPublisher):  # type: ignore[misc]
         def publish(self, data: Any, metadata: Any = None, *args: Any, **kwargs: Any) -> None:
-            picked = pick_mimes(dict(data))
-            if picked:
-                emit("display", picked)
+            emit_display(emit, dict(data))
 
         def clear_output(self, wait: bool = False) -> None:
             pass
@@ -121,7 +114,18 @@ def make_ipython_shell(emit: Emit, gate: InterruptGate) -> Any:
     # `!cmd` through a plain subprocess writing to fd 1 (our pipe): no pty needed.
     shell.system = shell.system_raw
     shell.user_ns["display"] = importlib.import_module("IPython.display").display
+    # A DataFrame's markdown table (``tables``), for display(df) and for a cell's value:
+    # what a model reads best, richer than its HTML (``cells.RICH_MIMES``).
+    markdown = shell.display_formatter.formatters["text/markdown"]
+    for module in ("pandas", "pandas.core.frame"):  # pandas 3 names its class's module
+        markdown.for_type_by_name(module, "DataFrame", _dataframe_markdown)
     return IPythonShell(shell, gate)
+
+
+def _dataframe_markdown(frame: Any) -> str | None:
+    from .tables import dataframe_markdown  # at first use (see kernel.deferred)
+
+    return dataframe_markdown(frame)
 
 
 class IPythonShell:
@@ -142,6 +146,7 @@ class IPythonShell:
         shell.last_traceback = None
         shell.displayhook.captured = None
         shell.displayhook.figure = False
+        shell.displayhook.artist = False
         try:
             with self._gate.armed():
                 result = shell.run_cell(code, store_history=True)
@@ -158,6 +163,7 @@ class IPythonShell:
             result=self._result_text(),
             error=error,
             execution_count=count,
+            artist=shell.displayhook.artist,
         )
 
     # -- what a save or load of the session's variables needs (``cells.StateShell``) --
@@ -189,11 +195,11 @@ class IPythonShell:
         self._shell.execution_count = count + 1
 
     def _result_text(self) -> str | None:
+        """The value once, in its richest form (``cells.value_text``)."""
         data = self._shell.displayhook.captured
         if not data or self._shell.displayhook.figure:
             return None
-        picked = pick_mimes(data)
-        if picked and len(picked) > 1:  # an image or markdown too: show it, like Out[n]
+        text, shown = value_text(data)
+        if shown:
             self._shell.display_pub.publish(data)
-        text = data.get("text/plain")
-        return text if isinstance(text, str) else None
+        return text

@@ -42,7 +42,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from .budget import Budget, DisplayGate, cut_error, cut_text
-from .cells import Outcome, Shell, error_info
+from .cells import LEFT_OUT, Outcome, Shell, error_info
 from .config import AgentConfig, apply_limits
 from .figures import FigureCapture
 from .interrupts import InterruptGate
@@ -106,6 +106,9 @@ class Kernel:
     def _emit(self, source: str, data: dict[str, str]) -> None:
         if self._run_id is None or threading.current_thread() is not threading.main_thread():
             return  # a display outside the cell's own thread has no place in the output
+        if source == LEFT_OUT:  # forms the host does not return (``cells.RICH_MIMES``)
+            self._displays.unsupported += 1
+            return
         admitted = self._displays.admit(data)
         if admitted is None:
             return  # over the run's budget: dropped here, counted in the done
@@ -144,11 +147,14 @@ class Kernel:
             if state in ("save", "load"):
                 outcome = self._state(state, message.get("max_bytes"))
             else:
+                self._figures.drawn = 0
                 outcome = self.shell.run(str(message["code"]))
                 try:
                     self._figures.flush()
                 except BaseException as exc:  # a late KeyboardInterrupt lands here too
                     _warn(f"figure capture failed: {exc!r}")
+                if outcome.artist and self._figures.drawn:
+                    outcome.result = None  # `<Axes: >` beside its figure: noise
         _flush_stdio(self._streams)
         self._streams.end()
         self._streams.outbox.send(_done(self._run_id, outcome, self._displays))

@@ -32,14 +32,19 @@ files in /mnt/data are reached by their path (``fs``, or ``import('/mnt/data/x.m
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import stat
 import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-__all__ = ["PROGRAMS", "Program", "available", "command", "prepare_scratch"]
+from .budget import cut_text
+from .lastexpr import VALUE_KEY, check_source, rewrite, split_last
+
+__all__ = ["PROGRAMS", "VALUED", "Program", "available", "command", "prepare_scratch", "value"]
 
 #: Node's ``--import`` preload. ``??=``: a global someone already set is left alone.
 PRELOAD = """\
@@ -47,6 +52,35 @@ import { createRequire } from 'node:module';
 import { join } from 'node:path';
 globalThis.require ??= createRequire(join(process.cwd(), '[eval]'));
 globalThis.__dirname ??= process.cwd();
+"""
+
+#: The preload of node (``--import``) and bun (``--preload``) that gives a program its
+#: last expression's value (:mod:`.lastexpr`). ``plan.json``, written with the code:
+#: the program as written (``main``), rewritten (``code``) and as a node check compiles
+#: it (``check``). The rewrite replaces the program only when the interpreter's own
+#: parser accepts it; at exit the value is written to ``value.txt``, a string as it is,
+#: anything else as node's REPL shows it; ``undefined`` (``console.log(...)``): none.
+VALUE_PRELOAD = f"""\
+import {{ readFileSync, rmSync, writeFileSync }} from 'node:fs';
+import {{ inspect }} from 'node:util';
+const here = new URL('.', import.meta.url);
+let plan = null;
+try {{
+  plan = JSON.parse(readFileSync(new URL('plan.json', here), 'utf8'));
+  rmSync(new URL('plan.json', here));
+  if (globalThis.Bun) new Bun.Transpiler({{ loader: 'ts' }}).transformSync(plan.code);
+  else new (async () => {{}}).constructor(plan.check);
+  writeFileSync(plan.main, plan.code);
+}} catch {{
+  plan = null;
+}}
+if (plan) process.on('exit', () => {{
+  const value = globalThis.{VALUE_KEY};
+  if (value === undefined) return;
+  const text = typeof value === 'string' ? value : inspect(value, {{
+    depth: 4, maxArrayLength: 100, maxStringLength: 10000, breakLength: 100 }});
+  try {{ writeFileSync(new URL('value.txt', here), text); }} catch {{}}
+}});
 """
 
 
@@ -72,7 +106,14 @@ PROGRAMS: dict[str, Program] = {
     ),
     "javascript": Program(
         "node",
-        lambda exe, path, scratch: [exe, "--import", f"file://{scratch}/preload.mjs", path],
+        lambda exe, path, scratch: [
+            exe,
+            "--import",
+            f"file://{scratch}/preload.mjs",
+            "--import",
+            f"file://{scratch}/value.mjs",
+            path,
+        ],
         ("--version",),
         version_key="node",
         suffix=".mjs",
@@ -80,12 +121,23 @@ PROGRAMS: dict[str, Program] = {
     # --no-install: never try to fetch a missing package (there is no network anyway).
     "typescript": Program(
         "bun",
-        lambda exe, path, scratch: [exe, "--no-install", "run", path],
+        lambda exe, path, scratch: [
+            exe,
+            "--no-install",
+            "run",
+            "--preload",
+            f"{scratch}/value.mjs",
+            path,
+        ],
         ("--version",),
         version_key="bun",
         suffix=".ts",
     ),
 }
+
+
+#: The languages whose programs have a value: their last expression (:mod:`.lastexpr`).
+VALUED = frozenset({"javascript", "typescript"})
 
 
 def available(base: Mapping[str, str]) -> dict[str, tuple[str, str]]:
@@ -164,6 +216,8 @@ def prepare_scratch(scratch: str) -> None:
     os.makedirs(scratch, mode=0o700, exist_ok=True)
     with open(os.path.join(scratch, "preload.mjs"), "w", encoding="utf-8") as f:
         f.write(PRELOAD)
+    with open(os.path.join(scratch, "value.mjs"), "w", encoding="utf-8") as f:
+        f.write(VALUE_PRELOAD)
     modules = _node_modules()
     if modules is None:
         return
@@ -198,4 +252,50 @@ def command(language: str, exe: str, code: str, scratch: str) -> list[str]:
     path = os.path.join(scratch, f"main{program.suffix}")
     with open(path, "w", encoding="utf-8") as f:
         f.write(code)
+    if language in VALUED:
+        _plan_value(scratch, path, code)
     return program.argv(exe, path, scratch)
+
+
+def _plan_value(scratch: str, main: str, code: str) -> None:
+    """Write ``plan.json`` for :data:`VALUE_PRELOAD` when the code ends in an expression;
+    remove what a run before left (its plan, its value)."""
+    for name in ("plan.json", "value.txt"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(scratch, name))
+    split = split_last(code)
+    if split is None:
+        return
+    rewritten = rewrite(*split)
+    plan = {"main": main, "code": rewritten, "check": check_source(rewritten)}
+    with open(os.path.join(scratch, "plan.json"), "w", encoding="utf-8") as f:
+        json.dump(plan, f)
+
+
+def value(scratch: str, limit: int) -> str | None:
+    """The value the last program left (:data:`VALUE_PRELOAD`), at most ``limit``
+    characters with the cut marked; ``None`` when it left none. The file is the
+    program's to write: read as bounded, untrusted text."""
+    path = os.path.join(scratch, "value.txt")
+    try:
+        # Never a FIFO the program made there (an open would wait for its writer), nor a
+        # link to somewhere else: a regular file, opened without following links.
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(limit * 4 + 4)
+            more = bool(f.read(1))
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    text = data.decode("utf-8", "replace")
+    if more or len(text) > limit:
+        return cut_text(text + ("…" if more else ""), limit)[0]
+    return text

@@ -16,10 +16,9 @@ import traceback
 from types import ModuleType
 from typing import Any
 
-from .cells import Emit, Outcome, error_info, mime_bundle, pick_mimes
-from .figures import is_figure
+from .cells import Emit, Outcome, emit_display, error_info, mime_bundle, value_text
+from .figures import is_artist, is_figure
 from .interrupts import InterruptGate
-from .tables import dataframe_markdown
 
 __all__ = ["PlainShell"]
 
@@ -41,9 +40,7 @@ class PlainShell:
 
     def _display(self, *objs: object) -> None:
         for obj in objs:
-            data = pick_mimes(mime_bundle(obj))
-            if data:
-                self._emit("display", data)
+            emit_display(self._emit, mime_bundle(obj))
 
     # -- what a save or load of the session's variables needs (``cells.StateShell``) --
 
@@ -81,15 +78,15 @@ class PlainShell:
             text = _format(exc, filename)
             return Outcome("error", None, error_info(exc, text), self.execution_count)
         result = None
-        if value is not None and is_figure(value):
-            self.namespace["_"] = value  # its image is captured at the cell's end
-        elif value is not None:
+        if value is not None:
             self.namespace["_"] = value
-            result = repr(value)
-            table = dataframe_markdown(value)
-            if table is not None:  # as IPython's shell does (``ipy``): a table to read
-                self._emit("display", {"text/markdown": table, "text/plain": result})
-        return Outcome("ok", result, None, self.execution_count)
+        if value is not None and not is_figure(value):  # a figure: its image, at the end
+            bundle = mime_bundle(value)
+            result, shown = value_text(bundle)
+            if shown:
+                emit_display(self._emit, bundle)
+        artist = value is not None and is_artist(value)
+        return Outcome("ok", result, None, self.execution_count, artist=artist)
 
     def _execute(self, code: str, filename: str) -> Any:
         tree = ast.parse(code, filename, "exec")

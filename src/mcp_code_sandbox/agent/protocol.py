@@ -35,7 +35,7 @@ Messages agent → host (key ``ev``)::
      "error": {"name": str, "value": str, "traceback": str} | None,
      "execution_count": int | None, "state_lost": bool,
      "cut": {"result": bool, "error": bool, "displays_dropped": int,
-             "displays_cut": int, "images_dropped": int}}
+             "displays_cut": int, "images_dropped": int, "displays_unsupported": int}}
                                               (``cut``: Python runs only)
 
     {"ev": "error", "message": str, "id": int | None}
@@ -65,7 +65,9 @@ Semantics (agent side):
   Jupyter's and restarts at 1 with the interpreter; null when the run had no answer.
 - ``done`` of another language (a program per call): ``exit_code`` is its exit status,
   128 + N when killed by signal N; ``status`` "ok" for 0, else "error" (``error`` null;
-  stderr and the code tell); ``result`` and ``execution_count`` null.
+  stderr and the code tell); ``execution_count`` null; ``result`` the value of the
+  program's last expression for JavaScript and TypeScript when it ran to its end and
+  that value was not ``undefined`` (:mod:`.lastexpr`), else null.
 - ``exec`` with ``state`` (optional; Python only; ``code`` is then "" and ignored):
   instead of running code the kernel saves (``"save"``, with ``max_bytes`` > 0, the most
   the pickled values may hold) or loads (``"load"``) its user namespace, in the
@@ -230,6 +232,8 @@ class CutReport(TypedDict, total=False):
     displays_dropped: int
     displays_cut: int
     images_dropped: int
+    #: Displays with none of the forms a result carries (only JavaScript, a widget...).
+    displays_unsupported: int
 
 
 class DoneEvent(TypedDict):

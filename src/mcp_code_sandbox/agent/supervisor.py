@@ -44,7 +44,7 @@ from .coalesce import Pending
 from .config import AgentConfig, apply_limits
 from .hostlink import HostLink
 from .kernelproc import KernelProcess, await_ready, start_kernel
-from .languages import available, command
+from .languages import VALUED, available, command, value
 from .protocol import (
     HEADER,
     MAX_FRAME_BYTES,
@@ -323,6 +323,8 @@ class Supervisor:
                 self._kernel_died()
             return
         exe, _ = self._programs[language]
+        # Its value (JavaScript, TypeScript) is bounded as a Python cell's is.
+        run.displays = DisplayGate(Budget.from_message(message.get("budget")))
         try:
             argv = command(language, exe, message["code"], self._scratch_dir())
             child = spawn(argv, cwd=self._workdir, env={**os.environ, **env},
@@ -381,7 +383,11 @@ class Supervisor:
             child.signal_group(signal.SIGKILL)
         self._unwatch(child)
         status = "ok" if returncode == 0 else "error"
-        self._finish(done(run.id, status, exit_code=program_exit_code(returncode)))
+        result = None
+        if run.reason is None and run.language in VALUED and self._scratch is not None:
+            result = value(self._scratch, run.displays.budget.text_chars)
+        exit_code = program_exit_code(returncode)
+        self._finish(done(run.id, status, exit_code=exit_code, result=result))
         child.close()
 
     # -- interrupts and deadlines ----------------------------------------------------
@@ -608,6 +614,7 @@ def _within_budget(
         "displays_dropped": counted("displays_dropped"),
         "displays_cut": counted("displays_cut"),
         "images_dropped": counted("images_dropped"),
+        "displays_unsupported": counted("displays_unsupported"),
     }
     return result, error, cut
 

@@ -7,24 +7,22 @@ always what this server does.
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from mcp import MCPError
 from mcp.server import MCPServer
 from mcp.server.context import ServerMiddleware
 from mcp.server.subscriptions import InMemorySubscriptionBus
-from mcp_types import INTERNAL_ERROR, ToolAnnotations
+from mcp_types import ToolAnnotations
 
 from mcp_code_sandbox import __version__
 from mcp_code_sandbox.backends.bwrap.runtime import PACKAGES
-from mcp_code_sandbox.errors import SandboxError
 from mcp_code_sandbox.metrics import Metrics
-from mcp_code_sandbox.server.auth import ServerAuth, current_owner
+from mcp_code_sandbox.server.auth import ServerAuth
 from mcp_code_sandbox.server.downloads import UrlSigner
 from mcp_code_sandbox.server.notify import ToolListNotifier, advertise_tools_changed
+from mcp_code_sandbox.server.resources import WorkspaceResources
 from mcp_code_sandbox.server.tools import ToolSet
 from mcp_code_sandbox.service import SandboxService
 from mcp_code_sandbox.settings import Settings
@@ -93,7 +91,8 @@ def descriptions(
             f"{settings.max_exec_timeout_s:g}), output beyond "
             f"{_size(settings.stream_bytes)} per stream is cut (the full text is saved "
             f"under /mnt/data/.outputs); a whole result is at most "
-            f"{_size(settings.max_result_bytes)}, and what does not fit (a huge value, "
+            f"{_size(settings.max_result_bytes)} and about {settings.max_result_tokens:,} "
+            "tokens of text, and what does not fit (a huge value, "
             "error, display flood, thousands of files) is cut and said in `notice`. "
             f"{life} Failing code is a normal result with "
             "status 'error' and a traceback (for other languages: exit_code and stderr)."
@@ -112,7 +111,9 @@ def descriptions(
         ),
         "read_file": (
             "Read a file from a session's /mnt/data, a page at a time: text comes back as "
-            f"text (pages of up to {_size(settings.max_read_bytes)}), images as images, "
+            f"text (pages of up to "
+            f"{_size(min(settings.max_read_bytes, settings.result_text_bytes))}), images "
+            "as images, "
             "other files as base64 in an embedded resource (pages of up to "
             f"{_size(blob_page_bytes(settings.max_read_bytes))}). A page that does not "
             "reach the end has next_offset: pass it as offset to get the rest."
@@ -182,6 +183,8 @@ def _other_languages(languages: list[str]) -> str:
     text = f" {'; '.join(notes)}." if notes else ""
     if notes:
         text += " These run as a new process per call: their variables do not survive, files do."
+    if any(lang in languages for lang in ("javascript", "typescript")):
+        text += " A JavaScript or TypeScript program's last expression is its `result`."
     runners = [lang for lang in languages if lang != "python" and lang not in _LANGUAGE_NOTES]
     if runners:
         text += f" Other languages (language=...): {', '.join(runners)}; see list_runtimes."
@@ -210,7 +213,7 @@ def build_server(
     tools = ToolSet(service, signer)
     http_base = signer.base_url if signer else None
     _register_tools(mcp, tools, service.languages(), http_base)
-    _add_file_resource(mcp, service, signer)
+    WorkspaceResources(service, signer).install(mcp)
     notifier = ToolListNotifier(bus)
     advertise_tools_changed(mcp)
     mcp.middleware.append(notifier.middleware)
@@ -272,31 +275,6 @@ def _register_tools(
         if again:
             mcp.remove_tool(name)
         mcp.add_tool(fn, name=name, title=title, description=text[name], annotations=tool_hints)
-
-
-def _add_file_resource(
-    mcp: MCPServer[Any], service: SandboxService, signer: UrlSigner | None
-) -> None:
-    @mcp.resource(
-        "sandbox://{session_id}/{+path}",
-        name="workspace_file",
-        description="A file in a session's /mnt/data (whole; larger files: read_file pages)",
-    )
-    async def workspace_file(session_id: str, path: str) -> str | bytes:
-        owner = current_owner()
-        link = functools.partial(signer.url, owner, session_id) if signer else None
-        try:
-            return await service.read_resource(owner, session_id, path, link)
-        except SandboxError as exc:
-            exc = service.public_error(exc)
-            # A protocol error whose data carries our code, as _meta does for tools.
-            uri = f"sandbox://{session_id}/{path}"
-            data = {"uri": uri, "error_code": exc.code, **_plain_details(exc)}
-            raise MCPError(INTERNAL_ERROR, str(exc), data) from None
-
-
-def _plain_details(error: SandboxError) -> dict[str, str | int]:
-    return {k: v for k, v in error.details.items() if isinstance(v, str | int)}
 
 
 def _error_counter(metrics: Metrics) -> ServerMiddleware[Any]:

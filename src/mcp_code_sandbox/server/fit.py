@@ -3,11 +3,15 @@
 A result travels as one JSON-RPC message, and the official MCP client refuses a
 server-sent event over 1 MiB (``SANDBOX_MAX_RESULT_BYTES`` is well under that). The
 structured content is in the message twice (as ``structuredContent`` and as the text
-block holding the same JSON, where every quote and backslash is escaped again), beside
-base64 image blocks and resource links. So the budget is checked on the real thing: the
-result is built, serialized the way the SDK sends it, and measured; when it is over,
-the largest parts are cut down to a common level ("water filling": no part is cut while
-a bigger one is left whole) and it is measured again.
+block holding the same JSON, its fields with a value, where every quote and backslash
+is escaped again), beside base64 image blocks and resource links. So the budget is
+checked on the real thing: the result is built, serialized the way the SDK sends it,
+and measured; when it is over, the largest parts are cut down to a common level ("water
+filling": no part is cut while a bigger one is left whole) and it is measured again.
+
+The text block alone is held to a second, smaller budget when one is given: what the
+client reads as tokens (``SANDBOX_MAX_RESULT_TOKENS``; Claude Code cuts a tool result at
+25,000). It is met the same way, by the text parts only: images are not text.
 
 Parts: the text fields (``stdout``, ``stderr``, ``result``, ``error.value``,
 ``error.traceback``, each text display), each image block (dropped whole) and the file
@@ -26,7 +30,15 @@ from mcp_types import CallToolResult, ContentBlock, ImageContent, ResourceLink, 
 
 from mcp_code_sandbox.agent.budget import cut_text
 
-__all__ = ["ENVELOPE_BYTES", "Fitted", "fit_count", "fit_result", "message_bytes"]
+__all__ = [
+    "ENVELOPE_BYTES",
+    "Fitted",
+    "fit_count",
+    "fit_result",
+    "message_bytes",
+    "text_bytes",
+    "text_copy",
+]
 
 #: Room for what wraps a result on the wire: ``{"jsonrpc":"2.0","id":…,"result":…}``
 #: and the SSE event's ``event:``/``id:``/``data:`` lines.
@@ -51,6 +63,28 @@ def message_bytes(result: CallToolResult) -> int:
     return len(body.encode("utf-8", "replace")) + ENVELOPE_BYTES
 
 
+def text_copy(data: dict[str, Any]) -> str:
+    """The text block beside ``structuredContent``: the same JSON with only the fields
+    that have a value (DESIGN §6). ``null``, ``false`` and empty strings, lists and
+    objects say nothing a model needs (``6*7`` is ``42``, not 24 keys); clients that
+    want every field read ``structuredContent``, which stays complete."""
+    return json.dumps(_valued(data), ensure_ascii=False)
+
+
+def _valued(value: Any) -> Any:
+    if isinstance(value, dict):
+        kept = {k: _valued(v) for k, v in value.items()}
+        return {k: v for k, v in kept.items() if not _empty(v)}
+    if isinstance(value, list):
+        return [_valued(v) for v in value]
+    return value
+
+
+def _empty(value: Any) -> bool:
+    # By identity for null and false: 0 is a value (an exit code), and 0 == False.
+    return value is None or value is False or value in ("", [], {})
+
+
 def text_cost(text: str) -> int:
     """Bytes a string field adds to the message: once in the structured content, and
     once re-escaped inside the text copy."""
@@ -73,21 +107,33 @@ class Fitted:
         data = dict(self.data)
         if self.said:
             data["notice"] = _join(data.get("notice"), _sentence(self.said))
-        text = TextContent(type="text", text=json.dumps(data, ensure_ascii=False, indent=1))
+        text = TextContent(type="text", text=text_copy(data))
         blocks: list[ContentBlock] = [text, *self.images, *self.links]
         return CallToolResult(content=blocks, structured_content=data)
 
 
-def fit_result(fitted: Fitted, limit: int) -> CallToolResult:
-    """The result within ``limit`` bytes (see the module doc); ``fitted`` is changed."""
+def fit_result(fitted: Fitted, limit: int, text_limit: int | None = None) -> CallToolResult:
+    """The result within ``limit`` bytes, and its text block within ``text_limit`` bytes
+    (what a client reads as tokens; see the module doc); ``fitted`` is changed."""
     for _ in range(_ROUNDS):
         result = fitted.build()
         size = message_bytes(result)
-        if size <= limit:
+        text = text_bytes(result)
+        if size > limit:
+            _shrink(fitted, size - limit)
+        elif text_limit is not None and text > text_limit:
+            fitted.said["tokens"] = 1
+            _shrink(fitted, text - text_limit, text_only=True)
+        else:
             return result
-        _shrink(fitted, size - limit)
     _strip(fitted)  # the estimates kept missing (never seen): keep only the fixed fields
     return fitted.build()
+
+
+def text_bytes(result: CallToolResult) -> int:
+    """Bytes of the text blocks of ``result``: what a client counts as its tokens."""
+    texts = (block.text for block in result.content if isinstance(block, TextContent))
+    return sum(len(text.encode("utf-8", "replace")) for text in texts)
 
 
 def fit_count(build: Callable[[int], CallToolResult], count: int, limit: int) -> CallToolResult:
@@ -116,25 +162,34 @@ class _Part:
     ref: Any
 
 
-def _parts(fitted: Fitted) -> list[_Part]:
+def _text_copy_cost(text: str) -> int:
+    """Bytes a string field adds to the text block alone."""
+    return len(json.dumps(text, ensure_ascii=False).encode("utf-8", "replace"))
+
+
+def _parts(fitted: Fitted, text_only: bool = False) -> list[_Part]:
+    """The parts that can be cut, with what each costs: in the whole message, or in the
+    text block alone (``text_only``: images are not text and are left out)."""
+    cost_of = _text_copy_cost if text_only else text_cost
     parts: list[_Part] = []
     data = fitted.data
     for path, flag in _TEXTS:
         value = _get(data, path)
         if isinstance(value, str) and value:
-            parts.append(_Part(text_cost(value), "text", (path, flag)))
+            parts.append(_Part(cost_of(value), "text", (path, flag)))
     for i, display in enumerate(data.get("displays") or []):
         text = display.get("text")
         if isinstance(text, str) and text:
-            parts.append(_Part(text_cost(text), "text", (("displays", i, "text"), "")))
-    for image in fitted.images:
-        parts.append(_Part(len(image.data) + 64, "image", image))
+            parts.append(_Part(cost_of(text), "text", (("displays", i, "text"), "")))
+    if not text_only:
+        parts += [_Part(len(image.data) + 64, "image", image) for image in fitted.images]
     files = data.get("files") or []
     if files:
-        cost = text_cost(json.dumps(files, ensure_ascii=False, indent=1))
-        cost += sum(
-            len(link.model_dump_json(by_alias=True, exclude_none=True)) for link in fitted.links
-        )
+        cost = cost_of(json.dumps(files, ensure_ascii=False, indent=1))
+        if not text_only:
+            cost += sum(
+                len(link.model_dump_json(by_alias=True, exclude_none=True)) for link in fitted.links
+            )
         parts.append(_Part(cost, "files", len(files)))
     return parts
 
@@ -151,10 +206,11 @@ def _level(costs: list[int], target: int) -> int:
     return ordered[-1] if ordered else 0
 
 
-def _shrink(fitted: Fitted, excess: int) -> None:
+def _shrink(fitted: Fitted, excess: int, text_only: bool = False) -> None:
     """Cut the text parts and the file list down to a common level; images (already
-    held to part of the budget) go only when the texts cannot make room."""
-    parts = _parts(fitted)
+    held to part of the budget) go only when the texts cannot make room, and never for
+    the text block alone (``text_only``)."""
+    parts = _parts(fitted, text_only)
     images = [p for p in parts if p.kind == "image"]
     texts = [p for p in parts if p.kind != "image"]
     room = sum(p.cost for p in texts) - excess
@@ -221,13 +277,19 @@ def _count(fitted: Fitted, name: str, n: int) -> None:
 
 def _sentence(said: dict[str, int]) -> str:
     names = {"images": "image(s) left out", "files": "file(s) not listed"}
-    what = [f"{n} {names[k]}" if k in names else k for k, n in said.items() if k != "everything"]
-    text = "the result was too large for one message, so it was cut"
+    quiet = ("everything", "tokens")
+    what = [f"{n} {names[k]}" if k in names else k for k, n in said.items() if k not in quiet]
+    if "tokens" in said:
+        text = "the result's text was longer than a client reads at once, so it was cut"
+        limit = "SANDBOX_MAX_RESULT_TOKENS or SANDBOX_MAX_RESULT_BYTES"
+    else:
+        text = "the result was too large for one message, so it was cut"
+        limit = "SANDBOX_MAX_RESULT_BYTES"
     if what:
         text += " (" + ", ".join(what) + ")"
     return (
         text + ": read files with read_file, list them with list_files, or print less "
-        "(the limit is SANDBOX_MAX_RESULT_BYTES)"
+        f"(the limit is {limit})"
     )
 
 

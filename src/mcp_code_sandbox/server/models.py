@@ -40,7 +40,8 @@ class RunError(BaseModel):
 
 
 class DisplayOut(BaseModel):
-    """A text-like rich output (markdown, plain text, SVG) of display(); images are blocks."""
+    """A text-like rich output of display() or of a cell's value, marked by its type:
+    markdown, HTML, LaTeX, JSON, SVG or plain text; images are blocks."""
 
     mime_type: str
     text: str

@@ -1,14 +1,14 @@
 """Shape plain results into MCP ``CallToolResult``s: structured JSON, its text, media blocks.
 
-Every tool result carries ``structuredContent`` matching the tool's output schema and the
-same JSON as a text block; images and links ride beside it as content blocks. Errors are
-``isError`` results with ``"<code>: <message>"`` and ``_meta.error_code`` (DESIGN §7).
+Every tool result carries ``structuredContent`` matching the tool's output schema and,
+as a text block, the same JSON with only the fields that have a value; images and links
+ride beside it as content blocks. Errors are ``isError`` results with
+``"<code>: <message>"`` and ``_meta.error_code`` (DESIGN §7).
 """
 
 from __future__ import annotations
 
 import base64
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +27,7 @@ from pydantic import BaseModel
 from mcp_code_sandbox.errors import SandboxError
 from mcp_code_sandbox.run.execute import RunReport
 from mcp_code_sandbox.sanitize import clean_text, escape_name
-from mcp_code_sandbox.server.fit import Fitted, fit_result
+from mcp_code_sandbox.server.fit import Fitted, fit_result, text_copy
 from mcp_code_sandbox.server.media import MAX_PIXELS, fit_image
 from mcp_code_sandbox.server.models import DisplayOut, FileOut, RunError, RunResult
 from mcp_code_sandbox.settings import Settings
@@ -53,7 +53,14 @@ _PLAIN_RUN_FIELDS = frozenset(RunResult.model_fields) - {
 _SANDBOX_TEXT = ("stdout", "stderr", "result")
 #: Changed files a run result lists (with links); the rest are counted, list_files has all.
 MAX_FILES_LISTED = 100
-_TEXT_DISPLAYS = ("text/markdown", "text/plain", "image/svg+xml", "text/html")
+_TEXT_DISPLAYS = (
+    "text/markdown",
+    "text/plain",
+    "image/svg+xml",
+    "text/html",
+    "text/latex",
+    "application/json",
+)
 _IMAGE_DISPLAYS = ("image/png", "image/jpeg")
 #: A report with no image and at most this much text (and few files) is shaped on the
 #: event loop: well under a millisecond, less than the trip to a worker thread costs.
@@ -75,7 +82,7 @@ def error_result(error: SandboxError) -> CallToolResult:
 
 def structured_result(model: BaseModel, extra: list[ContentBlock] | None = None) -> CallToolResult:
     data = model.model_dump(mode="json")
-    text = TextContent(type="text", text=json.dumps(data, ensure_ascii=False, indent=1))
+    text = TextContent(type="text", text=text_copy(data))
     return CallToolResult(content=[text, *(extra or [])], structured_content=data)
 
 
@@ -165,7 +172,7 @@ def run_result(
         ],
     )
     shaped = Fitted(model.model_dump(mode="json"), shown.blocks, links)
-    return fit_result(shaped, settings.max_result_bytes)
+    return fit_result(shaped, settings.max_result_bytes, settings.result_text_bytes)
 
 
 @dataclass(frozen=True)
@@ -216,10 +223,17 @@ def _budget_notice(report: RunReport, notice: str | None) -> str | None:
             f"{many} files changed, more than a result lists ({MAX_FILES_LISTED}): "
             "list_files shows them all"
         )
-    if not said:
-        return notice
-    text = "; ".join(said) + " (over the result budget)"
-    return f"{notice}. {text}" if notice else text
+    if said:
+        text = "; ".join(said) + " (over the result budget)"
+        notice = f"{notice}. {text}" if notice else text
+    if unsupported := report.cut.get("displays_unsupported"):
+        text = (
+            f"{unsupported} display() output(s) were left out: they had none of the forms "
+            "a result carries (text, markdown, HTML, LaTeX, JSON, PNG, JPEG, SVG), e.g. "
+            "only JavaScript or a widget; display() text or an image instead, or save a file"
+        )
+        notice = f"{notice}. {text}" if notice else text
+    return notice
 
 
 def _run_error(error: dict[str, Any] | None) -> RunError | None:

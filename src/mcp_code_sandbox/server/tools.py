@@ -186,15 +186,22 @@ class ToolSet:
         up = await self.service.upload_file(
             owner, filename, data, session_id=session_id, overwrite=overwrite
         )
-        return structured_result(
-            models.UploadResult(
-                session_id=up.session_id,
-                path=up.path,
-                size_bytes=up.size_bytes,
-                session_created=up.session_created,
-                notice=up.notice,
-            )
+        name = escape_name(up.path)  # as listings show it, and as clients give it back
+        link = ResourceLink(
+            type="resource_link",
+            uri=file_uri(up.session_id, name),
+            name=name,
+            mime_type=up.mime_type,
+            size=up.size_bytes,
         )
+        result = models.UploadResult(
+            session_id=up.session_id,
+            path=up.path,
+            size_bytes=up.size_bytes,
+            session_created=up.session_created,
+            notice=up.notice,
+        )
+        return structured_result(result, [link])
 
     def _decode_content(self, b64: str | None, text: str | None) -> bytes:
         if (b64 is None) == (text is None):

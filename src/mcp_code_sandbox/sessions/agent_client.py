@@ -222,7 +222,19 @@ class _Displays:
 
 #: A bundle's richer forms: beside one of these, its ``text/plain`` is only a fallback
 #: (``<Figure size 640x480 with 1 Axes>``) and is left out.
-_RICHER = frozenset({"image/png", "image/jpeg", "image/svg+xml", "text/markdown"})
+_RICHER = frozenset(
+    {
+        "image/png",
+        "image/jpeg",
+        "image/svg+xml",
+        "text/markdown",
+        "text/html",
+        "text/latex",
+        "application/json",
+    }
+)
+#: Text forms a display keeps (the agent's ``cells.RICH_MIMES`` and ``text/plain``).
+_TEXTS = frozenset(_RICHER - {"image/png", "image/jpeg"} | {"text/plain"})
 
 
 def _displays(source: str, data: dict[str, str]) -> list[Display]:
@@ -238,7 +250,7 @@ def _displays(source: str, data: dict[str, str]) -> list[Display]:
                 out.append(Display(source, mime, base64.b64decode(value, validate=True)))
             except (binascii.Error, ValueError):
                 continue
-        elif mime in ("image/svg+xml", "text/markdown", "text/plain", "text/html"):
+        elif mime in _TEXTS:
             out.append(Display(source, mime, value.encode("utf-8")))
     return out
 
@@ -275,6 +287,7 @@ def _cuts(claimed: Any, result_cut: bool, error_cut: bool, gate: DisplayGate) ->
         "displays_dropped": said("displays_dropped") + gate.dropped,
         "displays_cut": said("displays_cut") + gate.cut,
         "images_dropped": said("images_dropped") + gate.images_dropped,
+        "displays_unsupported": said("displays_unsupported"),
     }
     return {key: value for key, value in cuts.items() if value}
 

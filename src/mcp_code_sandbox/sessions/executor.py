@@ -66,7 +66,8 @@ class Outcome:
     state_lost: bool
     displays: list[Display] = field(default_factory=list)
     #: What the budget cut, as counts: ``result`` and ``error`` (0 or 1), and
-    #: ``displays_dropped`` / ``displays_cut`` / ``images_dropped``. Empty: nothing.
+    #: ``displays_dropped`` / ``displays_cut`` / ``images_dropped`` /
+    #: ``displays_unsupported``. Empty: nothing.
     cut: dict[str, int] = field(default_factory=dict)
 
 

@@ -72,13 +72,16 @@ def blob_page_bytes(max_read_bytes: int) -> int:
     return max(3, (max_read_bytes - envelope) // 4 * 3)
 
 
-def page_of(read: ReadResult, max_read_bytes: int) -> Page:
+def page_of(read: ReadResult, max_read_bytes: int, max_text_bytes: int | None = None) -> Page:
     """The ``read_file`` page for ``read`` (read from ``read.offset``, at most the page
-    size the client asked for, itself at most ``max_read_bytes``)."""
+    size the client asked for, itself at most ``max_read_bytes``); a text page also at
+    most ``max_text_bytes`` as JSON (what the client reads as tokens), when given."""
     wants_preview = read.mime_type in IMAGE_MIME_TYPES and read.offset == 0
     text: str | None = None
     if read.is_text:
         room = max_read_bytes - min(_ENVELOPE, max_read_bytes // 4)
+        if max_text_bytes is not None:
+            room = min(room, max_text_bytes)
         text, returned = _text_page(read.data, read.eof, room)
         data = read.data[:returned]
     else:
