@@ -16,6 +16,7 @@ from ..oauth_issuer import Issuer, new_key
 from .conftest import ERAS, http_server_process
 from .test_auth import client_as, post_mcp, structured
 from .test_errors import assert_error
+from .ui_harness import sign_in_fields
 
 pytestmark = [pytest.mark.e2e, pytest.mark.bwrap]
 
@@ -121,10 +122,13 @@ def test_the_operator_view_takes_an_access_token(
     later than the token."""
     base, _settings = oauth_server
     with httpx.Client(base_url=base, timeout=30) as browser:
-        unscoped = browser.post("/ui/login", data={"token": issuer.token("alice", scope="x")})
+        csrf = sign_in_fields(browser)  # the form's token, as a browser gets it
+        unscoped = browser.post(
+            "/ui/login", data={**csrf, "token": issuer.token("alice", scope="x")}
+        )
         assert unscoped.status_code == 401
         token = issuer.token("alice", scope="sandbox", lifetime_s=120)
-        signed_in = browser.post("/ui/login", data={"token": token})
+        signed_in = browser.post("/ui/login", data={**csrf, "token": token})
         assert signed_in.status_code == 303
         cookie = signed_in.headers["set-cookie"]
         max_age = int(cookie.split("Max-Age=")[1].split(";")[0])
