@@ -60,7 +60,7 @@ async def test_output_streams_while_the_cell_runs(
     monkeypatch.setattr(runs, "PROGRESS_EVERY_S", 0.2)
     progress: list[str] = []
 
-    async def on_progress(elapsed: float, message: str) -> None:
+    async def on_progress(elapsed: float, total: float, message: str) -> None:
         progress.append(message)
 
     code = "import time\nprint('first')\ntime.sleep(2)\nprint('last')"
