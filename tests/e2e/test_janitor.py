@@ -36,6 +36,27 @@ def user_env(settings: Settings) -> dict[str, str]:
     return settings_env(settings, SANDBOX_KEEP_SESSIONS_ON_SHUTDOWN="")
 
 
+def busy_server(settings: Settings, *, stderr: int) -> subprocess.Popen[bytes]:
+    """A stdio server spoken to as raw JSON-RPC, holding three sessions that each have a
+    file and a process running."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mcp_code_sandbox", "serve"],
+        env=user_env(settings),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+    )
+    try:
+        handshake(proc)
+        for n in range(3):
+            done = call(proc, 10 + n, "run_code", session_id=f"s{n}", code=WORK)
+            assert done["structuredContent"]["result"] == "'started'", done
+    except BaseException:
+        stop(proc)
+        raise
+    return proc
+
+
 @each_backend
 async def test_a_client_that_leaves_leaves_nothing_behind(
     make_settings: Callable[..., Settings],
@@ -61,18 +82,8 @@ def test_a_killed_stdio_server_leaves_nothing_behind(
     make_settings: Callable[..., Settings],
 ) -> None:
     settings = make_settings()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mcp_code_sandbox", "serve"],
-        env=user_env(settings),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-    )
+    proc = busy_server(settings, stderr=subprocess.DEVNULL)
     try:
-        handshake(proc)
-        for n in range(3):
-            done = call(proc, 10 + n, "run_code", session_id=f"s{n}", code=WORK)
-            assert done["structuredContent"]["result"] == "'started'", done
         # A run in flight when the server is killed.
         send(
             proc,
@@ -101,18 +112,8 @@ def test_a_sigterm_during_the_cleanup_does_not_cut_it_short(
 ) -> None:
     """The client's shutdown: stdin closed, and (when the server is slow to go) SIGTERM."""
     settings = make_settings()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mcp_code_sandbox", "serve"],
-        env=user_env(settings),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    proc = busy_server(settings, stderr=subprocess.PIPE)
     try:
-        handshake(proc)
-        for n in range(3):
-            done = call(proc, 10 + n, "run_code", session_id=f"s{n}", code=WORK)
-            assert done["structuredContent"]["result"] == "'started'", done
         assert proc.stdin is not None and proc.stderr is not None
         proc.stdin.close()
         for line in proc.stderr:
