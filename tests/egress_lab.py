@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import ssl
+import textwrap
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,50 @@ from pathlib import Path
 import h11
 
 from mcp_code_sandbox.egress.tls import EphemeralCA
+
+#: Code for a sandbox with network: ``ask(data)`` sends raw bytes to its egress proxy and
+#: returns the status line of the answer (the proxy's, or the upstream's relayed).
+ASK_PROXY = textwrap.dedent(
+    """
+    import json, select, socket, time
+    def ask(data):
+        try:
+            s = socket.create_connection(("127.0.0.1", 3128), timeout=15)
+            s.sendall(data)
+            out = b""
+            while chunk := s.recv(65536):
+                out += chunk
+            return out.split(b"\\r\\n")[0].decode()
+        except OSError as e:
+            return f"error {e!r}"
+    """
+)
+
+
+def flood_proxy(hold_s: float) -> str:
+    """Code (after :data:`ASK_PROXY` and an ``out`` dict) that opens up to 400 connections
+    to the sandbox's proxy socket until the proxy stops taking them, holds them for
+    ``hold_s`` more, and puts how many it got in ``out["held"]``."""
+    return textwrap.dedent(
+        f"""
+        held = []
+        give_up = time.monotonic() + 20
+        while len(held) < 400 and time.monotonic() < give_up:
+            s = socket.socket(socket.AF_UNIX)
+            s.setblocking(False)
+            try:
+                s.connect("/run/mcs-egress/proxy.sock")
+            except BlockingIOError:  # the backlog is full: wait a little
+                s.close()
+                if select.select(held, [], [], 0.01)[0]:
+                    break  # refusals began: the proxy took all it takes
+                continue
+            held.append(s)
+        select.select(held, [], [], 20)
+        time.sleep({hold_s})
+        out["held"] = len(held)
+        """
+    )
 
 
 class LabCA:

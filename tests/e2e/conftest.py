@@ -88,6 +88,12 @@ def http_server(settings: Settings, **extra: str) -> Iterator[str]:
         yield base
 
 
+def http_server_argv(port: int) -> list[str]:
+    """The command line of an HTTP server on ``port``."""
+    serve = ["serve", "--transport", "http", "--port", str(port)]
+    return [sys.executable, "-m", "mcp_code_sandbox", *serve]
+
+
 @contextlib.contextmanager
 def http_server_process(
     settings: Settings, **extra: str
@@ -98,16 +104,7 @@ def http_server_process(
     log_path = settings.state_dir / "server.log"
     log = open(log_path, "wb")  # noqa: SIM115
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mcp_code_sandbox",
-            "serve",
-            "--transport",
-            "http",
-            "--port",
-            str(port),
-        ],
+        http_server_argv(port),
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=log,

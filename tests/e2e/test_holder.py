@@ -16,7 +16,7 @@ from mcp import Client, StdioServerParameters
 from mcp_code_sandbox.settings import Settings
 from tests.conftest import each_backend
 
-from .conftest import free_port, http_server_process, settings_env
+from .conftest import free_port, http_server_argv, http_server_process, settings_env
 from .tenants import client_as, structured
 
 ALICE = "alice-0123456789abcdef"
@@ -100,16 +100,7 @@ def test_a_second_service_on_one_state_dir_refuses_and_the_first_is_unharmed(
     settings = make_settings()
     with http_server_process(settings, **SERVICE) as (base, first):
         second = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "mcp_code_sandbox",
-                "serve",
-                "--transport",
-                "http",
-                "--port",
-                str(free_port()),
-            ],
+            http_server_argv(free_port()),
             env=settings_env(settings, **SERVICE),
             capture_output=True,
             timeout=60,

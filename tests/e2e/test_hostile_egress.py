@@ -18,48 +18,13 @@ from mcp_code_sandbox.egress import limits
 from mcp_code_sandbox.egress import proxy as proxy_module
 from mcp_code_sandbox.settings import Settings
 
-from ..egress_lab import naive_upstream
+from ..egress_lab import ASK_PROXY, flood_proxy, naive_upstream
 from .tenants import two_tenants
 
 pytestmark = [pytest.mark.e2e]
 
-ASK = textwrap.dedent(
-    """
-    import json, select, socket, time
-    def ask(data):
-        try:
-            s = socket.create_connection(("127.0.0.1", 3128), timeout=15)
-            s.sendall(data)
-            out = b""
-            while chunk := s.recv(65536):
-                out += chunk
-            return out.split(b"\\r\\n")[0].decode()
-        except OSError as e:
-            return f"error {e!r}"
-    out = {}
-    """
-)
-
-FLOOD = textwrap.dedent(
-    """
-    held = []
-    give_up = time.monotonic() + 20
-    while len(held) < 400 and time.monotonic() < give_up:
-        s = socket.socket(socket.AF_UNIX)
-        s.setblocking(False)
-        try:
-            s.connect("/run/mcs-egress/proxy.sock")
-        except BlockingIOError:
-            s.close()
-            if select.select(held, [], [], 0.01)[0]:
-                break
-            continue
-        held.append(s)
-    select.select(held, [], [], 20)
-    time.sleep(2)
-    out["held"] = len(held)
-    """
-)
+ASK = ASK_PROXY + "out = {}\n"
+FLOOD = flood_proxy(2)
 
 
 def _fds(pid: int) -> int:

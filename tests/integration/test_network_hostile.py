@@ -24,24 +24,9 @@ from mcp_code_sandbox.run.request import RunRequest
 from mcp_code_sandbox.service import SandboxService
 
 from ..conftest import MakeService, each_runtime
-from ..egress_lab import Naive, naive_upstream
+from ..egress_lab import ASK_PROXY, Naive, flood_proxy, naive_upstream
 
-HELPERS = textwrap.dedent(
-    """
-    import json, select, socket, time
-    def ask(data):
-        # The status line of the proxy's answer (or of the upstream's, relayed).
-        try:
-            s = socket.create_connection(("127.0.0.1", 3128), timeout=15)
-            s.sendall(data)
-            out = b""
-            while chunk := s.recv(65536):
-                out += chunk
-            return out.split(b"\\r\\n")[0].decode()
-        except OSError as e:
-            return f"error {e!r}"
-    """
-)
+HELPERS = ASK_PROXY
 
 
 @pytest.fixture
@@ -129,24 +114,7 @@ async def test_a_flood_of_connections_leaves_the_server_its_descriptors(
             run(
                 svc,
                 "alice",
-                """
-                held = []
-                give_up = time.monotonic() + 20
-                while len(held) < 400 and time.monotonic() < give_up:
-                    s = socket.socket(socket.AF_UNIX)
-                    s.setblocking(False)
-                    try:
-                        s.connect("/run/mcs-egress/proxy.sock")
-                    except BlockingIOError:  # the backlog is full: wait a little
-                        s.close()
-                        if select.select(held, [], [], 0.01)[0]:
-                            break  # refusals began: the proxy took all it takes
-                        continue
-                    held.append(s)
-                select.select(held, [], [], 20)
-                time.sleep(1)
-                out["held"] = len(held)
-                """,
+                flood_proxy(1),
             )
         )
         while not flood.done() and peak[0] - before < proxy_module.MAX_CONNECTIONS:

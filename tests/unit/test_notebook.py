@@ -16,27 +16,10 @@ import nbformat
 from mcp_code_sandbox.run.notebook import build_notebook, write_notebook
 from mcp_code_sandbox.sessions.runlog import RecordedDisplay, RunEntry, RunLog
 
+from .test_runlog import PNG, entry
+
 SLOT = "s" + "0" * 31 + "-0badcafe"
-PNG = b"\x89PNG\r\n\x1a\n" + b"\0" * 16
 MiB = 1024 * 1024
-
-
-def entry(code: str = "1", **fields: object) -> RunEntry:
-    values: dict[str, object] = {
-        "language": "python",
-        "code": code,
-        "status": "ok",
-        "exit_code": 0,
-        "stdout": "",
-        "stderr": "",
-        "result": None,
-        "error": None,
-        "execution_count": 1,
-        "duration_ms": 3,
-        "started_at": 1.0,
-    }
-    values.update(fields)
-    return RunEntry(**values)  # type: ignore[arg-type]
 
 
 def read(raw: bytes) -> Any:

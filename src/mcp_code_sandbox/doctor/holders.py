@@ -43,8 +43,8 @@ def leftovers_check(settings: Settings, containers: Sequence[Leftover] = ()) -> 
     saved = records.load_records(settings.sessions_dir)
     held = {r.slot for r in saved if alive(settings.run_dir / f"{r.instance}.pid")}
     kept = [r for r in saved if r.slot not in held and r.handover and not r.pool]
-    garbage = [r for r in saved if r.slot not in held and r not in kept]
     kept_slots = {r.slot for r in kept}
+    garbage = [r for r in saved if r.slot not in held and r.slot not in kept_slots]
     containers = [
         c for c in containers if c.workspace is None or c.workspace.name not in kept_slots
     ]
