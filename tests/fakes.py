@@ -29,7 +29,7 @@ import signal
 import socket
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -123,9 +123,17 @@ class FakeBackend(Backend):
         assert isinstance(sandbox, FakeSandbox)
         self._detached[sandbox.backend_id] = sandbox
 
-    async def reattach(self, leftover: Leftover, spec: SandboxSpec) -> Sandbox | None:
+    async def reattach(
+        self,
+        leftover: Leftover,
+        spec: SandboxSpec,
+        *,
+        bound: Callable[[], Awaitable[None]] | None = None,
+    ) -> Sandbox | None:
         """A detached sandbox comes back as it was (same agent, same variables); a planted
         one comes back as a fresh agent on the session's workspace (files kept)."""
+        if bound is not None:
+            await bound()
         detached = self._detached.pop(leftover.backend_id, None)
         if detached is not None:
             return detached if detached.is_alive() else None
@@ -134,7 +142,7 @@ class FakeBackend(Backend):
             return await self._start(spec)
         return None
 
-    async def list_leftovers(self) -> list[Leftover]:
+    async def list_leftovers(self, *, live_too: bool = False) -> list[Leftover]:
         kept = [
             Leftover(
                 backend_id=s.backend_id,

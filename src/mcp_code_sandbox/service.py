@@ -149,16 +149,19 @@ class SandboxService:
         *,
         role: Role | None = None,
         janitor: bool = False,
+        replica: bool = False,
     ) -> None:
         """``preparing``: what the backend still needs built before its first sandbox (a
         first ``serve`` without the runtime env), from the server layer, which decides
         what that is; ``None``: nothing. Started and closed with the service. ``role``
-        and ``janitor``: see :class:`.sessions.manager.SessionManager`."""
+        ``janitor`` and ``replica``: see :class:`.sessions.manager.SessionManager`."""
         self.settings = settings
         self.backend = backend
         self.preparing = preparing
         self.metrics = Metrics(backend.name)
-        self.sessions = SessionManager(settings, backend, self.metrics, role=role, janitor=janitor)
+        self.sessions = SessionManager(
+            settings, backend, self.metrics, role=role, janitor=janitor, replica=replica
+        )
         #: Blocking work (file I/O, walks, images) goes here, never on the event loop.
         self.threads = self.sessions.threads
         #: How the backend enforces each limit, as ``describe()`` said at the latest refresh.

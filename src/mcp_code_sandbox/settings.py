@@ -214,6 +214,9 @@ class Settings(BaseSettings):
     #: to clients), false for stdio (a client that leaves leaves nothing behind); the
     #: CLI decides it from ``--transport``.
     keep_sessions_on_shutdown: bool | None = None
+    #: One of several HTTP servers sharing this state directory's sessions (docker backend
+    #: only): any of them serves any session (``sessions.replicas``).
+    replica: bool = False
 
     http_host: str = "127.0.0.1"
     http_port: int = Field(8080, ge=0, le=65535)

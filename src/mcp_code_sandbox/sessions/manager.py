@@ -98,7 +98,16 @@ from mcp_code_sandbox.sessions.moving import fits_pool, forget_moved, move_into
 from mcp_code_sandbox.sessions.overview import files_held
 from mcp_code_sandbox.sessions.pool import Pooled, WarmPool
 from mcp_code_sandbox.sessions.quota import QuotaMode
-from mcp_code_sandbox.sessions.recovery import Adopted, Kept, recover
+from mcp_code_sandbox.sessions.recovery import (
+    Adopted,
+    Kept,
+    Recovered,
+    alive,
+    dead_instances,
+    recover,
+    take_over,
+)
+from mcp_code_sandbox.sessions.replicas import Control, Lease, ask_to_let_go
 from mcp_code_sandbox.sessions.room import Room, over_disk_budget
 from mcp_code_sandbox.sessions.sandboxes import Sandboxes
 from mcp_code_sandbox.sessions.session import (
@@ -135,6 +144,7 @@ class SessionManager:
         *,
         role: Role | None = None,
         janitor: bool = False,
+        replica: bool = False,
     ) -> None:
         """``role``: what this server may take over, and what its successor may (see
         :mod:`.holder`); ``None``: the state directory's service when it keeps its
@@ -147,6 +157,9 @@ class SessionManager:
         self.role = role
         self._janitor: Janitor | None = None
         self._wants_janitor = janitor and role is Role.PRIVATE
+        #: One of several services sharing this state directory's sessions (:mod:`.replicas`).
+        self.replica = replica and role is Role.SERVICE
+        self._control: Control | None = None
         #: Held for this server's life when it is the state directory's service.
         self._service_lock: ServiceLock | None = None
         self.backend = backend
@@ -196,7 +209,7 @@ class SessionManager:
         """Raises ``ConfigError`` for a second service on one state directory."""
         run_dir = self.settings.run_dir
         if self.role is Role.SERVICE:
-            self._service_lock = ServiceLock.claim(run_dir)
+            self._service_lock = ServiceLock.claim(run_dir, replica=self.replica)
         else:
             pid = await asyncio.to_thread(service_pid, run_dir)
             if pid is not None:
@@ -224,25 +237,16 @@ class SessionManager:
         log.info("workspace quota", enforced=self.quota.describe())
         if self.uids is not None:
             await asyncio.to_thread(self.uids.open)
-        recovered = await recover(
-            self.settings,
-            self.backend,
-            instance=self._instance,
-            spec_for=self._spec_for,
-            uids=self.uids,
-            takes_over=self.role is Role.SERVICE,
-        )
+        recovered = await self._recover()
         await self.sandboxes.start()
-        for adopted in recovered.adopt:
-            self._adopt(adopted)
-        for kept in recovered.paused:
-            self._keep(kept)
-        for owner, session_id, why in recovered.lost:
-            self._tombstone(owner, session_id, why)
+        self._register_recovered(recovered)
+        if self.replica:
+            self._control = Control(run_dir, self._instance, self._give_up)
+            await self._control.start()
         self._start_reaper()
         if self.quota.filesystem:  # after recovery, which sweeps a dead server's spares
             self.spares = SpareImages(
-                self.settings.volumes_dir / SPARES_DIR,
+                self.settings.volumes_dir / SPARES_DIR / self._instance,
                 image_bytes(self.settings.workspace_quota_bytes),
                 self.settings.workspace_spare_images,
             )
@@ -264,9 +268,11 @@ class SessionManager:
         sessions = list(self._sessions.values())
         self._sessions.clear()
         keep = self.role is Role.SERVICE and self.settings.keep_sessions_on_shutdown
-        end = self._leave if keep else self._destroy
+        end = self._hand_on if self.replica else self._leave if keep else self._destroy
         log.info(
-            "shutting down: pausing every session for the next server"
+            "shutting down: leaving every session running for the other replicas"
+            if self.replica
+            else "shutting down: pausing every session for the next server"
             if keep
             else "shutting down: ending every session",
             sessions=len(sessions),
@@ -281,6 +287,8 @@ class SessionManager:
         ):
             if isinstance(outcome, BaseException):
                 log.error("session not cleaned up at shutdown", error=repr(outcome))
+        if self._control is not None:
+            await self._control.aclose()
         await self.sandboxes.egress.aclose()  # the proxies of detached sandboxes
         if self.spares is not None:
             await asyncio.to_thread(self.spares.close)
@@ -288,13 +296,32 @@ class SessionManager:
             await self.backend.aclose()
         except Exception:
             log.exception("the backend did not close cleanly")
-        (self.settings.run_dir / f"{self._instance}.pid").unlink(missing_ok=True)
+        if not self.replica:  # a replica's stays: it tells the others to take over
+            (self.settings.run_dir / f"{self._instance}.pid").unlink(missing_ok=True)
         if self._service_lock is not None:
             self._service_lock.release()
         if self._janitor is not None and not self._unfinished:
             # Everything of ours is gone: nothing for it to do. Otherwise it is left to
             # clean up what could not be freed once this process has exited.
             await asyncio.to_thread(self._janitor.dismiss)
+
+    async def _recover(self) -> Recovered:
+        return await recover(
+            self.settings,
+            self.backend,
+            instance=self._instance,
+            spec_for=self._spec_for,
+            uids=self.uids,
+            takes_over=self.role is Role.SERVICE,
+        )
+
+    def _register_recovered(self, recovered: Recovered) -> None:
+        for adopted in recovered.adopt:
+            self._adopt(adopted)
+        for kept in recovered.paused:
+            self._keep(kept)
+        for owner, session_id, why in recovered.lost:
+            self._tombstone(owner, session_id, why)
 
     @property
     def instance(self) -> str:
@@ -353,6 +380,7 @@ class SessionManager:
             last_active=mono - (wall - record.last_active),
             created_wall=record.created_at,
             uid_lease=lease,
+            runs=record.runs,
             **state,
         )
         self._sessions[(record.owner, record.session_id)] = session
@@ -388,6 +416,8 @@ class SessionManager:
         of a session that is not paused (a new one) while its sandbox starts; else the
         workspace is mounted here.
         """
+        if self.replica and session_id is not None:
+            await self._from_registry(owner, session_id, wait_s)
         if create and (session_id is None or (owner, session_id) not in self._sessions):
             await self.room.make(owner)  # a new session runs: room first (see ``room``)
             session, created, notice = self._lookup(owner, session_id, create=True, pool=pool)
@@ -404,6 +434,13 @@ class SessionManager:
             ) from None
         finally:
             session.queued -= 1
+        if session.handed_on:  # another replica took it while this call waited: again
+            session.lock.release()
+            async with self.acquire(
+                owner, session_id, create=create, wait_s=wait_s, pool=pool, runs=runs
+            ) as again:
+                yield again
+            return
         try:
             if session.closed:  # closed while this call waited in the queue
                 raise SessionNotFound(f"session {session.id} was closed while this call waited")
@@ -475,6 +512,7 @@ class SessionManager:
             pausing=session.pausing,
             replaces=None if session.replaces is None else session.replaces.slot,
             handover=self.role is Role.SERVICE,
+            runs=session.runs,
         )
 
     def _lookup(
@@ -645,6 +683,8 @@ class SessionManager:
         Raises ``SandboxFailed`` (the session is closed all the same) saying precisely
         what could not be freed; the reaper keeps trying."""
         validate_session_id(session_id)
+        if self.replica:
+            await self._from_registry(owner, session_id, END_WAIT_S)
         session = self._sessions.get((owner, session_id))
         if session is None:
             raise SessionNotFound(f"no session {session_id!r} (already closed, or never existed)")
@@ -681,12 +721,115 @@ class SessionManager:
             session.uid_lease.release()  # reserved by its record for the next server
         log.info("session paused for the next server", owner=session.owner, session=session.id)
 
+    # -- replicas (see :mod:`.replicas`) -------------------------------------------------
+
+    async def _from_registry(self, owner: str, session_id: str, wait_s: float) -> None:
+        """Take ``owner``'s session over when another replica holds it, or a dead server
+        left it; nothing when this replica holds it, or no record names it."""
+        if (owner, session_id) in self._sessions:
+            return
+        validate_session_id(session_id)
+        key = session_key(owner, session_id)
+        try:
+            async with await Lease.take(self.settings.run_dir, key, wait_s):
+                if (owner, session_id) not in self._sessions:
+                    await self._take_over(owner, session_id, key, wait_s)
+        except TimeoutError:
+            raise SessionBusy(
+                f"session {session_id} is being handed between replicas; still so after "
+                f"{wait_s:.0f} s of waiting. Try again"
+            ) from None
+
+    async def _take_over(self, owner: str, session_id: str, key: str, wait_s: float) -> None:
+        record = await asyncio.to_thread(self._record_of, key, owner, session_id)
+        if record is None or record.instance == self._instance or not record.handover:
+            return  # new, ended, or a private server's own
+        holder = self.settings.run_dir / f"{record.instance}.pid"
+        if not await asyncio.to_thread(alive, holder):  # what dead servers left: all of it
+            self._register_recovered(await self._recover())
+            return
+
+        async def let_go() -> records.SessionRecord | None:
+            run_dir, instance = self.settings.run_dir, record.instance
+            held = await ask_to_let_go(run_dir, instance, owner, session_id, wait_s)
+            if held is None and await asyncio.to_thread(alive, holder):
+                raise SessionBusy(
+                    f"session {session_id} is held by a replica that does not answer (it "
+                    "may be shutting down); try again in a few seconds"
+                )
+            return await asyncio.to_thread(self._record_of, key, owner, session_id)
+
+        try:
+            taken = await take_over(
+                self.settings,
+                self.backend,
+                record,
+                instance=self._instance,
+                spec_for=self._spec_for,
+                uids=self.uids,
+                let_go=let_go,
+            )
+        except TimeoutError:
+            raise SessionBusy(
+                f"session {session_id} is still running a call on another replica after "
+                f"{wait_s:.0f} s of waiting; wait for it to finish, or use another session"
+            ) from None
+        if isinstance(taken, str):
+            self._tombstone(owner, session_id, taken)
+        elif isinstance(taken, Adopted):
+            self._adopt(taken)
+        elif isinstance(taken, Kept):
+            self._keep(taken)
+
+    def _record_of(self, key: str, owner: str, session_id: str) -> records.SessionRecord | None:
+        """The record of ``owner``'s session that a service holds (blocking)."""
+        for record in records.records_of(self.settings.sessions_dir, key):
+            if (record.owner, record.session_id) == (owner, session_id) and record.handover:
+                return record
+        return None
+
+    async def _give_up(self, owner: str, session_id: str) -> bool:
+        """Another replica asks for ``owner``'s session: after the calls queued for it
+        here, write its record and let it go (see :mod:`.replicas`)."""
+        session = self._sessions.get((owner, session_id))
+        if session is None:
+            return False
+        async with session.lock:
+            if self._sessions.get((owner, session_id)) is not session or session.closed:
+                return False
+            del self._sessions[(owner, session_id)]
+            await self._hand_on(session)
+        return True
+
+    async def _hand_on(self, session: Session) -> None:
+        """Let go of ``session`` without ending or pausing it (lock held, or shutdown):
+        its record written as it stands, its sandbox left running for the next holder
+        (its runners stopped: they hold nothing but the workspace's files; its network
+        proxy closed: the next holder takes it without network, as a restart does)."""
+        session.handed_on = True
+        self._save(session, force=True)
+        for runner in list(session.runners.values()):
+            await self.sandboxes.free(session, runner)
+        session.runners.clear()
+        sandbox, session.sandbox, session.agent = session.sandbox, None, None
+        if sandbox is not None:
+            sandbox.channel.close()
+            await self.sandboxes.egress.close(sandbox.spec.egress)
+        if sandbox is None:
+            await self._unmount(session)
+        await self.mounts.give_back(session)
+        if session.uid_lease is not None:
+            session.uid_lease.release()  # reserved by its record for the next holder
+        log.info("session handed on", owner=session.owner, session=session.id)
+
     # -- pausing ---------------------------------------------------------------------------
 
     async def pause(self, owner: str, session_id: str) -> Paused | None:
         """Pause ``owner``'s session now, as the reaper does when it is idle; how it was
         kept (``None``: it had no sandbox to pause). For operators and the benchmarks.
         ``SessionNotFound`` as for a call."""
+        if self.replica:
+            await self._from_registry(owner, session_id, END_WAIT_S)
         session, _, _ = self._lookup(owner, session_id, create=False)
         if session.sandbox is None and not session.runners:
             return session.paused
@@ -862,6 +1005,10 @@ class SessionManager:
         past ``pause_after_m`` (never mid-call), keep paused state within its disk
         budget, and try again to free what earlier ends left. Each session on its own:
         one that fails is logged and tried again at the next pass."""
+        if self.replica and await asyncio.to_thread(
+            dead_instances, self.settings.run_dir, self._instance
+        ):
+            self._register_recovered(await self._recover())  # a replica that died
         now = time.monotonic()
         ttl = self.settings.session_ttl_m * 60
         lifetime = self.settings.session_max_lifetime_h * 3600

@@ -171,6 +171,9 @@ class Session:
     #: The slot it moved out of (resumed into a warm sandbox), until that slot is gone:
     #: its record says so, for a server that dies in between (see ``records``).
     replaces: Moved | None = None
+    #: Another replica holds it now (see ``replicas``): a call that waited for it here
+    #: looks it up again.
+    handed_on: bool = False
 
     @property
     def uid(self) -> int | None:
