@@ -51,16 +51,23 @@ REFILL_AFTER_S = 0.25
 _JOIN_S = 10.0
 
 
+#: Spares kept by default: one for the next cold session and one for a second right after
+#: it (a burst past the pool), while the first's replacement is formatted; more would
+#: only hold disk, since one thread refills them one at a time.
+KEEP = 2
+
+
 class SpareImages:
     """Up to ``keep`` formatted images of ``size_bytes`` in ``directory``, refilled in a
     daemon thread. Owned by the session manager: made and started in its ``start``,
     closed in its ``aclose``; :meth:`take` is called from worker threads (a workspace's
     ``create``)."""
 
-    def __init__(self, directory: Path, size_bytes: int, keep: int) -> None:
+    def __init__(self, directory: Path, size_bytes: int, keep: int | None = None) -> None:
         self.directory = directory
         self.size_bytes = size_bytes
-        self.keep = keep
+        #: ``None``: :data:`KEEP`, read when made (tests change it).
+        self.keep = KEEP if keep is None else keep
         self._ready: deque[Path] = deque()
         self._cond = threading.Condition()
         self._closed = False
