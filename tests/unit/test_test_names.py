@@ -28,7 +28,7 @@ ABOUT_THE_WHOLE = {
 
 
 def module_names() -> set[str]:
-    names = set()
+    names: set[str] = set()
     for path in PACKAGE.rglob("*"):
         if "__pycache__" in path.parts:
             continue
