@@ -2,7 +2,8 @@
 # Install what mcp-code-sandbox needs on a Debian/Ubuntu machine, skipping what is there:
 # system packages (bubblewrap, libseccomp, npm), a virtualenv in .venv with the package, and the
 # sandbox runtime environment (`mcp-code-sandbox setup`). --dev adds what the tests use:
-# chromium and chromedriver, the dev extras, and the MCP conformance suite (npm, pinned).
+# chromium and chromedriver, the dev extras, the MCP conformance suite (npm, pinned), and in
+# a git clone the commit-message hook (scripts/hooks).
 # Idempotent; every line of output goes to stderr, so this can run in front of a stdio MCP
 # server.
 # Usage: scripts/install.sh [--dev] [--no-runtime]
@@ -61,6 +62,11 @@ if [[ ! -e "$stamp" && ! -e "$dev_stamp" ]]; then
   fi
   rm -f "$venv"/.installed-*
   touch "$stamp"
+fi
+
+if ((dev)) && [[ "$(git -C "$root" rev-parse --show-toplevel 2>/dev/null)" == "$root" ]]; then
+  # A clone (not an unpacked sdist) checks commit messages: scripts/hooks/commit-msg.
+  git -C "$root" config core.hooksPath scripts/hooks
 fi
 
 if ((dev)); then

@@ -52,7 +52,7 @@ START_BUCKETS = (0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5
 #: Distinct ``host`` label values of the egress counters, per outcome; later hosts count
 #: as ``other`` (a sandbox choosing blocked names freely must not grow the registry).
 MAX_EGRESS_HOSTS = 200
-#: From a 20 ms cell to the largest default ``MAX_EXEC_TIMEOUT_S``.
+#: From the quickest cell to the largest default ``MAX_EXEC_TIMEOUT_S``.
 DURATION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
 

@@ -94,9 +94,9 @@ LanguagesChanged = Callable[[list[str]], Awaitable[None]]
 #: How long ``/readyz`` waits for the backend's answer (probes come every few seconds).
 READY_TIMEOUT_S = 5.0
 #: How long one answer of the backend serves ``/readyz``. The endpoint is open, and asking
-#: the engine on every request let a flood of them slow every tenant's runs (1,000
-#: requests took another tenant's ``1+1`` from 7 ms to 1.4 s); orchestrators probe every
-#: few seconds, so an answer up to 2 s old tells them the same.
+#: the engine on every request let a flood of them slow every tenant's runs
+#: (``bench/README.md``); orchestrators probe every few seconds, so an answer up to 2 s
+#: old tells them the same.
 READY_CACHE_S = 2.0
 
 

@@ -153,8 +153,6 @@ class Settings(BaseSettings):
     #: 0 turns the pool off. They count toward no session limit; each holds an idle
     #: interpreter (about 120 MiB with the default preload).
     pool_size: int = Field(2, ge=0, le=64)
-    #: A pooled sandbox older than this is replaced, never handed out.
-    pool_max_age_s: float = Field(3600.0, gt=0)
     #: Modules a pooled interpreter imports before a session claims it (not bound in the
     #: session's namespace); empty turns preloading off.
     preload: NameList = ["numpy", "pandas", "matplotlib.pyplot"]
@@ -168,9 +166,6 @@ class Settings(BaseSettings):
     #: it). ``checked``: the server watches the workspace during runs and checks it after
     #: them (a run can overshoot briefly). ``auto``: ``filesystem`` where it works here.
     workspace_quota_mode: Literal["auto", "filesystem", "checked"] = "auto"
-    #: With filesystem quotas: workspace images formatted ahead in the background, so that
-    #: a new workspace only mounts one (a cold session skips ``mkfs``); 0 turns it off.
-    workspace_spare_images: int = Field(2, ge=0, le=64)
     max_image_bytes: Size = 1024**2
     max_images: int = Field(4, ge=0, le=64)
     max_read_bytes: Size = 1024**2
@@ -187,8 +182,6 @@ class Settings(BaseSettings):
     #: bytes each). Claude Code warns at 10,000 and cuts a result at 25,000
     #: (``MAX_MCP_OUTPUT_TOKENS``); raise both together for clients that take more.
     max_result_tokens: int = Field(20_000, ge=2_000)
-    #: Threads for blocking work (walks, file I/O, images); one owner uses at most half.
-    worker_threads: int = Field(8, ge=2, le=256)
 
     allow_network: bool = False
     #: Hosts a networked sandbox may reach through its egress proxy (``egress.policy``):
@@ -513,10 +506,20 @@ def load_settings(
 _NOT_SETTINGS = frozenset({"SANDBOX_REQUIRE_DOCKER", "SANDBOX_TEST_RUNTIME_PYTHON"})
 
 
+#: Settings that were removed, with what became of each: a user who still sets one is
+#: told so at start, not left to believe it works.
+_REMOVED = {
+    "SANDBOX_POOL_MAX_AGE_S": "pooled sandboxes are replaced after an hour",
+    "SANDBOX_WORKSPACE_SPARE_IMAGES": "two spare workspace images are kept",
+    "SANDBOX_WORKER_THREADS": "eight worker threads serve blocking work",
+}
+
+
 def unknown_variables(environ: Mapping[str, str] | None = None) -> list[str]:
     """One warning per ``SANDBOX_*`` variable of ``environ`` (default: the process env)
     that names no setting (a typo is otherwise silently ignored), with the closest
-    setting's name when there is one. Logged by the CLI at start."""
+    setting's name when there is one, or what became of it when it was removed. Logged
+    by the CLI at start."""
     env = os.environ if environ is None else environ
     known = {f"SANDBOX_{name.upper()}" for name in Settings.model_fields}
     lines = []
@@ -525,6 +528,9 @@ def unknown_variables(environ: Mapping[str, str] | None = None) -> list[str]:
         if not upper.startswith("SANDBOX_") or upper in known or upper in _NOT_SETTINGS:
             continue
         shown = name[:80]
+        if upper in _REMOVED:
+            lines.append(f"setting {shown} was removed and is ignored: {_REMOVED[upper]}")
+            continue
         # Compared without the prefix, which every name shares.
         close = difflib.get_close_matches(upper[8:], [k[8:] for k in known], n=1, cutoff=0.7)
         hint = f"; did you mean SANDBOX_{close[0]}?" if close else ""

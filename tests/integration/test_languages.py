@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from mcp_code_sandbox.backends import create_backend
-from mcp_code_sandbox.run import execute as runs
+from mcp_code_sandbox.run import execute
 from mcp_code_sandbox.run.request import RunRequest
 from mcp_code_sandbox.service import SandboxService
 from mcp_code_sandbox.settings import Settings
@@ -120,7 +120,7 @@ SLOW = {
 async def test_output_streams_and_is_cut_like_pythons(
     make_settings: Callable[..., Settings], monkeypatch: pytest.MonkeyPatch, language: str
 ) -> None:
-    monkeypatch.setattr(runs, "PROGRESS_EVERY_S", 0.2)
+    monkeypatch.setattr(execute, "PROGRESS_EVERY_S", 0.2)
     svc = await _service(make_settings(max_output_bytes=4096))
     try:
         r = await run(svc, FLOOD[language], language)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from mcp_code_sandbox.run import execute as runs
+from mcp_code_sandbox.run import execute
 from mcp_code_sandbox.run.request import RunRequest
 
 from ..conftest import MakeService, each_backend
@@ -57,7 +57,7 @@ async def test_interleaved_stdout_and_stderr_arrive_in_order(make_service: MakeS
 async def test_output_streams_while_the_cell_runs(
     make_service: MakeService, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(runs, "PROGRESS_EVERY_S", 0.2)
+    monkeypatch.setattr(execute, "PROGRESS_EVERY_S", 0.2)
     progress: list[str] = []
 
     async def on_progress(elapsed: float, total: float, message: str) -> None:

@@ -99,9 +99,10 @@ def test_no_spares_means_the_workspace_formats_its_own(tmp_path: Path) -> None:
 
 @each_backend
 async def test_the_session_manager_keeps_spares_and_a_new_session_takes_one(
-    make_service: MakeService, backend: str
+    make_service: MakeService, backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async with make_service(workspace_quota_bytes=8 << 20, workspace_spare_images=1) as svc:
+    monkeypatch.setattr(spares_module, "KEEP", 1)
+    async with make_service(workspace_quota_bytes=8 << 20) as svc:
         spares = svc.sessions.spares
         assert spares is not None and svc.sessions.quota.filesystem
         wait_for(lambda: spares.ready() == 1, "a spare")

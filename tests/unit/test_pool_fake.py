@@ -17,7 +17,7 @@ import pytest
 from mcp_code_sandbox.errors import MaxSessions
 from mcp_code_sandbox.run.request import RunRequest
 from mcp_code_sandbox.service import SandboxService
-from mcp_code_sandbox.sessions import records
+from mcp_code_sandbox.sessions import pool, records
 from tests.fakes import FakeBackend, fake_service, fake_settings
 
 
@@ -90,9 +90,12 @@ async def test_a_failed_start_backs_off_then_the_pool_fills(state_dir: Path) -> 
         assert len(list(svc.settings.workspaces_dir.iterdir())) == 1
 
 
-async def test_an_aged_pooled_sandbox_is_replaced_never_handed_out(state_dir: Path) -> None:
+async def test_an_aged_pooled_sandbox_is_replaced_never_handed_out(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pool, "MAX_AGE_S", 0.3)
     backend = FakeBackend()
-    async with fake_service(state_dir, backend, pool_size=1, pool_max_age_s=0.3) as svc:
+    async with fake_service(state_dir, backend, pool_size=1) as svc:
         await full(svc)
         [old] = pooled_keys(svc)
         await asyncio.sleep(0.4)
@@ -118,9 +121,9 @@ async def test_a_session_from_the_pool_is_left_for_the_next_server_and_the_pool_
             r = await svc.run_code("alice", RunRequest("x = 41"), "kept")
             assert r.status == "ok"
             await full(svc)
-            pool = pooled_keys(svc)
+            pooled = pooled_keys(svc)
         # The pool's sandboxes were stopped and their files and records removed.
-        assert pool <= set(backend.stopped)
+        assert pooled <= set(backend.stopped)
         saved = records.load_records(svc.settings.sessions_dir)
         assert [(r.owner, r.session_id, r.pool) for r in saved] == [("alice", "kept", False)]
         async with fake_service(state_dir, backend, keep_sessions_on_shutdown=True) as svc:

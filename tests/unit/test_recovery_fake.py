@@ -1,6 +1,6 @@
 """What a starting server does with what earlier servers left, on the fake backend: the
 plan of ``sessions.records.plan_recovery`` carried out by ``sessions.recovery`` through the
-manager (the plan's own cases are in ``test_registry``)."""
+manager (the plan's own cases are in ``test_records``)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,13 @@ import sys
 
 import pytest
 
-from mcp_code_sandbox.settings import ConfigError, load_settings, parse_size
+from mcp_code_sandbox.settings import (
+    ConfigError,
+    Settings,
+    load_settings,
+    parse_size,
+    unknown_variables,
+)
 
 
 @pytest.mark.parametrize(
@@ -123,3 +129,14 @@ def test_several_owners_get_a_share_of_the_sessions_each() -> None:
     assert per_owner(api_tokens_file="/etc/tokens") == 5  # reloadable: names may come
     assert per_owner(oauth_issuer="https://idp.example.com") == 5
     assert per_owner(api_tokens=two, max_sessions_per_owner="9") == 9  # explicit wins
+
+
+def test_a_removed_setting_still_set_is_named_as_removed() -> None:
+    lines = unknown_variables({"SANDBOX_WORKER_THREADS": "16", "SANDBOX_POOL_MAX_AGE_S": "60"})
+    assert lines == [
+        "setting SANDBOX_POOL_MAX_AGE_S was removed and is ignored: "
+        "pooled sandboxes are replaced after an hour",
+        "setting SANDBOX_WORKER_THREADS was removed and is ignored: "
+        "eight worker threads serve blocking work",
+    ]
+    assert "worker_threads" not in Settings.model_fields

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from mcp_code_sandbox.errors import BackendUnavailable, MaxSessions
-from mcp_code_sandbox.sessions import records as registry
+from mcp_code_sandbox.sessions import records
 from mcp_code_sandbox.sessions.uids import UidPool, taken_in
 from mcp_code_sandbox.settings import ConfigError, load_settings
 
@@ -25,7 +25,7 @@ START = 0x7000_0000
 
 def pool(directory: Path, size: int = 8, taken: tuple[int, ...] = ()) -> UidPool:
     def reserved(holder: str, uid: int) -> bool:
-        return holder.startswith("/") and registry.recorded_uid(Path(holder)) == uid
+        return holder.startswith("/") and records.recorded_uid(Path(holder)) == uid
 
     return UidPool(directory, START, size, reserved=reserved, taken=taken)
 
@@ -33,11 +33,11 @@ def pool(directory: Path, size: int = 8, taken: tuple[int, ...] = ()) -> UidPool
 def write_record(sessions: Path, uid: int) -> str:
     """A session record that names ``uid``; its path, the lease's holder."""
     key = "s" + "a" * 31
-    record = registry.SessionRecord(
-        "alice", "sid", key, registry.new_slot(key), "1-x", 0.0, 0.0, uid=uid
+    record = records.SessionRecord(
+        "alice", "sid", key, records.new_slot(key), "1-x", 0.0, 0.0, uid=uid
     )
-    registry.write_record(sessions, record)
-    return str(registry.record_path(sessions, record.slot))
+    records.write_record(sessions, record)
+    return str(records.record_path(sessions, record.slot))
 
 
 def test_leases_are_distinct_lowest_first_and_come_back(tmp_path: Path) -> None:
@@ -185,15 +185,15 @@ def test_a_lease_dir_others_may_write_is_refused(tmp_path: Path) -> None:
 
 def test_records_keep_their_uid_and_refuse_a_bad_one(tmp_path: Path) -> None:
     holder = Path(write_record(tmp_path, START + 7))
-    [record] = registry.load_records(tmp_path)
-    assert record.uid == START + 7 and registry.recorded_uid(holder) == START + 7
+    [record] = records.load_records(tmp_path)
+    assert record.uid == START + 7 and records.recorded_uid(holder) == START + 7
     raw = json.loads(holder.read_text())
     raw["uid"] = "0"
     holder.write_text(json.dumps(raw))
-    assert registry.recorded_uid(holder) is None
+    assert records.recorded_uid(holder) is None
     del raw["uid"]  # a record of a server before per-session uids
     holder.write_text(json.dumps(raw))
-    assert registry.load_records(tmp_path)[0].uid is None
+    assert records.load_records(tmp_path)[0].uid is None
 
 
 def test_the_range_settings_are_checked() -> None:
@@ -213,13 +213,13 @@ def test_uid_in_the_plan_must_match_the_containers_label(tmp_path: Path) -> None
     from mcp_code_sandbox.backends.base import Leftover
 
     key = "s" + "b" * 31
-    slot = registry.new_slot(key)
-    record = registry.SessionRecord("alice", "sid", key, slot, "dead", 100.0, 100.0, uid=START)
+    slot = records.new_slot(key)
+    record = records.SessionRecord("alice", "sid", key, slot, "dead", 100.0, 100.0, uid=START)
     workspace = tmp_path / slot
 
-    def plan(uid: int | None) -> registry.Plan:
+    def plan(uid: int | None) -> records.Plan:
         leftover = Leftover("c1", key, "alice", "sid", True, workspace, uid=uid)
-        return registry.plan_recovery(
+        return records.plan_recovery(
             [record],
             [leftover],
             [slot],

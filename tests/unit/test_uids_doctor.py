@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from mcp_code_sandbox import host
-from mcp_code_sandbox.doctor import bwrap as doctor
+from mcp_code_sandbox.doctor import bwrap as doctor_bwrap
 from mcp_code_sandbox.doctor import docker as doctor_docker
 from mcp_code_sandbox.settings import Settings, load_settings
 
@@ -34,7 +34,7 @@ def as_user(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.usefixtures("as_root")
 def test_root_says_each_sandbox_has_its_own_uid(tmp_path: Path) -> None:
-    check = doctor._uid_check(settings(tmp_path))
+    check = doctor_bwrap._uid_check(settings(tmp_path))
     assert check.ok and check.name == "per-sandbox uids"
     assert check.detail.startswith("yes: each sandbox drops to a host uid of its own")
     assert "1879048192-1879113727" in check.detail and str(tmp_path / "uids") in check.detail
@@ -49,7 +49,7 @@ def test_root_says_each_sandbox_has_its_own_uid(tmp_path: Path) -> None:
 
 @pytest.mark.usefixtures("as_user")
 def test_not_root_says_limits_are_shared(tmp_path: Path) -> None:
-    check = doctor._uid_check(settings(tmp_path))
+    check = doctor_bwrap._uid_check(settings(tmp_path))
     assert not check.ok
     assert check.detail.startswith(
         "no (server not root): every sandbox runs as the server's uid 1234, so per-user "
@@ -67,6 +67,6 @@ def test_a_remapping_engine_and_an_unusable_lease_dir_are_failures(tmp_path: Pat
     assert not remapped.ok and "remaps uids (name=userns)" in remapped.detail
     (tmp_path / "file").write_text("")
     broken = settings(tmp_path, uid_lease_dir=str(tmp_path / "file" / "uids"))
-    check = doctor._uid_check(broken)
+    check = doctor_bwrap._uid_check(broken)
     assert not check.ok and "cannot make the uid lease directory" in check.detail
     assert check.fix == "set SANDBOX_UID_LEASE_DIR"

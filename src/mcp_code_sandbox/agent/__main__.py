@@ -22,7 +22,7 @@ fresh, dumpable one at exec, as they should (they are the user's).
 The kernel is started as early as that allows (after the flag, the config check and the
 egress bridge, which must all come before any user code: the kernel runs the session's
 ``.pth`` files), and before the agent imports the rest of itself: importing IPython in the
-kernel is the slowest part of a sandbox's start, and the agent's own imports (~20 ms)
+kernel is the slowest part of a sandbox's start, and the agent's own imports
 run beside it instead of before it. The first kernel is forked from the agent
 (:mod:`.forked`) rather than started as a second interpreter, unless a thread runs (the
 egress bridge of a sandbox with network): one interpreter start and the standard library
@@ -85,7 +85,7 @@ def make_undumpable() -> None:
 def main(argv: list[str] | None = None) -> int:
     # The start's imports (the supervisor's here; the kernel's own and IPython's in the
     # forked kernel, which inherits this) make many objects and few cycles: without the
-    # cyclic collector's passes over them, a one-CPU sandbox starts ~4 ms sooner. On
+    # cyclic collector's passes over them, a one-CPU sandbox starts measurably sooner. On
     # again once the supervisor is imported, and in the kernel before its ready.
     gc.disable()
     try:

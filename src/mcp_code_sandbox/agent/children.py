@@ -7,7 +7,7 @@ denies ``pidfd_open``, since a pidfd is what ``pidfd_getfd`` steals fds with.
 
 ``subprocess`` is imported where it is used, not with this module: the agent imports this
 before it forks its first kernel, which never needs ``subprocess`` (nor ``locale``, which
-it brings), and a module imported before the fork is on every sandbox's start (~1.5 ms).
+it brings), and a module imported before the fork is on every sandbox's start.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ __all__ = ["AgentConfig", "apply_limits"]
 class AgentConfig(NamedTuple):
     """Immutable; a NamedTuple, not a dataclass: the agent parses it before it spawns its
     kernel, and importing ``dataclasses`` (with ``inspect``) there would delay every
-    sandbox's start by ~5 ms."""
+    sandbox's start."""
 
     kill_strays: bool = False
     pids: int | None = None

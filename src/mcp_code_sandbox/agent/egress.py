@@ -98,7 +98,7 @@ def _listen(port: int) -> socket.socket:
 
 def _run(socket_path: str, listener: socket.socket) -> None:
     """The bridge thread's body. asyncio is imported here, in the thread, and only by a
-    sandbox with network: importing it costs ~20 ms of CPU, which every sandbox's start
+    sandbox with network: importing it costs CPU, which every sandbox's start
     (its agent and kernel share one CPU) would otherwise pay before its first run."""
     import asyncio
 

@@ -178,7 +178,7 @@ class _ImportHook:
 
     A meta path finder by protocol (``find_spec``), not by subclassing
     ``importlib.abc.MetaPathFinder``: importing ``importlib.abc`` pulls in
-    ``importlib.resources`` and ``tempfile``, ~6 ms of every kernel's start."""
+    ``importlib.resources`` and ``tempfile``, on every kernel's start."""
 
     def __init__(self, name: str, on_import: Callable[[], bool]) -> None:
         self._name = name

@@ -74,7 +74,7 @@ def make_ipython_shell(emit: Emit, gate: InterruptGate) -> Any:
         _completer: Any = None
 
         # Tab completion is made at its first use, not at start: IPython's completer
-        # (and its module) cost ~8 ms of every kernel's start, and nothing here completes
+        # (and its module) weigh on every kernel's start, and nothing here completes
         # unless a cell asks (``get_ipython().Completer``, ``complete()``, a hook).
         def init_completer(self) -> None:
             pass
@@ -137,7 +137,7 @@ class IPythonShell:
 
     def warm_up(self) -> None:
         """IPython's input transformers compile their regular expressions at the first
-        cell (~2 ms): a cell of ``pass`` through them, which only returns its text."""
+        cell: a cell of ``pass`` through them, which only returns its text."""
         self._shell.transform_cell("pass\n")
 
     def run(self, code: str) -> Outcome:

@@ -56,8 +56,9 @@ __all__ = ["main"]
 
 def deferred() -> tuple[Callable[..., dict[str, Any]], Callable[..., dict[str, Any]]]:
     """:func:`.state.save` and :func:`.stateload.load`, imported at their first use, not at
-    the kernel's start: most sessions are never paused, and their modules were ~3.5 ms of
-    every sandbox's start (``plain`` and ``tables`` wait for their first use too).
+    the kernel's start: most sessions are never paused, and their modules were a
+    measurable part of every sandbox's start (``plain`` and ``tables`` wait for their first
+    use too).
 
     Safe to import late, with the workspace first on ``sys.path``: a relative import is
     found in the agent's package, never on ``sys.path``, and the standard modules they
@@ -70,7 +71,7 @@ def deferred() -> tuple[Callable[..., dict[str, Any]], Callable[..., dict[str, A
 
 
 def _python_version() -> str:
-    # Not platform.python_version(): importing platform costs ~20 ms of every sandbox start.
+    # Not platform.python_version(): importing platform is slow, on every sandbox start.
     return ".".join(str(part) for part in sys.version_info[:3])
 
 

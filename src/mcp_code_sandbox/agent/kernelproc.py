@@ -70,7 +70,7 @@ class KernelProcess:
 
 def _lib_dir() -> str:
     # os.path, not pathlib: the agent imports nothing it does not need before its
-    # kernel starts (pathlib and what it imports cost ~2 ms of every sandbox's start).
+    # kernel starts (pathlib and what it imports would weigh on every sandbox's start).
     package = __package__ or "mcs_agent"
     path = os.path.abspath(__file__)
     for _ in range(package.count(".") + 2):

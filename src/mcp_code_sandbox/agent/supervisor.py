@@ -72,7 +72,7 @@ __all__ = ["AgentExit", "Supervisor"]
 
 
 def _python_version() -> str:
-    # Not platform.python_version(): importing platform costs ~20 ms of every sandbox start.
+    # Not platform.python_version(): importing platform is slow, on every sandbox start.
     return ".".join(str(part) for part in sys.version_info[:3])
 
 

@@ -13,6 +13,7 @@ from typing import NamedTuple
 from mcp_code_sandbox.backends.base import Backend
 from mcp_code_sandbox.errors import BackendUnavailable, SandboxError
 from mcp_code_sandbox.sessions import quota, records
+from mcp_code_sandbox.sessions.pool import MAX_AGE_S as POOL_MAX_AGE_S
 from mcp_code_sandbox.sessions.recovery import alive
 from mcp_code_sandbox.sessions.uids import uid_pool
 from mcp_code_sandbox.settings import Settings
@@ -113,7 +114,7 @@ def pool_check(settings: Settings) -> Check:
         "warm pool",
         True,
         f"{settings.pool_size} sandboxes kept ready per server, replaced after "
-        f"{settings.pool_max_age_s:g} s, preloading {preload}; {len(held)} pooled "
+        f"{POOL_MAX_AGE_S:g} s, preloading {preload}; {len(held)} pooled "
         "(ready or starting) held by servers running on this state dir now",
     )
 

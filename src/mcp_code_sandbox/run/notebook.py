@@ -62,8 +62,7 @@ MAX_IMAGE_FILES = 16
 _TEXT_DISPLAYS = ("text/markdown", "text/plain", "image/svg+xml", "text/html")
 _EMBEDDED = ("image/png", "image/jpeg")
 #: One cell or output, as nbformat 4 lays it out (each cell is checked against nbformat's
-#: schema as it is written; nbformat's own ``new_*`` builders validate every piece, 5 ms
-#: each).
+#: schema as it is written; nbformat's own ``new_*`` builders validate every piece, slowly).
 Node = dict[str, Any]
 #: Read a workspace image for embedding: its bytes, or ``None`` when it is gone or too big.
 ReadImage = Callable[[str], bytes | None]

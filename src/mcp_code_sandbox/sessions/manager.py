@@ -167,7 +167,7 @@ class SessionManager:
         self.metrics.track_sessions(self.count)
         self.metrics.track_states(self._count_state, self.paused_bytes)
         #: Where blocking work on sessions' files runs (never on the event loop).
-        self.threads = WorkerThreads(settings.worker_threads)
+        self.threads = WorkerThreads()
         self._sessions: dict[tuple[str, str], Session] = {}
         self._tombstones: OrderedDict[tuple[str, str], str] = OrderedDict()
         self._instance = f"{os.getpid()}-{os.urandom(4).hex()}"
@@ -248,7 +248,6 @@ class SessionManager:
             self.spares = SpareImages(
                 self.settings.volumes_dir / SPARES_DIR / self._instance,
                 image_bytes(self.settings.workspace_quota_bytes),
-                self.settings.workspace_spare_images,
             )
             await asyncio.to_thread(self.spares.start)
         self.pool.start()

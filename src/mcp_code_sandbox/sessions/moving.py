@@ -46,7 +46,7 @@ __all__ = ["MOVE_MAX_BYTES", "MOVE_MAX_ENTRIES", "fits_pool", "forget_moved", "m
 
 log = structlog.get_logger("mcp_code_sandbox.sessions.moving")
 
-#: The most a move copies: about 50 ms of copying here, less than the cold start it saves.
+#: The most a move copies: a copy this size still costs less than the cold start it saves.
 MOVE_MAX_BYTES = 64 << 20
 MOVE_MAX_ENTRIES = 5000
 

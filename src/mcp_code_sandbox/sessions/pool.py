@@ -13,7 +13,7 @@ with ``pool=True``). Semantics:
   takes everything (slot, workspace, record, uid, sandbox): a sandbox serves one session
   only, ever, and the session's end stops it like any other. Nothing ran in it before:
   its workspace is empty, its ``/tmp`` its own, its interpreter at execution count 0.
-- One that died, whose agent broke, or older than ``pool_max_age_s`` is stopped and
+- One that died, whose agent broke, or older than :data:`MAX_AGE_S` is stopped and
   replaced, never handed out: checked at every claim and every second in the background.
 - Pooled sandboxes count toward no session limit; there are never more than
   ``pool_size`` of them ready or starting, and at most ``_STARTS_AT_ONCE`` start at once
@@ -60,6 +60,10 @@ _WATCH_S = 1.0
 _BACKOFF_MAX_S = 60.0
 #: Whose worker threads make and remove pooled workspaces (not any tenant's share).
 _THREADS_OWNER = "(pool)"
+#: A pooled sandbox older than this is replaced, never handed out, so that a new session
+#: gets no interpreter that has idled for long (nor an image or runtime rebuilt since it
+#: started); one cold start an hour per pooled sandbox costs little.
+MAX_AGE_S = 3600.0
 
 
 @dataclass(eq=False)
@@ -278,7 +282,7 @@ class WarmPool:
         return (
             pooled.sandbox.is_alive()
             and not pooled.agent.broken
-            and now - pooled.made_at < self.settings.pool_max_age_s
+            and now - pooled.made_at < MAX_AGE_S
         )
 
     def retire(self, pooled: Pooled) -> None:

@@ -68,7 +68,7 @@ class QuotaMode:
 
 def choose(settings: Settings, backend: Backend) -> QuotaMode:
     """The mode for ``settings`` and ``backend`` on this host. Blocks (a real mount is
-    tried, ~50 ms): call it in a worker thread. Raises ``BackendUnavailable`` when
+    tried): call it in a worker thread. Raises ``BackendUnavailable`` when
     ``filesystem`` is asked for and cannot be had."""
     if settings.workspace_quota_mode == "checked":
         return QuotaMode(False, "SANDBOX_WORKSPACE_QUOTA_MODE=checked")

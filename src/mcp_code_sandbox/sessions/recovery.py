@@ -43,7 +43,7 @@ __all__ = ["Adopted", "Kept", "Recovered", "alive", "dead_instances", "recover",
 
 log = structlog.get_logger("mcp_code_sandbox.sessions.manager")
 
-#: A probe's mount older than this is a dead server's (a probe takes ~0.1 s).
+#: A probe's mount older than this is a dead server's (a probe takes a fraction of a second).
 _STALE_PROBE_S = 600.0
 
 #: Builds the sandbox spec of a recorded session (the manager's: limits, env, workspace).

@@ -148,7 +148,7 @@ class Session:
     #: try, one after the other (never two stops of one sandbox at once).
     ending: asyncio.Lock = field(default_factory=asyncio.Lock)
     #: The workspace exists (with its filesystem mounted, if it has one): made by the
-    #: first call holding the lock, in a worker thread (a mount takes 20-30 ms).
+    #: first call holding the lock, in a worker thread (a mount blocks).
     workspace_made: bool = False
     #: ``(files, bytes)`` of the workspace when it was last unmounted without a sandbox
     #: (a pause, or the end of a file call): what the overview and ``list_sessions`` show

@@ -31,10 +31,16 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 
+#: Threads for the server's blocking work on sessions' files (walks, file I/O, images).
+#: The work is short and mostly disk-bound, so a few threads keep the event loop free;
+#: eight let four owners' work run at once with each held to half.
+THREADS = 8
+
+
 class WorkerThreads:
     """``await threads.run(owner, fn, *args, **kwargs)``: ``fn`` in a worker thread."""
 
-    def __init__(self, total: int) -> None:
+    def __init__(self, total: int = THREADS) -> None:
         if total < 2:
             raise ValueError(f"at least 2 worker threads are needed, not {total}")
         self.total = total

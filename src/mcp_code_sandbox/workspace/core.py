@@ -85,8 +85,8 @@ class Workspace:
 
     def create(self) -> None:
         """Create ``root`` (mode 0o700, given to ``owner``), with its ``volume`` mounted
-        on it; an existing directory (and mount) is kept. Blocks (a few ms with a volume from
-        a spare image, 20-30 ms formatting one): call it in a worker thread."""
+        on it; an existing directory (and mount) is kept. Blocks (a mount, and a format
+        when no spare image is left): call it in a worker thread."""
         with _fs_errors("."):
             self._make_root()
             if self.volume is not None:

@@ -2,9 +2,8 @@
 without starting ``mount(8)``.
 
 Why: a new session's workspace is mounted on its cold path, and ``mount`` (a process to
-start, libmount's look at every mount table, a loop device found and set up) took ~4 ms of
-it where the calls themselves take ~0.6 ms (this project's test host); ``umount`` ~2.7 ms
-of a close or a pause where ``umount2`` takes a fraction of one.
+start, libmount's look at every mount table, a loop device found and set up) took several
+times what the calls themselves take, and ``umount`` likewise on a close or a pause.
 
 What it does is what util-linux does for ``mount -o loop``: ask ``/dev/loop-control`` for
 a free device, bind the image to it in one ``LOOP_CONFIGURE`` with ``LO_FLAGS_AUTOCLEAR``

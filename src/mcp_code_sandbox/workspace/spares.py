@@ -1,6 +1,6 @@
 """Formatted workspace images kept ready, so that a new workspace skips ``mkfs.ext4``.
 
-Why: formatting a workspace's image is most of the 20-30 ms its filesystem costs
+Why: formatting a workspace's image is most of what its filesystem costs
 (:mod:`.volume`), and it sits on every cold session's path (a pool miss, a burst past the
 pool, any backend). A few images are formatted ahead, in one background thread, and
 :meth:`SpareImages.take` hands one out by renaming it to the workspace's image name: the
@@ -13,8 +13,8 @@ are sparse files formatted exactly as :meth:`.volume.Volume.create` formats one,
 mounted until taken, and all of one size (the server's quota). ``mkfs`` runs at a lower
 CPU priority (``nice``), and while a spare is left it waits :data:`REFILL_AFTER_S` after
 a take: the session that took one is starting then, and a format beside it (a process
-started from the server, ~20 ms of CPU on the other core) made its mount ~2 ms slower
-and its engine's create slower too. With none left, a refill starts at once.
+started from the server, taking CPU on the other core) made its mount and its engine's
+create slower. With none left, a refill starts at once.
 :meth:`SpareImages.close` (the session manager's shutdown) stops the thread and deletes
 them; a server killed with spares leaves files that the next start's recovery deletes
 (:func:`sweep`), as it deletes other stray images.
@@ -50,8 +50,14 @@ RETRY_S = 30.0
 #: While a spare is left, a refill waits this long after a take (see above): about a cold
 #: sandbox's start.
 REFILL_AFTER_S = 0.25
-#: How long :meth:`SpareImages.close` waits for a format under way (one takes ~20 ms).
+#: How long :meth:`SpareImages.close` waits for a format under way (one takes far less).
 _JOIN_S = 10.0
+
+
+#: Spares kept by default: one for the next cold session and one for a second right after
+#: it (a burst past the pool), while the first's replacement is formatted; more would
+#: only hold disk, since one thread refills them one at a time.
+KEEP = 2
 
 
 class SpareImages:
@@ -60,10 +66,11 @@ class SpareImages:
     closed in its ``aclose``; :meth:`take` is called from worker threads (a workspace's
     ``create``)."""
 
-    def __init__(self, directory: Path, size_bytes: int, keep: int) -> None:
+    def __init__(self, directory: Path, size_bytes: int, keep: int | None = None) -> None:
         self.directory = directory
         self.size_bytes = size_bytes
-        self.keep = keep
+        #: ``None``: :data:`KEEP`, read when made (tests change it).
+        self.keep = KEEP if keep is None else keep
         self._ready: deque[Path] = deque()
         self._cond = threading.Condition()
         self._closed = False

@@ -13,7 +13,7 @@ journal, no blocks reserved for root, inode tables not zeroed: a new sparse file
 zeros anyway, and ``noinit_itable`` keeps the kernel from writing them out later) and
 mounts it ``nosuid,nodev`` (not ``noexec``: users run scripts from their workspace) with
 ``discard``, so that deleting files in the sandbox gives the host its disk back. Formatting
-takes 15-25 ms (done ahead, :mod:`.spares`); the mount ~0.6 ms, made with the kernel's
+is the slow part (done ahead, :mod:`.spares`); the mount is made with the kernel's
 own calls (:mod:`.loopmount`; ``mount(8)`` where they cannot be), on a loop device set to
 clear itself on the last unmount, so unmounting frees the device too.
 :func:`release` unmounts (lazily when something still holds it), deletes the image, then
@@ -209,7 +209,7 @@ def mounted(path: Path) -> bool:
 def probe(directory: Path) -> str | None:
     """Why per-workspace filesystems cannot be made here, or ``None`` when they can.
 
-    Real, not guessed: makes, mounts and releases a small image in ``directory`` (~50 ms),
+    Real, not guessed: makes, mounts and releases a small image in ``directory``,
     since root without ``CAP_SYS_ADMIN`` (a container) or without loop devices fails
     only at the mount."""
     if os.geteuid() != 0:

@@ -96,7 +96,7 @@ GROUP = f"root:x:0:\nsandbox:x:{SANDBOX_GID}:\nnogroup:x:65534:\n"
 # They are opened in this mount namespace: a bind from another one fails with EINVAL.
 # All the binds are one `mount -a` of a table written into the stage itself (each mount
 # point made by X-mount.mkdir, 0755 as mkdir made them): two programs run, not one mkdir
-# and one mount per source (that was ~20 ms of every sandbox's start).
+# and one mount per source (those were much of every sandbox's start).
 _LAUNCH = r"""
 set -e
 fd=$1; shift; exec 3<&"$fd"; eval "exec $fd<&-"

@@ -466,7 +466,7 @@ def _precompile(agent_dir: Path) -> None:
     """Write the agent's bytecode next to it, once per server, where we may.
 
     The sandbox mounts the package read-only and runs it with -B, so without this every
-    sandbox start compiles the agent from source again (~10 ms per start). Best effort: a
+    sandbox start compiles the agent from source again. Best effort: a
     read-only install just starts a little slower.
     """
     import compileall

@@ -130,8 +130,9 @@ READY_TIMEOUT_S = 30.0
 REATTACH_WAIT_S = 10.0
 #: The name of a paused container's checkpoint (one per container at most).
 CHECKPOINT_NAME = "mcs-pause"
-#: Attempts at a checkpoint: a parked agent tries to reconnect every ~20 ms, and a
-#: checkpoint taken in the middle of a connect attempt fails (a host socket is open).
+#: Attempts at a checkpoint: a parked agent tries to reconnect every ``PARK_RETRY_S``
+#: (``agent.hostlink``), and a checkpoint taken in the middle of a connect attempt fails
+#: (a host socket is open).
 _CHECKPOINT_TRIES = 3
 
 

@@ -227,7 +227,7 @@ def cpu_quota(cpus: float, runtime: str) -> dict[str, int]:
     its memory, CPU-bound and parallel, so it runs under the sandbox's quota. A sandbox is
     paused after it has been idle, with its quota unused: over a 1 s period the checkpoint
     (and the restore) uses every core for its fraction of a second instead of being
-    throttled to one (measured: checkpoint of a 1 M-row pandas session 0.50 s -> 0.33 s).
+    throttled to one, so it ends sooner (``bench/README.md``).
     The average stays ``cpus``; a single thread cannot exceed one core either way; only a
     multi-threaded burst may run on more cores for up to ``cpus`` x 1 s before it waits.
     """

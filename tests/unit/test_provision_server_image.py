@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from mcp_code_sandbox.errors import BackendUnavailable
-from mcp_code_sandbox.provision import server_image as serverimage
+from mcp_code_sandbox.provision import server_image
 from mcp_code_sandbox.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -19,11 +19,11 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_dependencies_are_pyprojects() -> None:
     text = (REPO / "pyproject.toml").read_text()
-    deps = serverimage.dependencies(text)
+    deps = server_image.dependencies(text)
     assert deps == tomllib.loads(text)["project"]["dependencies"]
     assert any(d.startswith("mcp") for d in deps)
     with pytest.raises(BackendUnavailable):
-        serverimage.dependencies('[project]\ndependencies = "mcp"\n')
+        server_image.dependencies('[project]\ndependencies = "mcp"\n')
 
 
 def test_context(tmp_path: Path) -> None:
@@ -32,7 +32,7 @@ def test_context(tmp_path: Path) -> None:
     (context / "stale").write_text("x")
     bundle = tmp_path / "ca.pem"
     bundle.write_text("-----BEGIN CERTIFICATE-----\n")
-    serverimage.prepare_server_context(context, bundle)
+    server_image.prepare_server_context(context, bundle)
     assert sorted(p.name for p in context.iterdir()) == [
         "Dockerfile",
         "build-ca",
@@ -59,8 +59,8 @@ def test_a_wheel_install_has_no_checkout(tmp_path: Path) -> None:
     fake.parent.mkdir(parents=True)
     fake.write_text("")
     with pytest.raises(BackendUnavailable, match="source checkout"):
-        serverimage.source_root(fake)
-    assert serverimage.source_root() == REPO
+        server_image.source_root(fake)
+    assert server_image.source_root() == REPO
 
 
 def test_server_dockerfile_keeps_the_contract() -> None:

