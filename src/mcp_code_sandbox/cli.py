@@ -20,7 +20,13 @@ import structlog
 
 from mcp_code_sandbox import __version__
 from mcp_code_sandbox.errors import SandboxError
-from mcp_code_sandbox.settings import ConfigError, Settings, load_settings, unknown_variables
+from mcp_code_sandbox.settings import (
+    ConfigError,
+    Settings,
+    load_settings,
+    otlp_configured,
+    unknown_variables,
+)
 
 __all__ = ["default_command", "main"]
 
@@ -221,10 +227,21 @@ def _serve(settings: Settings, transport: str) -> int:
         janitor=role is Role.PRIVATE,
         replica=settings.replica,
     )
-    if sock is None:
-        asyncio.run(serve_stdio(service))
-    else:
-        asyncio.run(serve_http(service, sock))
+    if otlp_configured():
+        from mcp_code_sandbox import tracing
+
+        if (warning := tracing.configure(service.sessions.instance)) is not None:
+            structlog.get_logger("mcp_code_sandbox.cli").warning(warning)
+    try:
+        if sock is None:
+            asyncio.run(serve_stdio(service))
+        else:
+            asyncio.run(serve_http(service, sock))
+    finally:
+        if otlp_configured():
+            from mcp_code_sandbox import tracing
+
+            tracing.shutdown()
     return 0
 
 

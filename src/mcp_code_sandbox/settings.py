@@ -32,6 +32,7 @@ __all__ = [
     "ca_bundle_from_env",
     "docker_environ",
     "load_settings",
+    "otlp_configured",
     "parse_size",
     "unknown_variables",
 ]
@@ -513,6 +514,15 @@ _REMOVED = {
     "SANDBOX_WORKSPACE_SPARE_IMAGES": "two spare workspace images are kept",
     "SANDBOX_WORKER_THREADS": "eight worker threads serve blocking work",
 }
+
+
+def otlp_configured(environ: Mapping[str, str] | None = None) -> bool:
+    """Does the environment ask for traces over OTLP (the OpenTelemetry SDK's own
+    variables, which it reads itself: see ``mcp_code_sandbox.tracing``)?"""
+    env = os.environ if environ is None else environ
+    return bool(
+        env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    )
 
 
 def unknown_variables(environ: Mapping[str, str] | None = None) -> list[str]:

@@ -77,6 +77,7 @@ from typing import Any
 
 import structlog
 
+from mcp_code_sandbox import tracing
 from mcp_code_sandbox.backends.base import Backend, Limits, Sandbox, SandboxSpec
 from mcp_code_sandbox.backends.runner_images import RunnerImage, RunnerSandbox
 from mcp_code_sandbox.errors import (
@@ -415,6 +416,36 @@ class SessionManager:
         of a session that is not paused (a new one) while its sandbox starts; else the
         workspace is mounted here.
         """
+        tracing.mark_replica(self._instance)
+        with tracing.span("claim session"):
+            while True:
+                session, created, notice = await self._claim(
+                    owner, session_id, create, wait_s, pool
+                )
+                if not session.handed_on:
+                    break
+                session.lock.release()  # another replica took it while this call waited
+        try:
+            if session.closed:  # closed while this call waited in the queue
+                raise SessionNotFound(f"session {session.id} was closed while this call waited")
+            if not session.workspace_made and not (runs and session.paused is None):
+                if not runs and session.workspace.volume is not None:
+                    await self.mounts.take(session, wait_s)  # see ``mounts``
+                await self._make_workspace(session)
+            self._touch(session)
+            yield Acquired(session, created, notice)
+        finally:
+            try:
+                if not session.closed:
+                    self._touch(session)
+                    await self._let_go(session)
+            finally:
+                session.lock.release()
+
+    async def _claim(
+        self, owner: str, session_id: str | None, create: bool, wait_s: float, pool: bool
+    ) -> tuple[Session, bool, str | None]:
+        """``acquire``'s session, found, taken over or created, and locked for the call."""
         if self.replica and session_id is not None:
             await self._from_registry(owner, session_id, wait_s)
         if create and (session_id is None or (owner, session_id) not in self._sessions):
@@ -433,29 +464,7 @@ class SessionManager:
             ) from None
         finally:
             session.queued -= 1
-        if session.handed_on:  # another replica took it while this call waited: again
-            session.lock.release()
-            async with self.acquire(
-                owner, session_id, create=create, wait_s=wait_s, pool=pool, runs=runs
-            ) as again:
-                yield again
-            return
-        try:
-            if session.closed:  # closed while this call waited in the queue
-                raise SessionNotFound(f"session {session.id} was closed while this call waited")
-            if not session.workspace_made and not (runs and session.paused is None):
-                if not runs and session.workspace.volume is not None:
-                    await self.mounts.take(session, wait_s)  # see ``mounts``
-                await self._make_workspace(session)
-            self._touch(session)
-            yield Acquired(session, created, notice)
-        finally:
-            try:
-                if not session.closed:
-                    self._touch(session)
-                    await self._let_go(session)
-            finally:
-                session.lock.release()
+        return session, created, notice
 
     async def _let_go(self, session: Session) -> None:
         """At the end of a call (lock held): a session left without a sandbox (paused,
