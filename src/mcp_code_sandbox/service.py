@@ -287,7 +287,14 @@ class SandboxService:
     async def session_overview(self, owner: str | None) -> list[SessionView]:
         """The live sessions of ``owner`` (``None``: every owner's, for admins) with
         their figures now (``sessions.overview``), for the operator's ``/ui`` page."""
-        return await overview(self.sessions.listed(owner), self.backend, self.threads)
+        elsewhere = await asyncio.to_thread(self.sessions.elsewhere, owner)
+        return await overview(
+            self.sessions.listed(owner),
+            self.backend,
+            self.threads,
+            replica=self.replica,
+            elsewhere=elsewhere,
+        )
 
     async def run_code(
         self,
@@ -541,9 +548,16 @@ class SandboxService:
     async def close_session(self, owner: str, session_id: str) -> None:
         await self.sessions.close(owner, session_id)
 
+    @property
+    def replica(self) -> str:
+        """This server's name among the replicas of its state directory; empty for a
+        server alone (``SANDBOX_REPLICA`` unset)."""
+        return self.sessions.instance if self.sessions.replica else ""
+
     async def list_sessions(self, owner: str) -> list[SessionSummary]:
         """``list_sessions``: ``owner``'s sessions only, running and paused."""
-        return await summaries(self.sessions.listed(owner), self.threads)
+        elsewhere = await asyncio.to_thread(self.sessions.elsewhere, owner)
+        return await summaries(self.sessions.listed(owner), self.threads, elsewhere)
 
     def pool_status(self) -> dict[str, Any]:
         """The warm pool as ``list_runtimes``, ``/readyz`` and ``/ui`` show it: ``size``

@@ -242,6 +242,7 @@ class SessionManager:
         await self.sandboxes.start()
         self._register_recovered(recovered)
         if self.replica:
+            self.metrics.replica(self._instance)
             self._control = Control(run_dir, self._instance, self._give_up)
             await self._control.start()
         self._start_reaper()
@@ -784,10 +785,28 @@ class SessionManager:
             ) from None
         if isinstance(taken, str):
             self._tombstone(owner, session_id, taken)
-        elif isinstance(taken, Adopted):
+            return
+        if isinstance(taken, Adopted):
             self._adopt(taken)
         elif isinstance(taken, Kept):
             self._keep(taken)
+        if taken is not None:
+            self.metrics.handed_over("in")
+
+    def elsewhere(self, owner: str | None = None) -> list[records.SessionRecord]:
+        """The sessions other replicas hold (every owner's, or ``owner``'s), as their
+        records say; none for a server alone. Blocking: call it in a worker thread."""
+        if not self.replica:
+            return []
+        return [
+            r
+            for r in records.load_records(self.settings.sessions_dir, remove_bad=False)
+            if r.handover
+            and not r.pool
+            and r.instance != self._instance
+            and (owner is None or r.owner == owner)
+            and (r.owner, r.session_id) not in self._sessions
+        ]
 
     def _record_of(self, key: str, owner: str, session_id: str) -> records.SessionRecord | None:
         """The record of ``owner``'s session that a service holds (blocking)."""
@@ -807,6 +826,7 @@ class SessionManager:
                 return False
             del self._sessions[(owner, session_id)]
             await self._hand_on(session)
+        self.metrics.handed_over("out")
         return True
 
     async def _hand_on(self, session: Session) -> None:

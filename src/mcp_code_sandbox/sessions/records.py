@@ -138,14 +138,17 @@ def remove_record(directory: Path, slot: str) -> None:
         record_path(directory, slot).unlink()
 
 
-def load_records(directory: Path) -> list[SessionRecord]:
-    """Every valid record; corrupt ones and stale temporary files are deleted."""
+def load_records(directory: Path, *, remove_bad: bool = True) -> list[SessionRecord]:
+    """Every valid record; corrupt ones and stale temporary files are deleted (unless
+    ``remove_bad`` is False: a reader that is not recovery, beside live writers)."""
     records: list[SessionRecord] = []
     if not directory.is_dir():
         return records
     now = time.time()
     for path in directory.iterdir():
         if path.name.endswith(".tmp"):
+            if not remove_bad:
+                continue
             with contextlib.suppress(OSError):
                 if now - path.lstat().st_mtime > _STALE_TMP_S:
                     path.unlink()
@@ -154,7 +157,8 @@ def load_records(directory: Path) -> list[SessionRecord]:
             continue
         record = _parse(path)
         if record is None:
-            path.unlink(missing_ok=True)
+            if remove_bad:
+                path.unlink(missing_ok=True)
         else:
             records.append(record)
     return records
