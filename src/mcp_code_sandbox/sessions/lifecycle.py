@@ -19,6 +19,8 @@ The moves, each with who makes it::
     PAUSED   -> RESUMING  a call that runs code resumes it
     RESUMING -> RUNNING   resumed
     RESUMING -> PAUSED    the resume failed: still paused, its next call tries again
+    RESUMING -> PAUSING   shutdown, not waiting for the call, once the resume let go of
+                          the pause (its new sandbox is paused for the next server)
     any of the above -> ENDING   close, expiry, shutdown (also mid-pause or mid-resume)
     ENDING   -> ENDED     its end freed everything (else it stays ENDING and is retried)
 
@@ -51,7 +53,7 @@ _MOVES: dict[Phase, frozenset[Phase]] = {
     Phase.RUNNING: frozenset({Phase.PAUSING, Phase.ENDING}),
     Phase.PAUSING: frozenset({Phase.PAUSED, Phase.RUNNING, Phase.ENDING}),
     Phase.PAUSED: frozenset({Phase.RESUMING, Phase.ENDING}),
-    Phase.RESUMING: frozenset({Phase.RUNNING, Phase.PAUSED, Phase.ENDING}),
+    Phase.RESUMING: frozenset({Phase.RUNNING, Phase.PAUSED, Phase.PAUSING, Phase.ENDING}),
     Phase.ENDING: frozenset({Phase.ENDED}),
     Phase.ENDED: frozenset(),
 }

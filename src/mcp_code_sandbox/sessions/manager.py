@@ -31,18 +31,12 @@ Semantics:
   Pooled sandboxes count toward no limit, and shutdown stops them too. A paused session
   resumed by such a call moves into a warm sandbox where it fits (:mod:`.moving`).
 - Every session has a record on disk (:mod:`.records`, written by :mod:`.table`) and a
-  workspace at ``workspaces_dir/<slot>``, so a server killed with SIGKILL can be
-  followed by one that finds them.
+  workspace at ``workspaces_dir/<slot>``, for the server that follows a SIGKILL.
 - Who holds a session, and who may take over what a dead server left, is the rule of
-  :mod:`.holder` (the manager's ``role``). At start, under a lock that two servers
-  starting at once share, the state directory's service re-attaches what a dead service
-  left where the backend can (docker: the container and its interpreter outlive the
-  server; same id, owner, files and variables) and removes the rest (bwrap: its
-  sandboxes died with their server, so only their workspaces and records remain); any
-  server removes what dead private servers left.
-- Shutdown (``aclose``) is not a crash: it stops every sandbox and deletes every
-  workspace and record, or (a service keeping its sessions) pauses them for its
-  successor. A private server's janitor (:mod:`.janitor`) removes what a crash left.
+  :mod:`.holder` (the manager's ``role``); at start, :mod:`.recovery` re-attaches or
+  removes what dead servers left. Shutdown (``aclose``) is not a crash: it ends every
+  session, or (a service keeping its sessions) pauses them for its successor. A private
+  server's janitor (:mod:`.janitor`) removes what a crash left.
 - Where the backend can run each sandbox as a host uid of its own, every session leases
   one (:mod:`.uids`) when it is registered, before its record and workspace exist (the
   workspace is given to it), keeps it for its whole life (every sandbox and runner of the
@@ -57,7 +51,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import os
 import time
 from collections.abc import AsyncIterator
@@ -66,16 +59,10 @@ import structlog
 
 from mcp_code_sandbox.backends.base import Backend, Limits, SandboxSpec
 from mcp_code_sandbox.backends.runner_images import RunnerImage
-from mcp_code_sandbox.errors import (
-    SandboxError,
-    SandboxFailed,
-    SessionBusy,
-    SessionNotFound,
-)
+from mcp_code_sandbox.errors import SandboxFailed, SessionBusy, SessionNotFound
 from mcp_code_sandbox.host import process_mark
 from mcp_code_sandbox.metrics import Metrics
 from mcp_code_sandbox.sessions import quota, records
-from mcp_code_sandbox.sessions.agent_client import AgentClient
 from mcp_code_sandbox.sessions.egress import Wish
 from mcp_code_sandbox.sessions.ending import Ending
 from mcp_code_sandbox.sessions.holder import Role, ServiceLock, service_pid
@@ -85,10 +72,11 @@ from mcp_code_sandbox.sessions.lifecycle import Phase, transition
 from mcp_code_sandbox.sessions.mounts import MountedWorkspaces
 from mcp_code_sandbox.sessions.moving import fits_pool, move_into
 from mcp_code_sandbox.sessions.overview import files_held
+from mcp_code_sandbox.sessions.pausing import Pausing
 from mcp_code_sandbox.sessions.pool import Pooled, WarmPool
 from mcp_code_sandbox.sessions.quota import QuotaMode
 from mcp_code_sandbox.sessions.reaper import Reaper
-from mcp_code_sandbox.sessions.recovery import Adopted, Kept, recover
+from mcp_code_sandbox.sessions.recovery import adopted_session, kept_session, recover
 from mcp_code_sandbox.sessions.room import Room
 from mcp_code_sandbox.sessions.sandboxes import Sandboxes
 from mcp_code_sandbox.sessions.session import Acquired, Handout, Paused, Session
@@ -153,10 +141,12 @@ class SessionManager:
         self.sandboxes = Sandboxes(
             settings, backend, self.metrics, outlive_server=role is Role.SERVICE
         )
-        #: The running-session limits, kept by pausing the longest idle.
-        self.room = Room(settings, self.table.__iter__, self._pause)
         #: Places for the mounts of sessions without a sandbox (file calls on them).
         self.mounts = MountedWorkspaces(settings)
+        #: Pauses sessions (for the reaper, the room and shutdown).
+        self.pausing = Pausing(self.sandboxes, self.threads, self.table, self.mounts)
+        #: The running-session limits, kept by pausing the longest idle.
+        self.room = Room(settings, self.table.__iter__, self.pausing.pause)
         #: Ends sessions, and retries what an end left.
         self.ending = Ending(
             settings, self.threads, self.table, self.mounts, self.metrics, self.sandboxes
@@ -166,8 +156,8 @@ class SessionManager:
             settings,
             self.table.__iter__,
             end=self.ending.end_logged,
-            pause=self._pause,
-            unmount=self._unmount,
+            pause=self.pausing.pause,
+            unmount=self.pausing.unmount,
             retry=self.ending.retry,
         )
         #: Warm sandboxes for new sessions (started by :meth:`start`).
@@ -226,10 +216,12 @@ class SessionManager:
             takes_over=self.role is Role.SERVICE,
         )
         await self.sandboxes.start()
-        for adopted in recovered.adopt:
-            self._adopt(adopted)
-        for kept in recovered.paused:
-            self._keep(kept)
+        for session in [
+            *(adopted_session(self.table, adopted) for adopted in recovered.adopt),
+            *(kept_session(self.table, kept) for kept in recovered.paused),
+        ]:
+            self.table.add(session)
+            self.table.save(session, force=True)  # ours now: a later start leaves it alone
         for owner, session_id, why in recovered.lost:
             self.table.tombstone(owner, session_id, why)
         self.reaper.start(lambda: self.reap())  # looked up at each pass (tests wrap it)
@@ -254,7 +246,7 @@ class SessionManager:
         await self.reaper.stop()
         sessions = self.table.clear()
         keep = self.role is Role.SERVICE and self.settings.keep_sessions_on_shutdown
-        end = self._leave if keep else self.ending.destroy
+        end = self.pausing.leave if keep else self.ending.destroy
         log.info(
             "shutting down: pausing every session for the next server"
             if keep
@@ -290,47 +282,6 @@ class SessionManager:
     def instance(self) -> str:
         """This server process's name in records and pid files (``<pid>-<random>``)."""
         return self._instance
-
-    def _adopt(self, adopted: Adopted) -> None:
-        """Register a session a dead server left, as :func:`.recovery.recover` returned
-        it: its re-attached sandbox and its uid. Called by :meth:`start`."""
-        record, sandbox = adopted.record, adopted.sandbox
-        session = self.table.from_record(record, adopted.uid_lease, Phase.RUNNING)
-        session.sandbox, session.agent = sandbox, AgentClient(sandbox.channel)
-        session.workspace_made = True  # its filesystem outlived the old server, mounted
-        self._register_recorded(session)
-        log.info("session re-attached", owner=record.owner, session=record.session_id)
-
-    def _keep(self, kept: Kept) -> None:
-        """Register a paused session a dead server left (:func:`.recovery.recover`): no
-        sandbox; its first call that runs code resumes it. A server that died during a
-        pause left the last complete saved state, or none: its files at least."""
-        record = kept.record
-        try:
-            paused = Paused.from_json(record.paused) if record.paused is not None else None
-        except (ValueError, TypeError) as exc:
-            log.warning(
-                "a paused session's record is damaged", session=record.session_id, error=str(exc)
-            )
-            paused = None
-        if paused is None:
-            paused = Paused(
-                "files",
-                record.last_active,
-                why="the server stopped during a pause: these are the variables of the last "
-                "complete pause, if there was one",
-                load=True,  # its last complete saved variables, if there are some
-            )
-        session = self.table.from_record(record, kept.uid_lease, Phase.PAUSED)
-        session.paused = paused
-        self._register_recorded(session)
-        log.info("paused session kept", owner=record.owner, session=record.session_id)
-
-    def _register_recorded(self, session: Session) -> None:
-        """Add a recorded session as it is now, and write its record as ours: a later
-        start must leave it alone."""
-        self.table.add(session)
-        self.table.save(session, force=True)
 
     def _spec_for(self, record: records.SessionRecord) -> SandboxSpec:
         """The spec a recorded session's sandbox was made with (recovery re-attaches it)."""
@@ -405,7 +356,7 @@ class SessionManager:
         elif not session.queued:
             if session.workspace_made and session.workspace.volume is not None:
                 session.files_kept = await files_held(self.threads, session)
-            await self._unmount(session)
+            await self.pausing.unmount(session)
 
     async def _make_workspace(self, session: Session) -> None:
         await self.threads.run(session.owner, session.workspace.create)
@@ -451,7 +402,7 @@ class SessionManager:
             session.uid_lease = lease
             self.table.save(session, force=True)  # before the workspace: see ``records``
         except BaseException:
-            records.remove_record(self.settings.sessions_dir, slot)  # then the uid is free
+            self.table.drop_slot(slot)  # then the uid is free
             if lease is not None:
                 lease.release()
             raise
@@ -461,21 +412,10 @@ class SessionManager:
         """A new session made of a warm sandbox: its slot, workspace, uid and sandbox
         become the session's, and its record is rewritten as the session's (owner and id
         bound now, on disk: recovery and re-attach work as for any session)."""
-        now = time.monotonic()
-        session = Session(
-            session_id,
-            owner,
-            pooled.key,
-            pooled.slot,
-            pooled.workspace,
-            now,
-            now,
-            time.time(),
-            sandbox=pooled.sandbox,
-            agent=pooled.agent,
-            workspace_made=True,
-            uid_lease=pooled.uid_lease,
-        )
+        now, key, slot = time.monotonic(), pooled.key, pooled.slot
+        session = Session(session_id, owner, key, slot, pooled.workspace, now, now, time.time())
+        session.sandbox, session.agent = pooled.sandbox, pooled.agent
+        session.workspace_made, session.uid_lease = True, pooled.uid_lease
         try:
             self.table.save(session, force=True)
         except BaseException:
@@ -587,16 +527,6 @@ class SessionManager:
                 "tries again every few seconds and at its next start; nothing to do here"
             )
 
-    async def _leave(self, session: Session) -> None:
-        """Shut down without ending ``session``: it is paused (its record says how), its
-        workspace kept. The next server on this state dir keeps it and resumes it on
-        its first call (see :mod:`.recovery`)."""
-        await self._pause(session, wait=False)
-        await self._unmount(session)  # one paused earlier may have been mounted since
-        if session.uid_lease is not None:
-            session.uid_lease.release()  # reserved by its record for the next server
-        log.info("session paused for the next server", owner=session.owner, session=session.id)
-
     # -- pausing ---------------------------------------------------------------------------
 
     async def pause(self, owner: str, session_id: str) -> Paused | None:
@@ -606,75 +536,8 @@ class SessionManager:
         session, _, _ = self._lookup(owner, session_id, create=False)
         if session.sandbox is None and not session.runners:
             return session.paused
-        await self._pause(session)
+        await self.pausing.pause(session)
         return session.paused
-
-    async def _pause(self, session: Session, *, wait: bool = True) -> None:
-        """Pause ``session`` (see :meth:`.sandboxes.Sandboxes.pause`) under its lock: a
-        call arriving meanwhile waits for the pause, then resumes it. Its record says
-        ``pausing`` until the pause is complete, so a server that dies meanwhile leaves
-        a session the next one keeps. ``wait`` False (shutdown): a call still holding
-        the session is not waited for; its sandbox is stopped under it."""
-        if wait:
-            await session.lock.acquire()
-        try:
-            if session.phase is not Phase.RUNNING:
-                return
-            session.phase = transition(session.phase, Phase.PAUSING)
-            self.table.save(session, force=True)
-            try:
-                paused = await self.sandboxes.pause(session)
-                count, size = await files_held(self.threads, session) or (0, 0)
-            except BaseException:
-                if session.phase is Phase.PAUSING:  # its next pause tries again
-                    session.phase = transition(session.phase, Phase.RUNNING)
-                raise
-            # Its bytes: the checkpoint's, then the workspace's on disk (measured by
-            # ``_unmount``; saved variables are in the workspace).
-            paused = dataclasses.replace(
-                paused, bytes=_outside_bytes(paused), file_count=count, files_bytes=size
-            )
-            session.paused = paused  # also when it was closed meanwhile: its end frees it
-            if session.phase is Phase.PAUSING:
-                session.phase = transition(session.phase, Phase.PAUSED)
-            session.files_kept = (count, size)
-            self.table.save(session, force=True)
-            await self._unmount(session)
-            log.info("session paused", owner=session.owner, session=session.id, kind=paused.kind)
-        finally:
-            if wait:
-                session.lock.release()
-
-    async def _unmount(self, session: Session) -> None:
-        """Let go of the filesystem of a session without a sandbox (mounted again by its
-        next call), then measure a paused one's state on disk. A filesystem still busy
-        (a download reading a file) stays mounted, and the reaper tries again."""
-        if session.workspace_made and session.workspace.volume is not None:
-            try:
-                gone = await self.threads.run(session.owner, session.workspace.unmount)
-            except (SandboxError, OSError) as exc:
-                log.warning("cannot unmount a paused workspace", session=session.id, error=str(exc))
-                gone = False
-            if gone:
-                session.workspace_made = False
-                await self.mounts.give_back(session)
-        await self._measure(session)
-
-    async def _measure(self, session: Session) -> None:
-        """Set a paused session's ``bytes`` to what its state holds on the host's disk
-        now: allocated blocks, never the sizes its files claim (a hostile session's
-        sparse files would else count terabytes against every owner's budget)."""
-        paused = session.paused
-        if paused is None:
-            return
-        try:
-            disk = await self.threads.run(session.owner, session.workspace.disk_bytes)
-        except (SandboxError, OSError) as exc:
-            log.warning("cannot measure a paused workspace", session=session.id, error=str(exc))
-            return
-        if session.paused is paused and paused.bytes != _outside_bytes(paused) + disk:
-            session.paused = dataclasses.replace(paused, bytes=_outside_bytes(paused) + disk)
-            self.table.save(session, force=True)
 
     def paused_bytes(self) -> int:
         """Bytes of paused sessions' state on disk, all owners (for the disk budget)."""
@@ -708,8 +571,3 @@ class SessionManager:
 
 def _gone_suffix(tombstone: str | None) -> str:
     return f" ({tombstone})" if tombstone else ""
-
-
-def _outside_bytes(paused: Paused) -> int:
-    """What a pause holds outside the workspace: its checkpoint image, if any."""
-    return (paused.checkpoint.bytes or 0) if paused.checkpoint is not None else 0

@@ -182,8 +182,13 @@ class SessionTable:
 
     def drop_record(self, session: Session) -> None:
         """Remove the session's record (its end, once its files are gone)."""
-        records.remove_record(self.settings.sessions_dir, session.slot)
+        self.drop_slot(session.slot)
         self._written.pop(session, None)
+
+    def drop_slot(self, slot: str) -> None:
+        """Remove the record of ``slot`` (a session that could not be made, or the slot
+        a session moved out of)."""
+        records.remove_record(self.settings.sessions_dir, slot)
 
     def record(self, session: Session) -> records.SessionRecord:
         """``session``'s record as it stands now."""
