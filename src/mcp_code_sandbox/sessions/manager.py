@@ -461,7 +461,7 @@ class SessionManager:
         runner: RunnerImage | None = None,
         pool: bool = False,
     ) -> Handout:
-        """What runs this call's code in ``session`` (see :meth:`.sandboxes.Sandboxes.executor`).
+        """What runs this call's code in ``session`` (see :meth:`.sandboxes.Sandboxes.handout`).
         ``pool``: the call wants a sandbox of the warm pool's kind (as for ``acquire``), so
         a paused session it resumes moves into a warm sandbox when one is ready and its
         files are few enough (:mod:`.moving`). Called by the service with the session's

@@ -18,7 +18,7 @@ Semantics (the manager owns one :class:`Room`):
   one victim (it is marked before the step ends), and a slot being freed is *claimed*:
   while its victim is paused it counts for the call that paused it, not for its old
   owner, so no other call takes it meanwhile; the call takes it in the same synchronous
-  step in which :meth:`Room.make` returns (``check`` and registering, or ``resuming``).
+  step in which :meth:`Room.make` returns (``check`` and registering, or the move to ``RESUMING``).
 - Past ``paused_disk_bytes`` the owner whose paused state is largest gives way first,
   that owner's longest-idle paused session first; nobody else's is taken while that
   owner still has paused state (:func:`over_disk_budget`). Sizes are what the state

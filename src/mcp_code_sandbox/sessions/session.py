@@ -142,7 +142,7 @@ class Session:
     runs: int = 0
     #: Sandbox and runner starts in flight, and stops of what they made too late.
     starting: set[asyncio.Task[Any]] = field(default_factory=set)
-    #: What a stop failed to free, retried until it goes (see ``SessionManager._release``).
+    #: What a stop failed to free, retried until it goes (see :meth:`.ending.Ending.release`).
     unstopped: list[Sandbox | RunnerSandbox] = field(default_factory=list)
     #: Held while the session is being destroyed: a close, the reaper and shutdown may all
     #: try, one after the other (never two stops of one sandbox at once).
