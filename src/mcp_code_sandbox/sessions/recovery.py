@@ -34,12 +34,16 @@ from mcp_code_sandbox.backends.base import Backend, Checkpoint, Leftover, Sandbo
 from mcp_code_sandbox.errors import SandboxError, SandboxFailed
 from mcp_code_sandbox.host import process_alive, read_mark
 from mcp_code_sandbox.sessions import records, runlog
+from mcp_code_sandbox.sessions.agent_client import AgentClient
+from mcp_code_sandbox.sessions.lifecycle import Phase
+from mcp_code_sandbox.sessions.session import Paused, Session
+from mcp_code_sandbox.sessions.table import SessionTable
 from mcp_code_sandbox.sessions.uids import UidLease, UidPool
 from mcp_code_sandbox.settings import Settings
 from mcp_code_sandbox.workspace import remove_tree, spares
 from mcp_code_sandbox.workspace.volume import IMAGE_SUFFIX, PROBE_PREFIX, release
 
-__all__ = ["Adopted", "Kept", "Recovered", "alive", "recover"]
+__all__ = ["Adopted", "Kept", "Recovered", "adopted_session", "alive", "kept_session", "recover"]
 
 log = structlog.get_logger("mcp_code_sandbox.sessions.manager")
 
@@ -118,6 +122,43 @@ async def recover(
         return await _carry_out(ctx, plan)
     finally:
         os.close(lock_fd)  # releases the lock
+
+
+def adopted_session(table: SessionTable, adopted: Adopted) -> Session:
+    """The session of ``adopted`` as it is now (for the manager to add): its re-attached
+    sandbox and its uid."""
+    record, sandbox = adopted.record, adopted.sandbox
+    session = table.from_record(record, adopted.uid_lease, Phase.RUNNING)
+    session.sandbox, session.agent = sandbox, AgentClient(sandbox.channel)
+    session.workspace_made = True  # its filesystem outlived the old server, mounted
+    log.info("session re-attached", owner=record.owner, session=record.session_id)
+    return session
+
+
+def kept_session(table: SessionTable, kept: Kept) -> Session:
+    """The paused session of ``kept`` (for the manager to add): no sandbox; its first call
+    that runs code resumes it. A server that died during a pause left the last complete
+    saved state, or none: its files at least."""
+    record = kept.record
+    try:
+        paused = Paused.from_json(record.paused) if record.paused is not None else None
+    except (ValueError, TypeError) as exc:
+        log.warning(
+            "a paused session's record is damaged", session=record.session_id, error=str(exc)
+        )
+        paused = None
+    if paused is None:
+        paused = Paused(
+            "files",
+            record.last_active,
+            why="the server stopped during a pause: these are the variables of the last "
+            "complete pause, if there was one",
+            load=True,  # its last complete saved variables, if there are some
+        )
+    session = table.from_record(record, kept.uid_lease, Phase.PAUSED)
+    session.paused = paused
+    log.info("paused session kept", owner=record.owner, session=record.session_id)
+    return session
 
 
 @dataclass(frozen=True)

@@ -223,7 +223,7 @@ class Sandboxes:
             file_bytes=s.workspace_quota_bytes,
         )
 
-    async def executor(
+    async def handout(
         self,
         session: Session,
         *,
