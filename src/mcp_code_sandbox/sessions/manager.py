@@ -281,7 +281,7 @@ class SessionManager:
         ):
             if isinstance(outcome, BaseException):
                 log.error("session not cleaned up at shutdown", error=repr(outcome))
-        await self.sandboxes.egress.aclose()  # the proxies of detached sandboxes
+        await self.sandboxes.egress.aclose()  # any proxy a stop cut short left open
         if self.spares is not None:
             await asyncio.to_thread(self.spares.close)
         try:
