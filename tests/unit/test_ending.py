@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from mcp_code_sandbox.backends.base import Checkpoint, Sandbox
+from mcp_code_sandbox.backends.base import Sandbox
+from mcp_code_sandbox.backends.checkpoints import Checkpoint
 from mcp_code_sandbox.backends.runner_images import RunnerSandbox
 from mcp_code_sandbox.errors import SessionNotFound
 from mcp_code_sandbox.metrics import Metrics

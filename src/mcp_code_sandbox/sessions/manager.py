@@ -53,7 +53,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import structlog
 
@@ -73,7 +73,7 @@ from mcp_code_sandbox.sessions.mounts import MountedWorkspaces
 from mcp_code_sandbox.sessions.moving import fits_pool, move_into
 from mcp_code_sandbox.sessions.overview import files_held
 from mcp_code_sandbox.sessions.pausing import Pausing
-from mcp_code_sandbox.sessions.pool import Pooled, WarmPool
+from mcp_code_sandbox.sessions.pool import Pooled, PoolStatus, WarmPool
 from mcp_code_sandbox.sessions.quota import QuotaMode
 from mcp_code_sandbox.sessions.reaper import Reaper
 from mcp_code_sandbox.sessions.recovery import adopted_session, kept_session, recover
@@ -262,7 +262,7 @@ class SessionManager:
         ):
             if isinstance(outcome, BaseException):
                 log.error("session not cleaned up at shutdown", error=repr(outcome))
-        await self.sandboxes.egress.aclose()  # the proxies of detached sandboxes
+        await self.sandboxes.egress.aclose()  # any proxy a stop cut short left open
         if self.spares is not None:
             await asyncio.to_thread(self.spares.close)
         try:
@@ -566,6 +566,46 @@ class SessionManager:
     def count(self, owner: str | None = None) -> int:
         """Open sessions: all of them, or ``owner``'s."""
         return self.table.count(owner)
+
+    # Questions service.py asks -----------------------------------------------------------
+    # The service asks these instead of reaching through to the manager's parts (its
+    # sandboxes' egress proxies, the warm pool, the quota mode).
+
+    def check_egress(self) -> None:
+        """Parse the egress policy and read the secrets file now (blocking: a worker
+        thread); raises what they raise. Called by the service at start when network
+        is allowed, so that a bad allowlist stops the server, not a user's call."""
+        self.sandboxes.egress.check()
+
+    def check_network(self, hosts: tuple[str, ...]) -> None:
+        """Raise ``NetworkNotAllowed`` naming a host of a call's wish that the server's
+        policy does not allow (``hosts`` empty: ``network=true``, the whole policy).
+        Called by the service before it holds a session."""
+        self.sandboxes.egress.policy(hosts)
+
+    def blocked_hosts(self, session: Session) -> list[str]:
+        """Hosts ``session``'s egress proxy refused since it was last asked. Called by the
+        run path as it builds a run's report, with the session's lock held."""
+        return self.sandboxes.blocked_hosts(session)
+
+    def hold_pool_while(self, held_by: Callable[[], str | None]) -> None:
+        """Start no warm sandbox while ``held_by`` says why not (``None``: start them).
+        Called by the service while the runtime sandboxes need is still being built."""
+        self.pool.held_by = held_by
+
+    def refill_pool(self) -> None:
+        """Start the warm sandboxes missing now (in the background). Called by the
+        service once a build it held the pool for has gone further."""
+        self.pool.refill()
+
+    def pool_status(self) -> PoolStatus:
+        """The warm pool's target size, ready and starting sandboxes, and preloads."""
+        return self.pool.status()
+
+    def quota_on_disk(self) -> bool:
+        """Is each workspace a filesystem of its own, its quota the kernel's (else the
+        run path watches the workspace)? Known once the manager has started."""
+        return self.quota.filesystem
 
 
 def _gone_suffix(tombstone: str | None) -> str:

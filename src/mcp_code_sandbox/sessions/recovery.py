@@ -30,7 +30,8 @@ from pathlib import Path
 
 import structlog
 
-from mcp_code_sandbox.backends.base import Backend, Checkpoint, Leftover, Sandbox, SandboxSpec
+from mcp_code_sandbox.backends.base import Backend, Leftover, Sandbox, SandboxSpec
+from mcp_code_sandbox.backends.checkpoints import Checkpoint, checkpoints_of
 from mcp_code_sandbox.errors import SandboxError, SandboxFailed
 from mcp_code_sandbox.host import process_alive, read_mark
 from mcp_code_sandbox.sessions import records, runlog
@@ -239,8 +240,9 @@ async def _keep_paused(ctx: _Context, record: records.SessionRecord) -> Kept | N
     except SandboxError as exc:
         log.warning("a paused session cannot be kept", session=record.session_id, error=exc.message)
         backend_id = records.checkpoint_id(record)
-        if backend_id is not None:
-            await ctx.backend.discard(Checkpoint(backend_id))
+        checkpoints = checkpoints_of(ctx.backend)
+        if backend_id is not None and checkpoints is not None:
+            await checkpoints.discard(Checkpoint(backend_id))
         return None
     return Kept(_make_ours(ctx, record), lease)
 

@@ -17,7 +17,8 @@ from typing import Any, Literal, TypeVar
 
 import structlog
 
-from mcp_code_sandbox.backends.base import Checkpoint, Sandbox
+from mcp_code_sandbox.backends.base import Sandbox
+from mcp_code_sandbox.backends.checkpoints import Checkpoint
 from mcp_code_sandbox.backends.runner_images import RunnerSandbox
 from mcp_code_sandbox.errors import SessionNotFound
 from mcp_code_sandbox.sessions.agent_client import AgentClient
