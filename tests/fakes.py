@@ -13,9 +13,8 @@ Tests hand it to ``SandboxService`` / ``SessionManager`` directly.
 
 What a test can steer or observe: ``fail_creates`` (the next n creates raise
 ``SandboxFailed``), ``created``/``stopped``/``removed`` (what the manager asked for),
-``planted`` (leftovers of a "dead server" for recovery), ``kill()`` (a sandbox dies under
-the manager). ``reattaches=True`` keeps detached sandboxes running and hands them back from
-``list_leftovers``/``reattach``, as Docker does across a server restart.
+``planted`` (leftovers of a "dead server" for recovery, which ``reattach`` takes over as a
+fresh agent on the session's workspace), ``kill()`` (a sandbox dies under the manager).
 """
 
 from __future__ import annotations
@@ -82,8 +81,7 @@ class FakeSandbox(Sandbox):
 class FakeBackend(Backend):
     name = "fake"
 
-    def __init__(self, *, reattaches: bool = False, path: str = DEFAULT_PATH) -> None:
-        self.reattaches = reattaches
+    def __init__(self, *, path: str = DEFAULT_PATH) -> None:
         self._path = path
         #: The next this-many ``create`` calls raise ``SandboxFailed`` (a start that fails).
         self.fail_creates = 0
@@ -97,7 +95,6 @@ class FakeBackend(Backend):
         #: Leftovers a "dead server" left: ``list_leftovers`` reports them until removed.
         self.planted: list[Leftover] = []
         self.removed: list[Leftover] = []
-        self._detached: dict[str, FakeSandbox] = {}
         self._all: list[FakeSandbox] = []
 
     # -- the seam -------------------------------------------------------------------------
@@ -116,13 +113,6 @@ class FakeBackend(Backend):
         self.stopped.append(sandbox.spec.key)
         await _end(sandbox)
 
-    async def detach(self, sandbox: Sandbox) -> None:
-        if not self.reattaches:
-            await self.stop(sandbox)
-            return
-        assert isinstance(sandbox, FakeSandbox)
-        self._detached[sandbox.backend_id] = sandbox
-
     async def reattach(
         self,
         leftover: Leftover,
@@ -130,39 +120,21 @@ class FakeBackend(Backend):
         *,
         bound: Callable[[], Awaitable[None]] | None = None,
     ) -> Sandbox | None:
-        """A detached sandbox comes back as it was (same agent, same variables); a planted
-        one comes back as a fresh agent on the session's workspace (files kept)."""
+        """A planted leftover comes back as a fresh agent on the session's workspace
+        (files kept)."""
         if bound is not None:
             await bound()
-        detached = self._detached.pop(leftover.backend_id, None)
-        if detached is not None:
-            return detached if detached.is_alive() else None
         if any(p.backend_id == leftover.backend_id for p in self.planted):
             self.planted = [p for p in self.planted if p.backend_id != leftover.backend_id]
             return await self._start(spec)
         return None
 
     async def list_leftovers(self, *, live_too: bool = False) -> list[Leftover]:
-        kept = [
-            Leftover(
-                backend_id=s.backend_id,
-                key=s.spec.key,
-                owner=s.spec.owner,
-                session_id=s.spec.session_id,
-                running=s.is_alive(),
-                workspace=s.spec.workspace,
-                uid=s.spec.uid,
-            )
-            for s in self._detached.values()
-        ]
-        return [*kept, *self.planted]
+        return list(self.planted)
 
     async def remove_leftover(self, leftover: Leftover) -> None:
         self.removed.append(leftover)
         self.planted = [p for p in self.planted if p.backend_id != leftover.backend_id]
-        sandbox = self._detached.pop(leftover.backend_id, None)
-        if sandbox is not None:
-            await _end(sandbox)
 
     def describe(self) -> Description:
         """Nothing enforced; languages from the agent's ``ready`` (the server's probe)."""
@@ -185,12 +157,11 @@ class FakeBackend(Backend):
         await sandbox.proc.wait()
 
     def running(self) -> list[FakeSandbox]:
-        """Sandboxes whose agent still runs (stopped and detached ones included)."""
+        """Sandboxes whose agent still runs (stopped ones included)."""
         return [s for s in self._all if s.is_alive()]
 
     async def end_all(self) -> None:
-        """Test teardown: end every agent this backend started, detached ones too."""
-        self._detached.clear()
+        """Test teardown: end every agent this backend started."""
         for sandbox in self._all:
             await _end(sandbox)
 

@@ -18,7 +18,7 @@ import structlog
 
 from mcp_code_sandbox.backends.base import Backend, Enforcement, Sandbox
 from mcp_code_sandbox.backends.preparation import Preparation
-from mcp_code_sandbox.backends.runner_images import RunnerImages
+from mcp_code_sandbox.backends.runner_images import RunnerImage, RunnerImages
 from mcp_code_sandbox.errors import (
     BackendUnavailable,
     InvalidArgument,
@@ -35,6 +35,7 @@ from mcp_code_sandbox.run.languages import RUNTIMES, Languages, runner_summary
 from mcp_code_sandbox.run.probe import RuntimeProbe
 from mcp_code_sandbox.run.recent import RecentRuns, error_label
 from mcp_code_sandbox.run.request import RunRequest, check_request
+from mcp_code_sandbox.sessions.egress import Wish
 from mcp_code_sandbox.sessions.holder import Role
 from mcp_code_sandbox.sessions.manager import SessionManager
 from mcp_code_sandbox.sessions.overview import SessionSummary, SessionView, overview, summaries
@@ -187,20 +188,20 @@ class SandboxService:
         if preparing is not None:  # built further: what the sandboxes offer changed
             preparing.listeners.append(self.refresh_runners)
             # No warm sandbox before they can start (each start would fail, and say so).
-            self.sessions.pool.held_by = lambda: None if preparing.usable else preparing.step
+            self.sessions.hold_pool_while(lambda: None if preparing.usable else preparing.step)
             preparing.listeners.append(self._refill_pool)
 
     async def start(self) -> None:
         if self.settings.allow_network:
             # A bad allowlist or secrets file stops the server now, not a user's call.
-            await asyncio.to_thread(self.sessions.sandboxes.egress.check)
+            await asyncio.to_thread(self.sessions.check_egress)
         if self.preparing is not None:
             self.preparing.start()
         await self.sessions.start()
         await self.refresh_runners()
 
     async def _refill_pool(self) -> None:
-        self.sessions.pool.refill()
+        self.sessions.refill_pool()
 
     def languages(self) -> list[str]:
         """What ``run_code`` offers (see :class:`.run.languages.Languages`)."""
@@ -339,24 +340,9 @@ class SandboxService:
                 await self.preparing.wait(timeout, on_progress, whole=whole)
             waited = time.monotonic() - waiting
             on_progress = _counted(report_progress, waited, timeout)
-        if request.language not in self.languages():
-            await self.refresh_runners()  # an image built since the last look
-        self.offer.check(request.language)
+        runner = await self._checked_language(request.language)
         network = request.network_wish
-        if network is not None:
-            # A host outside the server's policy is refused before any session is held.
-            self.sessions.sandboxes.egress.policy(network)
-            why = (await asyncio.to_thread(self.backend.describe)).network_unavailable
-            if why is not None:
-                raise NetworkNotAllowed(
-                    f"network access is allowed by this server but not available: {why}"
-                )
-        runner = self.offer.runner(request.language)
-        if runner is not None and network is not None:
-            raise NetworkNotAllowed(
-                f"{request.language} runs in a runner image, which has no agent to bridge the "
-                "egress proxy into its sandbox: run it without network"
-            )
+        await self._check_network(network, request.language, runner)
         before = self.languages()
         # Pooled sandboxes are made for calls with no network, no runner and no env of
         # their own: a call asking for any of these starts its sandbox as before.
@@ -372,9 +358,15 @@ class SandboxService:
                 await self._check_sandbox(held.session.sandbox, request.language, before)
             started_wall = time.time()
             report = await execute.run(
-                held, handout, request, timeout, self._run_budget(), on_progress, started
+                held,
+                handout,
+                request,
+                timeout,
+                self._run_budget(),
+                on_progress,
+                started,
+                functools.partial(self.sessions.blocked_hosts, held.session),
             )
-            report.blocked_hosts = self.sessions.sandboxes.blocked_hosts(held.session)
             if not held.session.closed:
                 await self._record(held.session, request, report, started_wall)
             if held.session.closed:  # close_session landed during the run: it is gone
@@ -384,6 +376,36 @@ class SandboxService:
                 )
         await self._languages_changed(before)
         return report
+
+    async def _checked_language(self, language: str) -> RunnerImage | None:
+        """Refuse a language this server does not offer (``UnsupportedLanguage``), after
+        a look for runner images built since the last one; the runner image that offers
+        it, or ``None`` when the sandbox's agent runs it."""
+        if language not in self.languages():
+            await self.refresh_runners()  # an image built since the last look
+        self.offer.check(language)
+        return self.offer.runner(language)
+
+    async def _check_network(
+        self, network: Wish, language: str, runner: RunnerImage | None
+    ) -> None:
+        """Refuse a call's network wish (``NetworkNotAllowed``) before any session is
+        held: a host outside the server's policy, a backend that cannot give a sandbox
+        network here, or a language that runs in a runner image (no agent there bridges
+        the egress proxy). ``None``: no network, nothing to check."""
+        if network is None:
+            return
+        self.sessions.check_network(network)
+        why = (await asyncio.to_thread(self.backend.describe)).network_unavailable
+        if why is not None:
+            raise NetworkNotAllowed(
+                f"network access is allowed by this server but not available: {why}"
+            )
+        if runner is not None:
+            raise NetworkNotAllowed(
+                f"{language} runs in a runner image, which has no agent to bridge the "
+                "egress proxy into its sandbox: run it without network"
+            )
 
     async def _check_sandbox(
         self, sandbox: Sandbox | None, language: str, before: list[str]
@@ -435,7 +457,7 @@ class SandboxService:
 
     def _run_budget(self) -> execute.RunBudget:
         return execute.RunBudget(
-            self.settings, self.metrics, self.threads, self.sessions.quota.filesystem
+            self.settings, self.metrics, self.threads, self.sessions.quota_on_disk()
         )
 
     async def upload_file(
@@ -563,7 +585,7 @@ class SandboxService:
         """The warm pool as ``list_runtimes``, ``/readyz`` and ``/ui`` show it: ``size``
         (the target; 0: no pool), ``ready`` (started, waiting for a session),
         ``starting``, ``preload`` (modules imported ahead)."""
-        return self.sessions.pool.status().as_json()
+        return self.sessions.pool_status().as_json()
 
     def ended_sessions(self) -> Mapping[tuple[str, str], str]:
         """Why each remembered ``(owner, session_id)`` ended, in words (the manager's
@@ -610,7 +632,7 @@ class SandboxService:
                 "max_result_bytes": self.settings.max_result_bytes,
                 "enforcement": {
                     **self._enforcement,
-                    "workspace": "kernel" if self.sessions.quota.filesystem else "checked",
+                    "workspace": "kernel" if self.sessions.quota_on_disk() else "checked",
                 },
             },
         }

@@ -130,7 +130,7 @@ async def test_a_runner_image_is_a_language_that_shares_the_workspace(
         assert ran["status"] == "ok" and ran["exit_code"] == 0
         assert "perl saw: from python" in ran["stdout"]
         # As the session's own host uid, as its main container: they share the workspace.
-        [session] = service.sessions._sessions.values()
+        [session] = service.sessions.table
         assert f"uid={session.uid}\n" in ran["stdout"] and "to stderr" in ran["stderr"]
         assert ran["language"] == "perl" and ran["state_lost"] is False
         assert [(f["path"], f["change"]) for f in ran["files"]] == [("b.txt", "created")]

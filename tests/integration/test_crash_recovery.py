@@ -171,7 +171,7 @@ class _DeadServer:
 
     async def __aexit__(self, *exc: object) -> None:
         manager = self.service.sessions
-        for session in manager._sessions.values():
+        for session in manager.table:
             assert isinstance(session.sandbox, DockerSandbox)
             session.sandbox.close()  # what the kernel does to a killed server's sockets
             if session.uid_lease is not None:
@@ -181,8 +181,8 @@ class _DeadServer:
         pidfile = manager.settings.run_dir / f"{manager.instance}.pid"
         pidfile.write_text("999999999")
         await manager.backend.aclose()
-        if manager._reaper is not None:
-            manager._reaper.cancel()
+        if manager.reaper.task is not None:
+            manager.reaper.task.cancel()
 
 
 @pytest.fixture

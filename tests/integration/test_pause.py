@@ -24,6 +24,7 @@ from mcp_code_sandbox.run.request import RunRequest
 from mcp_code_sandbox.service import SandboxService
 from mcp_code_sandbox.sessions.agent_client import AgentClient
 from mcp_code_sandbox.sessions.holder import Role
+from mcp_code_sandbox.sessions.lifecycle import Phase
 from mcp_code_sandbox.sessions.session import Session
 from mcp_code_sandbox.settings import Settings
 
@@ -125,7 +126,7 @@ async def test_a_call_racing_a_pause_waits_for_it_and_succeeds(
         )
         sid = made.session_id
         deadline = time.monotonic() + WAIT_S
-        while not session_of(svc, "alice", sid).pausing:
+        while session_of(svc, "alice", sid).phase is not Phase.PAUSING:
             assert time.monotonic() < deadline, "no pause began"
             await asyncio.sleep(0.005)
         raced = await svc.run_code("alice", RunRequest("print(y * 2, int(big[-1]))"), sid)
@@ -229,7 +230,7 @@ async def test_a_server_that_dies_mid_pause_loses_no_files(
 
     monkeypatch.setattr(AgentClient, "save_state", stuck)
     deadline = time.monotonic() + WAIT_S
-    while not session_of(first, "alice", "s").pausing:
+    while session_of(first, "alice", "s").phase is not Phase.PAUSING:
         assert time.monotonic() < deadline, "no pause began"
         await asyncio.sleep(0.05)
     [record] = [json.loads(p.read_text()) for p in settings.sessions_dir.glob("*.json")]
@@ -258,11 +259,11 @@ async def die(svc: SandboxService) -> None:
     sandboxes go (bwrap's die with their server), its uid locks are let go, and its pid
     file names no process; its records and workspaces stay."""
     manager = svc.sessions
-    reaper = manager._reaper
+    reaper = manager.reaper.task
     assert reaper is not None
     reaper.cancel()
     await asyncio.wait({reaper})
-    for session in list(manager._sessions.values()):
+    for session in list(manager.table):
         if session.sandbox is not None:
             await svc.backend.stop(session.sandbox)
         if session.uid_lease is not None:

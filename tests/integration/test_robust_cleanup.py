@@ -116,16 +116,16 @@ async def test_one_failing_stop_neither_stops_the_reaper_nor_close_nor_shutdown(
     try:
         for owner, sid in [("mallory", "m-ttl"), ("victim", "v-ttl")]:
             await run(svc, owner, sid)
-        mallory_ttl = svc.sessions._sessions[("mallory", "m-ttl")]
+        mallory_ttl = svc.sessions.table.get("mallory", "m-ttl")
         manager = svc.sessions
         # Mallory's expires first and fails; the victim's must expire all the same (main:
         # the reaper task died on the failure, and no session expired again).
         await eventually(lambda: manager.count() == 0)
-        assert manager._reaper is not None and not manager._reaper.done()
+        assert manager.reaper.task is not None and not manager.reaper.task.done()
         assert not mallory_ttl.workspace.root.exists()  # files go even if the stop failed
-        assert mallory_ttl.slot in manager._unfinished  # and the stop is tried again
+        assert mallory_ttl.slot in manager.ending.unfinished  # and the stop is tried again
         stops.failing.discard("m-ttl")
-        await eventually(lambda: mallory_ttl.slot not in manager._unfinished)
+        await eventually(lambda: mallory_ttl.slot not in manager.ending.unfinished)
         assert mallory_ttl.sandbox is None and mallory_ttl.unstopped == []
         # Later sessions still expire: the reaper lives.
         await run(svc, "victim", "v-later")
@@ -134,7 +134,7 @@ async def test_one_failing_stop_neither_stops_the_reaper_nor_close_nor_shutdown(
         # close_session: the session is closed and its files removed; the error says
         # exactly what remains (main: internal_error, and the workspace stayed).
         await run(svc, "mallory", "m-close")
-        session = manager._sessions[("mallory", "m-close")]
+        session = manager.table.get("mallory", "m-close")
         with pytest.raises(SandboxFailed, match=r"is closed, but its sandbox .* could not be"):
             await svc.close_session("mallory", "m-close")
         assert not session.workspace.root.exists()
@@ -144,7 +144,7 @@ async def test_one_failing_stop_neither_stops_the_reaper_nor_close_nor_shutdown(
         # Shutdown: every other session is cleaned up although one fails.
         await run(svc, "mallory", "m-shut")
         await run(svc, "victim", "v-shut")
-        victim = manager._sessions[("victim", "v-shut")]
+        victim = manager.table.get("victim", "v-shut")
         victim_box = victim.sandbox
         assert isinstance(victim_box, BwrapSandbox)
         closed = True
@@ -156,7 +156,7 @@ async def test_one_failing_stop_neither_stops_the_reaper_nor_close_nor_shutdown(
             await svc.aclose()
         stops.failing.clear()
         # What the failing stops left: stop it for real now.
-        for session in list(svc.sessions._unfinished.values()):
+        for session in list(svc.sessions.ending.unfinished.values()):
             for thing in session.unstopped:
                 await stops.real_stop(thing)
 
@@ -182,9 +182,9 @@ async def test_the_reaper_is_started_again_if_it_dies(
     svc.sessions.reap = reap  # type: ignore[method-assign]
     await svc.start()
     try:
-        first = svc.sessions._reaper
+        first = svc.sessions.reaper.task
         await eventually(lambda: len(passes) >= 3, timeout_s=30)
-        reaper = svc.sessions._reaper
+        reaper = svc.sessions.reaper.task
         assert reaper is not None and reaper is not first and not reaper.done()
     finally:
         try:

@@ -119,7 +119,7 @@ print(os.getuid(), os.getgid(), *(status[k].strip() for k in ('CapEff', 'CapBnd'
 """,
     )
     uid, gid, eff, bnd, nnp = r.stdout.split()
-    [session] = service.sessions._sessions.values()
+    [session] = service.sessions.table
     if backend == "bwrap":
         assert (uid, gid) == ("1000", "1000")  # the session's host uid, mapped to 1000
     else:  # docker maps no ids: the container runs as the session's host uid itself

@@ -34,7 +34,7 @@ async def test_each_session_runs_and_owns_its_files_as_its_own_uid(
         await run(service, "open('made.txt', 'w').write('x')", "one")
         await run(service, "open('made.txt', 'w').write('y')", "two")
         await service.upload_file("local", "up.txt", b"z", session_id="two", overwrite=False)
-        one, two = (service.sessions._sessions[("local", sid)] for sid in ("one", "two"))
+        one, two = (service.sessions.table.get("local", sid) for sid in ("one", "two"))
         assert one.uid is not None and two.uid is not None and one.uid != two.uid
         settings = service.settings
         assert settings.uid_range_start <= one.uid < settings.uid_range_start + 65536

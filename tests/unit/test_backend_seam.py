@@ -1,8 +1,8 @@
 """The backend seam itself: what every backend shares, checked without a sandbox.
 
 The agent's ``ready`` handshake is read by one helper for every backend
-(:func:`~mcp_code_sandbox.backends.base.wait_ready`); runner images are a capability only
-the Docker backend has."""
+(:func:`~mcp_code_sandbox.backends.base.wait_ready`); ``Backend`` is lifecycle only, and
+runner images and checkpoints are capabilities only the Docker backend has."""
 
 from __future__ import annotations
 
@@ -13,9 +13,17 @@ from typing import Any
 import pytest
 
 from mcp_code_sandbox.agent.protocol import encode_frame
-from mcp_code_sandbox.backends.base import Channel, Limits, Sandbox, SandboxSpec, wait_ready
+from mcp_code_sandbox.backends.base import (
+    Backend,
+    Channel,
+    Limits,
+    Sandbox,
+    SandboxSpec,
+    wait_ready,
+)
 from mcp_code_sandbox.backends.bwrap.backend import BwrapBackend
-from mcp_code_sandbox.backends.docker.backend import DockerBackend
+from mcp_code_sandbox.backends.checkpoints import Checkpoints, checkpoints_of
+from mcp_code_sandbox.backends.docker.backend import DockerBackend, no_checkpoints
 from mcp_code_sandbox.backends.runner_images import RunnerImages, runner_images_of
 from mcp_code_sandbox.errors import SandboxFailed
 from mcp_code_sandbox.settings import load_settings
@@ -68,3 +76,35 @@ def test_only_docker_has_runner_images(tmp_path: Path) -> None:
         runner_images_of(bwrap)
     docker = DockerBackend(settings, {})
     assert runner_images_of(docker) is docker
+
+
+def test_the_backend_seam_is_lifecycle_only() -> None:
+    # What only some backends can do is a capability beside it (runner images,
+    # checkpoints), so that the seam every backend implements stays this small.
+    members = {name for name, value in vars(Backend).items() if callable(value)}
+    assert members == {
+        "create",
+        "stop",
+        "reattach",
+        "list_leftovers",
+        "remove_leftover",
+        "check_ready",
+        "describe",
+        "usage",
+        "aclose",
+    }
+
+
+async def test_only_docker_can_checkpoint_and_under_gvisor_only(tmp_path: Path) -> None:
+    settings = load_settings({"state_dir": str(tmp_path)}, environ={})
+    bwrap = BwrapBackend(settings)
+    assert checkpoints_of(bwrap) is None
+    assert not hasattr(bwrap, "checkpoint")  # nothing inherited that only raises
+    runc = DockerBackend(settings, {})
+    assert checkpoints_of(runc) is runc
+    assert "only gVisor" in (await runc.cannot_checkpoint() or "")
+    runsc = load_settings({"state_dir": str(tmp_path), "docker_runtime": "runsc"}, environ={})
+    gvisor = DockerBackend(runsc, {})
+    assert isinstance(gvisor, Checkpoints)
+    assert no_checkpoints(runsc, {"ExperimentalBuild": True}) is None
+    assert "experimental" in (no_checkpoints(runsc, {}) or "")

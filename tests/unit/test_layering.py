@@ -15,10 +15,11 @@ Layers, lowest first; a module imports only its own layer or lower (issue 11)::
     server/  doctor/  provision/             (provision/ is build time only)
     cli  cli_help  __main__
 
-On top of the order: only ``server/`` imports the MCP SDK, only ``settings`` reads the
-process environment, nothing imports a private (``_name``) of another module, and the
-import graph between modules has no cycle. Each rule is one test, and its failure lists
-every offending import as ``module:line -> target``.
+On top of the order: only ``server/`` imports the MCP SDK, no other module of
+``sessions/`` imports its manager, only ``settings`` reads the process environment,
+nothing imports a private (``_name``) of another module, and the import graph between
+modules has no cycle. Each rule is one test, and its failure lists every offending
+import as ``module:line -> target``.
 """
 
 from __future__ import annotations
@@ -211,6 +212,18 @@ def test_backends_import_no_session_run_service_server_doctor_or_provision() -> 
         if _area(imp.module) == "backends" and _ours(imp.target) and _area(imp.target) in banned
     ]
     _fail_if(offences, "backends/ imports what sits above the seam")
+
+
+def test_no_module_of_sessions_imports_the_manager() -> None:
+    """The manager wires its rooms (table, reaper, ending, pausing, ...) together; they
+    are below it and know it not, so each is testable without the whole manager."""
+    manager = f"{PACKAGE}.sessions.manager"
+    offences = [
+        str(imp)
+        for imp in _all_imports()
+        if _area(imp.module) == "sessions" and imp.module != manager and imp.target == manager
+    ]
+    _fail_if(offences, "sessions/ imports the session manager")
 
 
 def test_the_request_path_never_imports_build_time_code() -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from mcp_code_sandbox.errors import SessionBusy
+from mcp_code_sandbox.sessions.lifecycle import Phase
 from mcp_code_sandbox.sessions.mounts import MountedWorkspaces
 from mcp_code_sandbox.sessions.session import Session
 from mcp_code_sandbox.settings import load_settings
@@ -44,5 +45,5 @@ async def test_a_place_given_back_lets_a_waiting_call_in() -> None:
     assert not waiting.done()
     await held.give_back(first)
     await asyncio.wait_for(waiting, timeout=5)
-    second.closed = True  # an ended session holds no place
+    second.phase = Phase.ENDING  # an ended session holds no place
     assert held.held("mallory") == 1

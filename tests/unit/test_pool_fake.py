@@ -112,7 +112,7 @@ async def test_an_aged_pooled_sandbox_is_replaced_never_handed_out(
 async def test_a_session_from_the_pool_is_left_for_the_next_server_and_the_pool_is_not(
     state_dir: Path,
 ) -> None:
-    backend = FakeBackend(reattaches=True)
+    backend = FakeBackend()
     try:
         async with fake_service(
             state_dir, backend, pool_size=2, keep_sessions_on_shutdown=True

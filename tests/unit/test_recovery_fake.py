@@ -53,7 +53,7 @@ def plant(
 async def test_a_kept_session_is_paused_for_the_next_server_with_its_variables(
     state_dir: Path,
 ) -> None:
-    backend = FakeBackend(reattaches=True)
+    backend = FakeBackend()
     try:
         async with fake_service(state_dir, backend, keep_sessions_on_shutdown=True) as svc:
             await run(svc, "x = 41\nopen('f.txt', 'w').write('kept')", "conv")
@@ -70,7 +70,7 @@ async def test_a_kept_session_is_paused_for_the_next_server_with_its_variables(
 
 
 async def test_without_keep_a_clean_shutdown_leaves_nothing(state_dir: Path) -> None:
-    backend = FakeBackend(reattaches=True)
+    backend = FakeBackend()
     try:
         async with fake_service(state_dir, backend) as svc:
             await run(svc, "x = 1", "conv")
@@ -83,7 +83,7 @@ async def test_without_keep_a_clean_shutdown_leaves_nothing(state_dir: Path) -> 
 
 
 async def test_a_dead_servers_sessions_are_adopted_or_dropped(state_dir: Path) -> None:
-    backend = FakeBackend(reattaches=True)
+    backend = FakeBackend()
     settings = fake_settings(state_dir)
     kept = plant(settings, backend, "kept")
     lost = plant(settings, backend, "lost", sandbox=False)
@@ -122,14 +122,14 @@ async def test_a_dead_servers_sessions_are_adopted_or_dropped(state_dir: Path) -
 
 
 async def test_a_live_servers_sessions_are_left_alone(state_dir: Path) -> None:
-    backend = FakeBackend(reattaches=True)
+    backend = FakeBackend()
     try:
         async with fake_service(state_dir, backend) as first:
             await run(first, "x = 1", "busy")
             (session,) = first.sessions.with_id("busy")
             root = session.workspace.root
             # A second server on the same state dir (two stdio servers of one user).
-            second_backend = FakeBackend(reattaches=True)
+            second_backend = FakeBackend()
             async with fake_service(state_dir, second_backend) as second:
                 assert root.exists()
                 assert second.sessions.count() == 0
@@ -143,7 +143,7 @@ async def test_a_session_that_moved_into_a_warm_sandbox_keeps_the_new_slot(
 ) -> None:
     # A server died after a paused session's files were copied into a warm sandbox's
     # slot and that slot's record written (naming the old one), before the old slot went.
-    backend = FakeBackend(reattaches=True)
+    backend = FakeBackend()
     settings = fake_settings(state_dir)
     old = plant(settings, backend, "conv", sandbox=False)
     moved = plant(settings, backend, "conv", sandbox=False)

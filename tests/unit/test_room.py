@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from mcp_code_sandbox.errors import MaxSessions
+from mcp_code_sandbox.sessions.lifecycle import Phase
 from mcp_code_sandbox.sessions.room import Room, over_disk_budget
 from mcp_code_sandbox.sessions.session import Paused, Session
 from mcp_code_sandbox.settings import load_settings
@@ -22,7 +23,7 @@ def session(sid: str, owner: str, idle_since: float) -> Session:
 def room_of(sessions: list[Session], paused: list[str], **values: object) -> Room:
     async def pause(victim: Session) -> None:
         paused.append(victim.id)
-        victim.paused = Paused("files", 0.0)
+        victim.paused, victim.phase = Paused("files", 0.0), Phase.PAUSED
 
     settings = load_settings({"max_sessions": 2, **values}, environ={})
     return Room(settings, lambda: sessions, pause)
@@ -70,7 +71,7 @@ async def test_another_owners_slow_pause_is_never_waited_for() -> None:
     async def slow_pause(victim: Session) -> None:
         pausing.set()
         await finish.wait()  # a big checkpoint, or hostile code making its save slow
-        victim.paused = Paused("files", 0.0)
+        victim.paused, victim.phase = Paused("files", 0.0), Phase.PAUSED
 
     settings = load_settings({"max_sessions": 2, "max_sessions_per_owner": 1}, environ={})
     room = Room(settings, lambda: sessions, slow_pause)
@@ -97,7 +98,7 @@ async def test_two_calls_never_pause_one_session_for_two_slots() -> None:
     async def pause(victim: Session) -> None:
         started.append(victim.id)
         await finish.wait()
-        victim.paused = Paused("files", 0.0)
+        victim.paused, victim.phase = Paused("files", 0.0), Phase.PAUSED
 
     settings = load_settings({"max_sessions": 2}, environ={})
     room = Room(settings, lambda: [a, b], pause)
@@ -113,7 +114,7 @@ async def test_two_calls_never_pause_one_session_for_two_slots() -> None:
 
 def paused(sid: str, owner: str, idle_since: float, size: int) -> Session:
     s = session(sid, owner, idle_since)
-    s.paused = Paused("variables", 0.0, bytes=size)
+    s.paused, s.phase = Paused("variables", 0.0, bytes=size), Phase.PAUSED
     return s
 
 

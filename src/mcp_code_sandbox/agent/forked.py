@@ -39,6 +39,7 @@ from collections.abc import Mapping
 
 from .children import Child
 from .config import AgentConfig
+from .hostlink import bare_fd
 from .kernelproc import KernelProcess, kernel_argv
 
 __all__ = ["ForkedProcess", "can_fork", "fork_kernel"]
@@ -102,8 +103,8 @@ def fork_kernel(
         theirs.close()
         raise
     if pid == 0:  # the child: never returns
-        ours.detach()  # closed below with every fd; its object must not close a reused one
-        _become_kernel(theirs.detach(), stdout_w, stderr_w, workdir, config, plain, env)
+        ours.close()  # the parent's end; now, so that its object cannot close a reused fd
+        _become_kernel(bare_fd(theirs), stdout_w, stderr_w, workdir, config, plain, env)
     theirs.close()
     os.close(stdout_w)
     os.close(stderr_w)

@@ -24,10 +24,18 @@ the next attempt is due. Standard library only, like the rest of the agent.
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 
-__all__ = ["BACKOFF_MAX_S", "PARK_RETRY_S", "RECONNECT_GIVE_UP_S", "HostLink", "connect"]
+__all__ = [
+    "BACKOFF_MAX_S",
+    "PARK_RETRY_S",
+    "RECONNECT_GIVE_UP_S",
+    "HostLink",
+    "bare_fd",
+    "connect",
+]
 
 #: Longest pause between two reconnect attempts. A restarted server waits a few times
 #: this for the agent (see ``backends.docker.REATTACH_WAIT_S``).
@@ -55,6 +63,16 @@ def connect(path: str, wait_s: float) -> int:
             time.sleep(_BACKOFF_MIN_S)
 
 
+def bare_fd(sock: socket.socket) -> int:
+    """``sock``'s connection as a plain fd of the caller's own (not inheritable, as the
+    socket's was; its blocking mode is the connection's, so it stays), ``sock`` closed.
+    For code that selects and reads on fds, and for ``signal.set_wakeup_fd``."""
+    try:
+        return os.dup(sock.fileno())
+    finally:
+        sock.close()
+
+
 def _connect_once(path: str) -> int:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -62,9 +80,10 @@ def _connect_once(path: str) -> int:
         sock.settimeout(2.0)
         sock.connect(path)
         sock.setblocking(True)
-        return sock.detach()
-    finally:
-        sock.close()  # a no-op after detach()
+    except BaseException:
+        sock.close()
+        raise
+    return bare_fd(sock)
 
 
 class HostLink:

@@ -42,7 +42,7 @@ from .budget import STATE_RESULT_BYTES, Budget, DisplayGate, cut_error, cut_text
 from .children import Child, OutputPipe, kill_strays, reap_orphans, spawn
 from .coalesce import Pending
 from .config import AgentConfig, apply_limits
-from .hostlink import HostLink
+from .hostlink import HostLink, bare_fd
 from .kernelproc import KernelProcess, await_ready, start_kernel
 from .languages import VALUED, available, command, value
 from .protocol import (
@@ -641,5 +641,5 @@ def _sigchld_wakeup() -> int:
     read_end.setblocking(False)
     write_end.setblocking(False)
     signal.signal(signal.SIGCHLD, _on_sigchld)
-    signal.set_wakeup_fd(write_end.detach(), warn_on_full_buffer=False)
-    return read_end.detach()
+    signal.set_wakeup_fd(bare_fd(write_end), warn_on_full_buffer=False)
+    return bare_fd(read_end)

@@ -9,10 +9,11 @@ Each backend maps its own foreign errors (``OSError``, docker-py's exceptions) t
 :class:`~mcp_code_sandbox.errors.SandboxFailed`, and lets nothing else out. What a sandbox
 looks like inside (paths, ids, environment, the agent's argv) is :mod:`..layout`'s.
 
-:class:`Backend` is lifecycle only (create, stop, detach, reattach, leftovers, readiness,
-close) plus :meth:`Backend.describe`, the one answer for reporting. More languages from
-runner images are an optional capability, :class:`.runner_images.RunnerImages`, that a
-backend implements or not.
+:class:`Backend` is lifecycle only (create, stop, reattach, leftovers, readiness, usage,
+close) plus :meth:`Backend.describe`, the one answer for reporting. What only some
+backends can do is an optional capability that a backend implements or not: more
+languages from runner images (:class:`.runner_images.RunnerImages`) and pausing with a
+sandbox's whole memory (:class:`.checkpoints.Checkpoints`).
 
 Host uids: a backend that can run each sandbox as a host uid of its own says so with
 ``per_sandbox_uids``; the session manager then leases one per session
@@ -43,7 +44,6 @@ from mcp_code_sandbox.errors import SandboxFailed
 __all__ = [
     "Backend",
     "Channel",
-    "Checkpoint",
     "Description",
     "Egress",
     "Enforcement",
@@ -221,18 +221,6 @@ class Sandbox(abc.ABC):
 
 
 @dataclass(frozen=True)
-class Checkpoint:
-    """A paused sandbox's memory on disk (:meth:`Backend.checkpoint`): what
-    :meth:`Backend.restore` needs, and what it costs. Kept in the session's record, so
-    a later server resumes it too."""
-
-    #: The backend's name for the stopped sandbox holding the image (a container id).
-    backend_id: str
-    #: Bytes the image takes on disk; ``None`` when the backend cannot read it.
-    bytes: int | None = None
-
-
-@dataclass(frozen=True)
 class Description:
     """What a backend reports of itself: for ``list_runtimes`` (the service) and
     ``doctor``. Cheap to make: no sandbox is started (see :meth:`Backend.describe`).
@@ -257,9 +245,6 @@ class Backend(abc.ABC):
     :meth:`describe` and :meth:`check_ready` by the service (and ``doctor``)."""
 
     name: str
-    #: Whether :meth:`reattach` can take over a previous server's running sandboxes.
-    #: Read by the session manager at shutdown (keep sandboxes, or stop them).
-    reattaches: bool = False
     #: Whether each sandbox can run as a host uid of its own (``SandboxSpec.uid``, which
     #: the session manager then always sets). Semantics: true means the backend uses that
     #: uid for the sandbox's processes and everything it hands them (sockets, files).
@@ -306,13 +291,6 @@ class Backend(abc.ABC):
         steps after it still free what they can.
         """
 
-    async def detach(self, sandbox: Sandbox) -> None:
-        """Let go of ``sandbox`` at a clean shutdown, leaving it running for a later
-        server's :meth:`reattach`. Called by the session manager at shutdown with
-        ``keep_sessions_on_shutdown``. Backends that cannot re-attach stop it instead:
-        that is the default."""
-        await self.stop(sandbox)
-
     async def reattach(
         self,
         leftover: Leftover,
@@ -335,47 +313,6 @@ class Backend(abc.ABC):
         ``--die-with-parent``) leave nothing to re-attach to.
         """
         return None
-
-    async def checkpoints(self) -> str | None:
-        """Why this backend cannot keep a paused sandbox's memory here (``None``: it
-        can, with :meth:`checkpoint`). Called by the session manager at start and by
-        ``doctor``; asks the engine at most once (the answer is kept). The default
-        cannot: the session manager then saves the interpreter's variables instead."""
-        return "this backend cannot checkpoint a sandbox's memory"
-
-    def refuses_checkpoint(self, sandbox: Sandbox) -> str | None:
-        """Why ``sandbox`` cannot be checkpointed though this backend can checkpoint
-        (``None``: it can). Called by the session manager before it pauses a session
-        (then it saves the variables instead), so that nothing is parked in vain."""
-        return None
-
-    async def checkpoint(self, sandbox: Sandbox) -> Checkpoint:
-        """Stop ``sandbox`` with its whole memory saved to disk, freeing its RAM; what
-        :meth:`restore` brings back. Called by the session manager to pause an idle
-        session, after its agent let go of the channel (``park``). Raises
-        ``SandboxFailed`` when it could not (the sandbox may still run then: the caller
-        stops it)."""
-        raise SandboxFailed(await self.checkpoints() or "no checkpoint here")
-
-    async def unpark(self, sandbox: Sandbox) -> Sandbox:
-        """Take back a sandbox whose agent let go of its channel (``park``) when its
-        checkpoint then failed: the same sandbox on a new channel, once its agent said
-        ``ready`` (with ``reattached``). Called by the session manager, which then saves
-        the variables instead. Raises ``SandboxFailed`` when it cannot (the caller then
-        stops the sandbox and keeps the files)."""
-        raise SandboxFailed(await self.checkpoints() or "no checkpoint here")
-
-    async def restore(self, checkpoint: Checkpoint, spec: SandboxSpec) -> Sandbox:
-        """Start the sandbox ``checkpoint`` saved, as it was, once its agent said
-        ``ready`` (with ``reattached``). Called by the session manager on the first call
-        to a paused session. Raises ``SandboxFailed`` when it cannot (the caller then
-        discards the checkpoint and starts a fresh sandbox)."""
-        raise SandboxFailed(await self.checkpoints() or "no checkpoint here")
-
-    async def discard(self, checkpoint: Checkpoint) -> None:  # noqa: B027 - nothing by default
-        """Remove a checkpoint and what holds it, for good; a no-op when gone. Called by
-        the session manager when a paused session expires or its restore failed. Never
-        raises (logs what it could not free)."""
 
     @abc.abstractmethod
     async def list_leftovers(self, *, live_too: bool = False) -> list[Leftover]:
@@ -414,7 +351,7 @@ class Backend(abc.ABC):
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release backend-wide resources. Called by the session manager at server
-        shutdown, after every sandbox stopped or was detached."""
+        shutdown, after every session was ended or paused."""
 
 
 async def wait_ready(

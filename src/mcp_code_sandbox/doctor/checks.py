@@ -129,7 +129,7 @@ _VARIABLES = (
 
 def pause_check(no_memory: str | None) -> Check:
     """Which pause kind this backend offers here: ``no_memory`` is why it cannot keep a
-    sandbox's whole memory (``Backend.checkpoints``), ``None`` when it can."""
+    sandbox's whole memory (``Checkpoints.cannot_checkpoint``), ``None`` when it can."""
     if no_memory is None:
         return Check(
             "pause",

@@ -103,7 +103,7 @@ class RunReport(Outcome):
     image_files: list[ImageFile] = field(default_factory=list)
     #: The workspace scan stopped at its limit: more files may have changed than listed.
     files_partial: bool = False
-    #: Hosts the sandbox's egress proxy refused during the run (set by the service).
+    #: Hosts the sandbox's egress proxy refused during the run.
     blocked_hosts: list[str] = field(default_factory=list)
     #: How a paused session came back for this run (``memory``, ``variables``), if it was.
     resumed: str | None = None
@@ -128,12 +128,15 @@ async def run(
     given: RunBudget,
     on_progress: ProgressSink | None = None,
     started: float | None = None,
+    blocked_hosts: Callable[[], list[str]] = list,
 ) -> RunReport:
     """Run ``request`` in ``held``'s session (whose lock the caller holds) on
     ``handout.executor``, and report it. ``started``: when the call began (monotonic;
-    the sandbox's start counts in the run's duration); default now. Called by the
-    service. A sandbox that died under the run is the executor's to report (an outcome
-    with ``state_lost``); a runner that failed twice raises ``SandboxFailed``."""
+    the sandbox's start counts in the run's duration); default now. ``blocked_hosts``:
+    the hosts the session's egress proxy refused since it was last asked, asked once
+    the run ended (the session manager's; default: none). Called by the service. A
+    sandbox that died under the run is the executor's to report (an outcome with
+    ``state_lost``); a runner that failed twice raises ``SandboxFailed``."""
     started = time.monotonic() if started is None else started
     session, settings, threads = held.session, given.settings, given.threads
     # A notice here means the previous sandbox had died: its variables are gone.
@@ -197,6 +200,7 @@ async def run(
         files_partial=before.truncated or after.truncated,
         state_lost=outcome.state_lost or replaced,
         resumed=handout.resumed,
+        blocked_hosts=blocked_hosts(),
     )
     _audit(session, request, report, capture)
     given.metrics.run_finished(report.language, report.status, report.duration_ms / 1000)

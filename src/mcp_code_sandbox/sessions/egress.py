@@ -11,7 +11,7 @@ secrets, the bundle of the CA it intercepts TLS with. The agent bridges the sock
 Owned by :class:`.sandboxes.Sandboxes`: it calls :meth:`EgressProxies.open` while it
 builds a spec with network and :meth:`EgressProxies.close` on every stop of that sandbox
 (free, replace, session end), whatever the stop did; the manager calls :meth:`aclose` at
-shutdown for those left running (a detached sandbox loses its way out with its server).
+shutdown, after every session ended or paused, for any a stop cut short left open.
 
 Semantics of a call's wish (``Wish``): ``None`` no network; ``()`` the server's whole
 policy (``network=true``); a tuple of hosts, a subset of that policy. A call with network
@@ -226,7 +226,7 @@ class EgressProxies:
         return sorted(blocked)[:MAX_BLOCKED]
 
     async def aclose(self) -> None:
-        """Close every proxy still open (sandboxes detached at shutdown)."""
+        """Close every proxy still open (at shutdown: any a stop cut short left open)."""
         for host_dir in list(self._open):
             await self.close(Egress(host_dir))
 

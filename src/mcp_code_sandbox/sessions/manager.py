@@ -1,8 +1,10 @@
-"""The session manager: ids, owners, lifetimes, one-call-at-a-time, and cleanup.
+"""The session manager: ids, owners, one-call-at-a-time, pausing, and its rooms' wiring.
 
-A session's value types are in :mod:`.session`; its sandboxes and runners are started,
-replaced and stopped by :mod:`.sandboxes` (the manager owns one and hands out its
-executors); crash recovery is planned by :mod:`.recovery` and applied here.
+A session's value types are in :mod:`.session` and its phases in :mod:`.lifecycle`; the
+live sessions, their tombstones and records in :mod:`.table`; its sandboxes and runners
+are started, replaced and stopped by :mod:`.sandboxes` (the manager owns one and hands
+out its executors); the reaper decides in :mod:`.reaper`, and a session ends step by
+step in :mod:`.ending`; crash recovery is planned by :mod:`.recovery` and applied here.
 
 Semantics:
 - A session is filed under ``(owner, session_id)``: another owner's session of the same
@@ -14,8 +16,8 @@ Semantics:
   its sandbox only when code first runs (uploads need no sandbox).
 - Calls to one session run one at a time in arrival order (``asyncio.Lock`` is FIFO); a
   call that waits longer than its own timeout fails with ``session_busy``.
-- ``last_active`` moves at the start and end of every call; the reaper closes sessions
-  idle past the TTL or older than the max lifetime, never in the middle of a call.
+- ``last_active`` moves at the start and end of every call; the reaper (:mod:`.reaper`)
+  ends sessions idle past the TTL or older than the max lifetime, never mid-call.
 - Limits on running sessions: ``max_sessions`` in all, ``sessions_per_owner`` each; a
   call that needs one more pauses the longest-idle running session (:mod:`.room`).
   Paused ones are bounded by ``max_paused_sessions`` and ``paused_disk_bytes`` (by what
@@ -28,96 +30,59 @@ Semantics:
   become the session's; owner and id are bound then); else it starts one as before.
   Pooled sandboxes count toward no limit, and shutdown stops them too. A paused session
   resumed by such a call moves into a warm sandbox where it fits (:mod:`.moving`).
-- A closed or expired id is remembered (bounded) so that reusing it says what was lost.
-- Every session has a record on disk (:mod:`mcp_code_sandbox.sessions.records`) and a workspace
-  at ``workspaces_dir/<slot>``, so a server killed with SIGKILL can be followed by one
-  that finds them. The record's ``last_active`` is rewritten at the start and end of a
-  call but at most every ``RECORD_EVERY_S`` per session: one small file write per call
-  would be cheap too, but a restart only needs the idle time to within seconds of a
-  30-minute TTL, and a burst of calls then costs no disk writes at all.
+- Every session has a record on disk (:mod:`.records`, written by :mod:`.table`) and a
+  workspace at ``workspaces_dir/<slot>``, for the server that follows a SIGKILL.
 - Who holds a session, and who may take over what a dead server left, is the rule of
-  :mod:`.holder` (the manager's ``role``). At start, under a lock that two servers
-  starting at once share, the state directory's service re-attaches what a dead service
-  left where the backend can (docker: the container and its interpreter outlive the
-  server; same id, owner, files and variables) and removes the rest (bwrap: its
-  sandboxes died with their server, so only their workspaces and records remain); any
-  server removes what dead private servers left.
-- Shutdown (``aclose``) is not a crash: it stops every sandbox and deletes every
-  workspace and record, or (a service keeping its sessions) pauses them for its
-  successor. A private server's janitor (:mod:`.janitor`) removes what a crash left.
+  :mod:`.holder` (the manager's ``role``); at start, :mod:`.recovery` re-attaches or
+  removes what dead servers left. Shutdown (``aclose``) is not a crash: it ends every
+  session, or (a service keeping its sessions) pauses them for its successor. A private
+  server's janitor (:mod:`.janitor`) removes what a crash left.
 - Where the backend can run each sandbox as a host uid of its own, every session leases
   one (:mod:`.uids`) when it is registered, before its record and workspace exist (the
   workspace is given to it), keeps it for its whole life (every sandbox and runner of the
   session runs as it), records it, and lets it go after its record is removed. A
   re-attached session gets the uid its record names back, or is not re-attached.
-- Ending a session (close, expiry, shutdown) first marks it closed (queued calls then
-  fail with ``session_not_found``, and no call starts a sandbox for it any more), stops
-  its sandbox (which ends a running cell), waits, bounded, for the call in flight and for
-  any sandbox start in flight, stops whatever those left, and only then removes the
-  workspace: a close that returns ``ok`` leaves no sandbox running. A start is never
-  cancelled half-way (docker-py's calls run on in their threads, and what they create
-  would be lost): it runs to its end, and a sandbox made for a closed session, or for a
-  call that was cancelled meanwhile, is stopped at once.
-- One session's failure never stops the others' cleanup: a backend step that fails is
-  logged, the rest is still freed, and what remains is retried at every reaper pass.
-  The reaper catches everything but its cancellation, and is started again if it dies.
+- Ending a session (close, expiry, shutdown) is :mod:`.ending`'s: a close that returns
+  ``ok`` leaves no sandbox running, and what an end could not free is retried at every
+  reaper pass and at shutdown.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
-import dataclasses
 import os
 import time
-from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable
-from typing import Any
+from collections.abc import AsyncIterator, Callable
 
 import structlog
 
 from mcp_code_sandbox import tracing
-from mcp_code_sandbox.backends.base import Backend, Limits, Sandbox, SandboxSpec
-from mcp_code_sandbox.backends.runner_images import RunnerImage, RunnerSandbox
-from mcp_code_sandbox.errors import (
-    SandboxError,
-    SandboxFailed,
-    SessionBusy,
-    SessionNotFound,
-)
+from mcp_code_sandbox.backends.base import Backend, Limits, SandboxSpec
+from mcp_code_sandbox.backends.runner_images import RunnerImage
+from mcp_code_sandbox.errors import SandboxFailed, SessionBusy, SessionNotFound
 from mcp_code_sandbox.host import process_mark
-from mcp_code_sandbox.metrics import EndReason, Metrics
-from mcp_code_sandbox.sessions import quota, records, runlog
-from mcp_code_sandbox.sessions.agent_client import AgentClient
+from mcp_code_sandbox.metrics import Metrics
+from mcp_code_sandbox.sessions import quota, records
 from mcp_code_sandbox.sessions.egress import Wish
+from mcp_code_sandbox.sessions.ending import Ending
 from mcp_code_sandbox.sessions.holder import Role, ServiceLock, service_pid
 from mcp_code_sandbox.sessions.ids import mint_session_id, session_key, validate_session_id
 from mcp_code_sandbox.sessions.janitor import Janitor
+from mcp_code_sandbox.sessions.lifecycle import Phase, transition
 from mcp_code_sandbox.sessions.mounts import MountedWorkspaces
-from mcp_code_sandbox.sessions.moving import fits_pool, forget_moved, move_into
+from mcp_code_sandbox.sessions.moving import fits_pool, move_into
 from mcp_code_sandbox.sessions.overview import files_held
-from mcp_code_sandbox.sessions.pool import Pooled, WarmPool
+from mcp_code_sandbox.sessions.pausing import Pausing
+from mcp_code_sandbox.sessions.pool import Pooled, PoolStatus, WarmPool
 from mcp_code_sandbox.sessions.quota import QuotaMode
-from mcp_code_sandbox.sessions.recovery import (
-    Adopted,
-    Kept,
-    Recovered,
-    alive,
-    dead_instances,
-    recover,
-    take_over,
-)
-from mcp_code_sandbox.sessions.replicas import Control, Lease, ask_to_let_go
-from mcp_code_sandbox.sessions.room import Room, over_disk_budget
+from mcp_code_sandbox.sessions.reaper import Reaper
+from mcp_code_sandbox.sessions.recovery import adopted_session, kept_session, recover
+from mcp_code_sandbox.sessions.replicas import Replicas
+from mcp_code_sandbox.sessions.room import Room
 from mcp_code_sandbox.sessions.sandboxes import Sandboxes
-from mcp_code_sandbox.sessions.session import (
-    END_WAIT_S,
-    Acquired,
-    Handout,
-    Paused,
-    Session,
-)
+from mcp_code_sandbox.sessions.session import END_WAIT_S, Acquired, Handout, Paused, Session
+from mcp_code_sandbox.sessions.table import SessionTable
 from mcp_code_sandbox.sessions.uids import UidLease, uid_pool
 from mcp_code_sandbox.sessions.workers import WorkerThreads
 from mcp_code_sandbox.settings import Settings
@@ -128,12 +93,6 @@ from mcp_code_sandbox.workspace.volume import IMAGE_SUFFIX, Volume, image_bytes
 __all__ = ["SessionManager"]
 
 log = structlog.get_logger("mcp_code_sandbox.sessions.manager")
-
-_TOMBSTONES = 10_000
-#: Longest a session's on-disk ``last_active`` lags behind the truth (see above).
-RECORD_EVERY_S = 10.0
-#: Idle sessions the reaper pauses at once.
-_PAUSES_AT_ONCE = 4
 
 
 class SessionManager:
@@ -151,16 +110,15 @@ class SessionManager:
         :mod:`.holder`); ``None``: the state directory's service when it keeps its
         sessions at shutdown, else a private server. ``janitor``: a private server
         whose process a client may kill (stdio, ``exec``) starts a janitor process that
-        removes what it leaves if it dies without ending its sessions (:mod:`.janitor`)."""
+        removes what it leaves if it dies without ending its sessions (:mod:`.janitor`).
+        ``replica``: a service that shares its state directory's sessions with other
+        replicas (:mod:`.replicas`)."""
         self.settings = settings
         if role is None:
             role = Role.SERVICE if settings.keep_sessions_on_shutdown else Role.PRIVATE
         self.role = role
         self._janitor: Janitor | None = None
         self._wants_janitor = janitor and role is Role.PRIVATE
-        #: One of several services sharing this state directory's sessions (:mod:`.replicas`).
-        self.replica = replica and role is Role.SERVICE
-        self._control: Control | None = None
         #: Held for this server's life when it is the state directory's service.
         self._service_lock: ServiceLock | None = None
         self.backend = backend
@@ -169,13 +127,14 @@ class SessionManager:
         self.metrics.track_states(self._count_state, self.paused_bytes)
         #: Where blocking work on sessions' files runs (never on the event loop).
         self.threads = WorkerThreads()
-        self._sessions: dict[tuple[str, str], Session] = {}
-        self._tombstones: OrderedDict[tuple[str, str], str] = OrderedDict()
         self._instance = f"{os.getpid()}-{os.urandom(4).hex()}"
-        self._reaper: asyncio.Task[None] | None = None
-        #: Ended sessions that still hold something (a sandbox a stop failed to free,
-        #: files not removed): the reaper tries again at every pass.
-        self._unfinished: dict[str, Session] = {}
+        #: The live sessions, their tombstones and records.
+        self.table = SessionTable(
+            settings,
+            instance=self._instance,
+            handover=role is Role.SERVICE,
+            workspace_for=self._workspace,
+        )
         self._closed = False
         #: How the workspace quota binds sandboxes here; decided in :meth:`start`.
         self.quota = QuotaMode(False, "not started")
@@ -187,10 +146,25 @@ class SessionManager:
         self.sandboxes = Sandboxes(
             settings, backend, self.metrics, outlive_server=role is Role.SERVICE
         )
-        #: The running-session limits, kept by pausing the longest idle.
-        self.room = Room(settings, self._sessions.values, self._pause)
         #: Places for the mounts of sessions without a sandbox (file calls on them).
         self.mounts = MountedWorkspaces(settings)
+        #: Pauses sessions (for the reaper, the room and shutdown).
+        self.pausing = Pausing(self.sandboxes, self.threads, self.table, self.mounts)
+        #: The running-session limits, kept by pausing the longest idle.
+        self.room = Room(settings, self.table.__iter__, self.pausing.pause)
+        #: Ends sessions, and retries what an end left.
+        self.ending = Ending(
+            settings, self.threads, self.table, self.mounts, self.metrics, self.sandboxes
+        )
+        #: Expires and pauses idle sessions (started by :meth:`start`).
+        self.reaper = Reaper(
+            settings,
+            self.table.__iter__,
+            end=self.ending.end_logged,
+            pause=self.pausing.pause,
+            unmount=self.pausing.unmount,
+            retry=self.ending.retry,
+        )
         #: Warm sandboxes for new sessions (started by :meth:`start`).
         self.pool = WarmPool(
             settings,
@@ -203,6 +177,23 @@ class SessionManager:
             workspace_for=self._workspace,
             lease_uid=self._lease_uid,
         )
+        #: This server's part in the registry its replicas share, when it is one.
+        self.replicas = (
+            Replicas(
+                settings,
+                backend,
+                self.table,
+                self.sandboxes,
+                uids=self.uids,
+                spec_for=self._spec_for,
+                pausing=self.pausing,
+                mounts=self.mounts,
+                recover=self._recover,
+                metrics=self.metrics,
+            )
+            if replica and role is Role.SERVICE
+            else None
+        )
 
     # -- lifecycle of the manager -------------------------------------------------------
 
@@ -210,7 +201,7 @@ class SessionManager:
         """Raises ``ConfigError`` for a second service on one state directory."""
         run_dir = self.settings.run_dir
         if self.role is Role.SERVICE:
-            self._service_lock = ServiceLock.claim(run_dir, replica=self.replica)
+            self._service_lock = ServiceLock.claim(run_dir, replica=self.replicas is not None)
         else:
             pid = await asyncio.to_thread(service_pid, run_dir)
             if pid is not None:
@@ -238,14 +229,11 @@ class SessionManager:
         log.info("workspace quota", enforced=self.quota.describe())
         if self.uids is not None:
             await asyncio.to_thread(self.uids.open)
-        recovered = await self._recover()
+        await self._recover()
         await self.sandboxes.start()
-        self._register_recovered(recovered)
-        if self.replica:
-            self.metrics.replica(self._instance)
-            self._control = Control(run_dir, self._instance, self._give_up)
-            await self._control.start()
-        self._start_reaper()
+        if self.replicas is not None:
+            await self.replicas.start()
+        self.reaper.start(lambda: self.reap())  # looked up at each pass (tests wrap it)
         if self.quota.filesystem:  # after recovery, which sweeps a dead server's spares
             self.spares = SpareImages(
                 self.settings.volumes_dir / SPARES_DIR / self._instance,
@@ -263,51 +251,52 @@ class SessionManager:
         if self._closed:
             return
         self._closed = True
-        if self._reaper is not None:
-            self._reaper.cancel()
-            await asyncio.wait({self._reaper})  # whatever it ended with, shutdown goes on
-        sessions = list(self._sessions.values())
-        self._sessions.clear()
+        await self.reaper.stop()
+        sessions = self.table.clear()
         keep = self.role is Role.SERVICE and self.settings.keep_sessions_on_shutdown
-        end = self._hand_on if self.replica else self._leave if keep else self._destroy
+        end = self.pausing.leave if keep else self.ending.destroy
+        if self.replicas is not None:  # the others go on serving them, unpaused
+            end, keep = self.replicas.hand_on, True
         log.info(
-            "shutting down: leaving every session running for the other replicas"
-            if self.replica
-            else "shutting down: pausing every session for the next server"
+            "shutting down: pausing every session for the next server"
+            if keep and self.replicas is None
+            else "shutting down: leaving every session running for the other replicas"
             if keep
             else "shutting down: ending every session",
             sessions=len(sessions),
         )
-        unfinished = list(self._unfinished.values())
+        unfinished = list(self.ending.unfinished.values())
         # Each session on its own: one that fails is logged and the others still end.
         for outcome in await asyncio.gather(
             *(end(s) for s in sessions),
-            *(self._destroy(s) for s in unfinished),
+            *(self.ending.destroy(s) for s in unfinished),
             self.pool.aclose(),
             return_exceptions=True,
         ):
             if isinstance(outcome, BaseException):
                 log.error("session not cleaned up at shutdown", error=repr(outcome))
-        if self._control is not None:
-            await self._control.aclose()
-        await self.sandboxes.egress.aclose()  # the proxies of detached sandboxes
+        if self.replicas is not None:
+            await self.replicas.aclose()
+        await self.sandboxes.egress.aclose()  # any proxy a stop cut short left open
         if self.spares is not None:
             await asyncio.to_thread(self.spares.close)
         try:
             await self.backend.aclose()
         except Exception:
             log.exception("the backend did not close cleanly")
-        if not self.replica:  # a replica's stays: it tells the others to take over
+        if self.replicas is None:  # a replica's says it died: the others take over
             (self.settings.run_dir / f"{self._instance}.pid").unlink(missing_ok=True)
         if self._service_lock is not None:
             self._service_lock.release()
-        if self._janitor is not None and not self._unfinished:
+        if self._janitor is not None and not self.ending.unfinished:
             # Everything of ours is gone: nothing for it to do. Otherwise it is left to
             # clean up what could not be freed once this process has exited.
             await asyncio.to_thread(self._janitor.dismiss)
 
-    async def _recover(self) -> Recovered:
-        return await recover(
+    async def _recover(self) -> None:
+        """Take over (re-attach or keep paused) or remove what dead servers left, and
+        add what is taken over (at start; a replica also when another one died)."""
+        recovered = await recover(
             self.settings,
             self.backend,
             instance=self._instance,
@@ -315,77 +304,19 @@ class SessionManager:
             uids=self.uids,
             takes_over=self.role is Role.SERVICE,
         )
-
-    def _register_recovered(self, recovered: Recovered) -> None:
-        for adopted in recovered.adopt:
-            self._adopt(adopted)
-        for kept in recovered.paused:
-            self._keep(kept)
+        for session in [
+            *(adopted_session(self.table, adopted) for adopted in recovered.adopt),
+            *(kept_session(self.table, kept) for kept in recovered.paused),
+        ]:
+            self.table.add(session)
+            self.table.save(session, force=True)  # ours now: a later start leaves it alone
         for owner, session_id, why in recovered.lost:
-            self._tombstone(owner, session_id, why)
+            self.table.tombstone(owner, session_id, why)
 
     @property
     def instance(self) -> str:
         """This server process's name in records and pid files (``<pid>-<random>``)."""
         return self._instance
-
-    def _adopt(self, adopted: Adopted) -> None:
-        """Register a session a dead server left, as :func:`.recovery.recover` returned
-        it: its re-attached sandbox and its uid. Called by :meth:`start`."""
-        record, sandbox = adopted.record, adopted.sandbox
-        self._register_recorded(
-            record,
-            adopted.uid_lease,
-            sandbox=sandbox,
-            agent=AgentClient(sandbox.channel),
-            workspace_made=True,  # its filesystem outlived the old server, still mounted
-        )
-        log.info("session re-attached", owner=record.owner, session=record.session_id)
-
-    def _keep(self, kept: Kept) -> None:
-        """Register a paused session a dead server left (:func:`.recovery.recover`): no
-        sandbox; its first call that runs code resumes it. A server that died during a
-        pause left the last complete saved state, or none: its files at least."""
-        record = kept.record
-        try:
-            paused = Paused.from_json(record.paused) if record.paused is not None else None
-        except (ValueError, TypeError) as exc:
-            log.warning(
-                "a paused session's record is damaged", session=record.session_id, error=str(exc)
-            )
-            paused = None
-        if paused is None:
-            paused = Paused(
-                "files",
-                record.last_active,
-                why="the server stopped during a pause: these are the variables of the last "
-                "complete pause, if there was one",
-                load=True,  # its last complete saved variables, if there are some
-            )
-        self._register_recorded(record, kept.uid_lease, paused=paused)
-        log.info("paused session kept", owner=record.owner, session=record.session_id)
-
-    def _register_recorded(
-        self, record: records.SessionRecord, lease: UidLease | None, **state: Any
-    ) -> None:
-        """Register a recorded session as it is now (``state``: its sandbox, or its pause)
-        and write its record as ours: a later start must leave it alone."""
-        mono, wall = time.monotonic(), time.time()
-        session = Session(
-            record.session_id,
-            record.owner,
-            record.key,
-            record.slot,
-            self._workspace(record.slot, record.uid),
-            created_at=mono - (wall - record.created_at),
-            last_active=mono - (wall - record.last_active),
-            created_wall=record.created_at,
-            uid_lease=lease,
-            runs=record.runs,
-            **state,
-        )
-        self._sessions[(record.owner, record.session_id)] = session
-        self._save(session, force=True)
 
     def _spec_for(self, record: records.SessionRecord) -> SandboxSpec:
         """The spec a recorded session's sandbox was made with (recovery re-attaches it)."""
@@ -420,10 +351,9 @@ class SessionManager:
         tracing.mark_replica(self._instance)
         with tracing.span("claim session"):
             while True:
-                session, created, notice = await self._claim(
-                    owner, session_id, create, wait_s, pool
-                )
-                if not session.handed_on:
+                claimed = await self._claim(owner, session_id, create, wait_s, pool)
+                session, created, notice = claimed
+                if session.phase is not Phase.HANDED_ON:
                     break
                 session.lock.release()  # another replica took it while this call waited
         try:
@@ -433,12 +363,12 @@ class SessionManager:
                 if not runs and session.workspace.volume is not None:
                     await self.mounts.take(session, wait_s)  # see ``mounts``
                 await self._make_workspace(session)
-            self._touch(session)
+            self.table.touch(session)
             yield Acquired(session, created, notice)
         finally:
             try:
                 if not session.closed:
-                    self._touch(session)
+                    self.table.touch(session)
                     await self._let_go(session)
             finally:
                 session.lock.release()
@@ -447,9 +377,9 @@ class SessionManager:
         self, owner: str, session_id: str | None, create: bool, wait_s: float, pool: bool
     ) -> tuple[Session, bool, str | None]:
         """``acquire``'s session, found, taken over or created, and locked for the call."""
-        if self.replica and session_id is not None:
-            await self._from_registry(owner, session_id, wait_s)
-        if create and (session_id is None or (owner, session_id) not in self._sessions):
+        if self.replicas is not None and session_id is not None:
+            await self.replicas.take(owner, session_id, wait_s)
+        if create and (session_id is None or self.table.get(owner, session_id) is None):
             await self.room.make(owner)  # a new session runs: room first (see ``room``)
             session, created, notice = self._lookup(owner, session_id, create=True, pool=pool)
         else:
@@ -477,7 +407,7 @@ class SessionManager:
         elif not session.queued:
             if session.workspace_made and session.workspace.volume is not None:
                 session.files_kept = await files_held(self.threads, session)
-            await self._unmount(session)
+            await self.pausing.unmount(session)
 
     async def _make_workspace(self, session: Session) -> None:
         await self.threads.run(session.owner, session.workspace.create)
@@ -485,44 +415,6 @@ class SessionManager:
             await self.threads.run(session.owner, session.workspace.destroy)
             raise SessionNotFound(f"session {session.id} was closed while it was being made")
         session.workspace_made = True
-
-    def _touch(self, session: Session) -> None:
-        session.last_active = time.monotonic()
-        # A resumed session's record must stop saying paused now: a server that dies
-        # next must not restore a checkpoint that is running again.
-        self._save(session, force=session.recorded_paused != (session.paused is not None))
-
-    def _save(self, session: Session, *, force: bool = False) -> None:
-        """Write the session's record, at most every ``RECORD_EVERY_S`` unless ``force``."""
-        now = time.monotonic()
-        if not force and now - session.saved_at < RECORD_EVERY_S:
-            return
-        try:
-            records.write_record(self.settings.sessions_dir, self._record(session))
-        except OSError as exc:  # a full disk must not fail the call; the next write retries
-            log.warning("cannot write the session record", session=session.id, error=str(exc))
-            return
-        session.saved_at = now
-        session.recorded_paused = session.paused is not None
-
-    def _record(self, session: Session) -> records.SessionRecord:
-        """``session``'s record as it stands now."""
-        idle = time.monotonic() - session.last_active
-        return records.SessionRecord(
-            owner=session.owner,
-            session_id=session.id,
-            key=session.key,
-            slot=session.slot,
-            instance=self._instance,
-            created_at=session.created_wall,
-            last_active=time.time() - idle,
-            uid=session.uid,
-            paused=None if session.paused is None else session.paused.to_json(),
-            pausing=session.pausing,
-            replaces=None if session.replaces is None else session.replaces.slot,
-            handover=self.role is Role.SERVICE,
-            runs=session.runs,
-        )
 
     def _lookup(
         self, owner: str, session_id: str | None, *, create: bool, pool: bool = False
@@ -532,13 +424,13 @@ class SessionManager:
                 raise SessionNotFound("session_id is required")
             session_id = mint_session_id()
         validate_session_id(session_id)
-        found = self._sessions.get((owner, session_id))
+        found = self.table.get(owner, session_id)
         if found is not None:
             return found, False, None
         if not create:
             raise SessionNotFound(
                 f"no session {session_id!r}"
-                + _gone_suffix(self._tombstones.get((owner, session_id)))
+                + _gone_suffix(self.table.gone(owner, session_id))
                 + "; run_code or upload_file without session_id starts a new one"
             )
         self.room.check(owner)
@@ -548,7 +440,7 @@ class SessionManager:
             if pooled is None
             else self._take(owner, session_id, pooled)
         )
-        return session, True, self._tombstones.pop((owner, session_id), None)
+        return session, True, self.table.reborn(owner, session_id)
 
     def _register(self, owner: str, session_id: str) -> Session:
         key = session_key(owner, session_id)
@@ -559,9 +451,9 @@ class SessionManager:
             workspace = self._workspace(slot, None if lease is None else lease.uid)
             session = Session(session_id, owner, key, slot, workspace, now, now, time.time())
             session.uid_lease = lease
-            self._save(session, force=True)  # before the workspace: see ``records``
+            self.table.save(session, force=True)  # before the workspace: see ``records``
         except BaseException:
-            records.remove_record(self.settings.sessions_dir, slot)  # then the uid is free
+            self.table.drop_slot(slot)  # then the uid is free
             if lease is not None:
                 lease.release()
             raise
@@ -571,30 +463,19 @@ class SessionManager:
         """A new session made of a warm sandbox: its slot, workspace, uid and sandbox
         become the session's, and its record is rewritten as the session's (owner and id
         bound now, on disk: recovery and re-attach work as for any session)."""
-        now = time.monotonic()
-        session = Session(
-            session_id,
-            owner,
-            pooled.key,
-            pooled.slot,
-            pooled.workspace,
-            now,
-            now,
-            time.time(),
-            sandbox=pooled.sandbox,
-            agent=pooled.agent,
-            workspace_made=True,
-            uid_lease=pooled.uid_lease,
-        )
+        now, key, slot = time.monotonic(), pooled.key, pooled.slot
+        session = Session(session_id, owner, key, slot, pooled.workspace, now, now, time.time())
+        session.sandbox, session.agent = pooled.sandbox, pooled.agent
+        session.workspace_made, session.uid_lease = True, pooled.uid_lease
         try:
-            self._save(session, force=True)
+            self.table.save(session, force=True)
         except BaseException:
             self.pool.retire(pooled)  # its record still says ``pool``: nobody's
             raise
         return self._created(session)
 
     def _created(self, session: Session) -> Session:
-        self._sessions[(session.owner, session.id)] = session
+        self.table.add(session)
         self.metrics.session_created()
         log.info("session created", owner=session.owner, session=session.id)
         return session
@@ -617,13 +498,6 @@ class SessionManager:
         image = self.settings.volumes_dir / f"{slot}{IMAGE_SUFFIX}"
         return Volume(image, image_bytes(self.settings.workspace_quota_bytes), self.spares)
 
-    def _tombstone(self, owner: str, session_id: str, reason: str) -> None:
-        self._tombstones[(owner, session_id)] = (
-            f"{reason}; files and variables from before are gone"
-        )
-        while len(self._tombstones) > _TOMBSTONES:
-            self._tombstones.popitem(last=False)
-
     # -- sandboxes ------------------------------------------------------------------------
 
     def limits(self) -> Limits:
@@ -638,29 +512,31 @@ class SessionManager:
         runner: RunnerImage | None = None,
         pool: bool = False,
     ) -> Handout:
-        """What runs this call's code in ``session`` (see :meth:`.sandboxes.Sandboxes.executor`).
+        """What runs this call's code in ``session`` (see :meth:`.sandboxes.Sandboxes.handout`).
         ``pool``: the call wants a sandbox of the warm pool's kind (as for ``acquire``), so
         a paused session it resumes moves into a warm sandbox when one is ready and its
         files are few enough (:mod:`.moving`). Called by the service with the session's
         lock held."""
-        if session.paused is None:
+        if session.phase is not Phase.PAUSED:
             if not session.workspace_made:
                 return await self._mounting(session, network=network, runner=runner)
-            return await self.sandboxes.executor(session, network=network, runner=runner)
+            return await self.sandboxes.handout(session, network=network, runner=runner)
         await self.room.make(session.owner, exclude=session)  # it runs again: room first
         self.room.check(session.owner)  # in the step in which ``make`` returned (``room``)
-        session.resuming = True
+        session.phase = transition(session.phase, Phase.RESUMING)
         try:
             pooled = self.pool.claim() if pool and fits_pool(session) else None
             if pooled is not None:
                 try:
-                    await move_into(session, pooled, self.settings, self.threads, self._record)
+                    await move_into(session, pooled, self.settings, self.threads, self.table)
                 finally:  # not moved (or the call cancelled before the move committed)
                     if session.sandbox is not pooled.sandbox:
                         self.pool.retire(pooled)
-            return await self.sandboxes.executor(session, network=network, runner=runner)
+            return await self.sandboxes.handout(session, network=network, runner=runner)
         finally:
-            session.resuming = False
+            if session.phase is Phase.RESUMING:  # not closed meanwhile
+                back = Phase.RUNNING if session.paused is None else Phase.PAUSED
+                session.phase = transition(session.phase, back)
 
     async def _mounting(
         self, session: Session, *, network: Wish, runner: RunnerImage | None
@@ -674,7 +550,7 @@ class SessionManager:
         await self.threads.run(session.owner, session.workspace.make_root)
         mounting = asyncio.ensure_future(self._make_workspace(session))
         try:
-            handout = await self.sandboxes.executor(
+            handout = await self.sandboxes.handout(
                 session, network=network, runner=runner, mounted=mounting
             )
         finally:
@@ -692,163 +568,17 @@ class SessionManager:
         Raises ``SandboxFailed`` (the session is closed all the same) saying precisely
         what could not be freed; the reaper keeps trying."""
         validate_session_id(session_id)
-        if self.replica:
-            await self._from_registry(owner, session_id, END_WAIT_S)
-        session = self._sessions.get((owner, session_id))
+        if self.replicas is not None:
+            await self.replicas.take(owner, session_id, END_WAIT_S)
+        session = self.table.get(owner, session_id)
         if session is None:
             raise SessionNotFound(f"no session {session_id!r} (already closed, or never existed)")
-        remains = await self._expire(session, f"session {session_id} was closed", "closed")
+        remains = await self.ending.end(session, f"session {session_id} was closed", "closed")
         if remains:
             raise SandboxFailed(
                 f"session {session_id} is closed, but " + "; ".join(remains) + ". The server "
                 "tries again every few seconds and at its next start; nothing to do here"
             )
-
-    async def _expire(self, session: Session, reason: str, why: EndReason) -> list[str]:
-        """End ``session``; what could not be freed (in words; empty: nothing)."""
-        if self._sessions.get((session.owner, session.id)) is not session:
-            return []
-        del self._sessions[(session.owner, session.id)]
-        # Unfinished until destroyed: an end cut short (a cancelled close_session, a reaper
-        # pass cancelled by shutdown) is finished by the reaper or by shutdown, not leaked.
-        self._unfinished[session.slot] = session
-        self.metrics.session_ended(why)
-        session.closed = True
-        await self.mounts.give_back(session)
-        self._tombstone(session.owner, session.id, reason)
-        remains = await self._destroy(session)
-        log.info("session ended", owner=session.owner, session=session.id, reason=reason)
-        return remains
-
-    async def _leave(self, session: Session) -> None:
-        """Shut down without ending ``session``: it is paused (its record says how), its
-        workspace kept. The next server on this state dir keeps it and resumes it on
-        its first call (see :mod:`.recovery`)."""
-        await self._pause(session, wait=False)
-        await self._unmount(session)  # one paused earlier may have been mounted since
-        if session.uid_lease is not None:
-            session.uid_lease.release()  # reserved by its record for the next server
-        log.info("session paused for the next server", owner=session.owner, session=session.id)
-
-    # -- replicas (see :mod:`.replicas`) -------------------------------------------------
-
-    async def _from_registry(self, owner: str, session_id: str, wait_s: float) -> None:
-        """Take ``owner``'s session over when another replica holds it, or a dead server
-        left it; nothing when this replica holds it, or no record names it."""
-        if (owner, session_id) in self._sessions:
-            return
-        validate_session_id(session_id)
-        key = session_key(owner, session_id)
-        try:
-            async with await Lease.take(self.settings.run_dir, key, wait_s):
-                if (owner, session_id) not in self._sessions:
-                    await self._take_over(owner, session_id, key, wait_s)
-        except TimeoutError:
-            raise SessionBusy(
-                f"session {session_id} is being handed between replicas; still so after "
-                f"{wait_s:.0f} s of waiting. Try again"
-            ) from None
-
-    async def _take_over(self, owner: str, session_id: str, key: str, wait_s: float) -> None:
-        record = await asyncio.to_thread(self._record_of, key, owner, session_id)
-        if record is None or record.instance == self._instance or not record.handover:
-            return  # new, ended, or a private server's own
-        holder = self.settings.run_dir / f"{record.instance}.pid"
-        if not await asyncio.to_thread(alive, holder):  # what dead servers left: all of it
-            self._register_recovered(await self._recover())
-            return
-
-        async def let_go() -> records.SessionRecord | None:
-            run_dir, instance = self.settings.run_dir, record.instance
-            held = await ask_to_let_go(run_dir, instance, owner, session_id, wait_s)
-            if held is None and await asyncio.to_thread(alive, holder):
-                raise SessionBusy(
-                    f"session {session_id} is held by a replica that does not answer (it "
-                    "may be shutting down); try again in a few seconds"
-                )
-            return await asyncio.to_thread(self._record_of, key, owner, session_id)
-
-        try:
-            taken = await take_over(
-                self.settings,
-                self.backend,
-                record,
-                instance=self._instance,
-                spec_for=self._spec_for,
-                uids=self.uids,
-                let_go=let_go,
-            )
-        except TimeoutError:
-            raise SessionBusy(
-                f"session {session_id} is still running a call on another replica after "
-                f"{wait_s:.0f} s of waiting; wait for it to finish, or use another session"
-            ) from None
-        if isinstance(taken, str):
-            self._tombstone(owner, session_id, taken)
-            return
-        if isinstance(taken, Adopted):
-            self._adopt(taken)
-        elif isinstance(taken, Kept):
-            self._keep(taken)
-        if taken is not None:
-            self.metrics.handed_over("in")
-
-    def elsewhere(self, owner: str | None = None) -> list[records.SessionRecord]:
-        """The sessions other replicas hold (every owner's, or ``owner``'s), as their
-        records say; none for a server alone. Blocking: call it in a worker thread."""
-        if not self.replica:
-            return []
-        return [
-            r
-            for r in records.load_records(self.settings.sessions_dir, remove_bad=False)
-            if r.handover
-            and not r.pool
-            and r.instance != self._instance
-            and (owner is None or r.owner == owner)
-            and (r.owner, r.session_id) not in self._sessions
-        ]
-
-    def _record_of(self, key: str, owner: str, session_id: str) -> records.SessionRecord | None:
-        """The record of ``owner``'s session that a service holds (blocking)."""
-        for record in records.records_of(self.settings.sessions_dir, key):
-            if (record.owner, record.session_id) == (owner, session_id) and record.handover:
-                return record
-        return None
-
-    async def _give_up(self, owner: str, session_id: str) -> bool:
-        """Another replica asks for ``owner``'s session: after the calls queued for it
-        here, write its record and let it go (see :mod:`.replicas`)."""
-        session = self._sessions.get((owner, session_id))
-        if session is None:
-            return False
-        async with session.lock:
-            if self._sessions.get((owner, session_id)) is not session or session.closed:
-                return False
-            del self._sessions[(owner, session_id)]
-            await self._hand_on(session)
-        self.metrics.handed_over("out")
-        return True
-
-    async def _hand_on(self, session: Session) -> None:
-        """Let go of ``session`` without ending or pausing it (lock held, or shutdown):
-        its record written as it stands, its sandbox left running for the next holder
-        (its runners stopped: they hold nothing but the workspace's files; its network
-        proxy closed: the next holder takes it without network, as a restart does)."""
-        session.handed_on = True
-        self._save(session, force=True)
-        for runner in list(session.runners.values()):
-            await self.sandboxes.free(session, runner)
-        session.runners.clear()
-        sandbox, session.sandbox, session.agent = session.sandbox, None, None
-        if sandbox is not None:
-            sandbox.channel.close()
-            await self.sandboxes.egress.close(sandbox.spec.egress)
-        if sandbox is None:
-            await self._unmount(session)
-        await self.mounts.give_back(session)
-        if session.uid_lease is not None:
-            session.uid_lease.release()  # reserved by its record for the next holder
-        log.info("session handed on", owner=session.owner, session=session.id)
 
     # -- pausing ---------------------------------------------------------------------------
 
@@ -856,321 +586,96 @@ class SessionManager:
         """Pause ``owner``'s session now, as the reaper does when it is idle; how it was
         kept (``None``: it had no sandbox to pause). For operators and the benchmarks.
         ``SessionNotFound`` as for a call."""
-        if self.replica:
-            await self._from_registry(owner, session_id, END_WAIT_S)
+        if self.replicas is not None:
+            await self.replicas.take(owner, session_id, END_WAIT_S)
         session, _, _ = self._lookup(owner, session_id, create=False)
         if session.sandbox is None and not session.runners:
             return session.paused
-        await self._pause(session)
+        await self.pausing.pause(session)
         return session.paused
-
-    async def _pause(self, session: Session, *, wait: bool = True) -> None:
-        """Pause ``session`` (see :meth:`.sandboxes.Sandboxes.pause`) under its lock: a
-        call arriving meanwhile waits for the pause, then resumes it. Its record says
-        ``pausing`` until the pause is complete, so a server that dies meanwhile leaves
-        a session the next one keeps. ``wait`` False (shutdown): a call still holding
-        the session is not waited for; its sandbox is stopped under it."""
-        if wait:
-            await session.lock.acquire()
-        try:
-            if session.closed or session.paused is not None:
-                return
-            session.pausing = True
-            self._save(session, force=True)
-            paused = await self.sandboxes.pause(session)
-            count, size = await files_held(self.threads, session) or (0, 0)
-            # Its bytes: the checkpoint's, then the workspace's on disk (measured by
-            # ``_unmount``; saved variables are in the workspace).
-            paused = dataclasses.replace(
-                paused, bytes=_outside_bytes(paused), file_count=count, files_bytes=size
-            )
-            session.paused, session.pausing = paused, False
-            session.files_kept = (count, size)
-            self._save(session, force=True)
-            await self._unmount(session)
-            log.info("session paused", owner=session.owner, session=session.id, kind=paused.kind)
-        finally:
-            if wait:
-                session.lock.release()
-
-    async def _unmount(self, session: Session) -> None:
-        """Let go of the filesystem of a session without a sandbox (mounted again by its
-        next call), then measure a paused one's state on disk. A filesystem still busy
-        (a download reading a file) stays mounted, and the reaper tries again."""
-        if session.workspace_made and session.workspace.volume is not None:
-            try:
-                gone = await self.threads.run(session.owner, session.workspace.unmount)
-            except (SandboxError, OSError) as exc:
-                log.warning("cannot unmount a paused workspace", session=session.id, error=str(exc))
-                gone = False
-            if gone:
-                session.workspace_made = False
-                await self.mounts.give_back(session)
-        await self._measure(session)
-
-    async def _measure(self, session: Session) -> None:
-        """Set a paused session's ``bytes`` to what its state holds on the host's disk
-        now: allocated blocks, never the sizes its files claim (a hostile session's
-        sparse files would else count terabytes against every owner's budget)."""
-        paused = session.paused
-        if paused is None:
-            return
-        try:
-            disk = await self.threads.run(session.owner, session.workspace.disk_bytes)
-        except (SandboxError, OSError) as exc:
-            log.warning("cannot measure a paused workspace", session=session.id, error=str(exc))
-            return
-        if session.paused is paused and paused.bytes != _outside_bytes(paused) + disk:
-            session.paused = dataclasses.replace(paused, bytes=_outside_bytes(paused) + disk)
-            self._save(session, force=True)
 
     def paused_bytes(self) -> int:
         """Bytes of paused sessions' state on disk, all owners (for the disk budget)."""
-        return sum(s.paused.bytes for s in self._sessions.values() if s.paused is not None)
+        return sum(s.paused.bytes for s in self.table if s.paused is not None)
 
     def _count_state(self, state: str) -> int:
-        paused = sum(1 for s in self._sessions.values() if s.paused is not None)
-        return paused if state == "paused" else len(self._sessions) - paused
-
-    async def _destroy(self, session: Session) -> list[str]:
-        """Stop everything of ``session`` and remove its files; what remains, in words.
-
-        Never raises for a backend's or the disk's failure: the session is then kept in
-        ``_unfinished`` and this runs again at the reaper's next pass. Idempotent; calls
-        for one session take turns."""
-        async with session.ending:
-            return await self._destroy_now(session)
-
-    async def _destroy_now(self, session: Session) -> list[str]:
-        session.closed = True
-        await self._release(session)  # ends a running cell: its call returns soon
-        await self._settle(session)
-        remains = await self._release(session, retry=False)  # what those calls left
-        if session.paused is not None:
-            await self.sandboxes.discard(session.paused)
-        if session.replaces is not None:  # a slot it moved out of that could not go then
-            moved = session.replaces
-            if await forget_moved(self.settings, self.threads, session.owner, moved):
-                session.replaces = None
-            else:
-                remains.append(f"its old files in {moved.workspace.root} could not be removed")
-        try:
-            await self.threads.run(session.owner, session.workspace.destroy)
-        except Exception as exc:
-            log.error("cannot remove a session's files", session=session.id, error=repr(exc))
-            remains.append(f"its files in {session.workspace.root} could not be removed ({exc})")
-        else:
-            runlog.remove_log(self.settings.runlogs_dir, session.slot)  # before its record
-            records.remove_record(self.settings.sessions_dir, session.slot)
-            if session.uid_lease is not None:
-                session.uid_lease.release()  # after the record: see ``uids``
-        if remains:
-            self._unfinished[session.slot] = session
-        else:
-            self._unfinished.pop(session.slot, None)
-        return remains
-
-    async def _settle(self, session: Session) -> None:
-        """Wait (bounded) until no call holds ``session`` and no start is in flight."""
-        try:
-            async with asyncio.timeout(END_WAIT_S):
-                async with session.lock:  # FIFO: the calls queued before fail at once
-                    pass
-                while session.starting:
-                    await asyncio.wait(set(session.starting))
-        except TimeoutError:
-            log.error(
-                "a call or sandbox start of an ended session is still in flight; "
-                "what it starts will be stopped when it ends",
-                session=session.id,
-                waited_s=END_WAIT_S,
-            )
-
-    async def _release(self, session: Session, *, retry: bool = True) -> list[str]:
-        """Stop the session's sandbox and runners; those that a stop failed to free (in
-        words). A failed stop is logged, kept in ``unstopped`` and tried again next time
-        (``retry``: this time too)."""
-        held: list[Sandbox | RunnerSandbox] = []
-        if retry:
-            held, session.unstopped = session.unstopped, []
-        if session.sandbox is not None:
-            held.append(session.sandbox)
-        held.extend(session.runners.values())
-        session.sandbox, session.agent = None, None
-        session.runners.clear()
-        for thing in held:
-            await self.sandboxes.free(session, thing)
-        return [
-            f"its sandbox {thing.backend_id} could not be stopped" for thing in session.unstopped
-        ]
-
-    def _start_reaper(self) -> None:
-        self._reaper = asyncio.create_task(self._reap_forever(), name="session-reaper")
-        self._reaper.add_done_callback(self._reaper_ended)
-
-    def _reaper_ended(self, task: asyncio.Task[None]) -> None:
-        """The reaper catches every failure, so this is for one it did not foresee: with
-        no reaper, no session of any owner would expire again."""
-        if self._closed or task.cancelled():
-            return
-        log.error("the session reaper died; starting it again", error=repr(task.exception()))
-        self._start_reaper()
-
-    async def _reap_forever(self) -> None:
-        spans = [self.settings.session_ttl_m * 60]
-        if self.settings.pause_after_m > 0:
-            spans.append(self.settings.pause_after_m * 60)
-        interval = max(0.5, min(15.0, min(spans) / 4))
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                await self.reap()
-            except Exception:  # reap isolates sessions; this is the last guard
-                log.exception("a reaper pass failed; the next one tries again")
+        paused = sum(1 for s in self.table if s.paused is not None)
+        return paused if state == "paused" else self.table.count() - paused
 
     async def reap(self) -> None:
-        """Close sessions idle past the TTL or past their max lifetime, pause those idle
-        past ``pause_after_m`` (never mid-call), keep paused state within its disk
-        budget, and try again to free what earlier ends left. Each session on its own:
-        one that fails is logged and tried again at the next pass."""
-        if self.replica and await asyncio.to_thread(
-            dead_instances, self.settings.run_dir, self._instance
-        ):
-            self._register_recovered(await self._recover())  # a replica that died
-        now = time.monotonic()
-        ttl = self.settings.session_ttl_m * 60
-        lifetime = self.settings.session_max_lifetime_h * 3600
-        pause_after = self.settings.pause_after_m * 60
-        to_pause: list[Session] = []
-        for session in list(self._sessions.values()):
-            if session.lock.locked():
-                continue
-            idle = now - session.last_active
-            if idle > ttl:
-                reason = (
-                    f"session {session.id} expired after {self.settings.session_ttl_m:g} min idle"
-                )
-                await self._isolated(session, self._expire(session, reason, "idle"))
-            elif now - session.created_at > lifetime:
-                reason = (
-                    f"session {session.id} reached its maximum lifetime of "
-                    f"{self.settings.session_max_lifetime_h:g} h"
-                )
-                await self._isolated(session, self._expire(session, reason, "lifetime"))
-            elif (
-                pause_after > 0
-                and idle > pause_after
-                and session.paused is None
-                and (session.sandbox is not None or session.runners)
-            ):
-                to_pause.append(session)
-            elif _mount_left(session):
-                async with session.lock:  # free (checked above): taken at once
-                    await self._unmount(session)  # busy at its call's end (a download)
-        # A few at a time: each waits on its sandbox (a save, a checkpoint), not the CPU.
-        for start in range(0, len(to_pause), _PAUSES_AT_ONCE):
-            batch = to_pause[start : start + _PAUSES_AT_ONCE]
-            await asyncio.gather(*(self._paused_isolated(s) for s in batch))
-        await self._keep_within_disk_budget()
-        await self._keep_within_paused_limit()
-        for session in list(self._unfinished.values()):
-            await self._isolated(session, self._destroy(session))
-
-    async def _paused_isolated(self, session: Session) -> None:
-        try:
-            await self._pause(session)
-        except Exception:
-            log.exception("pausing a session failed", owner=session.owner, session=session.id)
-
-    async def _keep_within_disk_budget(self) -> None:
-        """Past ``paused_disk_bytes``, expire paused sessions: the longest idle of the
-        owner whose paused state takes the most disk first (:func:`.room.over_disk_budget`)."""
-        budget = self.settings.paused_disk_bytes
-        for session in over_disk_budget(self._sessions.values(), budget):
-            if session.lock.locked():  # a call came meanwhile: decide again next pass
-                return
-            reason = (
-                f"session {session.id} was paused and then expired to keep paused sessions "
-                f"within SANDBOX_PAUSED_DISK_BYTES ({budget} bytes); the owner whose paused "
-                "sessions take the most disk loses its longest idle first"
-            )
-            await self._isolated(session, self._expire(session, reason, "disk"))
-
-    async def _keep_within_paused_limit(self) -> None:
-        """Past ``max_paused_sessions``, expire paused sessions: the longest idle of the
-        owner holding the most paused sessions first (one owner's flood costs that owner)."""
-        limit = self.settings.max_paused_sessions
-        paused = [s for s in self._sessions.values() if s.paused is not None]
-        excess = len(paused) - limit
-        if excess <= 0:
-            return
-        by_owner = collections.Counter(s.owner for s in paused)
-        for _ in range(excess):
-            free = [s for s in paused if not s.lock.locked() and not s.closed]
-            if not free:
-                return
-            session = min(free, key=lambda s: (-by_owner[s.owner], s.last_active))
-            paused.remove(session)
-            by_owner[session.owner] -= 1
-            reason = (
-                f"session {session.id} was paused and then expired to keep within "
-                f"SANDBOX_MAX_PAUSED_SESSIONS ({limit}); the owner holding the most paused "
-                "sessions loses its longest idle first"
-            )
-            await self._isolated(session, self._expire(session, reason, "limit"))
-
-    async def _isolated(self, session: Session, end: Awaitable[list[str]]) -> None:
-        try:
-            remains = await end
-        except Exception:
-            log.exception("ending a session failed", owner=session.owner, session=session.id)
-            self._unfinished[session.slot] = session
-            return
-        if remains:
-            log.warning(
-                "an ended session still holds resources; trying again at the next pass",
-                owner=session.owner,
-                session=session.id,
-                remains=remains,
-            )
+        """One pass of the reaper (:mod:`.reaper`); its loop calls this every few seconds.
+        A replica first takes over what replicas that died left."""
+        if self.replicas is not None:
+            await self.replicas.reap_dead()
+        await self.reaper.reap()
 
     def tombstones(self) -> dict[tuple[str, str], str]:
         """Why each remembered ``(owner, session_id)`` ended (for tests and operators)."""
-        return dict(self._tombstones)
+        return self.table.tombstones()
 
     def with_id(self, session_id: str) -> list[Session]:
-        """The live sessions named ``session_id``, of every owner (a download link names
-        no owner: its signature tells which of these it is for)."""
-        return [s for (_, sid), s in self._sessions.items() if sid == session_id]
+        """The live sessions named ``session_id``, of every owner (see ``table``)."""
+        return self.table.with_id(session_id)
 
     def listed(self, owner: str | None = None) -> list[Session]:
         """The live sessions: every owner's (``owner`` None) or ``owner``'s. Read-only,
         for the operator's page (``sessions.overview``)."""
-        return [s for (who, _), s in self._sessions.items() if owner is None or who == owner]
+        return self.table.listed(owner)
+
+    def elsewhere(self, owner: str | None = None) -> list[records.SessionRecord]:
+        """The sessions other replicas hold, as their records say (every owner's, or
+        ``owner``'s); none for a server alone. Blocking: call it in a worker thread."""
+        return [] if self.replicas is None else self.replicas.elsewhere(owner)
+
+    @property
+    def replica(self) -> bool:
+        """Is this server one of its state directory's replicas (:mod:`.replicas`)?"""
+        return self.replicas is not None
 
     def count(self, owner: str | None = None) -> int:
         """Open sessions: all of them, or ``owner``'s."""
-        if owner is None:
-            return len(self._sessions)
-        return sum(1 for who, _ in self._sessions if who == owner)
+        return self.table.count(owner)
+
+    # Questions service.py asks -----------------------------------------------------------
+    # The service asks these instead of reaching through to the manager's parts (its
+    # sandboxes' egress proxies, the warm pool, the quota mode).
+
+    def check_egress(self) -> None:
+        """Parse the egress policy and read the secrets file now (blocking: a worker
+        thread); raises what they raise. Called by the service at start when network
+        is allowed, so that a bad allowlist stops the server, not a user's call."""
+        self.sandboxes.egress.check()
+
+    def check_network(self, hosts: tuple[str, ...]) -> None:
+        """Raise ``NetworkNotAllowed`` naming a host of a call's wish that the server's
+        policy does not allow (``hosts`` empty: ``network=true``, the whole policy).
+        Called by the service before it holds a session."""
+        self.sandboxes.egress.policy(hosts)
+
+    def blocked_hosts(self, session: Session) -> list[str]:
+        """Hosts ``session``'s egress proxy refused since it was last asked. Called by the
+        run path as it builds a run's report, with the session's lock held."""
+        return self.sandboxes.blocked_hosts(session)
+
+    def hold_pool_while(self, held_by: Callable[[], str | None]) -> None:
+        """Start no warm sandbox while ``held_by`` says why not (``None``: start them).
+        Called by the service while the runtime sandboxes need is still being built."""
+        self.pool.held_by = held_by
+
+    def refill_pool(self) -> None:
+        """Start the warm sandboxes missing now (in the background). Called by the
+        service once a build it held the pool for has gone further."""
+        self.pool.refill()
+
+    def pool_status(self) -> PoolStatus:
+        """The warm pool's target size, ready and starting sandboxes, and preloads."""
+        return self.pool.status()
+
+    def quota_on_disk(self) -> bool:
+        """Is each workspace a filesystem of its own, its quota the kernel's (else the
+        run path watches the workspace)? Known once the manager has started."""
+        return self.quota.filesystem
 
 
 def _gone_suffix(tombstone: str | None) -> str:
     return f" ({tombstone})" if tombstone else ""
-
-
-def _outside_bytes(paused: Paused) -> int:
-    """What a pause holds outside the workspace: its checkpoint image, if any."""
-    return (paused.checkpoint.bytes or 0) if paused.checkpoint is not None else 0
-
-
-def _mount_left(session: Session) -> bool:
-    """Is a session without a sandbox still mounted, no call holding or awaiting it?"""
-    return (
-        session.workspace_made
-        and session.workspace.volume is not None
-        and session.sandbox is None
-        and not session.runners
-        and not session.queued
-        and not session.lock.locked()
-    )

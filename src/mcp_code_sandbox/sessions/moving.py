@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from collections.abc import Callable
 
 import structlog
 
@@ -38,6 +37,7 @@ from mcp_code_sandbox.errors import SandboxError
 from mcp_code_sandbox.sessions import records, runlog
 from mcp_code_sandbox.sessions.pool import Pooled
 from mcp_code_sandbox.sessions.session import Moved, Session
+from mcp_code_sandbox.sessions.table import SessionTable
 from mcp_code_sandbox.sessions.workers import WorkerThreads
 from mcp_code_sandbox.settings import Settings
 from mcp_code_sandbox.workspace.transfer import CopyRefused, copy_tree
@@ -71,7 +71,7 @@ async def move_into(
     pooled: Pooled,
     settings: Settings,
     threads: WorkerThreads,
-    record_of: Callable[[Session], records.SessionRecord],
+    table: SessionTable,
 ) -> None:
     """Move paused ``session`` into ``pooled`` (see the module docstring). Moved, the
     session's sandbox is ``pooled.sandbox`` (with its agent, slot, workspace and uid);
@@ -101,10 +101,7 @@ async def move_into(
     session.key, session.slot, session.workspace = pooled.key, pooled.slot, pooled.workspace
     session.uid_lease, session.replaces = pooled.uid_lease, moved
     session.sandbox, session.agent = pooled.sandbox, pooled.agent
-    try:
-        records.write_record(settings.sessions_dir, record_of(session))
-    except OSError as exc:
-        log.warning("cannot write the session record", session=session.id, error=str(exc))
+    if not table.write(session):  # logged
         session.key, session.slot, session.workspace = old_key, moved.slot, moved.workspace
         session.uid_lease, session.replaces = moved.uid_lease, None
         session.sandbox, session.agent = None, None
@@ -127,7 +124,7 @@ async def forget_moved(
     """Remove the slot a session moved out of: its workspace, run log name and record,
     in that order (see ``records``), then let its uid go. False (logged): it stays, and
     the session's record names it (``replaces``); the session's end tries again
-    (:meth:`.manager.SessionManager._destroy_now`), and so does the next server's
+    (:mod:`.ending`), and so does the next server's
     recovery."""
     try:
         await threads.run(owner, moved.workspace.destroy)

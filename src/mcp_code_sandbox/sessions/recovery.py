@@ -30,16 +30,31 @@ from pathlib import Path
 
 import structlog
 
-from mcp_code_sandbox.backends.base import Backend, Checkpoint, Leftover, Sandbox, SandboxSpec
+from mcp_code_sandbox.backends.base import Backend, Leftover, Sandbox, SandboxSpec
+from mcp_code_sandbox.backends.checkpoints import Checkpoint, checkpoints_of
 from mcp_code_sandbox.errors import SandboxError, SandboxFailed
 from mcp_code_sandbox.host import process_alive, read_mark
 from mcp_code_sandbox.sessions import records, runlog
+from mcp_code_sandbox.sessions.agent_client import AgentClient
+from mcp_code_sandbox.sessions.lifecycle import Phase
+from mcp_code_sandbox.sessions.session import Paused, Session
+from mcp_code_sandbox.sessions.table import SessionTable
 from mcp_code_sandbox.sessions.uids import UidLease, UidPool
 from mcp_code_sandbox.settings import Settings
 from mcp_code_sandbox.workspace import remove_tree, spares
 from mcp_code_sandbox.workspace.volume import IMAGE_SUFFIX, PROBE_PREFIX, release
 
-__all__ = ["Adopted", "Kept", "Recovered", "alive", "dead_instances", "recover", "take_over"]
+__all__ = [
+    "Adopted",
+    "Kept",
+    "Recovered",
+    "adopted_session",
+    "alive",
+    "dead_instances",
+    "kept_session",
+    "recover",
+    "take_over",
+]
 
 log = structlog.get_logger("mcp_code_sandbox.sessions.manager")
 
@@ -207,6 +222,43 @@ def dead_instances(run_dir: Path, mine: str) -> bool:
     return any(p.stem != mine and not alive(p) for p in run_dir.glob("*.pid"))
 
 
+def adopted_session(table: SessionTable, adopted: Adopted) -> Session:
+    """The session of ``adopted`` as it is now (for the manager to add): its re-attached
+    sandbox and its uid."""
+    record, sandbox = adopted.record, adopted.sandbox
+    session = table.from_record(record, adopted.uid_lease, Phase.RUNNING)
+    session.sandbox, session.agent = sandbox, AgentClient(sandbox.channel)
+    session.workspace_made = True  # its filesystem outlived the old server, mounted
+    log.info("session re-attached", owner=record.owner, session=record.session_id)
+    return session
+
+
+def kept_session(table: SessionTable, kept: Kept) -> Session:
+    """The paused session of ``kept`` (for the manager to add): no sandbox; its first call
+    that runs code resumes it. A server that died during a pause left the last complete
+    saved state, or none: its files at least."""
+    record = kept.record
+    try:
+        paused = Paused.from_json(record.paused) if record.paused is not None else None
+    except (ValueError, TypeError) as exc:
+        log.warning(
+            "a paused session's record is damaged", session=record.session_id, error=str(exc)
+        )
+        paused = None
+    if paused is None:
+        paused = Paused(
+            "files",
+            record.last_active,
+            why="the server stopped during a pause: these are the variables of the last "
+            "complete pause, if there was one",
+            load=True,  # its last complete saved variables, if there are some
+        )
+    session = table.from_record(record, kept.uid_lease, Phase.PAUSED)
+    session.paused = paused
+    log.info("paused session kept", owner=record.owner, session=record.session_id)
+    return session
+
+
 @dataclass(frozen=True)
 class _Context:
     settings: Settings
@@ -285,8 +337,9 @@ async def _keep_paused(ctx: _Context, record: records.SessionRecord) -> Kept | N
     except SandboxError as exc:
         log.warning("a paused session cannot be kept", session=record.session_id, error=exc.message)
         backend_id = records.checkpoint_id(record)
-        if backend_id is not None:
-            await ctx.backend.discard(Checkpoint(backend_id))
+        checkpoints = checkpoints_of(ctx.backend)
+        if backend_id is not None and checkpoints is not None:
+            await checkpoints.discard(Checkpoint(backend_id))
         return None
     return Kept(_make_ours(ctx, record), lease)
 

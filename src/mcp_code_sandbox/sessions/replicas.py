@@ -48,9 +48,32 @@ from pathlib import Path
 
 import structlog
 
+from mcp_code_sandbox import tracing
+from mcp_code_sandbox.backends.base import Backend
 from mcp_code_sandbox.backends.unix_sockets import SocketDir
+from mcp_code_sandbox.errors import SessionBusy
+from mcp_code_sandbox.metrics import Metrics
+from mcp_code_sandbox.sessions import records
+from mcp_code_sandbox.sessions.ids import session_key
+from mcp_code_sandbox.sessions.lifecycle import Phase, transition
+from mcp_code_sandbox.sessions.mounts import MountedWorkspaces
+from mcp_code_sandbox.sessions.pausing import Pausing
+from mcp_code_sandbox.sessions.recovery import (
+    Adopted,
+    SpecFor,
+    adopted_session,
+    alive,
+    dead_instances,
+    kept_session,
+    take_over,
+)
+from mcp_code_sandbox.sessions.sandboxes import Sandboxes
+from mcp_code_sandbox.sessions.session import Session
+from mcp_code_sandbox.sessions.table import SessionTable
+from mcp_code_sandbox.sessions.uids import UidPool
+from mcp_code_sandbox.settings import Settings
 
-__all__ = ["LEASES_DIR", "REPLICAS_DIR", "Control", "Lease", "ask_to_let_go"]
+__all__ = ["LEASES_DIR", "REPLICAS_DIR", "Control", "Lease", "Replicas", "ask_to_let_go"]
 
 log = structlog.get_logger("mcp_code_sandbox.sessions.replicas")
 
@@ -187,3 +210,173 @@ async def ask_to_let_go(
     except (OSError, asyncio.IncompleteReadError, ValueError):
         return None  # TimeoutError goes to the caller: the holder is busy, not gone
     return answer.get("held") is True if isinstance(answer, dict) else None
+
+
+class Replicas:
+    """This server's part in the registry its replicas share (see the module docstring):
+    taking sessions over, letting them go, and seeing those the others hold. Owned by the
+    session manager of a replica; ``recover`` is the manager's (it takes over, and adds,
+    everything dead servers left)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        backend: Backend,
+        table: SessionTable,
+        sandboxes: Sandboxes,
+        *,
+        uids: UidPool | None,
+        spec_for: SpecFor,
+        pausing: Pausing,
+        mounts: MountedWorkspaces,
+        recover: Callable[[], Awaitable[None]],
+        metrics: Metrics,
+    ) -> None:
+        self.settings = settings
+        self.backend = backend
+        self.table = table
+        self.sandboxes = sandboxes
+        self.uids = uids
+        self.spec_for = spec_for
+        self.pausing = pausing
+        self.mounts = mounts
+        self._recover = recover
+        self.metrics = metrics
+        self.instance = table.instance
+        self._control = Control(settings.run_dir, self.instance, self.give_up)
+
+    async def start(self) -> None:
+        self.metrics.replica(self.instance)
+        await self._control.start()
+
+    async def aclose(self) -> None:
+        await self._control.aclose()
+
+    # -- taking a session over -------------------------------------------------------
+
+    async def take(self, owner: str, session_id: str, wait_s: float) -> None:
+        """Make ``owner``'s session this replica's when another holds it, or a dead
+        server left it; nothing when this one holds it, or no record names it (a new
+        session, or one that ended). ``SessionBusy`` when its holder is still running a
+        call after ``wait_s``."""
+        if self.table.get(owner, session_id) is not None:
+            return
+        key = session_key(owner, session_id)
+        try:
+            async with await Lease.take(self.settings.run_dir, key, wait_s):
+                if self.table.get(owner, session_id) is None:
+                    await self._take_over(owner, session_id, key, wait_s)
+        except TimeoutError:
+            raise SessionBusy(
+                f"session {session_id} is still running a call on another replica after "
+                f"{wait_s:.0f} s of waiting; wait for it to finish, or use another session"
+            ) from None
+
+    async def _take_over(self, owner: str, session_id: str, key: str, wait_s: float) -> None:
+        record = await asyncio.to_thread(self._record_of, key, owner, session_id)
+        if record is None or record.instance == self.instance:
+            return  # new, ended, or a private server's own
+        holder = self.settings.run_dir / f"{record.instance}.pid"
+        if not await asyncio.to_thread(alive, holder):  # what dead servers left: all of it
+            with tracing.span("take over from a dead server"):
+                await self._recover()
+            return
+
+        async def let_go() -> records.SessionRecord | None:
+            run_dir, instance = self.settings.run_dir, record.instance
+            held = await ask_to_let_go(run_dir, instance, owner, session_id, wait_s)
+            if held is None and await asyncio.to_thread(alive, holder):
+                raise SessionBusy(
+                    f"session {session_id} is held by a replica that does not answer (it "
+                    "may be shutting down); try again in a few seconds"
+                )
+            return await asyncio.to_thread(self._record_of, key, owner, session_id)
+
+        with tracing.span("handover"):
+            taken = await take_over(
+                self.settings,
+                self.backend,
+                record,
+                instance=self.instance,
+                spec_for=self.spec_for,
+                uids=self.uids,
+                let_go=let_go,
+            )
+        if isinstance(taken, str):
+            self.table.tombstone(owner, session_id, taken)
+            return
+        if taken is None:
+            return
+        session = (
+            adopted_session(self.table, taken)
+            if isinstance(taken, Adopted)
+            else kept_session(self.table, taken)
+        )
+        self.table.add(session)
+        self.table.save(session, force=True)
+        self.metrics.handed_over("in")
+
+    def _record_of(self, key: str, owner: str, session_id: str) -> records.SessionRecord | None:
+        """The record of ``owner``'s session that a service holds (blocking)."""
+        for record in records.records_of(self.settings.sessions_dir, key):
+            if (record.owner, record.session_id) == (owner, session_id) and record.handover:
+                return record
+        return None
+
+    # -- letting a session go ----------------------------------------------------------
+
+    async def give_up(self, owner: str, session_id: str) -> bool:
+        """Another replica asks for ``owner``'s session: after the calls queued for it
+        here (they arrived first), write its record and let it go."""
+        session = self.table.get(owner, session_id)
+        if session is None:
+            return False
+        async with session.lock:
+            if self.table.get(owner, session_id) is not session or session.closed:
+                return False
+            await self.hand_on(session)
+        self.metrics.handed_over("out")
+        return True
+
+    async def hand_on(self, session: Session) -> None:
+        """Let go of ``session`` without ending or pausing it (its lock held, or at
+        shutdown): its record written as it stands, its sandbox left running for the
+        next holder. Its runners are stopped (they hold nothing but the workspace's
+        files) and its network proxy closed (the next holder takes it without network,
+        as a restart does)."""
+        if session.sandbox is None and not session.runners:
+            await self.pausing.unmount(session)  # a paused one mounted for a file call
+        self.table.save(session, force=True)
+        self.table.forget(session)
+        session.phase = transition(session.phase, Phase.HANDED_ON)
+        for runner in list(session.runners.values()):
+            await self.sandboxes.free(session, runner)
+        session.runners.clear()
+        sandbox, session.sandbox, session.agent = session.sandbox, None, None
+        if sandbox is not None:
+            sandbox.channel.close()
+            await self.sandboxes.egress.close(sandbox.spec.egress)
+        await self.mounts.give_back(session)
+        if session.uid_lease is not None:
+            session.uid_lease.release()  # reserved by its record for the next holder
+        log.info("session handed on", owner=session.owner, session=session.id)
+
+    # -- what the others hold --------------------------------------------------------
+
+    def elsewhere(self, owner: str | None = None) -> list[records.SessionRecord]:
+        """The sessions other replicas hold (every owner's, or ``owner``'s), as their
+        records say. Blocking: call it in a worker thread."""
+        return [
+            r
+            for r in records.load_records(self.settings.sessions_dir, remove_bad=False)
+            if r.handover
+            and not r.pool
+            and r.instance != self.instance
+            and (owner is None or r.owner == owner)
+            and self.table.get(r.owner, r.session_id) is None
+        ]
+
+    async def reap_dead(self) -> None:
+        """Take over what replicas that died left (the reaper's every pass)."""
+        if await asyncio.to_thread(dead_instances, self.settings.run_dir, self.instance):
+            await self._recover()

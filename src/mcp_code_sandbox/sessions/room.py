@@ -18,7 +18,7 @@ Semantics (the manager owns one :class:`Room`):
   one victim (it is marked before the step ends), and a slot being freed is *claimed*:
   while its victim is paused it counts for the call that paused it, not for its old
   owner, so no other call takes it meanwhile; the call takes it in the same synchronous
-  step in which :meth:`Room.make` returns (``check`` and registering, or ``resuming``).
+  step in which :meth:`Room.make` returns (``check`` and registering, or the move to ``RESUMING``).
 - Past ``paused_disk_bytes`` the owner whose paused state is largest gives way first,
   that owner's longest-idle paused session first; nobody else's is taken while that
   owner still has paused state (:func:`over_disk_budget`). Sizes are what the state
@@ -32,6 +32,7 @@ import collections
 from collections.abc import Awaitable, Callable, Iterable
 
 from mcp_code_sandbox.errors import MaxSessions
+from mcp_code_sandbox.sessions.lifecycle import Phase
 from mcp_code_sandbox.sessions.session import Session
 from mcp_code_sandbox.settings import Settings
 
@@ -60,7 +61,7 @@ class Room:
         sessions = sum(
             1
             for s in self._sessions()
-            if (s.paused is None or s.resuming)
+            if s.phase is not Phase.PAUSED
             and s not in self._freeing
             and (owner is None or s.owner == owner)
         )
@@ -101,7 +102,7 @@ class Room:
                 await self._pause(victim)
             finally:
                 del self._freeing[victim]
-            if victim.paused is None:  # closed meanwhile, or could not: do not spin
+            if victim.phase is not Phase.PAUSED:  # closed meanwhile, or could not: do not spin
                 return
 
     def victim(self, owner: str, exclude: Session | None = None) -> Session | None:
@@ -119,11 +120,8 @@ class Room:
             s
             for s in self._sessions()
             if s is not exclude
-            and s.paused is None
-            and not s.resuming
-            and not s.pausing
+            and s.phase is Phase.RUNNING
             and s not in self._freeing
-            and not s.closed
             and not s.lock.locked()
             and not s.queued  # a call waits for it: pausing would wait for that call
             and (owner is None or s.owner == owner)

@@ -20,6 +20,12 @@ import structlog
 
 from mcp_code_sandbox import tracing
 from mcp_code_sandbox.backends.base import Backend, Limits, Sandbox, SandboxSpec
+from mcp_code_sandbox.backends.checkpoints import (
+    NO_CHECKPOINTS,
+    Checkpoint,
+    Checkpoints,
+    checkpoints_of,
+)
 from mcp_code_sandbox.backends.runner_images import RunnerImage, RunnerSandbox, runner_images_of
 from mcp_code_sandbox.errors import SandboxFailed, SessionNotFound
 from mcp_code_sandbox.metrics import Metrics
@@ -65,6 +71,8 @@ class Sandboxes:
         self.metrics = metrics
         self.outlive_server = outlive_server
         self.egress = EgressProxies(settings, metrics)
+        #: The backend's capability to pause with a sandbox's memory; ``None``: it has none.
+        self.checkpoints: Checkpoints | None = checkpoints_of(backend)
         #: Why a pause cannot keep a sandbox's whole memory here (``None``: it can);
         #: asked of the backend by :meth:`start`, and again before a pause until the
         #: backend knows (an engine that did not answer at start).
@@ -72,7 +80,12 @@ class Sandboxes:
 
     async def start(self) -> None:
         """Ask the backend once whether it can checkpoint. Called by the manager's start."""
-        self.no_memory_pause = await self.backend.checkpoints()
+        self.no_memory_pause = await self._cannot_checkpoint()
+
+    async def _cannot_checkpoint(self) -> str | None:
+        if self.checkpoints is None:
+            return NO_CHECKPOINTS
+        return await self.checkpoints.cannot_checkpoint()
 
     # -- pause and resume ------------------------------------------------------------------
 
@@ -84,7 +97,8 @@ class Sandboxes:
         sandbox's failure (what was kept says so)."""
         began = time.monotonic()
         if self.no_memory_pause is not None:  # the backend keeps a final answer: cheap
-            self.no_memory_pause = await self.backend.checkpoints()
+            self.no_memory_pause = await self._cannot_checkpoint()
+        checkpoints = None if self.no_memory_pause is not None else self.checkpoints
         for language in list(session.runners):
             await self.drop_runner(session, language)
         sandbox, agent = session.sandbox, session.agent
@@ -98,19 +112,19 @@ class Sandboxes:
             why = None if sandbox is None else "its sandbox had stopped"
             fallback = None if sandbox is None else "no_interpreter"
         elif (
-            self.no_memory_pause is None
+            checkpoints is not None
             and sandbox is not None
             and sandbox.spec.egress is None
-            and self.backend.refuses_checkpoint(sandbox) is None
+            and checkpoints.refuses_checkpoint(sandbox) is None
         ):
             assert agent is not None
             try:
                 await agent.park()
-                checkpoint = await self.backend.checkpoint(sandbox)
+                checkpoint = await checkpoints.checkpoint(sandbox)
             except SandboxFailed as exc:
                 log.warning("a checkpoint failed", session=session.id, error=exc.message)
                 fallback = "checkpoint_failed"
-                agent = await self._unparked(session, sandbox)
+                agent = await self._unparked(checkpoints, session, sandbox)
                 alive = agent is not None
                 if agent is None:
                     why = f"its memory could not be saved ({exc.message})"
@@ -119,7 +133,7 @@ class Sandboxes:
                 session.sandbox, session.agent = None, None  # stopped: held by the checkpoint
                 kept = Paused("memory", time.time(), checkpoint.bytes or 0, checkpoint)
         if kept is None and why is None and alive and agent is not None:
-            if self.no_memory_pause is None and sandbox is not None and fallback is None:
+            if checkpoints is not None and sandbox is not None and fallback is None:
                 # Not checkpointed: one with an egress proxy, or one restored already.
                 fallback = "network" if sandbox.spec.egress is not None else "restored"
             try:
@@ -142,11 +156,13 @@ class Sandboxes:
         self.metrics.paused(kept.kind, time.monotonic() - began, fallback)
         return kept
 
-    async def _unparked(self, session: Session, sandbox: Sandbox) -> AgentClient | None:
+    async def _unparked(
+        self, checkpoints: Checkpoints, session: Session, sandbox: Sandbox
+    ) -> AgentClient | None:
         """The agent of a sandbox whose checkpoint failed after it parked, on a new
         channel (installed in the session); ``None`` when it cannot be had back."""
         try:
-            back = await self.backend.unpark(sandbox)
+            back = await checkpoints.unpark(sandbox)
         except SandboxFailed as exc:
             log.warning("a parked sandbox did not come back", session=session.id, error=exc.message)
             return None
@@ -155,13 +171,20 @@ class Sandboxes:
 
     async def discard(self, paused: Paused) -> None:
         """Free what a pause holds outside the workspace (a checkpoint). Never raises."""
-        if paused.checkpoint is not None:
+        if paused.checkpoint is not None and self.checkpoints is not None:
             try:
-                await self.backend.discard(paused.checkpoint)
+                await self.checkpoints.discard(paused.checkpoint)
             except Exception:
                 log.exception(
                     "cannot discard a checkpoint", backend_id=paused.checkpoint.backend_id
                 )
+
+    async def _restore(self, checkpoint: Checkpoint, spec: SandboxSpec) -> Sandbox:
+        """The sandbox ``checkpoint`` saved; ``SandboxFailed`` from a backend without the
+        capability (a paused session recorded by a server on another backend)."""
+        if self.checkpoints is None:
+            raise SandboxFailed(NO_CHECKPOINTS)
+        return await self.checkpoints.restore(checkpoint, spec)
 
     async def _resume(self, session: Session, network: Wish) -> tuple[str | None, str | None]:
         """Bring a paused session back for this call: ``(resumed, notice)``. Its memory
@@ -180,7 +203,7 @@ class Sandboxes:
                 try:
                     with self.metrics.counting_backend_errors():
                         sandbox = await self._create(
-                            session, lambda: self.backend.restore(checkpoint, spec), self._stop
+                            session, lambda: self._restore(checkpoint, spec), self._stop
                         )
                 except SandboxFailed as exc:
                     log.warning("a restore failed", session=session.id, error=exc.message)
@@ -224,7 +247,7 @@ class Sandboxes:
             file_bytes=s.workspace_quota_bytes,
         )
 
-    async def executor(
+    async def handout(
         self,
         session: Session,
         *,

@@ -17,11 +17,13 @@ from typing import Any, Literal, TypeVar
 
 import structlog
 
-from mcp_code_sandbox.backends.base import Checkpoint, Sandbox
+from mcp_code_sandbox.backends.base import Sandbox
+from mcp_code_sandbox.backends.checkpoints import Checkpoint
 from mcp_code_sandbox.backends.runner_images import RunnerSandbox
 from mcp_code_sandbox.errors import SessionNotFound
 from mcp_code_sandbox.sessions.agent_client import AgentClient
 from mcp_code_sandbox.sessions.executor import Executor
+from mcp_code_sandbox.sessions.lifecycle import CLOSED, Phase
 from mcp_code_sandbox.sessions.uids import UidLease
 from mcp_code_sandbox.workspace import Workspace
 
@@ -131,24 +133,24 @@ class Session:
     created_at: float
     last_active: float
     created_wall: float
-    #: Monotonic time the record was last written.
-    saved_at: float = 0.0
+    #: Where it is in its lifecycle; moved by :func:`.lifecycle.transition` only.
+    phase: Phase = Phase.RUNNING
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     sandbox: Sandbox | None = None
     agent: AgentClient | None = None
     #: Containers of runner images this session used, by language (docker only).
     runners: dict[str, RunnerSandbox] = field(default_factory=dict)
     runs: int = 0
-    closed: bool = False
     #: Sandbox and runner starts in flight, and stops of what they made too late.
     starting: set[asyncio.Task[Any]] = field(default_factory=set)
-    #: What a stop failed to free, retried until it goes (see ``SessionManager._release``).
+    #: What a stop failed to free, retried until it goes (see :meth:`.ending.Ending.release`).
     unstopped: list[Sandbox | RunnerSandbox] = field(default_factory=list)
     #: Held while the session is being destroyed: a close, the reaper and shutdown may all
     #: try, one after the other (never two stops of one sandbox at once).
     ending: asyncio.Lock = field(default_factory=asyncio.Lock)
     #: The workspace exists (with its filesystem mounted, if it has one): made by the
-    #: first call holding the lock, in a worker thread (a mount blocks).
+    #: first call holding the lock, in a worker thread (a mount blocks). An axis of its
+    #: own, beside ``phase``: a session of any phase may be mounted or not.
     workspace_made: bool = False
     #: ``(files, bytes)`` of the workspace when it was last unmounted without a sandbox
     #: (a pause, or the end of a file call): what the overview and ``list_sessions`` show
@@ -157,23 +159,20 @@ class Session:
     #: The host uid of its sandboxes, held for its whole life; ``None``: the backend's
     #: shared uid.
     uid_lease: UidLease | None = None
-    #: Set while the session is paused (no sandbox; resumed by its next call that runs
-    #: code); ``pausing`` while a pause is under way (its record says so too).
+    #: How it was kept: set by its pause (phase ``PAUSED``), let go of by its resume
+    #: (during ``RESUMING``); an ending session may still hold one (a checkpoint to free).
     paused: Paused | None = None
-    pausing: bool = False
-    #: A call is resuming it: it counts as running from then (see ``room``).
-    resuming: bool = False
     #: Calls waiting for its lock: a session with one is not idle, even while its lock
     #: is free for a moment between two calls (``room`` never pauses it then).
     queued: int = 0
-    #: Whether the record on disk says paused (a resume rewrites it at once).
-    recorded_paused: bool = False
     #: The slot it moved out of (resumed into a warm sandbox), until that slot is gone:
     #: its record says so, for a server that dies in between (see ``records``).
     replaces: Moved | None = None
-    #: Another replica holds it now (see ``replicas``): a call that waited for it here
-    #: looks it up again.
-    handed_on: bool = False
+
+    @property
+    def closed(self) -> bool:
+        """Ended or ending: no call may use it any more."""
+        return self.phase in CLOSED
 
     @property
     def uid(self) -> int | None:
@@ -191,7 +190,7 @@ class Acquired:
 
 @dataclass(frozen=True)
 class Handout:
-    """What :meth:`SessionManager.executor` hands a run: what runs its code, and what the
+    """What :meth:`.manager.SessionManager.executor` hands a run: what runs its code, and what the
     session lost getting it ready."""
 
     executor: Executor

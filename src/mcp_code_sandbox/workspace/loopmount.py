@@ -86,8 +86,8 @@ def loop_mount(image: Path, root: Path, fstype: str, flags: int, data: str) -> b
 
 
 def unmount(root: Path, *, lazy: bool = False) -> None:
-    """Unmount ``root`` (``lazy``: detach it now, the kernel frees the filesystem when
-    its last user is gone). Raises ``InternalError`` (busy, not mounted...)."""
+    """Unmount ``root`` (``lazy``: out of the tree now, the kernel frees the filesystem
+    when its last user is gone). Raises ``InternalError`` (busy, not mounted...)."""
     if _umount2(os.fsencode(root), _MNT_DETACH if lazy else 0):
         code = ctypes.get_errno()
         raise InternalError(f"umount failed: {root.name}: {os.strerror(code)}")

@@ -129,7 +129,7 @@ class Volume:
     def unmount(self, root: Path) -> bool:
         """Unmount ``root``, keeping the image (and everything in it) for :meth:`create`:
         a paused session holds no mount, no loop device and no page cache of its own.
-        A busy filesystem (a download still reading a file) stays mounted: detached
+        A busy filesystem (a download still reading a file) stays mounted: unmounted
         lazily, it could be mounted a second time by the next call before it is gone.
         Whether ``root`` is unmounted now. The filesystem is written through to the image
         first, so that :meth:`disk_bytes` is what the files hold."""
@@ -189,7 +189,7 @@ def release(root: Path, image: Path | None, *, keep_root: bool = False) -> None:
         try:
             unmount(root)
         except InternalError:
-            # Busy (a process still has a file open in it): detach it now, the kernel
+            # Busy (a process still has a file open in it): out of the tree now, the kernel
             # frees the filesystem and its loop device when the last user is gone.
             unmount(root, lazy=True)
     if image is not None:

@@ -313,7 +313,8 @@ class BwrapBackend(Backend):
         env_fd = _data_fd(env_args(spec))
         data_fds = [mounts.seccomp_fd, mounts.passwd_fd, mounts.group_fd, env_fd]
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        child_fd = _high_fd(child.detach())
+        with child:  # its connection goes on as the launcher's high fd alone
+            child_fd = _high_fd(os.dup(child.fileno()))
         cgroup: cgroups.CgroupHandle | None = None
         try:
             cgroup = await asyncio.to_thread(self.cgroups.create, spec.key, spec.limits)

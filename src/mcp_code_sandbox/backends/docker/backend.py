@@ -49,8 +49,10 @@ and on the host only root too.
 Every engine call goes through :class:`.engine.Engine`, where docker-py's exceptions (and
 the ``requests`` ones it lets through when the engine goes away mid-call) are translated,
 and nowhere else; the pure half (container kwargs, labels) is :mod:`.spec` and
-:mod:`.labels`. Runner images (:mod:`.runners`) are this backend's optional capability
-(:class:`~mcp_code_sandbox.backends.runner_images.RunnerImages`).
+:mod:`.labels`. Runner images (:mod:`.runners`) and checkpoints (pausing with the whole
+memory, under gVisor) are this backend's optional capabilities
+(:class:`~mcp_code_sandbox.backends.runner_images.RunnerImages`,
+:class:`~mcp_code_sandbox.backends.checkpoints.Checkpoints`).
 """
 
 from __future__ import annotations
@@ -69,7 +71,6 @@ from typing import Any
 from mcp_code_sandbox.agent.protocol import ProtocolError
 from mcp_code_sandbox.backends.base import (
     Backend,
-    Checkpoint,
     Description,
     Enforcement,
     Leftover,
@@ -78,6 +79,7 @@ from mcp_code_sandbox.backends.base import (
     Usage,
     stop_step,
 )
+from mcp_code_sandbox.backends.checkpoints import Checkpoint, Checkpoints
 from mcp_code_sandbox.backends.docker.engine import (
     Engine,
     create_container,
@@ -136,9 +138,8 @@ CHECKPOINT_NAME = "mcs-pause"
 _CHECKPOINT_TRIES = 3
 
 
-class DockerBackend(Backend, RunnerImages):
+class DockerBackend(Backend, RunnerImages, Checkpoints):
     name = "docker"
-    reattaches = True
 
     def __init__(
         self,
@@ -305,7 +306,7 @@ class DockerBackend(Backend, RunnerImages):
     # as after a server restart (:meth:`reattach`). docker-py has no checkpoint calls:
     # its low-level client's own request helpers send them (the engine's REST API).
 
-    async def checkpoints(self) -> str | None:
+    async def cannot_checkpoint(self) -> str | None:
         if self._checkpoint_support is not None:
             return self._checkpoint_support[0]
         info: Mapping[str, Any] = {}
@@ -333,7 +334,7 @@ class DockerBackend(Backend, RunnerImages):
 
     async def checkpoint(self, sandbox: Sandbox) -> Checkpoint:
         assert isinstance(sandbox, DockerSandbox)
-        why = await self.checkpoints() or self.refuses_checkpoint(sandbox)
+        why = await self.cannot_checkpoint() or self.refuses_checkpoint(sandbox)
         if why is not None:
             raise SandboxFailed(why)
         sandbox.close()  # the agent let go of its end (park); ours goes too
@@ -347,7 +348,7 @@ class DockerBackend(Backend, RunnerImages):
                 if attempt == _CHECKPOINT_TRIES - 1:
                     raise
                 await asyncio.sleep(0.05)
-        root = self._engine_root  # read by checkpoints(), which said yes above
+        root = self._engine_root  # read by cannot_checkpoint(), which said yes above
         image = root / "containers" / container_id / "checkpoints" / CHECKPOINT_NAME
         size = await asyncio.to_thread(_tree_bytes, image) if root.is_absolute() else None
         return Checkpoint(backend_id=container_id, bytes=size)
@@ -513,12 +514,6 @@ class DockerBackend(Backend, RunnerImages):
         # socket it has bound refuses), so it is taken back as without network, and a
         # call with network=true starts a new sandbox with a new proxy.
         return sandbox
-
-    async def detach(self, sandbox: Sandbox) -> None:
-        # Only our end of the channel closes: the agent keeps its kernel and reconnects
-        # to the same socket path, for up to 10 min, which the next server binds again.
-        assert isinstance(sandbox, DockerSandbox)
-        sandbox.close()
 
     async def remove_leftover(self, leftover: Leftover) -> None:
         client = await self.client()
