@@ -235,7 +235,8 @@ class DockerBackend(Backend, RunnerImages):
                         log.info("this server's container is not the engine's: %s", exc.message)
                         attrs = None
                 self._state = locate(self.settings, attrs, api)
-                log.info("state dir for the engine: %s", self._state.describe())
+                if self._state.mapped:
+                    log.info("state dir for the engine: %s", self._state.describe())
             return self._state
 
     def _view(self) -> StateDir:
