@@ -1,5 +1,11 @@
-# The server itself: `mcp-code-sandbox serve --transport http` on the docker backend, for a
-# container beside a Docker engine whose socket it mounts (deploy/compose.yaml runs it).
+# The server itself on the docker backend, in a container beside a Docker engine whose
+# socket it mounts; its sandboxes are sibling containers of that engine. Two uses:
+#   the appliance: MCP over stdio, started by the client (a Mac's Docker Desktop, OrbStack,
+#     Colima; Windows' Docker Desktop), its state in a named volume of the engine:
+#       docker run -i --rm -v /var/run/docker.sock:/var/run/docker.sock \
+#         -v mcp-code-sandbox:/var/lib/mcp-code-sandbox mcp-code-sandbox-server:latest
+#   the service: `serve --transport http` (deploy/compose.yaml runs it so).
+# Any other command runs in place of `serve`: `... mcp-code-sandbox-server:latest doctor`.
 #
 # Build it with `mcp-code-sandbox image build --server` (provision/server_image.py), which assembles
 # the build context:
@@ -47,19 +53,24 @@ RUN set -eu; \
 
 FROM python
 COPY --from=venv /opt/mcp-code-sandbox /opt/mcp-code-sandbox
-# Inside the container the server listens on every interface, so it starts only with API
-# tokens (SANDBOX_API_TOKENS or SANDBOX_API_TOKENS_FILE): deploy/.env.example sets one.
-# The state dir must be a bind mount of a host directory, and SANDBOX_DOCKER_HOST_STATE_DIR
-# its path on the host, unless it is mounted at the same path (see deploy/compose.yaml).
+# The state dir is a volume (named, for the appliance) or a bind mount of a host directory
+# (compose; then SANDBOX_DOCKER_HOST_STATE_DIR may name its host path): the server finds
+# which from its own container. Nothing of it may stay in the container's layer, where no
+# sandbox could see it. The uid leases live in it too, so that appliances sharing the
+# volume never give one uid to two sessions (compose shares the host's instead).
+# Over HTTP the server listens on every interface, so it starts only with API tokens
+# (SANDBOX_API_TOKENS or SANDBOX_API_TOKENS_FILE): deploy/.env.example sets one.
 ENV PATH=/opt/mcp-code-sandbox/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     LANG=C.UTF-8 \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     SANDBOX_BACKEND=docker \
     SANDBOX_STATE_DIR=/var/lib/mcp-code-sandbox \
+    SANDBOX_UID_LEASE_DIR=/var/lib/mcp-code-sandbox/uids \
     SANDBOX_HTTP_HOST=0.0.0.0 \
     SANDBOX_HTTP_PORT=8080
+VOLUME /var/lib/mcp-code-sandbox
 EXPOSE 8080
-HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 \
-    CMD ["python3", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('SANDBOX_HTTP_PORT', '8080'), timeout=4)"]
-ENTRYPOINT ["mcp-code-sandbox", "serve", "--transport", "http"]
+# No command: `mcp-code-sandbox` alone serves MCP over stdio. (No HEALTHCHECK either: over
+# stdio there is nothing to ask; compose checks /healthz of the HTTP service itself.)
+ENTRYPOINT ["mcp-code-sandbox"]

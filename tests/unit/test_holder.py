@@ -8,7 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from mcp_code_sandbox.sessions.holder import SERVICE_LOCK, ServiceLock, service_pid
+from mcp_code_sandbox.sessions.holder import (
+    SERVICE_LOCK,
+    PidFile,
+    ServiceLock,
+    pid_file_alive,
+    service_pid,
+)
 from mcp_code_sandbox.settings import ConfigError
 
 
@@ -43,3 +49,48 @@ def test_a_holder_in_another_pid_namespace_is_still_a_holder(tmp_path: Path) -> 
             ServiceLock.claim(tmp_path)
     finally:
         lock.release()
+
+
+#: Holds ``argv[1]``'s pid file as a server in another pid namespace would: its mark
+#: names pid 1 (here some other process), its lock is the only proof of life.
+_HOLD = """
+import os, sys
+from pathlib import Path
+from mcp_code_sandbox.sessions.holder import PidFile
+held = PidFile.claim(Path(sys.argv[1]))
+os.pwrite(os.open(sys.argv[1], os.O_WRONLY), b"1.1      ", 0)
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_pid_file_is_alive_while_locked_whatever_its_mark(tmp_path: Path) -> None:
+    """Two appliance containers on one volume are both pid 1: the lock tells."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "other.pid"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _HOLD, str(path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"held\n"
+        assert pid_file_alive(path)
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert not pid_file_alive(path)  # unlocked, and its mark's pid 1 is not that process
+    assert not pid_file_alive(tmp_path / "none.pid")
+
+
+def test_a_pid_file_appears_locked_and_goes_on_release(tmp_path: Path) -> None:
+    path = tmp_path / "me.pid"
+    held = PidFile.claim(path)
+    assert pid_file_alive(path) and path.read_text().startswith(f"{os.getpid()}.")
+    assert [p.name for p in tmp_path.iterdir()] == ["me.pid"]
+    held.release()
+    held.release()
+    assert not path.exists()

@@ -73,8 +73,12 @@ def test_server_dockerfile_keeps_the_contract() -> None:
     assert "COPY --from=venv /opt/mcp-code-sandbox /opt/mcp-code-sandbox" in final
     assert "SANDBOX_BACKEND=docker" in final
     assert "SANDBOX_HTTP_HOST=0.0.0.0" in final
-    assert 'ENTRYPOINT ["mcp-code-sandbox", "serve", "--transport", "http"]' in final
-    assert "HEALTHCHECK" in final and "/healthz" in final
+    # The appliance: no command serves stdio; compose asks for HTTP and checks /healthz.
+    assert 'ENTRYPOINT ["mcp-code-sandbox"]\n' in final
+    assert "\nCMD " not in final and "\nHEALTHCHECK " not in final
+    # State and uid leases in the state dir's volume, shared by appliances on it.
+    assert "SANDBOX_UID_LEASE_DIR=/var/lib/mcp-code-sandbox/uids" in final
+    assert "VOLUME /var/lib/mcp-code-sandbox\n" in final
 
 
 def test_compose_mounts_the_socket_and_maps_the_state_dir() -> None:
@@ -87,6 +91,8 @@ def test_compose_mounts_the_socket_and_maps_the_state_dir() -> None:
     assert "SANDBOX_STATE_DIR: /var/lib/mcp-code-sandbox\n" in text
     assert '"${MCS_BIND:-127.0.0.1}:${MCS_PORT:-8080}:8080"' in text  # loopback by default
     assert "/healthz" in text and "restart: unless-stopped" in text
+    assert 'command: ["serve", "--transport", "http"]' in text
+    assert "SANDBOX_UID_LEASE_DIR: /run/mcp-code-sandbox/uids\n" in text  # the host's
 
 
 def test_env_example_names_every_setting() -> None:

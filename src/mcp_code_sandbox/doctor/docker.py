@@ -19,6 +19,7 @@ from mcp_code_sandbox.backends.docker.backend import DockerBackend, no_checkpoin
 from mcp_code_sandbox.backends.docker.engine import foreign, probe_engine
 from mcp_code_sandbox.backends.docker.labels import RUNNER_FILTER, is_runner
 from mcp_code_sandbox.backends.docker.runners import choose_runners, listed_images
+from mcp_code_sandbox.backends.docker.statedir import StateDir
 from mcp_code_sandbox.backends.seccomp import deny_rules
 from mcp_code_sandbox.doctor.checks import (
     Check,
@@ -33,7 +34,7 @@ from mcp_code_sandbox.run.probe import RuntimeProbe
 from mcp_code_sandbox.sessions.uids import uid_pool
 from mcp_code_sandbox.settings import Settings, docker_environ
 
-__all__ = ["ESSENTIAL", "check_docker", "seccomp_check", "uid_check"]
+__all__ = ["ESSENTIAL", "check_docker", "seccomp_check", "state_dir_check", "uid_check"]
 
 #: Docker checks without which its sandboxes cannot start.
 ESSENTIAL = ("docker engine", "docker runtime", "docker seccomp", "docker image")
@@ -91,6 +92,7 @@ def _engine_checks(client: Any, settings: Settings, where: str) -> list[Check]:
         "docker limits", True,
         "memory, cpu and pids by the engine's cgroups; network only where allowed and asked for",
     ))  # fmt: skip
+    checks.append(state_dir_check(DockerBackend(settings, docker_environ())))
     backend = DockerBackend(settings, docker_environ())
     runsc = (info.get("Runtimes") or {}).get("runsc") or {}
     checks.append(_network_check(backend, settings, list(runsc.get("runtimeArgs") or [])))
@@ -98,6 +100,26 @@ def _engine_checks(client: Any, settings: Settings, where: str) -> list[Check]:
     checks.append(uid_check(settings, info.get("SecurityOptions") or []))
     checks.append(pause_check(no_checkpoints(settings, info)))
     return checks
+
+
+def state_dir_check(backend: DockerBackend) -> Check:
+    """Where the sandboxes' workspaces and sockets are for the engine: the state dir on
+    its host, a host dir bound into the server's container, or (the appliance) a named
+    volume of the engine, which nothing on the client's machine is part of."""
+    name = "docker state dir"
+
+    async def ask() -> StateDir:
+        try:
+            return await backend.state_dir()
+        finally:
+            await backend.aclose()
+
+    try:
+        state = asyncio.run(ask())
+    except SandboxError as exc:
+        return Check(name, False, exc.message, "mount a volume at the state dir")
+    where = "the server runs in a container: " if backend.own_container else ""
+    return Check(name, True, where + state.describe())
 
 
 def uid_check(settings: Settings, security_options: list[str]) -> Check:

@@ -15,6 +15,12 @@ what happens to the session depends on the holder's :class:`Role`, which its rec
   did not create; what it leaves behind when it is killed is garbage that its janitor
   (:mod:`.janitor`), or any later start on the state directory, removes.
 
+Is a holder alive? Its pid file (``run_dir/<instance>.pid``, :class:`PidFile`) says: the
+holder keeps a ``flock`` on it for its whole life, which another server on the same
+state directory sees whatever pid namespace it runs in (two appliance containers on one
+volume are both pid 1); a file nobody locks (a dead holder, or one from before the lock)
+is judged by the mark it holds (:func:`mcp_code_sandbox.host.process_alive`).
+
 Records written before this rule have no ``handover`` field: they count as kept for a
 successor, the choice that loses nothing.
 """
@@ -30,7 +36,15 @@ from pathlib import Path
 from mcp_code_sandbox.host import process_alive, process_mark, read_mark
 from mcp_code_sandbox.settings import ConfigError
 
-__all__ = ["SERVICE_LOCK", "Role", "ServiceLock", "refused", "service_pid"]
+__all__ = [
+    "SERVICE_LOCK",
+    "PidFile",
+    "Role",
+    "ServiceLock",
+    "pid_file_alive",
+    "refused",
+    "service_pid",
+]
 
 #: The lock file under ``run_dir`` that the state directory's one service holds.
 SERVICE_LOCK = "service.lock"
@@ -77,6 +91,59 @@ class ServiceLock:
         if self._fd is not None:
             os.close(self._fd)  # drops the lock; the file stays for the next one
             self._fd = None
+
+
+class PidFile:
+    """A server's ``run_dir/<instance>.pid``: its mark, under an exclusive ``flock`` held
+    for the server's life (the kernel drops it when the process dies, however it dies)."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self._fd: int | None = fd
+
+    @classmethod
+    def claim(cls, path: Path) -> PidFile:
+        """Write and lock ``path``. The file is locked before it has its name: no other
+        server ever sees it unlocked and empty, which would read as a dead server's."""
+        draft = path.with_name(f".{path.name}.new")
+        fd = os.open(draft, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.write(fd, process_mark().encode())
+            os.replace(draft, path)
+        except BaseException:
+            os.close(fd)
+            draft.unlink(missing_ok=True)
+            raise
+        return cls(path, fd)
+
+    def release(self, *, keep: bool = False) -> None:
+        """Remove the file (``keep``: leave it, to say that a server died whose sessions
+        others take over: a replica's), then let go of the lock (idempotent)."""
+        if self._fd is not None:
+            if not keep:
+                self.path.unlink(missing_ok=True)
+            os.close(self._fd)
+            self._fd = None
+
+
+def pid_file_alive(path: Path) -> bool:
+    """Does the pid file ``path`` name a live server? False when there is no file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
+                return True  # locked: its server lives, in whatever pid namespace
+            raise
+        mark = read_mark(os.pread(fd, 64, 0).decode("ascii", "replace"))
+    finally:
+        os.close(fd)
+    return mark is not None and process_alive(*mark)
 
 
 def refusal(state_dir: Path, pid: int | None) -> str:

@@ -61,12 +61,11 @@ from mcp_code_sandbox import tracing
 from mcp_code_sandbox.backends.base import Backend, Limits, SandboxSpec
 from mcp_code_sandbox.backends.runner_images import RunnerImage
 from mcp_code_sandbox.errors import SandboxFailed, SessionBusy, SessionNotFound
-from mcp_code_sandbox.host import process_mark
 from mcp_code_sandbox.metrics import Metrics
 from mcp_code_sandbox.sessions import quota, records
 from mcp_code_sandbox.sessions.egress import Wish
 from mcp_code_sandbox.sessions.ending import Ending
-from mcp_code_sandbox.sessions.holder import Role, ServiceLock, service_pid
+from mcp_code_sandbox.sessions.holder import PidFile, Role, ServiceLock, service_pid
 from mcp_code_sandbox.sessions.ids import mint_session_id, session_key, validate_session_id
 from mcp_code_sandbox.sessions.janitor import Janitor
 from mcp_code_sandbox.sessions.lifecycle import Phase, transition
@@ -121,6 +120,8 @@ class SessionManager:
         self._wants_janitor = janitor and role is Role.PRIVATE
         #: Held for this server's life when it is the state directory's service.
         self._service_lock: ServiceLock | None = None
+        #: This server's pid file, locked for its life (:class:`.holder.PidFile`).
+        self._pid_file: PidFile | None = None
         self.backend = backend
         self.metrics = metrics or Metrics(backend.name)
         self.metrics.track_sessions(self.count)
@@ -213,7 +214,7 @@ class SessionManager:
                 )
         run_dir.mkdir(parents=True, exist_ok=True)
         self.settings.workspaces_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / f"{self._instance}.pid").write_text(process_mark())
+        self._pid_file = PidFile.claim(run_dir / f"{self._instance}.pid")
         if self._wants_janitor:  # before any sandbox or workspace of ours exists
             try:
                 self._janitor = await asyncio.to_thread(
@@ -284,8 +285,8 @@ class SessionManager:
             await self.backend.aclose()
         except Exception:
             log.exception("the backend did not close cleanly")
-        if self.replicas is None:  # a replica's says it died: the others take over
-            (self.settings.run_dir / f"{self._instance}.pid").unlink(missing_ok=True)
+        if self._pid_file is not None:  # a replica's stays: the others take over
+            self._pid_file.release(keep=self.replicas is not None)
         if self._service_lock is not None:
             self._service_lock.release()
         if self._janitor is not None and not self.ending.unfinished:

@@ -11,10 +11,10 @@ two servers starting on one state dir never both re-attach, or both remove, one 
 the second sees the records the first rewrote (a re-attached session's record names its
 new server before the lock is let go).
 
-Which servers are dead: those whose pid file (``run_dir/<instance>.pid``) names no live
-process (by pid and start time, see :mod:`..host`). A live server's records,
-workspaces and sandboxes are never touched, including sandboxes it re-attached (their
-labels still name the server that made them).
+Which servers are dead: those whose pid file (``run_dir/<instance>.pid``) nobody locks
+and whose mark names no live process (by pid and start time, see :mod:`.holder`). A live
+server's records, workspaces and sandboxes are never touched, including sandboxes it
+re-attached (their labels still name the server that made them).
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ import structlog
 from mcp_code_sandbox.backends.base import Backend, Leftover, Sandbox, SandboxSpec
 from mcp_code_sandbox.backends.checkpoints import Checkpoint, checkpoints_of
 from mcp_code_sandbox.errors import SandboxError, SandboxFailed
-from mcp_code_sandbox.host import process_alive, read_mark
 from mcp_code_sandbox.sessions import records, runlog
 from mcp_code_sandbox.sessions.agent_client import AgentClient
+from mcp_code_sandbox.sessions.holder import pid_file_alive
 from mcp_code_sandbox.sessions.lifecycle import Phase
 from mcp_code_sandbox.sessions.session import Paused, Session
 from mcp_code_sandbox.sessions.table import SessionTable
@@ -410,9 +410,9 @@ async def _remove_dead_instances(settings: Settings, mine: str) -> None:
 
 
 def alive(pidfile: Path) -> bool:
-    """Does ``pidfile`` name a live process? False when there is no file."""
+    """Does ``pidfile`` name a live server? False when there is no file (see
+    :func:`.holder.pid_file_alive`)."""
     try:
-        mark = read_mark(pidfile.read_text())
+        return pid_file_alive(pidfile)
     except OSError:
         return False
-    return mark is not None and process_alive(*mark)

@@ -23,12 +23,14 @@ restarted server can bind the same path again, so re-attaching to a running cont
 needs only the agent to reconnect (see ``mcs_agent.hostlink``, which retries for 10 min):
 :meth:`DockerBackend.reattach` does that for the session manager at start.
 
-A server in a container (``deploy/compose.yaml``) drives the host's engine through its
-socket. The engine resolves bind sources on the host, so the workspace and run dir are
-named to it by their host paths (``settings.docker_host_state_dir``; see
-``spec.engine_path``), and mount sources it reports are mapped back before they are
-compared with ours. The state dir must be a bind mount of that host dir: then the socket
-the server binds in a run dir is the very file the agent connects to, as on the host.
+A server in a container drives its engine through the engine's socket. The engine
+resolves mount sources in its own file system, so the workspace and run dir are named to
+it as it sees them: by their host paths when the state dir is a bind mount of a host dir
+(``deploy/compose.yaml``), or as sub-directories of the named volume the state dir is
+(the appliance, ``docker run -i -v mcp-code-sandbox:/var/lib/mcp-code-sandbox ...``);
+:mod:`.statedir` decides which from the server's own container, once, and mount sources
+the engine reports are mapped back before they are compared with ours. Either way the
+socket the server binds in a run dir is the very file the agent connects to.
 
 Uids. A server that can chown (root, or CAP_CHOWN as in ``deploy/compose.yaml``) runs
 each session's containers as the session's own host uid (``SandboxSpec.uid``, leased by
@@ -111,11 +113,12 @@ from mcp_code_sandbox.backends.docker.spec import (
     LABEL_RUNNER,
     LABEL_SESSION,
     LABEL_UID,
+    LABEL_WORKSPACE,
     container_kwargs,
     sandbox_ids,
-    server_path,
     uid_from_label,
 )
+from mcp_code_sandbox.backends.docker.statedir import StateDir, locate, own_container_id
 from mcp_code_sandbox.backends.runner_images import RunnerImage, RunnerImages, RunnerSandbox
 from mcp_code_sandbox.errors import SandboxError, SandboxFailed
 from mcp_code_sandbox.host import can_chown, process_mark
@@ -166,7 +169,14 @@ class DockerBackend(Backend, RunnerImages, Checkpoints):
             runtime=settings.docker_runtime,
             exec_timeout_s=settings.max_exec_timeout_s,
         )
-        self.workspace_mounts_unseen = _mounts_unseen(settings, self.engine.environment)
+        #: The container this server runs in, when its engine may know it (see
+        #: :mod:`.statedir`); ``None`` on a host, or when the settings map the state dir.
+        self.own_container = _own_container() if settings.docker_host_state_dir is None else None
+        self.workspace_mounts_unseen = _mounts_unseen(
+            settings, self.engine.environment, in_container=self.own_container is not None
+        )
+        self._state: StateDir | None = None
+        self._state_lock = asyncio.Lock()
         self._runtime_info: dict[str, dict[str, Any]] | None = None
         #: Why this engine cannot checkpoint (``None``: it can), once asked.
         self._checkpoint_support: tuple[str | None] | None = None
@@ -210,6 +220,30 @@ class DockerBackend(Backend, RunnerImages, Checkpoints):
             self._runtime_info = info_from_labels(labels, self.image)
         return {lang: dict(entry) for lang, entry in self._runtime_info.items()}
 
+    async def state_dir(self) -> StateDir:
+        """How the engine sees the state dir (asked of the engine once, in a container).
+        Raises ``BackendUnavailable`` when sandboxes could not see it at all."""
+        async with self._state_lock:
+            if self._state is None:
+                attrs = None
+                api = ""
+                if self.own_container is not None:
+                    client = await self.client()
+                    try:
+                        found = await self.engine.call(client.containers.get, self.own_container)
+                        attrs = found.attrs
+                        api = str((await self.engine.call(client.version)).get("ApiVersion", ""))
+                    except SandboxError as exc:  # another engine's container: a host view
+                        log.info("this server's container is not the engine's: %s", exc.message)
+                        attrs = None
+                self._state = locate(self.settings, attrs, api)
+                if self._state.mapped:
+                    log.info("state dir for the engine: %s", self._state.describe())
+            return self._state
+
+    def _view(self) -> StateDir:
+        return self._state or StateDir.of_settings(self.settings)
+
     async def check_ready(self) -> None:
         """The engine answers a ping and has the sandbox image."""
         client = await self.client()
@@ -222,6 +256,7 @@ class DockerBackend(Backend, RunnerImages, Checkpoints):
         # No look at the image first: a create without it fails with ImageNotFound, which
         # says the same (``map_docker_error``), and a new session pays one round trip less.
         await self.engine.require_runtime(client)
+        state = await self.state_dir()
         run_dir, listener = await asyncio.to_thread(self._listen, spec)
         kwargs = container_kwargs(
             spec,
@@ -229,6 +264,7 @@ class DockerBackend(Backend, RunnerImages, Checkpoints):
             self.image,
             instance=self.instance,
             run_dir=run_dir,
+            state=state,
         )
         container: Any = None
         try:
@@ -434,6 +470,7 @@ class DockerBackend(Backend, RunnerImages, Checkpoints):
 
     async def list_leftovers(self, *, live_too: bool = False) -> list[Leftover]:
         client = await self.client()
+        await self.state_dir()  # the view _bound_dir maps sources with
         # Sparse: the list endpoint's data only. Not sparse, docker-py inspects each
         # container after listing, and one removed in between (by another server, or a
         # test) would fail the whole start with "No such container".
@@ -476,10 +513,21 @@ class DockerBackend(Backend, RunnerImages, Checkpoints):
         return channel_dir is not None and channel_dir.parent in (base, base.resolve())
 
     def _bound_dir(self, attrs: Mapping[str, Any], destination: str) -> Path | None:
-        """The directory bound at ``destination``, as this server sees it (see
-        ``spec.server_path``); ``None`` when there is none or it is not ours."""
+        """The directory mounted at ``destination``, as this server sees it (see
+        :meth:`.statedir.StateDir.server_path`); ``None`` when there is none or it is not
+        ours. A sub-directory of our volume is named by the container's labels: the
+        engine's list of mounts names the volume only."""
+        view = self._view()
+        volume = _volume_name(attrs, destination)
+        if volume is not None:
+            if volume != view.volume:
+                return None
+            labels: Mapping[str, str] = attrs.get("Labels") or {}
+            if destination == CHANNEL_DIR:
+                return run_dir_from_label(self.settings.run_dir, labels.get(LABEL_RUN_DIR))
+            return _in_state_dir(view.server_dir, labels.get(LABEL_WORKSPACE))
         source = _mount_source(attrs, destination)
-        return None if source is None else server_path(source, self.settings)
+        return None if source is None else view.server_path(source)
 
     async def reattach(
         self,
@@ -559,10 +607,13 @@ class DockerBackend(Backend, RunnerImages, Checkpoints):
                 "list_runtimes shows what is offered now"
             ) from None
         await self.engine.require_runtime(client)
+        state = await self.state_dir()
         run_dir = await asyncio.to_thread(
             make_run_dir, self.settings.run_dir, f"{spec.key}-{runner.language}"
         )
-        kwargs = runner_kwargs(spec, self.settings, runner, instance=self.instance, run_dir=run_dir)
+        kwargs = runner_kwargs(
+            spec, self.settings, runner, instance=self.instance, run_dir=run_dir, state=state
+        )
         container: Any = None
         try:
             container = await self.engine.call(client.containers.create, **kwargs)
@@ -605,12 +656,16 @@ def _usage_of(stats: Mapping[str, Any]) -> Usage:
     )
 
 
-def _mounts_unseen(settings: Settings, environment: Mapping[str, str]) -> str | None:
+def _mounts_unseen(
+    settings: Settings, environment: Mapping[str, str], *, in_container: bool = False
+) -> str | None:
     """``Backend.workspace_mounts_unseen``: the engine resolves a bind's source in its own
     mount namespace, so a mount made by a server in a container, or on another host, is
     not there."""
     if settings.docker_host_state_dir is not None:
         return "the server runs in a container (SANDBOX_DOCKER_HOST_STATE_DIR is set)"
+    if in_container:
+        return "the server runs in a container, whose mounts the engine does not see"
     host = environment.get("DOCKER_HOST", "")
     if host and not host.startswith("unix://"):
         return f"the Docker engine may be on another host (DOCKER_HOST={host})"
@@ -664,6 +719,29 @@ def _tree_bytes(path: Path) -> int | None:
 
 async def _sync(fn: Callable[[], object]) -> None:
     fn()
+
+
+def _own_container() -> str | None:
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            return own_container_id(f.read())
+    except OSError:
+        return None
+
+
+def _volume_name(attrs: Mapping[str, Any], destination: str) -> str | None:
+    """The named volume mounted at ``destination``, from a container's (list) attrs."""
+    for mount in attrs.get("Mounts") or []:
+        if mount.get("Destination") == destination and mount.get("Type") == "volume":
+            return str(mount.get("Name") or "") or None
+    return None
+
+
+def _in_state_dir(state_dir: Path, relative: str | None) -> Path | None:
+    """``state_dir / relative`` for a label's relative path; ``None`` for anything else."""
+    if not relative or relative.startswith("/") or ".." in Path(relative).parts:
+        return None
+    return state_dir / relative
 
 
 def _mount_source(attrs: Mapping[str, Any], destination: str) -> Path | None:

@@ -41,6 +41,7 @@ from mcp_code_sandbox.backends.docker.spec import (
     container_kwargs,
     sandbox_ids,
 )
+from mcp_code_sandbox.backends.docker.statedir import StateDir
 from mcp_code_sandbox.backends.runner_images import ExecResult, RunnerImage, RunnerSandbox
 from mcp_code_sandbox.layout import WORKSPACE_DIR
 from mcp_code_sandbox.settings import Settings
@@ -139,9 +140,12 @@ def runner_kwargs(
     *,
     instance: str,
     run_dir: Path,
+    state: StateDir | None = None,
 ) -> dict[str, Any]:
     """``containers.create`` kwargs for a runner: a session's sandbox, another main process."""
-    kwargs = container_kwargs(spec, settings, runner.image_id, instance=instance, run_dir=run_dir)
+    kwargs = container_kwargs(
+        spec, settings, runner.image_id, instance=instance, run_dir=run_dir, state=state
+    )
     kwargs["entrypoint"] = list(KEEPALIVE[:1])
     kwargs["command"] = list(KEEPALIVE[1:])
     kwargs["working_dir"] = WORKSPACE_DIR

@@ -6,10 +6,10 @@ is, and nothing here talks to an engine (that is :mod:`.engine`), so all of it i
 unit-tested without one (STYLE.md rule 4). See :mod:`.backend` for why the channel is a
 Unix socket in a bind-mounted run dir.
 
-Paths. Every path the server gives the engine (the sources of bind mounts) is a path in
-the state dir as the *engine* sees it, and every mount source the engine reports is one
-as the engine sees it: :func:`engine_path` and :func:`server_path` translate between the
-two views when the server runs in a container (``settings.docker_host_state_dir``).
+Paths. Every mount the server gives the engine names a directory of the state dir as
+the *engine* sees it, and every mount source the engine reports is one as the engine
+sees it: :class:`.statedir.StateDir` translates between the two views when the server
+runs in a container (a bind mount of a host dir, or a named volume: the appliance).
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from docker.types import LogConfig, Mount, Ulimit
+from docker.types import LogConfig, Ulimit
 
 from mcp_code_sandbox.backends.base import SandboxSpec
+from mcp_code_sandbox.backends.docker.statedir import StateDir
 from mcp_code_sandbox.backends.seccomp import docker_seccomp_opt
 from mcp_code_sandbox.errors import SandboxFailed
 from mcp_code_sandbox.layout import (
@@ -42,6 +43,7 @@ __all__ = [
     "LABEL_RUN_DIR",
     "LABEL_SESSION",
     "LABEL_UID",
+    "LABEL_WORKSPACE",
     "SOCKET_NAME",
     "container_kwargs",
     "engine_path",
@@ -65,31 +67,24 @@ LABEL_RUN_DIR = f"{_PREFIX}.rundir"
 #: The session's own host uid that the container runs as (``SandboxSpec.uid``); absent
 #: when the containers run as the server's uid.
 LABEL_UID = f"{_PREFIX}.uid"
+#: The workspace's path in the state dir: a volume's sub-directory mounted into a
+#: container is not in the engine's list of its mounts (see :mod:`.statedir`).
+LABEL_WORKSPACE = f"{_PREFIX}.workspace"
 CHANNEL_DIR = "/run/mcs"
 SOCKET_NAME = "agent.sock"
 _NOFILE = 4096
 
 
 def engine_path(path: Path, settings: Settings) -> Path:
-    """``path``, in this server's state dir, as the engine sees it (for a bind's source).
-
-    Raises ``ValueError`` when a mapping is set and ``path`` is not in the state dir: the
-    engine could not find it, and binding whatever it names instead would be worse."""
-    if settings.docker_host_state_dir is None:
-        return path
-    return settings.docker_host_state_dir / path.relative_to(settings.state_dir)
+    """``path``, in this server's state dir, as the engine sees it by the settings
+    (:meth:`.statedir.StateDir.engine_path`)."""
+    return StateDir.of_settings(settings).engine_path(path)
 
 
 def server_path(path: Path, settings: Settings) -> Path | None:
-    """A bind source the engine reports, as this server sees it; ``None`` when a mapping
-    is set and the source is outside the engine's view of the state dir (another
-    server's sandbox: nothing of ours)."""
-    if settings.docker_host_state_dir is None:
-        return path
-    try:
-        return settings.state_dir / path.relative_to(settings.docker_host_state_dir)
-    except ValueError:
-        return None
+    """A bind source the engine reports, as this server sees it by the settings
+    (:meth:`.statedir.StateDir.server_path`)."""
+    return StateDir.of_settings(settings).server_path(path)
 
 
 def sandbox_ids(spec: SandboxSpec) -> tuple[int, int]:
@@ -122,14 +117,17 @@ def container_kwargs(
     *,
     instance: str,
     run_dir: Path,
+    state: StateDir | None = None,
 ) -> dict[str, Any]:
     """Everything ``containers.create`` gets for one sandbox. Pure: no engine needed.
+    ``state``: how the engine sees the state dir (default: as the settings say).
 
     Every container has ``network_mode`` none (loopback only), with network or without:
     one with network gets the egress proxy's directory (``spec.egress``) read-only at
     ``EGRESS_DIR``, whose socket is its only way out (under gVisor, connecting to it
     needs runsc's ``--host-uds=open``, which ``scripts/docker-engine.sh`` registers)."""
     limits = spec.limits
+    state = state or StateDir.of_settings(settings)
     socket_path = f"{CHANNEL_DIR}/{SOCKET_NAME}"
     command = agent_argv(
         limits,
@@ -161,6 +159,7 @@ def container_kwargs(
             LABEL_KEY: spec.key,
             LABEL_INSTANCE: instance,
             LABEL_RUN_DIR: run_dir.name,
+            **_workspace_label(spec.workspace, settings),
             **({LABEL_UID: str(spec.uid)} if spec.uid is not None else {}),
             **({LABEL_NETWORK: "true"} if spec.network else {}),
         },
@@ -190,22 +189,10 @@ def container_kwargs(
             Ulimit(name="fsize", soft=limits.file_bytes, hard=limits.file_bytes),
         ],
         "mounts": [
-            Mount(
-                WORKSPACE_DIR,
-                str(engine_path(spec.workspace, settings)),
-                type="bind",
-                read_only=False,
-            ),
-            Mount(CHANNEL_DIR, str(engine_path(run_dir, settings)), type="bind", read_only=True),
+            state.mount(WORKSPACE_DIR, spec.workspace, read_only=False),
+            state.mount(CHANNEL_DIR, run_dir, read_only=True),
             *(
-                [
-                    Mount(
-                        EGRESS_DIR,
-                        str(engine_path(spec.egress.host_dir, settings)),
-                        type="bind",
-                        read_only=True,
-                    )
-                ]
+                [state.mount(EGRESS_DIR, spec.egress.host_dir, read_only=True)]
                 if spec.egress is not None
                 else []
             ),
@@ -213,6 +200,14 @@ def container_kwargs(
         # User code can reopen the agent's stderr through /proc: cap what the engine keeps.
         "log_config": LogConfig(type="json-file", config={"max-size": "1m", "max-file": "1"}),
     }
+
+
+def _workspace_label(workspace: Path, settings: Settings) -> dict[str, str]:
+    """``LABEL_WORKSPACE``: the workspace's path relative to the state dir (none outside)."""
+    try:
+        return {LABEL_WORKSPACE: str(workspace.relative_to(settings.state_dir))}
+    except ValueError:
+        return {}
 
 
 #: CFS period under gVisor: the longest the kernel allows (1 s), not Docker's 100 ms.
