@@ -28,7 +28,7 @@ import signal
 import socket
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -113,15 +113,23 @@ class FakeBackend(Backend):
         self.stopped.append(sandbox.spec.key)
         await _end(sandbox)
 
-    async def reattach(self, leftover: Leftover, spec: SandboxSpec) -> Sandbox | None:
+    async def reattach(
+        self,
+        leftover: Leftover,
+        spec: SandboxSpec,
+        *,
+        bound: Callable[[], Awaitable[None]] | None = None,
+    ) -> Sandbox | None:
         """A planted leftover comes back as a fresh agent on the session's workspace
         (files kept)."""
+        if bound is not None:
+            await bound()
         if any(p.backend_id == leftover.backend_id for p in self.planted):
             self.planted = [p for p in self.planted if p.backend_id != leftover.backend_id]
             return await self._start(spec)
         return None
 
-    async def list_leftovers(self) -> list[Leftover]:
+    async def list_leftovers(self, *, live_too: bool = False) -> list[Leftover]:
         return list(self.planted)
 
     async def remove_leftover(self, leftover: Leftover) -> None:

@@ -20,7 +20,13 @@ import structlog
 
 from mcp_code_sandbox import __version__
 from mcp_code_sandbox.errors import SandboxError
-from mcp_code_sandbox.settings import ConfigError, Settings, load_settings, unknown_variables
+from mcp_code_sandbox.settings import (
+    ConfigError,
+    Settings,
+    load_settings,
+    otlp_configured,
+    unknown_variables,
+)
 
 __all__ = ["default_command", "main"]
 
@@ -184,7 +190,7 @@ def _serve(settings: Settings, transport: str) -> int:
         serve_stdio,
     )
     from mcp_code_sandbox.service import SandboxService
-    from mcp_code_sandbox.sessions.holder import Role, refusal, service_pid
+    from mcp_code_sandbox.sessions.holder import Role, refused
 
     if settings.keep_sessions_on_shutdown is None:  # HTTP keeps sessions; stdio does not
         settings = settings.model_copy(update={"keep_sessions_on_shutdown": transport == "http"})
@@ -192,14 +198,24 @@ def _serve(settings: Settings, transport: str) -> int:
     # takes over what its predecessor left; any other server holds only its own.
     service_role = transport == "http" or settings.keep_sessions_on_shutdown
     role = Role.SERVICE if service_role else Role.PRIVATE
-    if role is Role.SERVICE and (pid := service_pid(settings.run_dir)) is not None:
-        raise ConfigError([refusal(settings.state_dir, pid)])  # before any port or sandbox
+    if settings.replica and role is not Role.SERVICE:
+        raise ConfigError(["SANDBOX_REPLICA needs --transport http: replicas serve HTTP"])
+    if role is Role.SERVICE and (line := refused(settings.run_dir, replica=settings.replica)):
+        raise ConfigError([line])  # before any port or sandbox
     sock = None
     if transport == "http":  # refuse an open bind, bad tokens or a busy port first
         check_http_exposure(settings)
         build_auth(settings)
         sock = bind_http(settings)
     backend, why = choose_backend(settings)
+    if settings.replica and backend.name != "docker":
+        raise ConfigError(
+            [
+                f"SANDBOX_REPLICA needs the docker backend, not {backend.name}: its sandboxes "
+                "are children of one server process, so a server on it stays alone on its "
+                "state directory"
+            ]
+        )
     where = "stdio" if sock is None else f"http://{settings.http_host}:{settings.http_port}/mcp"
     structlog.get_logger("mcp_code_sandbox.cli").info(f"serving MCP on {where}; backend {why}")
     # No runtime env yet (a first `uvx mcp-code-sandbox`): serve at once, build it beside.
@@ -209,11 +225,23 @@ def _serve(settings: Settings, transport: str) -> int:
         runtime_preparation(settings, backend),
         role=role,
         janitor=role is Role.PRIVATE,
+        replica=settings.replica,
     )
-    if sock is None:
-        asyncio.run(serve_stdio(service))
-    else:
-        asyncio.run(serve_http(service, sock))
+    if otlp_configured():
+        from mcp_code_sandbox import tracing
+
+        if (warning := tracing.configure(service.sessions.instance)) is not None:
+            structlog.get_logger("mcp_code_sandbox.cli").warning(warning)
+    try:
+        if sock is None:
+            asyncio.run(serve_stdio(service))
+        else:
+            asyncio.run(serve_http(service, sock))
+    finally:
+        if otlp_configured():
+            from mcp_code_sandbox import tracing
+
+            tracing.shutdown()
     return 0
 
 

@@ -56,6 +56,8 @@ GROUPS: tuple[tuple[str, tuple[Entry, ...]], ...] = (
              "half of max-sessions with several owners, else none"),
             ("keep_sessions_on_shutdown", "a clean stop pauses every session for the next "
              "server instead of ending them", "true over HTTP, false over stdio"),
+            ("replica", "one of several HTTP servers sharing this state directory's sessions "
+             "(docker backend)", None),
         ),
     ),
     (

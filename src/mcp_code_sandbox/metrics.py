@@ -62,6 +62,7 @@ class Metrics:
         # no dashboard reads them (a process-wide switch, and this is the process's app).
         disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry()
+        self._handovers: Counter | None = None  # a replica's (see ``replica``)
         r = self.registry
         ProcessCollector(registry=r)  # process_resident_memory_bytes, open fds, CPU seconds
         Gauge(
@@ -197,6 +198,27 @@ class Metrics:
             self._tool_errors.labels(code)
         for code in BACKEND_CODES:
             self._backend_errors.labels(code)
+
+    def replica(self, name: str) -> None:
+        """This server is one of its state directory's replicas, named ``name`` (the
+        ``replica`` of ``/readyz``, ``/ui`` and traces)."""
+        Gauge(
+            "mcp_sandbox_replica_info",
+            "This server is a replica (SANDBOX_REPLICA) of this name",
+            ["replica"],
+            registry=self.registry,
+        ).labels(name).set(1)
+        self._handovers = Counter(
+            "mcp_sandbox_handovers",
+            "Sessions handed between replicas: in (taken from another replica, or from "
+            "one that died), out (let go to another replica)",
+            ["direction"],
+            registry=self.registry,
+        )
+
+    def handed_over(self, direction: Literal["in", "out"]) -> None:
+        if self._handovers is not None:
+            self._handovers.labels(direction).inc()
 
     def track_sessions(self, count: Callable[[], int]) -> None:
         """Read the open sessions from ``count`` at every scrape (never drifts)."""

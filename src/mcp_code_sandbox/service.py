@@ -150,16 +150,19 @@ class SandboxService:
         *,
         role: Role | None = None,
         janitor: bool = False,
+        replica: bool = False,
     ) -> None:
         """``preparing``: what the backend still needs built before its first sandbox (a
         first ``serve`` without the runtime env), from the server layer, which decides
         what that is; ``None``: nothing. Started and closed with the service. ``role``
-        and ``janitor``: see :class:`.sessions.manager.SessionManager`."""
+        ``janitor`` and ``replica``: see :class:`.sessions.manager.SessionManager`."""
         self.settings = settings
         self.backend = backend
         self.preparing = preparing
         self.metrics = Metrics(backend.name)
-        self.sessions = SessionManager(settings, backend, self.metrics, role=role, janitor=janitor)
+        self.sessions = SessionManager(
+            settings, backend, self.metrics, role=role, janitor=janitor, replica=replica
+        )
         #: Blocking work (file I/O, walks, images) goes here, never on the event loop.
         self.threads = self.sessions.threads
         #: How the backend enforces each limit, as ``describe()`` said at the latest refresh.
@@ -285,7 +288,14 @@ class SandboxService:
     async def session_overview(self, owner: str | None) -> list[SessionView]:
         """The live sessions of ``owner`` (``None``: every owner's, for admins) with
         their figures now (``sessions.overview``), for the operator's ``/ui`` page."""
-        return await overview(self.sessions.listed(owner), self.backend, self.threads)
+        elsewhere = await asyncio.to_thread(self.sessions.elsewhere, owner)
+        return await overview(
+            self.sessions.listed(owner),
+            self.backend,
+            self.threads,
+            replica=self.replica,
+            elsewhere=elsewhere,
+        )
 
     async def run_code(
         self,
@@ -560,9 +570,16 @@ class SandboxService:
     async def close_session(self, owner: str, session_id: str) -> None:
         await self.sessions.close(owner, session_id)
 
+    @property
+    def replica(self) -> str:
+        """This server's name among the replicas of its state directory; empty for a
+        server alone (``SANDBOX_REPLICA`` unset)."""
+        return self.sessions.instance if self.sessions.replica else ""
+
     async def list_sessions(self, owner: str) -> list[SessionSummary]:
         """``list_sessions``: ``owner``'s sessions only, running and paused."""
-        return await summaries(self.sessions.listed(owner), self.threads)
+        elsewhere = await asyncio.to_thread(self.sessions.elsewhere, owner)
+        return await summaries(self.sessions.listed(owner), self.threads, elsewhere)
 
     def pool_status(self) -> dict[str, Any]:
         """The warm pool as ``list_runtimes``, ``/readyz`` and ``/ui`` show it: ``size``

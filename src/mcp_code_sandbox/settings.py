@@ -32,6 +32,7 @@ __all__ = [
     "ca_bundle_from_env",
     "docker_environ",
     "load_settings",
+    "otlp_configured",
     "parse_size",
     "unknown_variables",
 ]
@@ -207,6 +208,9 @@ class Settings(BaseSettings):
     #: to clients), false for stdio (a client that leaves leaves nothing behind); the
     #: CLI decides it from ``--transport``.
     keep_sessions_on_shutdown: bool | None = None
+    #: One of several HTTP servers sharing this state directory's sessions (docker backend
+    #: only): any of them serves any session (``sessions.replicas``).
+    replica: bool = False
 
     http_host: str = "127.0.0.1"
     http_port: int = Field(8080, ge=0, le=65535)
@@ -510,6 +514,15 @@ _REMOVED = {
     "SANDBOX_WORKSPACE_SPARE_IMAGES": "two spare workspace images are kept",
     "SANDBOX_WORKER_THREADS": "eight worker threads serve blocking work",
 }
+
+
+def otlp_configured(environ: Mapping[str, str] | None = None) -> bool:
+    """Does the environment ask for traces over OTLP (the OpenTelemetry SDK's own
+    variables, which it reads itself: see ``mcp_code_sandbox.tracing``)?"""
+    env = os.environ if environ is None else environ
+    return bool(
+        env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    )
 
 
 def unknown_variables(environ: Mapping[str, str] | None = None) -> list[str]:

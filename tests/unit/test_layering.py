@@ -42,7 +42,9 @@ ROOT = Path(mcp_code_sandbox.__file__).resolve().parent
 #: module or subpackage); the package's own ``__init__`` is ``""``.
 LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"agent"}),
-    frozenset({"", "errors", "settings", "sanitize", "host", "layout", "logs", "metrics"}),
+    frozenset(
+        {"", "errors", "settings", "sanitize", "host", "layout", "logs", "metrics", "tracing"}
+    ),
     frozenset({"workspace"}),
     frozenset({"egress"}),
     frozenset({"backends"}),

@@ -248,6 +248,8 @@ class DoneEvent(TypedDict):
     execution_count: int | None
     state_lost: bool
     cut: NotRequired[CutReport]
+    #: Seconds the run took inside the sandbox, by the agent's clock (a trace's span).
+    run_s: NotRequired[float]
 
 
 class ErrorEvent(TypedDict):

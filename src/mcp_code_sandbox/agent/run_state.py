@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import signal
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +39,8 @@ class Run:
     id: int
     language: str
     deadline: float
+    #: When the agent started it (monotonic): ``done`` says how long the run took here.
+    started: float = field(default_factory=time.monotonic)
     child: Child | None = None
     reason: str | None = None
     kill_at: float | None = None

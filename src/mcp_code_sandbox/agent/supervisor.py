@@ -347,6 +347,7 @@ class Supervisor:
         if run.reason is not None:
             message["status"] = run.reason
         self._run = None
+        message["run_s"] = round(time.monotonic() - run.started, 6)
         if not run.orphaned:
             self._send(message)
 

@@ -147,6 +147,9 @@ class Leftover:
     runner: str | None = None
     #: The host uid it runs as, as recorded (``SandboxSpec.uid``); ``None``: none recorded.
     uid: int | None = None
+    #: The server that made it still lives (replicas: another may hold its session now,
+    #: and the records say which; see ``sessions.records.plan_recovery``).
+    creator_alive: bool = False
 
 
 @dataclass(frozen=True)
@@ -288,8 +291,16 @@ class Backend(abc.ABC):
         steps after it still free what they can.
         """
 
-    async def reattach(self, leftover: Leftover, spec: SandboxSpec) -> Sandbox | None:
+    async def reattach(
+        self,
+        leftover: Leftover,
+        spec: SandboxSpec,
+        *,
+        bound: Callable[[], Awaitable[None]] | None = None,
+    ) -> Sandbox | None:
         """Take over a running leftover as the sandbox of ``spec``'s session, or ``None``.
+        ``bound`` is awaited once the backend waits for the agent (a replica taking a
+        session over asks its holder to let go then); what it raises is raised.
 
         Called by the session manager at start (its recovery), once per leftover that
         matches a session record (owner, id, key, workspace) still within its lifetime;
@@ -304,9 +315,10 @@ class Backend(abc.ABC):
         return None
 
     @abc.abstractmethod
-    async def list_leftovers(self) -> list[Leftover]:
-        """Sandboxes of this backend that no live server owns. Called once at start, by
-        the session manager's recovery."""
+    async def list_leftovers(self, *, live_too: bool = False) -> list[Leftover]:
+        """Sandboxes of this backend that no live server owns (``live_too``: those of live
+        servers on this state directory too, marked ``creator_alive``: a replica may have
+        taken one over). Called by the session manager's recovery."""
 
     @abc.abstractmethod
     async def remove_leftover(self, leftover: Leftover) -> None:

@@ -58,6 +58,15 @@ def dependencies(pyproject_text: str) -> list[str]:
     return found
 
 
+def extra(pyproject_text: str, name: str) -> list[str]:
+    """``[project.optional-dependencies].<name>`` of a ``pyproject.toml`` (none: empty)."""
+    extras = tomllib.loads(pyproject_text).get("project", {}).get("optional-dependencies", {})
+    found = extras.get(name, []) if isinstance(extras, dict) else []
+    if not isinstance(found, list) or not all(isinstance(d, str) for d in found):
+        raise BackendUnavailable(f"pyproject.toml: the {name} extra is not a list of strings")
+    return found
+
+
 def prepare_server_context(context: Path, ca_bundle: Path | None, root: Path | None = None) -> None:
     """Fill ``context`` (emptied first) with what ``images/server.Dockerfile`` copies."""
     root = root or source_root()
@@ -65,7 +74,9 @@ def prepare_server_context(context: Path, ca_bundle: Path | None, root: Path | N
     context.mkdir(parents=True)
     shutil.copyfile(root / SERVER_DOCKERFILE, context / "Dockerfile")
     pyproject = (root / "pyproject.toml").read_text(encoding="utf-8")
-    requirements = "".join(f"{dep}\n" for dep in dependencies(pyproject))
+    # With the ``otel`` extra: a deployment exports traces by setting OTEL_* alone.
+    wanted = dependencies(pyproject) + extra(pyproject, "otel")
+    requirements = "".join(f"{dep}\n" for dep in wanted)
     (context / "requirements.txt").write_text(requirements, encoding="utf-8")
     project = context / "project"
     project.mkdir(mode=0o755)

@@ -41,10 +41,12 @@ def ops_routes(
         backend = service.backend.name
         reason = await service.not_ready()
         pool = service.pool_status()
+        # Its own readiness only: another replica's state never makes this one unready.
+        replica = {"replica": service.replica} if service.replica else {}
         if reason is not None:
             body = {"status": "not ready", "backend": backend, "reason": reason, "pool": pool}
-            return JSONResponse(body, status_code=503)
-        return JSONResponse({"status": "ready", "backend": backend, "pool": pool})
+            return JSONResponse(body | replica, status_code=503)
+        return JSONResponse({"status": "ready", "backend": backend, "pool": pool} | replica)
 
     async def metrics(request: Request) -> Response:
         if token is not None:

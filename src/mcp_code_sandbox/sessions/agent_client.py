@@ -15,10 +15,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import math
+import time
 from typing import Any, cast
 
 import anyio
+from opentelemetry import trace
 
+from mcp_code_sandbox import tracing
 from mcp_code_sandbox.agent.budget import (
     STATE_RESULT_BYTES,
     Budget,
@@ -138,6 +142,17 @@ class AgentClient:
     async def _run(self, message: ExecMessage, budget: Budget, on_stream: StreamSink) -> Outcome:
         """Send ``message`` (an ``exec``) and collect its outcome (see :meth:`execute`)."""
         run_id, timeout_s = message["id"], float(message.get("timeout_s", 60))
+        with tracing.span("agent round trip", language=message["language"]):
+            return await self._round_trip(message, budget, on_stream, run_id, timeout_s)
+
+    async def _round_trip(
+        self,
+        message: ExecMessage,
+        budget: Budget,
+        on_stream: StreamSink,
+        run_id: int,
+        timeout_s: float,
+    ) -> Outcome:
         await self._send(message)
         displays = _Displays(budget)
         try:
@@ -196,11 +211,26 @@ class AgentClient:
             elif event == "display":
                 displays.add(cast(DisplayEvent, message))
             elif event == "done":
+                _trace_kernel_run(message.get("run_s"))
                 return _outcome(cast(DoneEvent, message), displays)
             elif event == "error":  # the agent refused this exec: no done follows
                 text, _ = cut_text(str(message.get("message")), displays.gate.budget.text_chars)
                 error = {"name": "AgentError", "value": text, "traceback": ""}
                 return Outcome("error", None, None, error, None, False, displays.kept)
+
+
+def _trace_kernel_run(run_s: object) -> None:
+    """The run as the agent timed it, ending now (its clock is the sandbox's: only the
+    length is taken, and it is hostile: a number, never longer than the round trip)."""
+    if not isinstance(run_s, (int, float)) or not math.isfinite(run_s) or run_s < 0:
+        return
+    end = time.time_ns()
+    parent = trace.get_current_span()
+    started = getattr(parent, "start_time", None)  # the SDK's spans have one
+    start = end - int(run_s * 1e9)
+    if isinstance(started, int):
+        start = max(start, started)
+    tracing.past_span("kernel run", start, end)
 
 
 def _discard(name: str, text: str) -> None:

@@ -36,7 +36,15 @@ from pathlib import Path
 from mcp_code_sandbox.host import process_alive, process_mark, read_mark
 from mcp_code_sandbox.settings import ConfigError
 
-__all__ = ["SERVICE_LOCK", "PidFile", "Role", "ServiceLock", "pid_file_alive", "service_pid"]
+__all__ = [
+    "SERVICE_LOCK",
+    "PidFile",
+    "Role",
+    "ServiceLock",
+    "pid_file_alive",
+    "refused",
+    "service_pid",
+]
 
 #: The lock file under ``run_dir`` that the state directory's one service holds.
 SERVICE_LOCK = "service.lock"
@@ -59,17 +67,22 @@ class ServiceLock:
         self._fd: int | None = fd
 
     @classmethod
-    def claim(cls, run_dir: Path) -> ServiceLock:
-        """Take the lock, or raise ``ConfigError`` naming the live service that has it."""
+    def claim(cls, run_dir: Path, *, replica: bool = False) -> ServiceLock:
+        """Take the lock, or raise ``ConfigError`` naming the live service that has it.
+
+        ``replica``: one of several services that share the state directory's sessions
+        (:mod:`.replicas`): they hold the lock shared, so replicas start beside each other
+        while a service that is not one (exclusive) refuses to start beside any, and the
+        other way round."""
         run_dir.mkdir(parents=True, exist_ok=True)
         fd = os.open(run_dir / SERVICE_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, (fcntl.LOCK_SH if replica else fcntl.LOCK_EX) | fcntl.LOCK_NB)
         except OSError as exc:
             os.close(fd)
             if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
                 raise
-            raise ConfigError([refusal(run_dir.parent, service_pid(run_dir))]) from None
+            raise ConfigError([_refusal(run_dir, replica=replica)]) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, process_mark().encode(), 0)
         return cls(fd)
@@ -104,10 +117,12 @@ class PidFile:
             raise
         return cls(path, fd)
 
-    def release(self) -> None:
-        """Remove the file, then let go of the lock (idempotent)."""
+    def release(self, *, keep: bool = False) -> None:
+        """Remove the file (``keep``: leave it, to say that a server died whose sessions
+        others take over: a replica's), then let go of the lock (idempotent)."""
         if self._fd is not None:
-            self.path.unlink(missing_ok=True)
+            if not keep:
+                self.path.unlink(missing_ok=True)
             os.close(self._fd)
             self._fd = None
 
@@ -138,6 +153,34 @@ def refusal(state_dir: Path, pid: int | None) -> str:
         f"another mcp-code-sandbox service ({who}) already serves the state directory "
         f"{state_dir}: give this server a state directory of its own with "
         "SANDBOX_STATE_DIR (--state-dir), or stop the other one first"
+    )
+
+
+def refused(run_dir: Path, *, replica: bool = False) -> str | None:
+    """The line a new service (``replica`` or not) would stop with on this state directory
+    now, or ``None`` when it may start: asked of the lock itself, and let go at once."""
+    try:
+        fd = os.open(run_dir / SERVICE_LOCK, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, (fcntl.LOCK_SH if replica else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+    except OSError:
+        return _refusal(run_dir, replica=replica)
+    finally:
+        os.close(fd)
+    return None
+
+
+def _refusal(run_dir: Path, *, replica: bool) -> str:
+    pid = service_pid(run_dir)
+    if replica or pid is not None:
+        return refusal(run_dir.parent, pid)
+    state_dir = run_dir.parent  # a shared holder: replicas, which ``service_pid`` skips
+    return (
+        f"replicas (SANDBOX_REPLICA=true) serve the state directory {state_dir}: start this "
+        "server with --replica too, give it a state directory of its own with "
+        "SANDBOX_STATE_DIR (--state-dir), or stop them first"
     )
 
 

@@ -10,6 +10,8 @@ The phases, and what makes each true::
     ENDING    closed or expired: calls fail with ``session_not_found``, no sandbox
               starts for it any more, and its end frees what it holds
     ENDED     everything it held is freed
+    HANDED_ON another replica holds it now (``replicas``): this server forgot it, and a
+              call that waited for it here looks it up again
 
 The moves, each with who makes it::
 
@@ -23,6 +25,9 @@ The moves, each with who makes it::
                           the pause (its new sandbox is paused for the next server)
     any of the above -> ENDING   close, expiry, shutdown (also mid-pause or mid-resume)
     ENDING   -> ENDED     its end freed everything (else it stays ENDING and is retried)
+    RUNNING, PAUSED -> HANDED_ON   a replica lets it go to another, between two calls
+    PAUSING, RESUMING -> HANDED_ON a replica shuts down, not waiting for the call (the
+                                   next holder finds it as its record says)
 
 Whether its workspace is mounted is another axis (``Session.workspace_made``): a
 session of any phase may be mounted or not (a paused one is mounted for a file call).
@@ -44,18 +49,22 @@ class Phase(enum.Enum):
     RESUMING = "resuming"
     ENDING = "ending"
     ENDED = "ended"
+    HANDED_ON = "handed on"
 
 
 #: The phases of a closed session: no call may use it again.
 CLOSED = frozenset({Phase.ENDING, Phase.ENDED})
 
 _MOVES: dict[Phase, frozenset[Phase]] = {
-    Phase.RUNNING: frozenset({Phase.PAUSING, Phase.ENDING}),
-    Phase.PAUSING: frozenset({Phase.PAUSED, Phase.RUNNING, Phase.ENDING}),
-    Phase.PAUSED: frozenset({Phase.RESUMING, Phase.ENDING}),
-    Phase.RESUMING: frozenset({Phase.RUNNING, Phase.PAUSED, Phase.PAUSING, Phase.ENDING}),
+    Phase.RUNNING: frozenset({Phase.PAUSING, Phase.ENDING, Phase.HANDED_ON}),
+    Phase.PAUSING: frozenset({Phase.PAUSED, Phase.RUNNING, Phase.ENDING, Phase.HANDED_ON}),
+    Phase.PAUSED: frozenset({Phase.RESUMING, Phase.ENDING, Phase.HANDED_ON}),
+    Phase.RESUMING: frozenset(
+        {Phase.RUNNING, Phase.PAUSED, Phase.PAUSING, Phase.ENDING, Phase.HANDED_ON}
+    ),
     Phase.ENDING: frozenset({Phase.ENDED}),
     Phase.ENDED: frozenset(),
+    Phase.HANDED_ON: frozenset(),
 }
 
 

@@ -57,6 +57,7 @@ from collections.abc import AsyncIterator, Callable
 
 import structlog
 
+from mcp_code_sandbox import tracing
 from mcp_code_sandbox.backends.base import Backend, Limits, SandboxSpec
 from mcp_code_sandbox.backends.runner_images import RunnerImage
 from mcp_code_sandbox.errors import SandboxFailed, SessionBusy, SessionNotFound
@@ -76,9 +77,10 @@ from mcp_code_sandbox.sessions.pool import Pooled, PoolStatus, WarmPool
 from mcp_code_sandbox.sessions.quota import QuotaMode
 from mcp_code_sandbox.sessions.reaper import Reaper
 from mcp_code_sandbox.sessions.recovery import adopted_session, kept_session, recover
+from mcp_code_sandbox.sessions.replicas import Replicas
 from mcp_code_sandbox.sessions.room import Room
 from mcp_code_sandbox.sessions.sandboxes import Sandboxes
-from mcp_code_sandbox.sessions.session import Acquired, Handout, Paused, Session
+from mcp_code_sandbox.sessions.session import END_WAIT_S, Acquired, Handout, Paused, Session
 from mcp_code_sandbox.sessions.table import SessionTable
 from mcp_code_sandbox.sessions.uids import UidLease, uid_pool
 from mcp_code_sandbox.sessions.workers import WorkerThreads
@@ -101,12 +103,15 @@ class SessionManager:
         *,
         role: Role | None = None,
         janitor: bool = False,
+        replica: bool = False,
     ) -> None:
         """``role``: what this server may take over, and what its successor may (see
         :mod:`.holder`); ``None``: the state directory's service when it keeps its
         sessions at shutdown, else a private server. ``janitor``: a private server
         whose process a client may kill (stdio, ``exec``) starts a janitor process that
-        removes what it leaves if it dies without ending its sessions (:mod:`.janitor`)."""
+        removes what it leaves if it dies without ending its sessions (:mod:`.janitor`).
+        ``replica``: a service that shares its state directory's sessions with other
+        replicas (:mod:`.replicas`)."""
         self.settings = settings
         if role is None:
             role = Role.SERVICE if settings.keep_sessions_on_shutdown else Role.PRIVATE
@@ -173,6 +178,23 @@ class SessionManager:
             workspace_for=self._workspace,
             lease_uid=self._lease_uid,
         )
+        #: This server's part in the registry its replicas share, when it is one.
+        self.replicas = (
+            Replicas(
+                settings,
+                backend,
+                self.table,
+                self.sandboxes,
+                uids=self.uids,
+                spec_for=self._spec_for,
+                pausing=self.pausing,
+                mounts=self.mounts,
+                recover=self._recover,
+                metrics=self.metrics,
+            )
+            if replica and role is Role.SERVICE
+            else None
+        )
 
     # -- lifecycle of the manager -------------------------------------------------------
 
@@ -180,7 +202,7 @@ class SessionManager:
         """Raises ``ConfigError`` for a second service on one state directory."""
         run_dir = self.settings.run_dir
         if self.role is Role.SERVICE:
-            self._service_lock = ServiceLock.claim(run_dir)
+            self._service_lock = ServiceLock.claim(run_dir, replica=self.replicas is not None)
         else:
             pid = await asyncio.to_thread(service_pid, run_dir)
             if pid is not None:
@@ -208,27 +230,14 @@ class SessionManager:
         log.info("workspace quota", enforced=self.quota.describe())
         if self.uids is not None:
             await asyncio.to_thread(self.uids.open)
-        recovered = await recover(
-            self.settings,
-            self.backend,
-            instance=self._instance,
-            spec_for=self._spec_for,
-            uids=self.uids,
-            takes_over=self.role is Role.SERVICE,
-        )
+        await self._recover()
         await self.sandboxes.start()
-        for session in [
-            *(adopted_session(self.table, adopted) for adopted in recovered.adopt),
-            *(kept_session(self.table, kept) for kept in recovered.paused),
-        ]:
-            self.table.add(session)
-            self.table.save(session, force=True)  # ours now: a later start leaves it alone
-        for owner, session_id, why in recovered.lost:
-            self.table.tombstone(owner, session_id, why)
+        if self.replicas is not None:
+            await self.replicas.start()
         self.reaper.start(lambda: self.reap())  # looked up at each pass (tests wrap it)
         if self.quota.filesystem:  # after recovery, which sweeps a dead server's spares
             self.spares = SpareImages(
-                self.settings.volumes_dir / SPARES_DIR,
+                self.settings.volumes_dir / SPARES_DIR / self._instance,
                 image_bytes(self.settings.workspace_quota_bytes),
             )
             await asyncio.to_thread(self.spares.start)
@@ -247,8 +256,12 @@ class SessionManager:
         sessions = self.table.clear()
         keep = self.role is Role.SERVICE and self.settings.keep_sessions_on_shutdown
         end = self.pausing.leave if keep else self.ending.destroy
+        if self.replicas is not None:  # the others go on serving them, unpaused
+            end, keep = self.replicas.hand_on, True
         log.info(
             "shutting down: pausing every session for the next server"
+            if keep and self.replicas is None
+            else "shutting down: leaving every session running for the other replicas"
             if keep
             else "shutting down: ending every session",
             sessions=len(sessions),
@@ -263,6 +276,8 @@ class SessionManager:
         ):
             if isinstance(outcome, BaseException):
                 log.error("session not cleaned up at shutdown", error=repr(outcome))
+        if self.replicas is not None:
+            await self.replicas.aclose()
         await self.sandboxes.egress.aclose()  # any proxy a stop cut short left open
         if self.spares is not None:
             await asyncio.to_thread(self.spares.close)
@@ -270,14 +285,34 @@ class SessionManager:
             await self.backend.aclose()
         except Exception:
             log.exception("the backend did not close cleanly")
-        if self._pid_file is not None:
-            self._pid_file.release()
+        if self._pid_file is not None:  # a replica's stays: the others take over
+            self._pid_file.release(keep=self.replicas is not None)
         if self._service_lock is not None:
             self._service_lock.release()
         if self._janitor is not None and not self.ending.unfinished:
             # Everything of ours is gone: nothing for it to do. Otherwise it is left to
             # clean up what could not be freed once this process has exited.
             await asyncio.to_thread(self._janitor.dismiss)
+
+    async def _recover(self) -> None:
+        """Take over (re-attach or keep paused) or remove what dead servers left, and
+        add what is taken over (at start; a replica also when another one died)."""
+        recovered = await recover(
+            self.settings,
+            self.backend,
+            instance=self._instance,
+            spec_for=self._spec_for,
+            uids=self.uids,
+            takes_over=self.role is Role.SERVICE,
+        )
+        for session in [
+            *(adopted_session(self.table, adopted) for adopted in recovered.adopt),
+            *(kept_session(self.table, kept) for kept in recovered.paused),
+        ]:
+            self.table.add(session)
+            self.table.save(session, force=True)  # ours now: a later start leaves it alone
+        for owner, session_id, why in recovered.lost:
+            self.table.tombstone(owner, session_id, why)
 
     @property
     def instance(self) -> str:
@@ -314,22 +349,14 @@ class SessionManager:
         of a session that is not paused (a new one) while its sandbox starts; else the
         workspace is mounted here.
         """
-        if create and (session_id is None or self.table.get(owner, session_id) is None):
-            await self.room.make(owner)  # a new session runs: room first (see ``room``)
-            session, created, notice = self._lookup(owner, session_id, create=True, pool=pool)
-        else:
-            session, created, notice = self._lookup(owner, session_id, create=create, pool=pool)
-        session.queued += 1  # not idle while a call waits for it (see ``room``)
-        try:
-            async with asyncio.timeout(wait_s):
-                await session.lock.acquire()
-        except TimeoutError:
-            raise SessionBusy(
-                f"session {session.id} is still running an earlier call after {wait_s:.0f} s "
-                "of waiting; wait for it to finish, or use another session"
-            ) from None
-        finally:
-            session.queued -= 1
+        tracing.mark_replica(self._instance)
+        with tracing.span("claim session"):
+            while True:
+                claimed = await self._claim(owner, session_id, create, wait_s, pool)
+                session, created, notice = claimed
+                if session.phase is not Phase.HANDED_ON:
+                    break
+                session.lock.release()  # another replica took it while this call waited
         try:
             if session.closed:  # closed while this call waited in the queue
                 raise SessionNotFound(f"session {session.id} was closed while this call waited")
@@ -346,6 +373,30 @@ class SessionManager:
                     await self._let_go(session)
             finally:
                 session.lock.release()
+
+    async def _claim(
+        self, owner: str, session_id: str | None, create: bool, wait_s: float, pool: bool
+    ) -> tuple[Session, bool, str | None]:
+        """``acquire``'s session, found, taken over or created, and locked for the call."""
+        if self.replicas is not None and session_id is not None:
+            await self.replicas.take(owner, session_id, wait_s)
+        if create and (session_id is None or self.table.get(owner, session_id) is None):
+            await self.room.make(owner)  # a new session runs: room first (see ``room``)
+            session, created, notice = self._lookup(owner, session_id, create=True, pool=pool)
+        else:
+            session, created, notice = self._lookup(owner, session_id, create=create, pool=pool)
+        session.queued += 1  # not idle while a call waits for it (see ``room``)
+        try:
+            async with asyncio.timeout(wait_s):
+                await session.lock.acquire()
+        except TimeoutError:
+            raise SessionBusy(
+                f"session {session.id} is still running an earlier call after {wait_s:.0f} s "
+                "of waiting; wait for it to finish, or use another session"
+            ) from None
+        finally:
+            session.queued -= 1
+        return session, created, notice
 
     async def _let_go(self, session: Session) -> None:
         """At the end of a call (lock held): a session left without a sandbox (paused,
@@ -518,6 +569,8 @@ class SessionManager:
         Raises ``SandboxFailed`` (the session is closed all the same) saying precisely
         what could not be freed; the reaper keeps trying."""
         validate_session_id(session_id)
+        if self.replicas is not None:
+            await self.replicas.take(owner, session_id, END_WAIT_S)
         session = self.table.get(owner, session_id)
         if session is None:
             raise SessionNotFound(f"no session {session_id!r} (already closed, or never existed)")
@@ -534,6 +587,8 @@ class SessionManager:
         """Pause ``owner``'s session now, as the reaper does when it is idle; how it was
         kept (``None``: it had no sandbox to pause). For operators and the benchmarks.
         ``SessionNotFound`` as for a call."""
+        if self.replicas is not None:
+            await self.replicas.take(owner, session_id, END_WAIT_S)
         session, _, _ = self._lookup(owner, session_id, create=False)
         if session.sandbox is None and not session.runners:
             return session.paused
@@ -549,7 +604,10 @@ class SessionManager:
         return paused if state == "paused" else self.table.count() - paused
 
     async def reap(self) -> None:
-        """One pass of the reaper (:mod:`.reaper`); its loop calls this every few seconds."""
+        """One pass of the reaper (:mod:`.reaper`); its loop calls this every few seconds.
+        A replica first takes over what replicas that died left."""
+        if self.replicas is not None:
+            await self.replicas.reap_dead()
         await self.reaper.reap()
 
     def tombstones(self) -> dict[tuple[str, str], str]:
@@ -564,6 +622,16 @@ class SessionManager:
         """The live sessions: every owner's (``owner`` None) or ``owner``'s. Read-only,
         for the operator's page (``sessions.overview``)."""
         return self.table.listed(owner)
+
+    def elsewhere(self, owner: str | None = None) -> list[records.SessionRecord]:
+        """The sessions other replicas hold, as their records say (every owner's, or
+        ``owner``'s); none for a server alone. Blocking: call it in a worker thread."""
+        return [] if self.replicas is None else self.replicas.elsewhere(owner)
+
+    @property
+    def replica(self) -> bool:
+        """Is this server one of its state directory's replicas (:mod:`.replicas`)?"""
+        return self.replicas is not None
 
     def count(self, owner: str | None = None) -> int:
         """Open sessions: all of them, or ``owner``'s."""

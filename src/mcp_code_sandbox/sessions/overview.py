@@ -13,13 +13,16 @@ page.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from mcp_code_sandbox.backends.base import Backend, Usage
 from mcp_code_sandbox.errors import SandboxError
-from mcp_code_sandbox.sessions.session import Session
+from mcp_code_sandbox.sessions.records import SessionRecord
+from mcp_code_sandbox.sessions.session import Paused, Session
 from mcp_code_sandbox.sessions.workers import WorkerThreads
 
 __all__ = [
@@ -52,6 +55,8 @@ class SessionView:
     memory_bytes: int | None
     cpu_seconds: float | None
     workspace_bytes: int | None
+    #: The replica that holds it (``SANDBOX_REPLICA``); empty for a server alone.
+    replica: str = ""
 
 
 def _state(session: Session) -> str:
@@ -88,7 +93,9 @@ async def _workspace_bytes(threads: WorkerThreads, session: Session) -> int | No
         return None  # ended meanwhile, or a walk too slow for a page
 
 
-async def _view(backend: Backend, threads: WorkerThreads, session: Session) -> SessionView:
+async def _view(
+    backend: Backend, threads: WorkerThreads, session: Session, replica: str
+) -> SessionView:
     usage, size = await asyncio.gather(_usage(backend, session), _workspace_bytes(threads, session))
     now = time.monotonic()
     return SessionView(
@@ -102,15 +109,42 @@ async def _view(backend: Backend, threads: WorkerThreads, session: Session) -> S
         memory_bytes=None if usage is None else usage.memory_bytes,
         cpu_seconds=None if usage is None else usage.cpu_seconds,
         workspace_bytes=size,
+        replica=replica,
     )
 
 
 async def overview(
-    sessions: list[Session], backend: Backend, threads: WorkerThreads
+    sessions: list[Session],
+    backend: Backend,
+    threads: WorkerThreads,
+    *,
+    replica: str = "",
+    elsewhere: Sequence[SessionRecord] = (),
 ) -> list[SessionView]:
-    """One :class:`SessionView` per session, oldest first, gathered concurrently."""
-    ordered = sorted(sessions, key=lambda s: s.created_wall)
-    return list(await asyncio.gather(*(_view(backend, threads, s) for s in ordered)))
+    """One :class:`SessionView` per session, oldest first, gathered concurrently; with
+    those other replicas hold (``elsewhere``: their records) as their records say."""
+    views = await asyncio.gather(*(_view(backend, threads, s, replica) for s in sessions))
+    return sorted([*views, *map(_recorded_view, elsewhere)], key=lambda v: v.created_at)
+
+
+def _recorded_view(record: SessionRecord) -> SessionView:
+    """A session another replica holds, as its record says (its figures are that
+    replica's to measure: unknown here)."""
+    now = time.time()
+    paused = record.paused is not None
+    return SessionView(
+        owner=record.owner,
+        session_id=record.session_id,
+        state="paused" if paused else "running",
+        created_at=record.created_at,
+        age_s=now - record.created_at,
+        idle_s=max(0.0, now - record.last_active),
+        runs=record.runs,
+        memory_bytes=None,
+        cpu_seconds=None,
+        workspace_bytes=None,
+        replica=record.instance,
+    )
 
 
 @dataclass(frozen=True)
@@ -129,12 +163,33 @@ class SessionSummary:
     saved_variables: tuple[tuple[str, str], ...] | None
 
 
-async def summaries(sessions: list[Session], threads: WorkerThreads) -> list[SessionSummary]:
+async def summaries(
+    sessions: list[Session],
+    threads: WorkerThreads,
+    elsewhere: Sequence[SessionRecord] = (),
+) -> list[SessionSummary]:
     """A :class:`SessionSummary` per session, oldest first. A session's files are as
     they were measured when its filesystem was put away (a pause, the end of a file call
-    on a session without a sandbox), while it is."""
-    ordered = sorted(sessions, key=lambda s: s.created_wall)
-    return list(await asyncio.gather(*(_summary(threads, s) for s in ordered)))
+    on a session without a sandbox), while it is. Those other replicas hold
+    (``elsewhere``) are as their records say: their files unknown while they run."""
+    ours = await asyncio.gather(*(_summary(threads, s) for s in sessions))
+    return sorted([*ours, *map(_recorded_summary, elsewhere)], key=lambda s: s.created_at)
+
+
+def _recorded_summary(record: SessionRecord) -> SessionSummary:
+    paused = None
+    if record.paused is not None:
+        with contextlib.suppress(ValueError, TypeError):
+            paused = Paused.from_json(record.paused)
+    return SessionSummary(
+        session_id=record.session_id,
+        created_at=record.created_at,
+        last_active=record.last_active,
+        state="paused" if record.paused is not None else "running",
+        workspace_bytes=None if paused is None else paused.files_bytes,
+        file_count=None if paused is None else paused.file_count,
+        saved_variables=paused.saved if paused is not None and paused.kind == "variables" else None,
+    )
 
 
 async def _summary(threads: WorkerThreads, session: Session) -> SessionSummary:

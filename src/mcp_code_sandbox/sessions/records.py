@@ -56,10 +56,12 @@ __all__ = [
     "checkpoint_id",
     "list_slots",
     "load_records",
+    "made_for",
     "new_slot",
     "plan_recovery",
     "record_path",
     "recorded_uid",
+    "records_of",
     "remove_record",
     "write_record",
 ]
@@ -108,6 +110,8 @@ class SessionRecord:
     #: directory's service (see :mod:`.holder`). False: a private server's, removed by
     #: whoever finds it after its holder died. Records without the field say True.
     handover: bool = True
+    #: Runs so far (each names its saved output): the next holder goes on counting.
+    runs: int = 0
 
 
 def record_path(directory: Path, slot: str) -> Path:
@@ -134,14 +138,17 @@ def remove_record(directory: Path, slot: str) -> None:
         record_path(directory, slot).unlink()
 
 
-def load_records(directory: Path) -> list[SessionRecord]:
-    """Every valid record; corrupt ones and stale temporary files are deleted."""
+def load_records(directory: Path, *, remove_bad: bool = True) -> list[SessionRecord]:
+    """Every valid record; corrupt ones and stale temporary files are deleted (unless
+    ``remove_bad`` is False: a reader that is not recovery, beside live writers)."""
     records: list[SessionRecord] = []
     if not directory.is_dir():
         return records
     now = time.time()
     for path in directory.iterdir():
         if path.name.endswith(".tmp"):
+            if not remove_bad:
+                continue
             with contextlib.suppress(OSError):
                 if now - path.lstat().st_mtime > _STALE_TMP_S:
                     path.unlink()
@@ -150,10 +157,21 @@ def load_records(directory: Path) -> list[SessionRecord]:
             continue
         record = _parse(path)
         if record is None:
-            path.unlink(missing_ok=True)
+            if remove_bad:
+                path.unlink(missing_ok=True)
         else:
             records.append(record)
     return records
+
+
+def records_of(directory: Path, key: str) -> list[SessionRecord]:
+    """The valid records of one session key (its slots: ``<key>-<random>``); blocking."""
+    found = []
+    for path in directory.glob(f"{key}-*{_SUFFIX}"):
+        record = _parse(path)
+        if record is not None and record.key == key:
+            found.append(record)
+    return found
 
 
 def _parse(path: Path) -> SessionRecord | None:
@@ -173,6 +191,7 @@ def _parse(path: Path) -> SessionRecord | None:
             pausing=raw.get("pausing", False) is True,
             replaces=_slot(raw.get("replaces")),
             handover=raw.get("handover", True) is not False,
+            runs=_count(raw.get("runs")),
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -181,6 +200,10 @@ def _parse(path: Path) -> SessionRecord | None:
     if match is None or match.group(1) != record.key or path.name != record.slot + _SUFFIX:
         return None
     return record
+
+
+def _count(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 def _paused(value: object) -> dict[str, Any] | None:
@@ -278,13 +301,15 @@ def plan_recovery(
         if slot in live:
             continue  # a live server re-attached it earlier: its labels still say otherwise
         record = dead.get(slot) if slot is not None else None
+        if leftover.creator_alive and record is None:
+            continue  # a live server's, and no dead server's record claims it
         fresh = record is not None and _expiry(record, now, ttl_s, lifetime_s) is None
         if (
             record is not None
             and fresh
             and record.paused is not None
             and checkpoint_id(record) == leftover.backend_id
-            and _made_for(leftover, record)
+            and made_for(leftover, record)
         ):
             held[record.slot] = leftover
         elif (
@@ -294,7 +319,7 @@ def plan_recovery(
             and leftover.runner is None  # a runner holds nothing but the workspace's files
             and slot not in candidates
             and leftover.running
-            and _made_for(leftover, record)
+            and made_for(leftover, record)
         ):
             candidates[record.slot] = (record, leftover)
         else:
@@ -337,7 +362,7 @@ def _record_of(kept: SessionRecord | tuple[SessionRecord, Leftover]) -> SessionR
     return kept[0] if isinstance(kept, tuple) else kept
 
 
-def _made_for(leftover: Leftover, record: SessionRecord) -> bool:
+def made_for(leftover: Leftover, record: SessionRecord) -> bool:
     """Do the leftover's labels name the recorded session? A sandbox started for the pool
     is labelled with the pool's empty owner and id, and keeps them once claimed: the key,
     slot (checked by the caller) and uid then tell."""

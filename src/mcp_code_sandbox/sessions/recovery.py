@@ -24,7 +24,7 @@ import dataclasses
 import fcntl
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,7 +44,17 @@ from mcp_code_sandbox.settings import Settings
 from mcp_code_sandbox.workspace import remove_tree, spares
 from mcp_code_sandbox.workspace.volume import IMAGE_SUFFIX, PROBE_PREFIX, release
 
-__all__ = ["Adopted", "Kept", "Recovered", "adopted_session", "alive", "kept_session", "recover"]
+__all__ = [
+    "Adopted",
+    "Kept",
+    "Recovered",
+    "adopted_session",
+    "alive",
+    "dead_instances",
+    "kept_session",
+    "recover",
+    "take_over",
+]
 
 log = structlog.get_logger("mcp_code_sandbox.sessions.manager")
 
@@ -109,7 +119,7 @@ async def recover(
         saved = await asyncio.to_thread(records.load_records, settings.sessions_dir)
         plan = records.plan_recovery(
             saved,
-            await backend.list_leftovers(),
+            await backend.list_leftovers(live_too=takes_over),
             slots,
             workspaces_dir=settings.workspaces_dir,
             alive=lambda other: alive(settings.run_dir / f"{other}.pid"),
@@ -123,6 +133,93 @@ async def recover(
         return await _carry_out(ctx, plan)
     finally:
         os.close(lock_fd)  # releases the lock
+
+
+async def take_over(
+    settings: Settings,
+    backend: Backend,
+    record: records.SessionRecord,
+    *,
+    instance: str,
+    spec_for: SpecFor,
+    uids: UidPool | None,
+    let_go: Callable[[], Awaitable[records.SessionRecord | None]],
+) -> Adopted | Kept | str | None:
+    """Take over one session a live replica holds (:mod:`.replicas`); the caller holds the
+    session's lease. ``let_go`` asks the holder to let go, and returns the record as the
+    holder last wrote it (``None``: the session ended meanwhile). It is asked once this
+    server listens for the sandbox's agent, so that the agent, which reconnects at once
+    when the holder closes its end, finds this server there.
+
+    Returns the re-attached or paused session; ``None`` when it ended meanwhile; why it
+    was lost (its sandbox is gone: its workspace and record are removed) otherwise."""
+    ctx = _Context(settings, backend, instance, spec_for, uids)
+    now: records.SessionRecord | None = None
+    sandbox: Sandbox | None = None
+    if record.paused is None and not record.pausing:
+        leftover = await _running(ctx, record)
+
+        async def bound() -> None:
+            nonlocal now
+            now = await let_go()
+            if now is None or now.paused is not None or now.pausing:
+                raise _NotRunning  # ended or paused meanwhile: no agent comes back
+
+        if leftover is not None:
+            try:
+                sandbox = await backend.reattach(leftover, spec_for(record), bound=bound)
+            except _NotRunning:
+                pass
+            except SandboxError as exc:
+                log.warning(
+                    "taking over a sandbox failed", session=record.session_id, error=exc.message
+                )
+    if now is None:  # not asked yet: paused, or its sandbox was not found
+        now = await let_go()
+        if now is None:
+            return None
+    if sandbox is None and (now.paused is not None or now.pausing):
+        kept = await _keep_paused(ctx, now)
+        return kept if kept is not None else f"session {now.session_id} was lost in a handover"
+    lease = None
+    if sandbox is not None:
+        try:
+            lease = await _reclaim_uid(ctx, now)
+        except SandboxError:
+            sandbox.channel.close()
+            sandbox = None
+    if sandbox is None:
+        log.warning("a handed-over session's sandbox is gone", session=now.session_id)
+        leftover = await _running(ctx, now)
+        if leftover is not None:
+            await backend.remove_leftover(leftover)
+        await _forget(settings, now.slot)
+        return f"session {now.session_id} was lost in a handover: its sandbox was gone"
+    return Adopted(_make_ours(ctx, now), sandbox, lease)
+
+
+class _NotRunning(Exception):
+    pass
+
+
+async def _running(ctx: _Context, record: records.SessionRecord) -> Leftover | None:
+    """The running sandbox ``record``'s session has (its agent's container), if any."""
+    slot_dir = ctx.settings.workspaces_dir / record.slot
+    for leftover in await ctx.backend.list_leftovers(live_too=True):
+        if (
+            leftover.workspace == slot_dir
+            and leftover.runner is None
+            and leftover.running
+            and records.made_for(leftover, record)
+        ):
+            return leftover
+    return None
+
+
+def dead_instances(run_dir: Path, mine: str) -> bool:
+    """Has a server whose pid file is in ``run_dir`` died (its records and sandboxes are
+    then to be taken over, or removed)? Blocking."""
+    return any(p.stem != mine and not alive(p) for p in run_dir.glob("*.pid"))
 
 
 def adopted_session(table: SessionTable, adopted: Adopted) -> Session:
@@ -287,7 +384,7 @@ def _sweep_volumes(settings: Settings) -> None:
     """Delete images whose workspace directory is gone (a release cut short after it
     unmounted), what a probe killed half-way left (:func:`.workspace.volume.probe`), and
     a dead server's spare images (:mod:`.workspace.spares`)."""
-    spares.sweep(settings.volumes_dir)
+    spares.sweep(settings.volumes_dir, lambda other: alive(settings.run_dir / f"{other}.pid"))
     if settings.volumes_dir.is_dir():
         for image in settings.volumes_dir.glob(f"*{IMAGE_SUFFIX}"):
             slot = image.name.removesuffix(IMAGE_SUFFIX)

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import structlog
 
+from mcp_code_sandbox import tracing
 from mcp_code_sandbox.backends.base import Backend, Limits, Sandbox, SandboxSpec
 from mcp_code_sandbox.backends.checkpoints import (
     NO_CHECKPOINTS,
@@ -487,7 +488,8 @@ class Sandboxes:
 
     async def _started(self, spec: SandboxSpec, mounted: Awaitable[None] | None) -> Sandbox:
         try:
-            return await self.backend.create(spec, mounted=mounted)
+            with tracing.span("sandbox start", backend=self.backend.name, network=spec.network):
+                return await self.backend.create(spec, mounted=mounted)
         except BaseException:
             await self.egress.close(spec.egress)
             raise

@@ -128,6 +128,7 @@ class SessionTable:
             created_wall=record.created_at,
             phase=phase,
             uid_lease=lease,
+            runs=record.runs,
         )
 
     # -- tombstones --------------------------------------------------------------------
@@ -206,7 +207,14 @@ class SessionTable:
             pausing=session.phase is Phase.PAUSING,
             replaces=None if session.replaces is None else session.replaces.slot,
             handover=self.handover,
+            runs=session.runs,
         )
+
+    def forget(self, session: Session) -> None:
+        """Take ``session`` out without ending it (another replica holds it now): its
+        record stays, as this server last wrote it."""
+        self.remove(session)
+        self._written.pop(session, None)
 
 
 def _paused(session: Session) -> bool:

@@ -6,8 +6,9 @@ pool, any backend). A few images are formatted ahead, in one background thread, 
 :meth:`SpareImages.take` hands one out by renaming it to the workspace's image name: the
 workspace then only mounts it.
 
-Layout and life cycle. Spares live in ``<volumes_dir>/.spares/`` (a directory of their
-own: they belong to no slot, so nothing that looks for a slot's image sees them). They
+Layout and life cycle. Spares live in ``<volumes_dir>/.spares/<instance>/`` (a directory
+of their own: they belong to no slot, so nothing that looks for a slot's image sees them;
+one per server process, as several may share a state directory). They
 are sparse files formatted exactly as :meth:`.volume.Volume.create` formats one, never
 mounted until taken, and all of one size (the server's quota). ``mkfs`` runs at a lower
 CPU priority (``nice``), and while a spare is left it waits :data:`REFILL_AFTER_S` after
@@ -25,9 +26,11 @@ skipped; a failed refill is logged and retried after :data:`RETRY_S`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
 import structlog
@@ -113,7 +116,9 @@ class SpareImages:
             self._thread.join(_JOIN_S)
         with self._cond:
             self._ready.clear()
-        sweep(self.directory.parent)
+        remove_tree(self.directory)
+        with contextlib.suppress(OSError):  # the last server's leaves none behind
+            self.directory.parent.rmdir()
 
     def _refill(self) -> None:
         while True:
@@ -140,8 +145,14 @@ class SpareImages:
                 self._ready.append(spare)
 
 
-def sweep(volumes_dir: Path) -> None:
-    """Delete the spares directory under ``volumes_dir`` with what is in it; called by
-    :meth:`SpareImages.close` and by recovery at start (a killed server's spares)."""
-    if volumes_dir.is_dir():
-        remove_tree(volumes_dir / SPARES_DIR)
+def sweep(volumes_dir: Path, alive: Callable[[str], bool]) -> None:
+    """Delete what is in the spares directory under ``volumes_dir`` but the directories of
+    live servers (``alive(instance)``); called by recovery (a killed server's spares)."""
+    directory = volumes_dir / SPARES_DIR
+    if not directory.is_dir():
+        return
+    for entry in directory.iterdir():
+        if not (entry.is_dir() and not entry.is_symlink() and alive(entry.name)):
+            remove_tree(entry)
+    with contextlib.suppress(OSError):
+        directory.rmdir()

@@ -404,7 +404,7 @@ class BwrapBackend(Backend):
             return None
         return await asyncio.to_thread(sandbox.cgroup.usage)
 
-    async def list_leftovers(self) -> list[Leftover]:
+    async def list_leftovers(self, *, live_too: bool = False) -> list[Leftover]:
         # bwrap sandboxes die with their server (--die-with-parent): what a dead server
         # leaves behind is its cgroup directories, with any process that escaped.
         handles = await asyncio.to_thread(self.cgroups.list_leftovers)

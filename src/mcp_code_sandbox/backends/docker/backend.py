@@ -468,7 +468,7 @@ class DockerBackend(Backend, RunnerImages, Checkpoints):
         name = (container.labels or {}).get(LABEL_RUN_DIR)
         await self._discard(container, run_dir_from_label(self.settings.run_dir, name))
 
-    async def list_leftovers(self) -> list[Leftover]:
+    async def list_leftovers(self, *, live_too: bool = False) -> list[Leftover]:
         client = await self.client()
         await self.state_dir()  # the view _bound_dir maps sources with
         # Sparse: the list endpoint's data only. Not sparse, docker-py inspects each
@@ -480,10 +480,11 @@ class DockerBackend(Backend, RunnerImages, Checkpoints):
         leftovers = []
         for container in found:
             labels: dict[str, str] = container.attrs.get("Labels") or {}
-            if instance_alive(labels.get(LABEL_INSTANCE, ""), self.instance):
+            creator_alive = instance_alive(labels.get(LABEL_INSTANCE, ""), self.instance)
+            if creator_alive and not live_too:
                 continue
-            if container.status in ("created", "running") and not self._same_state_dir(
-                container.attrs
+            if (creator_alive or container.status in ("created", "running")) and (
+                not self._same_state_dir(container.attrs)
             ):
                 # Another state dir's: its own server re-attaches it or removes it. Its
                 # agent exits after 10 min without a host, and then any server may.
@@ -498,6 +499,7 @@ class DockerBackend(Backend, RunnerImages, Checkpoints):
                     workspace=self._bound_dir(container.attrs, WORKSPACE_DIR),
                     runner=labels.get(LABEL_RUNNER),
                     uid=uid_from_label(labels.get(LABEL_UID)),
+                    creator_alive=creator_alive,
                 )
             )
         return leftovers
@@ -527,7 +529,13 @@ class DockerBackend(Backend, RunnerImages, Checkpoints):
         source = _mount_source(attrs, destination)
         return None if source is None else view.server_path(source)
 
-    async def reattach(self, leftover: Leftover, spec: SandboxSpec) -> Sandbox | None:
+    async def reattach(
+        self,
+        leftover: Leftover,
+        spec: SandboxSpec,
+        *,
+        bound: Callable[[], Awaitable[None]] | None = None,
+    ) -> Sandbox | None:
         """Listen again on the leftover's socket path and take its agent's reconnection.
 
         The old socket file (of the dead server) is replaced; the agent, retrying since
@@ -546,7 +554,7 @@ class DockerBackend(Backend, RunnerImages, Checkpoints):
         if container.status != "running" or run_dir is None:
             return None
         try:
-            sandbox = await self._take_back(container, run_dir, spec, REATTACH_WAIT_S)
+            sandbox = await self._take_back(container, run_dir, spec, REATTACH_WAIT_S, bound)
         except SandboxError as exc:
             log.warning("cannot re-attach to %s: %s", leftover.backend_id, exc.message)
             return None

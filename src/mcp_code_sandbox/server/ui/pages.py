@@ -280,6 +280,8 @@ class _Ui:
         context = self._context(
             viewer,
             sessions=sessions,
+            replicas=bool(self.service.replica),
+            replica=self.service.replica,
             runs=runs,
             pool=self.service.pool_status(),
             paused=self.service.paused_status(scope),

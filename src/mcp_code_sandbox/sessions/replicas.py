@@ -1,0 +1,382 @@
+"""Several HTTP servers on one state directory, as replicas: any of them serves any session.
+
+Started with ``SANDBOX_REPLICA=true`` (``--replica``), HTTP servers on one state
+directory share its sessions (a server without it stays alone there: :mod:`.holder`).
+The rules:
+
+- **The record is the truth.** A session's record (:mod:`.records`) names the replica that
+  holds it now (``instance``). Every replica reads records; only the holder writes one.
+- **One holder at a time.** The holder alone talks to the session's sandbox (its agent
+  accepts one host connection), runs its calls one at a time in arrival order, pauses,
+  resumes, moves or ends it. A replica that gets a call for a session another replica
+  holds takes it over before it runs the call: a *handover*.
+- **A handover** is done under the session's :class:`Lease` (an ``flock`` on
+  ``run_dir/leases/<key>``: one handover of a session at a time, and the kernel drops it
+  with a holder that dies). The taker starts listening on the sandbox's channel, then asks
+  the holder, over the holder's control socket (:class:`Control`,
+  ``run_dir/replicas/<instance>.sock``), to let go. The holder waits for the calls it has
+  already queued for the session (they arrived first), writes the record as it stands,
+  closes its end of the channel and forgets the session; the agent reconnects to the taker
+  at once (:mod:`mcp_code_sandbox.agent.hostlink`), which writes the record as its own.
+  Calls queued on the holder after that ask for the session back in turn, so calls run
+  in the order they reached the replicas' queues.
+- **A dead holder** (SIGKILL, a clean stop) holds nothing: its sessions' containers run on
+  (their agents wait for a host) and their records stay. The next replica that gets a
+  call for one of them, and every replica's reaper once a pass, takes over what dead
+  servers left exactly as a restarted server does (:func:`.recovery.recover`, under its
+  lock, so two replicas never both take a session).
+- **A clean stop of a replica** lets go of its sessions without pausing them: a rolling
+  restart (start a new replica, stop the old) pauses nothing.
+
+Why a handover and not an agent that takes several host connections: the agent's channel
+is a Unix socket the server listens on and the agent connects to (under gVisor a socket
+the sandbox made is not visible on the host), so only one replica can be on the other
+end at a time; a handover costs one reconnect only when a call lands on a replica that is
+not the session's last, keeps every call on one ordered channel, and needs nothing new
+from the agent or the image.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import json
+import os
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import structlog
+
+from mcp_code_sandbox import tracing
+from mcp_code_sandbox.backends.base import Backend
+from mcp_code_sandbox.backends.unix_sockets import SocketDir
+from mcp_code_sandbox.errors import SessionBusy
+from mcp_code_sandbox.metrics import Metrics
+from mcp_code_sandbox.sessions import records
+from mcp_code_sandbox.sessions.ids import session_key
+from mcp_code_sandbox.sessions.lifecycle import Phase, transition
+from mcp_code_sandbox.sessions.mounts import MountedWorkspaces
+from mcp_code_sandbox.sessions.pausing import Pausing
+from mcp_code_sandbox.sessions.recovery import (
+    Adopted,
+    SpecFor,
+    adopted_session,
+    alive,
+    dead_instances,
+    kept_session,
+    take_over,
+)
+from mcp_code_sandbox.sessions.sandboxes import Sandboxes
+from mcp_code_sandbox.sessions.session import Session
+from mcp_code_sandbox.sessions.table import SessionTable
+from mcp_code_sandbox.sessions.uids import UidPool
+from mcp_code_sandbox.settings import Settings
+
+__all__ = ["LEASES_DIR", "REPLICAS_DIR", "Control", "Lease", "Replicas", "ask_to_let_go"]
+
+log = structlog.get_logger("mcp_code_sandbox.sessions.replicas")
+
+#: Under ``run_dir``: one lock file per session key, held during a handover.
+LEASES_DIR = "leases"
+#: Under ``run_dir``: each live replica's control socket, ``<instance>.sock``.
+REPLICAS_DIR = "replicas"
+#: Between two tries of a lease another replica holds: a handover takes milliseconds,
+#: and a call waiting on one should not pay much more than that.
+_LEASE_POLL_S = 0.002
+_LEASE_POLL_MAX_S = 0.02
+#: A request or an answer on a control socket is one short JSON line.
+_LINE_LIMIT = 4096
+
+#: ``let_go(owner, session_id)``: True when this replica held the session and has let
+#: it go (its record is written, its channel closed); False when it did not hold it.
+LetGo = Callable[[str, str], Awaitable[bool]]
+
+
+class Lease:
+    """The exclusive ``flock`` on ``run_dir/leases/<key>``: one handover of a session at a
+    time across replicas. The kernel drops it when its holder dies, however it dies."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd: int | None = fd
+
+    @classmethod
+    async def take(cls, run_dir: Path, key: str, wait_s: float) -> Lease:
+        """Wait (polling, never blocking the loop) for the lease; ``TimeoutError`` after
+        ``wait_s``."""
+        directory = run_dir / LEASES_DIR
+        directory.mkdir(mode=0o700, exist_ok=True)
+        fd = os.open(directory / key, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        pause = _LEASE_POLL_S
+        try:
+            async with asyncio.timeout(wait_s):
+                while True:
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        return cls(fd)
+                    except BlockingIOError:
+                        await asyncio.sleep(pause)
+                        pause = min(pause * 2, _LEASE_POLL_MAX_S)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    async def __aenter__(self) -> Lease:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.release()
+
+
+class Control:
+    """This replica's control socket, where other replicas ask it to let go of a session.
+
+    Only the server's uid can connect (the run dir and the socket are its own, mode 0700
+    and 0600); a request is one JSON line ``{"let_go": [owner, session_id]}``, the answer
+    one line ``{"held": bool}``."""
+
+    def __init__(self, run_dir: Path, instance: str, let_go: LetGo) -> None:
+        self.directory = run_dir / REPLICAS_DIR
+        self.name = f"{instance}.sock"
+        self._let_go = let_go
+        self._server: asyncio.Server | None = None
+        self._sockets: SocketDir | None = None
+
+    async def start(self) -> None:
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._sockets = SocketDir(self.directory)
+        self._sockets.unlink_socket(self.name)
+        listener = self._sockets.listen(self.name, mode=0o600)
+        listener.listen(64)  # every other replica may ask at once
+        self._server = await asyncio.start_unix_server(
+            self._serve, sock=listener, limit=_LINE_LIMIT
+        )
+
+    async def aclose(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(Exception):
+                await self._server.wait_closed()
+            self._server = None
+        if self._sockets is not None:
+            with contextlib.suppress(OSError):
+                self._sockets.unlink_socket(self.name)
+            self._sockets.close()
+            self._sockets = None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            line = await reader.readuntil(b"\n")
+            request = json.loads(line)
+            owner, session_id = request["let_go"]
+            if not isinstance(owner, str) or not isinstance(session_id, str):
+                raise ValueError("owner and session id are strings")
+            held = await self._let_go(owner, session_id)
+            writer.write(json.dumps({"held": held}).encode() + b"\n")
+            await writer.drain()
+        except Exception as exc:  # a peer of ours sent nonsense, or went away
+            log.warning("a replica's request failed", error=repr(exc))
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+
+async def ask_to_let_go(
+    run_dir: Path, instance: str, owner: str, session_id: str, wait_s: float
+) -> bool | None:
+    """Ask replica ``instance`` to let go of a session; its answer (``held``), or
+    ``None`` when it does not answer (not a replica, or dead): then it holds nothing
+    that runs, and what it left is taken over as a dead server's. ``TimeoutError`` after
+    ``wait_s``: it still runs a call of the session."""
+    try:
+        with SocketDir(run_dir / REPLICAS_DIR) as sockets:
+            async with asyncio.timeout(wait_s):
+                reader, writer = await asyncio.open_unix_connection(
+                    sockets.address(f"{instance}.sock"), limit=_LINE_LIMIT
+                )
+                try:
+                    request = {"let_go": [owner, session_id]}
+                    writer.write(json.dumps(request).encode() + b"\n")
+                    await writer.drain()
+                    answer = json.loads(await reader.readuntil(b"\n"))
+                finally:
+                    writer.close()
+    except (OSError, asyncio.IncompleteReadError, ValueError):
+        return None  # TimeoutError goes to the caller: the holder is busy, not gone
+    return answer.get("held") is True if isinstance(answer, dict) else None
+
+
+class Replicas:
+    """This server's part in the registry its replicas share (see the module docstring):
+    taking sessions over, letting them go, and seeing those the others hold. Owned by the
+    session manager of a replica; ``recover`` is the manager's (it takes over, and adds,
+    everything dead servers left)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        backend: Backend,
+        table: SessionTable,
+        sandboxes: Sandboxes,
+        *,
+        uids: UidPool | None,
+        spec_for: SpecFor,
+        pausing: Pausing,
+        mounts: MountedWorkspaces,
+        recover: Callable[[], Awaitable[None]],
+        metrics: Metrics,
+    ) -> None:
+        self.settings = settings
+        self.backend = backend
+        self.table = table
+        self.sandboxes = sandboxes
+        self.uids = uids
+        self.spec_for = spec_for
+        self.pausing = pausing
+        self.mounts = mounts
+        self._recover = recover
+        self.metrics = metrics
+        self.instance = table.instance
+        self._control = Control(settings.run_dir, self.instance, self.give_up)
+
+    async def start(self) -> None:
+        self.metrics.replica(self.instance)
+        await self._control.start()
+
+    async def aclose(self) -> None:
+        await self._control.aclose()
+
+    # -- taking a session over -------------------------------------------------------
+
+    async def take(self, owner: str, session_id: str, wait_s: float) -> None:
+        """Make ``owner``'s session this replica's when another holds it, or a dead
+        server left it; nothing when this one holds it, or no record names it (a new
+        session, or one that ended). ``SessionBusy`` when its holder is still running a
+        call after ``wait_s``."""
+        if self.table.get(owner, session_id) is not None:
+            return
+        key = session_key(owner, session_id)
+        try:
+            async with await Lease.take(self.settings.run_dir, key, wait_s):
+                if self.table.get(owner, session_id) is None:
+                    await self._take_over(owner, session_id, key, wait_s)
+        except TimeoutError:
+            raise SessionBusy(
+                f"session {session_id} is still running a call on another replica after "
+                f"{wait_s:.0f} s of waiting; wait for it to finish, or use another session"
+            ) from None
+
+    async def _take_over(self, owner: str, session_id: str, key: str, wait_s: float) -> None:
+        record = await asyncio.to_thread(self._record_of, key, owner, session_id)
+        if record is None or record.instance == self.instance:
+            return  # new, ended, or a private server's own
+        holder = self.settings.run_dir / f"{record.instance}.pid"
+        if not await asyncio.to_thread(alive, holder):  # what dead servers left: all of it
+            with tracing.span("take over from a dead server"):
+                await self._recover()
+            return
+
+        async def let_go() -> records.SessionRecord | None:
+            run_dir, instance = self.settings.run_dir, record.instance
+            held = await ask_to_let_go(run_dir, instance, owner, session_id, wait_s)
+            if held is None and await asyncio.to_thread(alive, holder):
+                raise SessionBusy(
+                    f"session {session_id} is held by a replica that does not answer (it "
+                    "may be shutting down); try again in a few seconds"
+                )
+            return await asyncio.to_thread(self._record_of, key, owner, session_id)
+
+        with tracing.span("handover"):
+            taken = await take_over(
+                self.settings,
+                self.backend,
+                record,
+                instance=self.instance,
+                spec_for=self.spec_for,
+                uids=self.uids,
+                let_go=let_go,
+            )
+        if isinstance(taken, str):
+            self.table.tombstone(owner, session_id, taken)
+            return
+        if taken is None:
+            return
+        session = (
+            adopted_session(self.table, taken)
+            if isinstance(taken, Adopted)
+            else kept_session(self.table, taken)
+        )
+        self.table.add(session)
+        self.table.save(session, force=True)
+        self.metrics.handed_over("in")
+
+    def _record_of(self, key: str, owner: str, session_id: str) -> records.SessionRecord | None:
+        """The record of ``owner``'s session that a service holds (blocking)."""
+        for record in records.records_of(self.settings.sessions_dir, key):
+            if (record.owner, record.session_id) == (owner, session_id) and record.handover:
+                return record
+        return None
+
+    # -- letting a session go ----------------------------------------------------------
+
+    async def give_up(self, owner: str, session_id: str) -> bool:
+        """Another replica asks for ``owner``'s session: after the calls queued for it
+        here (they arrived first), write its record and let it go."""
+        session = self.table.get(owner, session_id)
+        if session is None:
+            return False
+        async with session.lock:
+            if self.table.get(owner, session_id) is not session or session.closed:
+                return False
+            await self.hand_on(session)
+        self.metrics.handed_over("out")
+        return True
+
+    async def hand_on(self, session: Session) -> None:
+        """Let go of ``session`` without ending or pausing it (its lock held, or at
+        shutdown): its record written as it stands, its sandbox left running for the
+        next holder. Its runners are stopped (they hold nothing but the workspace's
+        files) and its network proxy closed (the next holder takes it without network,
+        as a restart does)."""
+        if session.sandbox is None and not session.runners:
+            await self.pausing.unmount(session)  # a paused one mounted for a file call
+        self.table.save(session, force=True)
+        self.table.forget(session)
+        session.phase = transition(session.phase, Phase.HANDED_ON)
+        for runner in list(session.runners.values()):
+            await self.sandboxes.free(session, runner)
+        session.runners.clear()
+        sandbox, session.sandbox, session.agent = session.sandbox, None, None
+        if sandbox is not None:
+            sandbox.channel.close()
+            await self.sandboxes.egress.close(sandbox.spec.egress)
+        await self.mounts.give_back(session)
+        if session.uid_lease is not None:
+            session.uid_lease.release()  # reserved by its record for the next holder
+        log.info("session handed on", owner=session.owner, session=session.id)
+
+    # -- what the others hold --------------------------------------------------------
+
+    def elsewhere(self, owner: str | None = None) -> list[records.SessionRecord]:
+        """The sessions other replicas hold (every owner's, or ``owner``'s), as their
+        records say. Blocking: call it in a worker thread."""
+        return [
+            r
+            for r in records.load_records(self.settings.sessions_dir, remove_bad=False)
+            if r.handover
+            and not r.pool
+            and r.instance != self.instance
+            and (owner is None or r.owner == owner)
+            and self.table.get(r.owner, r.session_id) is None
+        ]
+
+    async def reap_dead(self) -> None:
+        """Take over what replicas that died left (the reaper's every pass)."""
+        if await asyncio.to_thread(dead_instances, self.settings.run_dir, self.instance):
+            await self._recover()
