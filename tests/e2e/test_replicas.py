@@ -158,14 +158,15 @@ def otlp_receiver() -> Iterator[tuple[str, Callable[[], list[tuple[str, str, dic
         ExportTraceServiceRequest,
     )
 
-    handler = type("Handler", (Collector,), {"bodies": []})
+    bodies: list[bytes] = []
+    handler = type("Handler", (Collector,), {"bodies": bodies})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
 
     def spans() -> list[tuple[str, str, dict[str, Any]]]:
         found = []
-        for body in list(handler.bodies):
+        for body in list(bodies):
             request = ExportTraceServiceRequest.FromString(body)
             for resource_spans in request.resource_spans:
                 resource = {a.key: a.value.string_value for a in resource_spans.resource.attributes}

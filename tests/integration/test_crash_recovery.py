@@ -178,6 +178,8 @@ class _DeadServer:
                 session.uid_lease.release()  # and to its locks
         if manager._service_lock is not None:
             manager._service_lock.release()  # and its service lock
+        if manager._pid_file is not None:
+            manager._pid_file.release(keep=True)  # and the lock on its pid file
         pidfile = manager.settings.run_dir / f"{manager.instance}.pid"
         pidfile.write_text("999999999")
         await manager.backend.aclose()

@@ -117,6 +117,7 @@ async def test_one_failing_stop_neither_stops_the_reaper_nor_close_nor_shutdown(
         for owner, sid in [("mallory", "m-ttl"), ("victim", "v-ttl")]:
             await run(svc, owner, sid)
         mallory_ttl = svc.sessions.table.get("mallory", "m-ttl")
+        assert mallory_ttl is not None
         manager = svc.sessions
         # Mallory's expires first and fails; the victim's must expire all the same (main:
         # the reaper task died on the failure, and no session expired again).
@@ -135,6 +136,7 @@ async def test_one_failing_stop_neither_stops_the_reaper_nor_close_nor_shutdown(
         # exactly what remains (main: internal_error, and the workspace stayed).
         await run(svc, "mallory", "m-close")
         session = manager.table.get("mallory", "m-close")
+        assert session is not None
         with pytest.raises(SandboxFailed, match=r"is closed, but its sandbox .* could not be"):
             await svc.close_session("mallory", "m-close")
         assert not session.workspace.root.exists()
@@ -145,6 +147,7 @@ async def test_one_failing_stop_neither_stops_the_reaper_nor_close_nor_shutdown(
         await run(svc, "mallory", "m-shut")
         await run(svc, "victim", "v-shut")
         victim = manager.table.get("victim", "v-shut")
+        assert victim is not None
         victim_box = victim.sandbox
         assert isinstance(victim_box, BwrapSandbox)
         closed = True

@@ -33,6 +33,8 @@ import fcntl
 import os
 from pathlib import Path
 
+import structlog
+
 from mcp_code_sandbox.host import process_alive, process_mark, read_mark
 from mcp_code_sandbox.settings import ConfigError
 
@@ -41,6 +43,7 @@ __all__ = [
     "PidFile",
     "Role",
     "ServiceLock",
+    "note_service",
     "pid_file_alive",
     "refused",
     "service_pid",
@@ -144,6 +147,18 @@ def pid_file_alive(path: Path) -> bool:
     finally:
         os.close(fd)
     return mark is not None and process_alive(*mark)
+
+
+def note_service(run_dir: Path, state_dir: Path) -> None:
+    """Log that a service runs beside this private server, if one does (blocking)."""
+    pid = service_pid(run_dir)
+    if pid is not None:
+        structlog.get_logger("mcp_code_sandbox.sessions.manager").info(
+            "a service runs on this state directory: this server's sessions are its "
+            "own, and it leaves the service's alone",
+            service_pid=pid,
+            state_dir=str(state_dir),
+        )
 
 
 def refusal(state_dir: Path, pid: int | None) -> str:

@@ -48,6 +48,24 @@ class Janitor:
         self._pipe: IO[bytes] | None = pipe
 
     @classmethod
+    async def start(cls, settings: Settings, backend: str, instance: str) -> Janitor | None:
+        """:meth:`spawn` in a worker thread; ``None`` (logged) when it cannot start: then
+        the next start on the state directory removes what this server leaves."""
+        import asyncio
+
+        import structlog
+
+        try:
+            return await asyncio.to_thread(cls.spawn, settings, backend, instance)
+        except OSError as exc:  # an interpreter this uid may run but not start again
+            structlog.get_logger("mcp_code_sandbox.sessions.manager").warning(
+                "no janitor: if this server is killed, the next start on its state "
+                "directory removes what it leaves",
+                error=str(exc),
+            )
+            return None
+
+    @classmethod
     def spawn(cls, settings: Settings, backend: str, instance: str) -> Janitor:
         """Start the janitor of server ``instance`` (blocking: a fork and exec)."""
         proc = subprocess.Popen(

@@ -37,11 +37,9 @@ Semantics:
   removes what dead servers left. Shutdown (``aclose``) is not a crash: it ends every
   session, or (a service keeping its sessions) pauses them for its successor. A private
   server's janitor (:mod:`.janitor`) removes what a crash left.
-- Where the backend can run each sandbox as a host uid of its own, every session leases
-  one (:mod:`.uids`) when it is registered, before its record and workspace exist (the
-  workspace is given to it), keeps it for its whole life (every sandbox and runner of the
-  session runs as it), records it, and lets it go after its record is removed. A
-  re-attached session gets the uid its record names back, or is not re-attached.
+- New sessions, their uids and every slot's workspace are made by :mod:`.making`.
+- Replicas (``SANDBOX_REPLICA``) share the state directory's sessions: a session
+  another replica holds is taken over before the call that names it (:mod:`.replicas`).
 - Ending a session (close, expiry, shutdown) is :mod:`.ending`'s: a close that returns
   ``ok`` leaves no sandbox running, and what an end could not free is retried at every
   reaper pass and at shutdown.
@@ -52,8 +50,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import structlog
 
@@ -62,32 +59,29 @@ from mcp_code_sandbox.backends.base import Backend, Limits, SandboxSpec
 from mcp_code_sandbox.backends.runner_images import RunnerImage
 from mcp_code_sandbox.errors import SandboxFailed, SessionBusy, SessionNotFound
 from mcp_code_sandbox.metrics import Metrics
-from mcp_code_sandbox.sessions import quota, records
+from mcp_code_sandbox.sessions import records
 from mcp_code_sandbox.sessions.egress import Wish
 from mcp_code_sandbox.sessions.ending import Ending
-from mcp_code_sandbox.sessions.holder import PidFile, Role, ServiceLock, service_pid
-from mcp_code_sandbox.sessions.ids import mint_session_id, session_key, validate_session_id
+from mcp_code_sandbox.sessions.holder import PidFile, Role, ServiceLock, note_service
+from mcp_code_sandbox.sessions.ids import mint_session_id, validate_session_id
 from mcp_code_sandbox.sessions.janitor import Janitor
 from mcp_code_sandbox.sessions.lifecycle import Phase, transition
+from mcp_code_sandbox.sessions.making import Making
 from mcp_code_sandbox.sessions.mounts import MountedWorkspaces
 from mcp_code_sandbox.sessions.moving import fits_pool, move_into
-from mcp_code_sandbox.sessions.overview import files_held
 from mcp_code_sandbox.sessions.pausing import Pausing
-from mcp_code_sandbox.sessions.pool import Pooled, PoolStatus, WarmPool
+from mcp_code_sandbox.sessions.pool import PoolStatus, WarmPool
 from mcp_code_sandbox.sessions.quota import QuotaMode
 from mcp_code_sandbox.sessions.reaper import Reaper
-from mcp_code_sandbox.sessions.recovery import adopted_session, kept_session, recover
+from mcp_code_sandbox.sessions.recovery import take_over_all
 from mcp_code_sandbox.sessions.replicas import Replicas
 from mcp_code_sandbox.sessions.room import Room
 from mcp_code_sandbox.sessions.sandboxes import Sandboxes
 from mcp_code_sandbox.sessions.session import END_WAIT_S, Acquired, Handout, Paused, Session
 from mcp_code_sandbox.sessions.table import SessionTable
-from mcp_code_sandbox.sessions.uids import UidLease, uid_pool
+from mcp_code_sandbox.sessions.uids import uid_pool
 from mcp_code_sandbox.sessions.workers import WorkerThreads
 from mcp_code_sandbox.settings import Settings
-from mcp_code_sandbox.workspace import Workspace
-from mcp_code_sandbox.workspace.spares import SPARES_DIR, SpareImages
-from mcp_code_sandbox.workspace.volume import IMAGE_SUFFIX, Volume, image_bytes
 
 __all__ = ["SessionManager"]
 
@@ -129,20 +123,18 @@ class SessionManager:
         #: Where blocking work on sessions' files runs (never on the event loop).
         self.threads = WorkerThreads()
         self._instance = f"{os.getpid()}-{os.urandom(4).hex()}"
+        #: Host uids, one per session, when the backend can use them.
+        self.uids = uid_pool(settings) if backend.per_sandbox_uids else None
+        #: Makes new sessions and every slot's workspace (its quota decided at start).
+        self.making = Making(settings, backend, self.metrics, self.threads, self.uids)
         #: The live sessions, their tombstones and records.
         self.table = SessionTable(
             settings,
             instance=self._instance,
             handover=role is Role.SERVICE,
-            workspace_for=self._workspace,
+            workspace_for=self.making.workspace,
         )
         self._closed = False
-        #: How the workspace quota binds sandboxes here; decided in :meth:`start`.
-        self.quota = QuotaMode(False, "not started")
-        #: Workspace images formatted ahead (filesystem quotas only; see :meth:`start`).
-        self.spares: SpareImages | None = None
-        #: Host uids, one per session, when the backend can use them.
-        self.uids = uid_pool(settings) if backend.per_sandbox_uids else None
         #: Starts, replaces and stops the sessions' sandboxes and runners.
         self.sandboxes = Sandboxes(
             settings, backend, self.metrics, outlive_server=role is Role.SERVICE
@@ -175,8 +167,8 @@ class SessionManager:
             self.threads,
             instance=self._instance,
             handover=role is Role.SERVICE,
-            workspace_for=self._workspace,
-            lease_uid=self._lease_uid,
+            workspace_for=self.making.workspace,
+            lease_uid=self.making.lease_uid,
         )
         #: This server's part in the registry its replicas share, when it is one.
         self.replicas = (
@@ -204,30 +196,13 @@ class SessionManager:
         if self.role is Role.SERVICE:
             self._service_lock = ServiceLock.claim(run_dir, replica=self.replicas is not None)
         else:
-            pid = await asyncio.to_thread(service_pid, run_dir)
-            if pid is not None:
-                log.info(
-                    "a service runs on this state directory: this server's sessions are its "
-                    "own, and it leaves the service's alone",
-                    service_pid=pid,
-                    state_dir=str(self.settings.state_dir),
-                )
+            await asyncio.to_thread(note_service, run_dir, self.settings.state_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         self.settings.workspaces_dir.mkdir(parents=True, exist_ok=True)
         self._pid_file = PidFile.claim(run_dir / f"{self._instance}.pid")
         if self._wants_janitor:  # before any sandbox or workspace of ours exists
-            try:
-                self._janitor = await asyncio.to_thread(
-                    Janitor.spawn, self.settings, self.backend.name, self._instance
-                )
-            except OSError as exc:  # an interpreter this uid may run but not start again
-                log.warning(
-                    "no janitor: if this server is killed, the next start on its state "
-                    "directory removes what it leaves",
-                    error=str(exc),
-                )
-        self.quota = await asyncio.to_thread(quota.choose, self.settings, self.backend)
-        log.info("workspace quota", enforced=self.quota.describe())
+            self._janitor = await Janitor.start(self.settings, self.backend.name, self._instance)
+        await self.making.choose_quota()
         if self.uids is not None:
             await asyncio.to_thread(self.uids.open)
         await self._recover()
@@ -235,12 +210,7 @@ class SessionManager:
         if self.replicas is not None:
             await self.replicas.start()
         self.reaper.start(lambda: self.reap())  # looked up at each pass (tests wrap it)
-        if self.quota.filesystem:  # after recovery, which sweeps a dead server's spares
-            self.spares = SpareImages(
-                self.settings.volumes_dir / SPARES_DIR / self._instance,
-                image_bytes(self.settings.workspace_quota_bytes),
-            )
-            await asyncio.to_thread(self.spares.start)
+        await self.making.start_spares(self._instance)  # after recovery: see ``making``
         self.pool.start()
 
     async def aclose(self) -> None:
@@ -254,18 +224,14 @@ class SessionManager:
         self._closed = True
         await self.reaper.stop()
         sessions = self.table.clear()
-        keep = self.role is Role.SERVICE and self.settings.keep_sessions_on_shutdown
-        end = self.pausing.leave if keep else self.ending.destroy
+        end: Callable[[Session], Awaitable[object]]
         if self.replicas is not None:  # the others go on serving them, unpaused
-            end, keep = self.replicas.hand_on, True
-        log.info(
-            "shutting down: pausing every session for the next server"
-            if keep and self.replicas is None
-            else "shutting down: leaving every session running for the other replicas"
-            if keep
-            else "shutting down: ending every session",
-            sessions=len(sessions),
-        )
+            end, how = self.replicas.hand_on, "leaving every session running for the replicas"
+        elif self.role is Role.SERVICE and self.settings.keep_sessions_on_shutdown:
+            end, how = self.pausing.leave, "pausing every session for the next server"
+        else:
+            end, how = self.ending.destroy, "ending every session"
+        log.info(f"shutting down: {how}", sessions=len(sessions))
         unfinished = list(self.ending.unfinished.values())
         # Each session on its own: one that fails is logged and the others still end.
         for outcome in await asyncio.gather(
@@ -279,8 +245,7 @@ class SessionManager:
         if self.replicas is not None:
             await self.replicas.aclose()
         await self.sandboxes.egress.aclose()  # any proxy a stop cut short left open
-        if self.spares is not None:
-            await asyncio.to_thread(self.spares.close)
+        await self.making.close()
         try:
             await self.backend.aclose()
         except Exception:
@@ -297,22 +262,20 @@ class SessionManager:
     async def _recover(self) -> None:
         """Take over (re-attach or keep paused) or remove what dead servers left, and
         add what is taken over (at start; a replica also when another one died)."""
-        recovered = await recover(
+        takes_over = self.role is Role.SERVICE
+        await take_over_all(
             self.settings,
             self.backend,
-            instance=self._instance,
+            self.table,
             spec_for=self._spec_for,
             uids=self.uids,
-            takes_over=self.role is Role.SERVICE,
+            takes_over=takes_over,
         )
-        for session in [
-            *(adopted_session(self.table, adopted) for adopted in recovered.adopt),
-            *(kept_session(self.table, kept) for kept in recovered.paused),
-        ]:
-            self.table.add(session)
-            self.table.save(session, force=True)  # ours now: a later start leaves it alone
-        for owner, session_id, why in recovered.lost:
-            self.table.tombstone(owner, session_id, why)
+
+    @property
+    def quota(self) -> QuotaMode:
+        """How the workspace quota binds sandboxes here (decided at :meth:`start`)."""
+        return self.making.quota
 
     @property
     def instance(self) -> str:
@@ -321,7 +284,7 @@ class SessionManager:
 
     def _spec_for(self, record: records.SessionRecord) -> SandboxSpec:
         """The spec a recorded session's sandbox was made with (recovery re-attaches it)."""
-        workspace = self._workspace(record.slot, record.uid)
+        workspace = self.making.workspace(record.slot, record.uid)
         return self.sandboxes.spec(
             record.key, record.owner, record.session_id, workspace, uid=record.uid
         )
@@ -363,14 +326,14 @@ class SessionManager:
             if not session.workspace_made and not (runs and session.paused is None):
                 if not runs and session.workspace.volume is not None:
                     await self.mounts.take(session, wait_s)  # see ``mounts``
-                await self._make_workspace(session)
+                await self.making.mount(session)
             self.table.touch(session)
             yield Acquired(session, created, notice)
         finally:
             try:
                 if not session.closed:
                     self.table.touch(session)
-                    await self._let_go(session)
+                    await self.pausing.after_call(session)
             finally:
                 session.lock.release()
 
@@ -398,25 +361,6 @@ class SessionManager:
             session.queued -= 1
         return session, created, notice
 
-    async def _let_go(self, session: Session) -> None:
-        """At the end of a call (lock held): a session left without a sandbox (paused,
-        or one that never ran code) lets its workspace's mount go now, unless another
-        call waits for it; a paused one's state is measured again (a file call may have
-        changed it). One with a sandbox now gives its place in ``mounts`` back."""
-        if session.sandbox is not None or session.runners:
-            await self.mounts.give_back(session)
-        elif not session.queued:
-            if session.workspace_made and session.workspace.volume is not None:
-                session.files_kept = await files_held(self.threads, session)
-            await self.pausing.unmount(session)
-
-    async def _make_workspace(self, session: Session) -> None:
-        await self.threads.run(session.owner, session.workspace.create)
-        if session.closed:  # closed meanwhile: its destroy may have run before the mount
-            await self.threads.run(session.owner, session.workspace.destroy)
-            raise SessionNotFound(f"session {session.id} was closed while it was being made")
-        session.workspace_made = True
-
     def _lookup(
         self, owner: str, session_id: str | None, *, create: bool, pool: bool = False
     ) -> tuple[Session, bool, str | None]:
@@ -436,68 +380,12 @@ class SessionManager:
             )
         self.room.check(owner)
         pooled = self.pool.claim() if pool else None
-        session = (
-            self._register(owner, session_id)
-            if pooled is None
-            else self._take(owner, session_id, pooled)
-        )
+        if pooled is None:
+            session = self.making.fresh(self.table, owner, session_id)
+        else:
+            retire = self.pool.retire
+            session = self.making.from_pool(self.table, owner, session_id, pooled, retire)
         return session, True, self.table.reborn(owner, session_id)
-
-    def _register(self, owner: str, session_id: str) -> Session:
-        key = session_key(owner, session_id)
-        slot = records.new_slot(key)
-        now = time.monotonic()
-        lease = self._lease_uid(slot)
-        try:
-            workspace = self._workspace(slot, None if lease is None else lease.uid)
-            session = Session(session_id, owner, key, slot, workspace, now, now, time.time())
-            session.uid_lease = lease
-            self.table.save(session, force=True)  # before the workspace: see ``records``
-        except BaseException:
-            self.table.drop_slot(slot)  # then the uid is free
-            if lease is not None:
-                lease.release()
-            raise
-        return self._created(session)
-
-    def _take(self, owner: str, session_id: str, pooled: Pooled) -> Session:
-        """A new session made of a warm sandbox: its slot, workspace, uid and sandbox
-        become the session's, and its record is rewritten as the session's (owner and id
-        bound now, on disk: recovery and re-attach work as for any session)."""
-        now, key, slot = time.monotonic(), pooled.key, pooled.slot
-        session = Session(session_id, owner, key, slot, pooled.workspace, now, now, time.time())
-        session.sandbox, session.agent = pooled.sandbox, pooled.agent
-        session.workspace_made, session.uid_lease = True, pooled.uid_lease
-        try:
-            self.table.save(session, force=True)
-        except BaseException:
-            self.pool.retire(pooled)  # its record still says ``pool``: nobody's
-            raise
-        return self._created(session)
-
-    def _created(self, session: Session) -> Session:
-        self.table.add(session)
-        self.metrics.session_created()
-        log.info("session created", owner=session.owner, session=session.id)
-        return session
-
-    def _lease_uid(self, slot: str) -> UidLease | None:
-        if self.uids is None:
-            return None
-        return self.uids.lease(str(records.record_path(self.settings.sessions_dir, slot)))
-
-    def _workspace(self, slot: str, uid: int | None) -> Workspace:
-        """``uid``: the session's own (its workspace's owner), else the backend's shared."""
-        return Workspace(
-            self.settings.workspaces_dir / slot,
-            quota_bytes=self.settings.workspace_quota_bytes,
-            owner=self.backend.workspace_owner if uid is None else (uid, uid),
-            volume=self._volume(slot) if self.quota.filesystem else None,
-        )
-
-    def _volume(self, slot: str) -> Volume:
-        image = self.settings.volumes_dir / f"{slot}{IMAGE_SUFFIX}"
-        return Volume(image, image_bytes(self.settings.workspace_quota_bytes), self.spares)
 
     # -- sandboxes ------------------------------------------------------------------------
 
@@ -519,8 +407,13 @@ class SessionManager:
         files are few enough (:mod:`.moving`). Called by the service with the session's
         lock held."""
         if session.phase is not Phase.PAUSED:
-            if not session.workspace_made:
-                return await self._mounting(session, network=network, runner=runner)
+            if not session.workspace_made:  # a new session: mounted while it starts
+
+                def start(mounted: Awaitable[None]) -> Awaitable[Handout]:
+                    handout = self.sandboxes.handout
+                    return handout(session, network=network, runner=runner, mounted=mounted)
+
+                return await self.making.mounting(session, start)
             return await self.sandboxes.handout(session, network=network, runner=runner)
         await self.room.make(session.owner, exclude=session)  # it runs again: room first
         self.room.check(session.owner)  # in the step in which ``make`` returned (``room``)
@@ -538,28 +431,6 @@ class SessionManager:
             if session.phase is Phase.RESUMING:  # not closed meanwhile
                 back = Phase.RUNNING if session.paused is None else Phase.PAUSED
                 session.phase = transition(session.phase, back)
-
-    async def _mounting(
-        self, session: Session, *, network: Wish, runner: RunnerImage | None
-    ) -> Handout:
-        """The executor of a session whose workspace is not mounted yet (a new one, from
-        ``acquire(runs=True)``): its directory is made first (a container's bind needs it
-        at the create), then its filesystem is mounted while the backend starts the
-        sandbox, which waits for the mount only where it must (docker: between the
-        container's create and its start). Whatever the executor did, the mount has
-        ended when this returns, and what it raised is raised."""
-        await self.threads.run(session.owner, session.workspace.make_root)
-        mounting = asyncio.ensure_future(self._make_workspace(session))
-        try:
-            handout = await self.sandboxes.handout(
-                session, network=network, runner=runner, mounted=mounting
-            )
-        finally:
-            await asyncio.wait({mounting})
-            if not mounting.cancelled():
-                mounting.exception()  # raised by the executor already, or just below
-        await mounting  # a sandbox running already (none is, in practice) did not wait
-        return handout
 
     # -- closing ---------------------------------------------------------------------------
 
@@ -675,7 +546,7 @@ class SessionManager:
     def quota_on_disk(self) -> bool:
         """Is each workspace a filesystem of its own, its quota the kernel's (else the
         run path watches the workspace)? Known once the manager has started."""
-        return self.quota.filesystem
+        return self.making.quota.filesystem
 
 
 def _gone_suffix(tombstone: str | None) -> str:

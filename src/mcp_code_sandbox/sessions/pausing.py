@@ -115,6 +115,18 @@ class Pausing:
             session.paused = dataclasses.replace(paused, bytes=_outside_bytes(paused) + disk)
             self.table.save(session, force=True)
 
+    async def after_call(self, session: Session) -> None:
+        """At the end of a call (lock held): a session left without a sandbox (paused,
+        or one that never ran code) lets its workspace's mount go now, unless another
+        call waits for it; a paused one's state is measured again (a file call may have
+        changed it). One with a sandbox now gives its place in ``mounts`` back."""
+        if session.sandbox is not None or session.runners:
+            await self.mounts.give_back(session)
+        elif not session.queued:
+            if session.workspace_made and session.workspace.volume is not None:
+                session.files_kept = await files_held(self.threads, session)
+            await self.unmount(session)
+
     async def leave(self, session: Session) -> None:
         """Shut down without ending ``session``: it is paused (its record says how), its
         workspace kept. The next server on this state dir keeps it and resumes it on

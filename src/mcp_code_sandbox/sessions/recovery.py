@@ -54,6 +54,7 @@ __all__ = [
     "kept_session",
     "recover",
     "take_over",
+    "take_over_all",
 ]
 
 log = structlog.get_logger("mcp_code_sandbox.sessions.manager")
@@ -257,6 +258,31 @@ def kept_session(table: SessionTable, kept: Kept) -> Session:
     session.paused = paused
     log.info("paused session kept", owner=record.owner, session=record.session_id)
     return session
+
+
+async def take_over_all(
+    settings: Settings,
+    backend: Backend,
+    table: SessionTable,
+    *,
+    spec_for: SpecFor,
+    uids: UidPool | None,
+    takes_over: bool,
+) -> None:
+    """:func:`recover` as ``table``'s server, and add to ``table`` what it took over (its
+    records now this server's: a later start leaves them alone); the lost are tombstoned."""
+    instance = table.instance
+    recovered = await recover(
+        settings, backend, instance=instance, spec_for=spec_for, uids=uids, takes_over=takes_over
+    )
+    for session in [
+        *(adopted_session(table, adopted) for adopted in recovered.adopt),
+        *(kept_session(table, kept) for kept in recovered.paused),
+    ]:
+        table.add(session)
+        table.save(session, force=True)
+    for owner, session_id, why in recovered.lost:
+        table.tombstone(owner, session_id, why)
 
 
 @dataclass(frozen=True)
