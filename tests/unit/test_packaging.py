@@ -4,11 +4,14 @@ The wheel itself, built and installed: tests/e2e/test_wheel.py."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import tomllib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 
 import mcp_code_sandbox
@@ -81,36 +84,135 @@ def test_server_json_describes_the_appliance_run_by_docker() -> None:
     assert not names & {"SANDBOX_BACKEND", "SANDBOX_STATE_DIR", "SANDBOX_RUNTIME_PACKAGES"}
 
 
-def test_server_json_keeps_the_registry_schemas_package_rules() -> None:
-    """The registry's schema (2025-12-11) for packages, checked here offline: each has a
-    registryType and a transport; npm/pypi/nuget an identifier and a specific version;
-    oci an image reference with a tag; arguments are named or positional with a value.
-    ``MCS_SERVER_SCHEMA``, the path of the published schema file, adds the full check."""
-    import os
+SCHEMAS = "https://static.modelcontextprotocol.io/schemas/"
 
+
+def registry_schemas() -> dict[str, Path]:
+    """The MCP Registry's released ``server.json`` schemas by date, offline: the dev extra's
+    skillsaw ships each one byte for byte from the registry's static site. Only the files
+    are read (none of its code runs), so a schema bump is a pin bump in pyproject.toml."""
+    try:
+        files = importlib.metadata.files("skillsaw") or []
+    except importlib.metadata.PackageNotFoundError:
+        pytest.fail("skillsaw (the dev extra) ships the registry's schema: pip install -e .[dev]")
+    return {
+        file.parent.name.removeprefix("v").replace("_", "-"): Path(str(file.locate()))
+        for file in files
+        if file.name == "server.schema.json" and file.parent.parent.name == "mcp_registry"
+    }
+
+
+def property_names(schema: Any) -> Iterator[str]:
+    if isinstance(schema, dict):
+        if isinstance(schema.get("properties"), dict):
+            yield from schema["properties"]
+        for value in schema.values():
+            yield from property_names(value)
+    elif isinstance(schema, list):
+        for value in schema:
+            yield from property_names(value)
+
+
+def field_names(value: Any, path: str = "$") -> Iterator[tuple[str, str]]:
+    """Each key of ``value`` with where it is, but those a publisher names: the keys of
+    ``_meta`` (reverse-DNS namespaces) and of an argument's ``variables``."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield path, key
+            if key == "variables":
+                for name, variable in item.items():
+                    yield from field_names(variable, f"{path}.variables.{name}")
+            elif key != "_meta":
+                yield from field_names(item, f"{path}.{key}")
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from field_names(item, f"{path}[{index}]")
+
+
+def registry_problems(entry: dict[str, Any]) -> list[str]:
+    """What the registry would refuse in ``entry``: anything its schema (the version
+    ``$schema`` names) rejects; a field the schema does not name (it allows unknown fields,
+    so a misspelt or snake_case one would pass it unnoticed); and the rule for OCI packages
+    that only the registry's docs state: the version is the image's tag, never a field."""
+    date = entry["$schema"].removeprefix(SCHEMAS).removesuffix("/server.schema.json")
+    schemas = registry_schemas()
+    if date not in schemas:
+        return [f"$schema: {entry['$schema']!r} is no released schema ({sorted(schemas)})"]
+    schema = json.loads(schemas[date].read_text(encoding="utf-8"))
+    assert schema["$id"] == entry["$schema"]
+    validator = jsonschema.validators.validator_for(schema)
+    checker = validator(schema, format_checker=validator.FORMAT_CHECKER)
+    problems = [f"{error.json_path}: {error.message}" for error in checker.iter_errors(entry)]
+    known = set(property_names(schema))
+    problems += [f"{at}: {key!r} is no field" for at, key in field_names(entry) if key not in known]
+    for index, package in enumerate(entry.get("packages", [])):
+        if package.get("registryType") == "oci":
+            _, _, tag = package.get("identifier", "").rpartition("/")[2].partition(":")
+            if "version" in package or tag in ("", "latest"):
+                problems.append(f"$.packages[{index}]: an OCI version is the image's tag only")
+    return problems
+
+
+def test_server_json_validates_against_the_newest_registry_schema() -> None:
     entry = server_json()
-    assert set(entry) <= {"$schema", "name", "title", "description", "version", "packages",
-                          "remotes", "repository", "websiteUrl", "icons", "_meta"}  # fmt: skip
-    for package in entry["packages"]:
-        assert package["transport"]["type"] in ("stdio", "streamable-http", "sse"), package
-        kind = package["registryType"]
-        if kind in ("npm", "pypi", "nuget"):
-            assert package["identifier"] and package["version"] not in ("", "latest")
-        else:
-            assert kind == "oci" and ":" in package["identifier"].rsplit("/", 1)[-1]
-        for argument in package.get("runtimeArguments", []) + package.get("packageArguments", []):
-            assert argument["type"] in ("named", "positional") and "value" in argument
-        for variable in package.get("environmentVariables", []):
-            assert variable["name"] and variable.get("format", "string") in (
-                "string", "number", "boolean", "filepath"
-            )  # fmt: skip
-    schema_path = os.environ.get("MCS_SERVER_SCHEMA")
-    if schema_path:
-        import jsonschema
+    assert entry["$schema"] == f"{SCHEMAS}{max(registry_schemas())}/server.schema.json"
+    assert registry_problems(entry) == []
+    assert [package["registryType"] for package in entry["packages"]] == ["pypi", "oci"]
 
-        schema = json.loads(Path(schema_path).read_text(encoding="utf-8"))
-        assert schema.get("$id") == entry["$schema"]
-        jsonschema.validate(entry, schema)
+
+def pypi(entry: dict[str, Any]) -> dict[str, Any]:
+    package: dict[str, Any] = entry["packages"][0]
+    return package
+
+
+def oci(entry: dict[str, Any]) -> dict[str, Any]:
+    package: dict[str, Any] = entry["packages"][1]
+    return package
+
+
+@pytest.mark.parametrize(
+    ("break_it", "said"),
+    [
+        pytest.param(lambda e: e.update(description="x" * 101), "$.description: ", id="long"),
+        pytest.param(lambda e: e.update(name="mcp-code-sandbox"), "$.name: ", id="name"),
+        pytest.param(lambda e: pypi(e).update(version="latest"), "[0].version: ", id="latest"),
+        pytest.param(lambda e: pypi(e).pop("transport"), "'transport' is a required", id="stdio"),
+        pytest.param(
+            lambda e: pypi(e)["environmentVariables"][0].update(format="integer"),
+            "$.packages[0].environmentVariables[0].format: ",
+            id="format",
+        ),
+        pytest.param(
+            lambda e: pypi(e).update(runtime_hint=pypi(e).pop("runtimeHint")),
+            "'runtime_hint' is no field",
+            id="snake_case",
+        ),
+        pytest.param(
+            lambda e: oci(e)["runtimeArguments"][0].update(type="flag"),
+            "$.packages[1].runtimeArguments[0]: ",
+            id="argument",
+        ),
+        pytest.param(lambda e: oci(e).update(version="0.1.0"), "OCI version", id="oci_version"),
+        pytest.param(
+            lambda e: oci(e).update(identifier="ghcr.io/mcp-code-sandbox/mcp-code-sandbox-server"),
+            "OCI version",
+            id="untagged",
+        ),
+        pytest.param(
+            lambda e: e.update({"$schema": f"{SCHEMAS}2025-01-01/server.schema.json"}),
+            "is no released schema",
+            id="unreleased",
+        ),
+    ],
+)
+def test_a_server_json_the_registry_would_refuse_fails_the_check(
+    break_it: Callable[[dict[str, Any]], object], said: str
+) -> None:
+    """Broken copies of the real file, each failing for its own reason."""
+    entry = server_json()
+    break_it(entry)
+    problems = registry_problems(entry)
+    assert any(said in problem for problem in problems), problems
 
 
 def test_server_json_settings_are_real_settings_with_their_defaults() -> None:
