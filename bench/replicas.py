@@ -4,7 +4,7 @@ costs, through the official MCP client over streamable HTTP, on the docker backe
 Run by hand, like ``bench.py`` (whose helpers it uses), as the user that serves (root on
 the reference machine), with the image built::
 
-    .venv/bin/python bench/replicas.py [--clients 40] [--calls 20] [--rounds 3]
+    .venv/bin/python bench/replicas.py [--clients 40] [--calls 20] [--rounds 4]
         [--handovers 30] [--handover-rounds 3] [--kills 3]
         [--image mcp-code-sandbox:latest] [--json out.json] [--keep]
 
@@ -14,9 +14,11 @@ token for every client. Parts:
 1. throughput: ``--clients`` clients, each with its own session (one call first, untimed,
    to warm it), then ``--calls`` warm ``1+1`` calls each, all at once: every client on
    replica A ("one replica"), then half on A and half on B ("two replicas"), each client
-   always on the same replica. The two alternate for ``--rounds`` rounds, so both see the
-   same load; a warm-up call starts each phase (it hands the session over when the
-   previous phase had it on the other replica), so the timed calls hand nothing over.
+   always on the same replica. The two alternate for ``--rounds`` rounds (ABBA order),
+   so both see the same load; a warm-up call starts each phase (it hands the session
+   over when the previous phase had it on the other replica), so the timed calls hand
+   nothing over. The CPU the timed calls cost is given per call: the clients (this
+   process, on the same cores), the replicas' processes, and the whole machine's.
 2. handover: one session, ``--handovers`` warm ``1+1`` calls alternating between A and B
    (each lands on the replica that did not serve the previous one: a handover) beside as
    many calls all to A, in ``--handover-rounds`` rounds.
@@ -34,6 +36,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import shutil
 import signal
 import socket
@@ -219,10 +222,39 @@ class Phase:
     walls_s: list[float] = field(default_factory=list)
     calls: list[int] = field(default_factory=list)
     handovers: float = 0.0
+    #: CPU seconds during the timed calls: this process (the clients), the replicas'
+    #: processes, and the whole machine (the sandboxes and everyone else included).
+    cpu_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CPU_PARTS, 0.0))
 
     @property
     def rates(self) -> list[float]:
         return [n / wall for n, wall in zip(self.calls, self.walls_s, strict=True)]
+
+    def cpu_ms_per_call(self) -> str:
+        calls = sum(self.calls)
+        return ", ".join(f"{k} {v / calls * 1000:.1f}" for k, v in self.cpu_s.items())
+
+
+CPU_PARTS = ("clients", "replicas", "machine")
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _process_cpu_s(pid: int) -> float:
+    with contextlib.suppress(OSError):
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime
+    return 0.0
+
+
+def cpu_now(replicas: list[Replica]) -> dict[str, float]:
+    """CPU seconds so far, per part of :data:`CPU_PARTS` (the machine: every CPU's busy time)."""
+    jiffies = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    busy = sum(jiffies) - jiffies[3] - jiffies[4]  # all but idle and iowait
+    return {
+        "clients": time.process_time(),
+        "replicas": sum(_process_cpu_s(r.proc.pid) for r in replicas),
+        "machine": busy / CLOCK_TICKS,
+    }
 
 
 # -- the measurements -------------------------------------------------------------------
@@ -244,15 +276,20 @@ async def throughput(
         await asyncio.gather(*(run(c, s) for c, s in zip(on_a, sessions, strict=True)))
         started_s = time.perf_counter() - start
         for r in range(args.rounds):
-            for phase, clients in ((one, on_a), (two, split)):
+            # ABBA: neither goes first every round (the machine settles after the starts).
+            order = [(one, on_a), (two, split)]
+            for phase, clients in order if r % 4 in (0, 3) else order[::-1]:
                 log(f"round {r + 1}/{args.rounds}: {phase.name}")
                 pairs = list(zip(clients, sessions, strict=True))
                 # The warm-up: hands over the sessions the last phase had on the other.
                 await asyncio.gather(*(run(c, s) for c, s in pairs))
                 before = a.handovers_in() + b.handovers_in()
+                cpu = cpu_now([a, b])
                 start = time.perf_counter()
                 per_client = await asyncio.gather(*(_calls(c, s, args.calls) for c, s in pairs))
                 phase.walls_s.append(time.perf_counter() - start)
+                for part, value in cpu_now([a, b]).items():
+                    phase.cpu_s[part] += value - cpu[part]
                 phase.handovers += a.handovers_in() + b.handovers_in() - before
                 phase.calls.append(sum(len(x) for x in per_client))
                 phase.latencies_ms += [ms for x in per_client for ms in x]
@@ -327,7 +364,8 @@ def table(one: Phase, two: Phase, same: Phase, alt: Phase, dead: list[float], cl
             f"| warm `1+1`, {clients} clients, {phase.name} | {sum(phase.calls)} "
             f"| {statistics.median(phase.rates):.0f} | {ms(statistics.median(phase.latencies_ms))} "
             f"| {ms(p95(phase.latencies_ms))} | calls/s per round: {rates}; "
-            f"handovers in timed calls: {phase.handovers:.0f} |"
+            f"handovers in timed calls: {phase.handovers:.0f}; "
+            f"CPU ms per call: {phase.cpu_ms_per_call()} |"
         )
     for phase, what in ((same, "all to one replica (no handover)"),
                         (alt, "alternating between two (each a handover)")):  # fmt: skip
@@ -368,7 +406,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, default=40)
     parser.add_argument("--calls", type=int, default=20, help="timed calls per client, per round")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--handovers", type=int, default=30, help="calls per handover round")
     parser.add_argument("--handover-rounds", type=int, default=3)
     parser.add_argument("--kills", type=int, default=3)
