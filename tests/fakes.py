@@ -15,6 +15,13 @@ What a test can steer or observe: ``fail_creates`` (the next n creates raise
 ``SandboxFailed``), ``created``/``stopped``/``removed`` (what the manager asked for),
 ``planted`` (leftovers of a "dead server" for recovery, which ``reattach`` takes over as a
 fresh agent on the session's workspace), ``kill()`` (a sandbox dies under the manager).
+
+``FakeBackend(reconnect=True)``: the agent connects to a Unix socket the backend listens
+on (``--connect``, as under Docker) instead of an inherited socketpair, so it outlives its
+host's end of the channel and reconnects: ``list_leftovers(live_too=True)`` reports every
+live sandbox (``creator_alive``), and ``reattach`` of one listens again on its socket and
+takes its agent back with its interpreter (``reattached``), as Docker does. For replicas
+(``sessions.replicas``): one server lets go of a sandbox and another takes it.
 """
 
 from __future__ import annotations
@@ -81,8 +88,10 @@ class FakeSandbox(Sandbox):
 class FakeBackend(Backend):
     name = "fake"
 
-    def __init__(self, *, path: str = DEFAULT_PATH) -> None:
+    def __init__(self, *, path: str = DEFAULT_PATH, reconnect: bool = False) -> None:
         self._path = path
+        #: Agents connect to a socket and come back to a new listener (see the module doc).
+        self._reconnect = reconnect
         #: The next this-many ``create`` calls raise ``SandboxFailed`` (a start that fails).
         self.fail_creates = 0
         #: What ``describe`` says of network; ``None``: the session side's egress proxies
@@ -121,7 +130,10 @@ class FakeBackend(Backend):
         bound: Callable[[], Awaitable[None]] | None = None,
     ) -> Sandbox | None:
         """A planted leftover comes back as a fresh agent on the session's workspace
-        (files kept)."""
+        (files kept); with ``reconnect``, a live sandbox's agent comes back as it is."""
+        live = [s for s in self._all if s.backend_id == leftover.backend_id and s.is_alive()]
+        if self._reconnect and live:
+            return await self._take_back(live[0], spec, bound)
         if bound is not None:
             await bound()
         if any(p.backend_id == leftover.backend_id for p in self.planted):
@@ -130,7 +142,14 @@ class FakeBackend(Backend):
         return None
 
     async def list_leftovers(self, *, live_too: bool = False) -> list[Leftover]:
-        return list(self.planted)
+        found = list(self.planted)
+        if self._reconnect and live_too:
+            found.extend(
+                Leftover(s.backend_id, s.spec.key, s.spec.owner, s.spec.session_id, True,
+                         s.spec.workspace, uid=s.spec.uid, creator_alive=True)
+                for s in self.running()
+            )  # fmt: skip
+        return found
 
     async def remove_leftover(self, leftover: Leftover) -> None:
         self.removed.append(leftover)
@@ -171,9 +190,15 @@ class FakeBackend(Backend):
         scratch = Path(tempfile.mkdtemp(prefix="mcs-fake-"))
         ours, theirs = socket.socketpair()
         config = {"kill_strays": False, "pids": None, "file_bytes": spec.limits.file_bytes}
-        argv = [sys.executable, "-B", "-m", "mcp_code_sandbox.agent",
-                "--channel-fd", str(theirs.fileno()), "--workdir", str(spec.workspace),
-                "--config", json.dumps(config), "--plain"]  # fmt: skip
+        listener = _listen(scratch / AGENT_SOCKET) if self._reconnect else None
+        channel_argv = (
+            ["--channel-fd", str(theirs.fileno())]
+            if listener is None
+            else ["--connect", str(scratch / AGENT_SOCKET), "--reconnect-s", "60"]
+        )
+        argv = [sys.executable, "-B", "-m", "mcp_code_sandbox.agent", *channel_argv,
+                "--workdir", str(spec.workspace), "--config", json.dumps(config),
+                "--plain"]  # fmt: skip
         env = {
             "PATH": self._path,
             "HOME": str(scratch),
@@ -192,10 +217,24 @@ class FakeBackend(Backend):
                 )  # fmt: skip
         except OSError as exc:
             ours.close()
+            if listener is not None:
+                listener.close()
             shutil.rmtree(scratch, ignore_errors=True)
             raise SandboxFailed(f"cannot start the fake agent: {exc}") from None
         finally:
             theirs.close()
+        if listener is not None:
+            ours.close()
+            try:
+                ours = await _accept(listener)
+            except BaseException:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                await proc.wait()
+                shutil.rmtree(scratch, ignore_errors=True)
+                raise
+            finally:
+                listener.close()
         reader, writer = await asyncio.open_connection(sock=ours)
         channel = Channel(reader, writer)
         sandbox = FakeSandbox(spec, channel, proc, scratch, {})
@@ -211,6 +250,61 @@ class FakeBackend(Backend):
             await _end(sandbox)
             raise
         return sandbox
+
+    async def _take_back(
+        self,
+        old: FakeSandbox,
+        spec: SandboxSpec,
+        bound: Callable[[], Awaitable[None]] | None,
+    ) -> FakeSandbox:
+        """Listen again on ``old``'s socket, let its holder go (``bound``), and take its
+        agent's reconnection with its interpreter kept (Docker's ``_take_back``)."""
+        listener = _listen(old.scratch / AGENT_SOCKET)
+        try:
+            if bound is not None:
+                await bound()
+            ours = await _accept(listener)
+        finally:
+            listener.close()
+        reader, writer = await asyncio.open_connection(sock=ours)
+        sandbox = FakeSandbox(spec, Channel(reader, writer), old.proc, old.scratch, {})
+        self._all = [s for s in self._all if s is not old] + [sandbox]
+
+        async def not_ready(message: dict[str, Any] | None, timed_out: bool) -> str:
+            return f"the fake agent did not come back ({timed_out=}): {message!r}"
+
+        try:
+            sandbox.ready = await wait_ready(sandbox, READY_TIMEOUT_S, not_ready)
+            if not sandbox.ready.get("reattached"):
+                raise SandboxFailed("the fake agent came back afresh")
+        except BaseException:
+            sandbox.channel.close()
+            raise
+        return sandbox
+
+
+#: A reconnecting agent's socket, in its sandbox's scratch directory.
+AGENT_SOCKET = "agent.sock"
+
+
+def _listen(path: Path) -> socket.socket:
+    """A non-blocking listener at ``path``, replacing a socket left there."""
+    path.unlink(missing_ok=True)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(1)
+    listener.setblocking(False)
+    return listener
+
+
+async def _accept(listener: socket.socket) -> socket.socket:
+    try:
+        ours, _ = await asyncio.wait_for(
+            asyncio.get_running_loop().sock_accept(listener), READY_TIMEOUT_S
+        )
+    except TimeoutError:
+        raise SandboxFailed("the fake agent did not connect") from None
+    return ours
 
 
 async def _end(sandbox: FakeSandbox) -> None:

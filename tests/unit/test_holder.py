@@ -13,6 +13,7 @@ from mcp_code_sandbox.sessions.holder import (
     PidFile,
     ServiceLock,
     pid_file_alive,
+    refused,
     service_pid,
 )
 from mcp_code_sandbox.settings import ConfigError
@@ -94,3 +95,81 @@ def test_a_pid_file_appears_locked_and_goes_on_release(tmp_path: Path) -> None:
     held.release()
     held.release()
     assert not path.exists()
+
+
+# -- replicas: several services sharing one state directory (issue 25) --------------------
+
+
+def test_replicas_start_beside_each_other_and_a_lone_service_is_refused(
+    tmp_path: Path,
+) -> None:
+    run_dir = tmp_path / "state" / "run"
+    first = ServiceLock.claim(run_dir, replica=True)
+    second = ServiceLock.claim(run_dir, replica=True)
+    try:
+        assert refused(run_dir, replica=True) is None
+        line = refused(run_dir)
+        assert line is not None and "SANDBOX_REPLICA=true" in line and "--replica" in line
+        assert str(tmp_path / "state") in line
+        with pytest.raises(ConfigError) as claimed:
+            ServiceLock.claim(run_dir)
+        assert claimed.value.lines == [line]
+        first.release()
+        assert refused(run_dir) == line  # one replica still serves
+    finally:
+        first.release()
+        second.release()
+    assert refused(run_dir) is None and refused(run_dir, replica=True) is None
+    ServiceLock.claim(run_dir).release()
+
+
+def test_a_replica_is_refused_beside_a_lone_service_naming_its_pid(tmp_path: Path) -> None:
+    run_dir = tmp_path / "state" / "run"
+    lone = ServiceLock.claim(run_dir)
+    try:
+        line = refused(run_dir, replica=True)
+        assert line is not None and f"pid {os.getpid()}" in line
+        assert "SANDBOX_STATE_DIR" in line
+        with pytest.raises(ConfigError) as claimed:
+            ServiceLock.claim(run_dir, replica=True)
+        assert claimed.value.lines == [line]
+        assert refused(run_dir) == line
+    finally:
+        lone.release()
+    ServiceLock.claim(run_dir, replica=True).release()
+
+
+def test_asking_whether_a_service_may_start_takes_no_lock(tmp_path: Path) -> None:
+    assert refused(tmp_path / "missing") is None  # no lock file: nobody ever served here
+    ServiceLock.claim(tmp_path).release()
+    for replica in (False, True, False):
+        assert refused(tmp_path, replica=replica) is None
+    lone = ServiceLock.claim(tmp_path)  # nothing was left held by the questions
+    lone.release()
+
+
+#: Claims ``argv[1]`` as a replica's pid file, lets go of it the way a replica stops
+#: (the file stays, to say its server died), and exits.
+_STOP_AS_A_REPLICA = """
+import sys
+from pathlib import Path
+from mcp_code_sandbox.sessions.holder import PidFile, pid_file_alive
+held = PidFile.claim(Path(sys.argv[1]))
+assert pid_file_alive(held.path)
+held.release(keep=True)
+held.release(keep=True)
+"""
+
+
+def test_a_replicas_pid_file_stays_and_reads_dead_once_it_stops(tmp_path: Path) -> None:
+    """The other replicas see it died, and take its sessions over."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "replica.pid"
+    subprocess.run(
+        [sys.executable, "-c", _STOP_AS_A_REPLICA, str(path)],
+        check=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert path.exists() and not pid_file_alive(path)

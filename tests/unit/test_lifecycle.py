@@ -25,6 +25,10 @@ P = Phase
         (P.PAUSED, P.ENDING),
         (P.RESUMING, P.ENDING),
         (P.ENDING, P.ENDED),
+        (P.RUNNING, P.HANDED_ON),  # a replica lets it go between two calls
+        (P.PAUSED, P.HANDED_ON),
+        (P.PAUSING, P.HANDED_ON),  # a replica shuts down mid-pause
+        (P.RESUMING, P.HANDED_ON),
     ],
 )
 def test_each_drawn_move_is_made(start: Phase, to: Phase) -> None:
@@ -41,6 +45,8 @@ def test_each_drawn_move_is_made(start: Phase, to: Phase) -> None:
         (P.ENDING, P.RUNNING),  # a closed session never comes back
         (P.ENDED, P.ENDING),
         (P.RUNNING, P.ENDED),  # ended only by way of its end
+        (P.ENDING, P.HANDED_ON),  # a closed session is nobody's to take over
+        (P.ENDED, P.HANDED_ON),
     ],
 )
 def test_a_move_the_table_lacks_is_an_internal_error(start: Phase, to: Phase) -> None:
@@ -50,3 +56,10 @@ def test_a_move_the_table_lacks_is_an_internal_error(start: Phase, to: Phase) ->
 
 def test_only_ending_and_ended_are_closed() -> None:
     assert {p for p in Phase if p in CLOSED} == {P.ENDING, P.ENDED}
+
+
+@pytest.mark.parametrize("to", list(Phase))
+def test_nothing_leaves_handed_on(to: Phase) -> None:
+    """This server forgot it: another replica holds it, and only that one moves it."""
+    with pytest.raises(InternalError, match="from handed on to"):
+        transition(P.HANDED_ON, to)

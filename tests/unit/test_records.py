@@ -1,14 +1,30 @@
-"""plan_recovery: what a starting server does with dead servers' records and sandboxes.
+"""plan_recovery: what a starting server does with dead servers' records and sandboxes;
+and the records on disk that it, and every replica, reads.
 
-Pure: records and leftovers are built by hand, nothing touches a disk or an engine."""
+plan_recovery is pure: records and leftovers are built by hand, nothing touches a disk or
+an engine. The file helpers at the end write and read records in a temporary directory."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from mcp_code_sandbox.backends.base import Leftover
-from mcp_code_sandbox.sessions.records import SLOT_PATTERN, Plan, SessionRecord, plan_recovery
+from mcp_code_sandbox.sessions.records import (
+    SLOT_PATTERN,
+    Plan,
+    SessionRecord,
+    load_records,
+    plan_recovery,
+    record_path,
+    records_of,
+    write_record,
+)
 
 WORKSPACES = Path("/var/lib/mcs/workspaces")
 NOW = 1_700_000_000.0
@@ -416,3 +432,103 @@ def test_a_live_private_servers_sessions_are_never_touched() -> None:
         live = record(1, handover=False, instance=LIVE)
         p = plan([live], [leftover(live)], takes_over=takes_over)
         assert p == Plan()
+
+
+# -- replicas: sandboxes whose creator still lives (issue 25) ------------------------------
+
+
+def test_a_live_creators_sandbox_that_no_dead_record_claims_is_left_alone() -> None:
+    """Another replica made it and holds its session, whatever the records list says."""
+    unknown = leftover(record(1), creator_alive=True)  # no record names its slot at all
+    runner = leftover(record(2), "r2", creator_alive=True, runner="perl")
+    p = plan([], [unknown, runner])
+    assert p == Plan()
+
+
+def test_a_live_creators_sandbox_a_dead_holder_took_is_reattached() -> None:
+    """Replica A made it, replica B took the session over and died: B's record claims it."""
+    rec = record(1)  # held by DEAD, a service (handover)
+    lo = leftover(rec, creator_alive=True)
+    p = plan([rec], [lo])
+    assert p.reattach == [(rec, lo)]
+    assert p.remove_leftovers == [] and p.drop == []
+
+
+def test_a_live_creators_sandbox_a_dead_holder_claims_is_removed_when_expired() -> None:
+    rec = record(1, last_active=NOW - TTL_S - 1)
+    lo = leftover(rec, creator_alive=True)
+    p = plan([rec], [lo])
+    assert p.reattach == [] and p.remove_leftovers == [lo]
+    assert [r for r, _ in p.drop] == [rec]
+
+
+# -- records on disk --------------------------------------------------------------------------
+
+
+def test_a_record_round_trips_with_its_run_count(tmp_path: Path) -> None:
+    """The next holder goes on counting runs (each names its saved output)."""
+    rec = record(1, runs=7, paused={"kind": "variables", "bytes": 3}, uid=100_123)
+    write_record(tmp_path, rec)
+    assert load_records(tmp_path) == [rec]
+    assert [p.name for p in tmp_path.iterdir()] == [f"{rec.slot}.json"]  # no temporary left
+
+
+@pytest.mark.parametrize("hostile", [-3, True, "12", 1.5, None, [1]])
+def test_a_hostile_run_count_reads_as_no_runs(tmp_path: Path, hostile: object) -> None:
+    rec = record(1, runs=4)
+    write_record(tmp_path, rec)
+    path = record_path(tmp_path, rec.slot)
+    raw = json.loads(path.read_text())
+    raw["runs"] = hostile
+    path.write_text(json.dumps(raw))
+    [read] = load_records(tmp_path)
+    assert read.runs == 0 and read == dataclasses.replace(rec, runs=0)
+
+
+def test_a_record_without_runs_reads_as_no_runs(tmp_path: Path) -> None:
+    """Records written before the field existed."""
+    rec = record(1)
+    write_record(tmp_path, rec)
+    path = record_path(tmp_path, rec.slot)
+    raw = json.loads(path.read_text())
+    del raw["runs"]
+    path.write_text(json.dumps(raw))
+    assert load_records(tmp_path) == [rec]
+
+
+def test_records_of_finds_only_that_keys_slots(tmp_path: Path) -> None:
+    first = record(1)
+    second = record(1, slot=f"{key(1)}-0000ef01", instance=LIVE)
+    other = record(2)
+    for rec in (first, second, other):
+        write_record(tmp_path, rec)
+    record_path(tmp_path, f"{key(1)}-00000bad").write_text("{not json")
+    found = records_of(tmp_path, key(1))
+    assert sorted(r.slot for r in found) == sorted([first.slot, second.slot])
+    assert records_of(tmp_path, key(3)) == []
+    assert record_path(tmp_path, f"{key(1)}-00000bad").exists()  # a reader removes nothing
+
+
+def test_a_record_whose_name_is_not_its_slot_is_not_read(tmp_path: Path) -> None:
+    """A slot becomes a path: a record copied under another session's name is ignored."""
+    rec = record(2)
+    write_record(tmp_path, rec)
+    forged = record_path(tmp_path, f"{key(1)}-0000abcd")
+    forged.write_text(record_path(tmp_path, rec.slot).read_text())
+    assert records_of(tmp_path, key(1)) == []
+    assert load_records(tmp_path, remove_bad=False) == [rec]
+
+
+def test_only_recovery_removes_corrupt_records_and_stale_temporaries(tmp_path: Path) -> None:
+    """A replica reading beside live writers never deletes what it cannot read."""
+    good = record(1)
+    write_record(tmp_path, good)
+    corrupt = record_path(tmp_path, f"{key(2)}-0000abcd")
+    corrupt.write_text('{"owner": "alice"')
+    stale = tmp_path / f".{good.slot}.00000000.tmp"
+    stale.write_text("{")
+    os.utime(stale, (NOW, NOW))  # long ago: a server killed mid-write
+    assert load_records(tmp_path, remove_bad=False) == [good]
+    assert corrupt.exists() and stale.exists()
+    assert load_records(tmp_path) == [good]
+    assert not corrupt.exists() and not stale.exists()

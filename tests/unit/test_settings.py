@@ -9,6 +9,7 @@ from mcp_code_sandbox.settings import (
     ConfigError,
     Settings,
     load_settings,
+    otlp_configured,
     parse_size,
     unknown_variables,
 )
@@ -140,3 +141,33 @@ def test_a_removed_setting_still_set_is_named_as_removed() -> None:
         "eight worker threads serve blocking work",
     ]
     assert "worker_threads" not in Settings.model_fields
+
+
+@pytest.mark.parametrize(("value", "expected"), [("true", True), ("1", True), ("false", False)])
+def test_replica_is_read_from_the_environment(value: str, expected: bool) -> None:
+    assert load_settings(environ={"SANDBOX_REPLICA": value}).replica is expected
+    assert "SANDBOX_REPLICA" not in " ".join(unknown_variables({"SANDBOX_REPLICA": value}))
+
+
+def test_replica_is_off_by_default_and_refuses_nonsense() -> None:
+    assert load_settings(environ={}).replica is False
+    with pytest.raises(ConfigError) as info:
+        load_settings(environ={"SANDBOX_REPLICA": "sometimes"})
+    [line] = info.value.lines
+    assert "SANDBOX_REPLICA" in line
+
+
+@pytest.mark.parametrize(
+    ("environ", "expected"),
+    [
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}, True),
+        ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://collector:4318/v1/traces"}, True),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": ""}, False),  # set but empty: not asked for
+        ({"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "http://collector:4318"}, False),
+        ({}, False),
+    ],
+)
+def test_traces_are_sent_when_either_otlp_endpoint_is_set(
+    environ: dict[str, str], expected: bool
+) -> None:
+    assert otlp_configured(environ) is expected

@@ -227,7 +227,7 @@ def _trace_kernel_run(run_s: object) -> None:
     end = time.time_ns()
     parent = trace.get_current_span()
     started = getattr(parent, "start_time", None)  # the SDK's spans have one
-    start = end - int(run_s * 1e9)
+    start = end - int(min(run_s, end / 1e9) * 1e9)  # 1e300 s would overflow an int
     if isinstance(started, int):
         start = max(start, started)
     tracing.past_span("kernel run", start, end)

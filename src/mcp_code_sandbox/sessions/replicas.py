@@ -207,8 +207,10 @@ async def ask_to_let_go(
                     answer = json.loads(await reader.readuntil(b"\n"))
                 finally:
                     writer.close()
+    except TimeoutError:
+        raise  # to the caller: the holder is busy, not gone (TimeoutError is an OSError)
     except (OSError, asyncio.IncompleteReadError, ValueError):
-        return None  # TimeoutError goes to the caller: the holder is busy, not gone
+        return None
     return answer.get("held") is True if isinstance(answer, dict) else None
 
 

@@ -116,7 +116,8 @@ class SpareImages:
             self._thread.join(_JOIN_S)
         with self._cond:
             self._ready.clear()
-        remove_tree(self.directory)
+        with contextlib.suppress(FileNotFoundError):  # its parent is gone: so is it
+            remove_tree(self.directory)
         with contextlib.suppress(OSError):  # the last server's leaves none behind
             self.directory.parent.rmdir()
 

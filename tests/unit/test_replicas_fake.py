@@ -1,0 +1,103 @@
+"""Replicas on one state directory (``sessions.replicas``), on the fake backend in one
+process: a call that lands on a replica that does not hold its session takes it over,
+with its variables. The fake backend's agents reconnect (``FakeBackend(reconnect=True)``),
+as Docker's do; the real thing, servers and containers, is tests/e2e/test_replicas.py."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from mcp_code_sandbox.run.execute import RunReport
+from mcp_code_sandbox.run.request import RunRequest
+from mcp_code_sandbox.service import SandboxService
+from mcp_code_sandbox.sessions import records
+from mcp_code_sandbox.sessions.holder import Role
+from mcp_code_sandbox.sessions.ids import session_key
+from tests.fakes import FakeBackend, fake_settings
+
+
+@contextlib.asynccontextmanager
+async def replica(state_dir: Path, backend: FakeBackend) -> AsyncIterator[SandboxService]:
+    service = SandboxService(
+        fake_settings(state_dir, replica=True), backend, role=Role.SERVICE, replica=True
+    )
+    try:
+        await service.start()
+        yield service
+    finally:
+        await service.aclose()
+
+
+async def run(svc: SandboxService, code: str, sid: str, owner: str = "alice") -> RunReport:
+    return await svc.run_code(owner, RunRequest(code), sid)
+
+
+def holder_of(svc: SandboxService, sid: str, owner: str = "alice") -> str:
+    [record] = records.records_of(svc.settings.sessions_dir, session_key(owner, sid))
+    return record.instance
+
+
+async def test_a_call_on_another_replica_takes_the_session_over_with_its_variables(
+    state_dir: Path,
+) -> None:
+    backend = FakeBackend(reconnect=True)
+    try:
+        async with replica(state_dir, backend) as a, replica(state_dir, backend) as b:
+            first = await run(a, "x = 41\nopen('f.txt', 'w').write('kept')", "conv")
+            assert first.session_created and holder_of(a, "conv") == a.sessions.instance
+            assert [r.session_id for r in b.sessions.elsewhere("alice")] == ["conv"]
+            assert b.sessions.elsewhere("bob") == [] and a.sessions.elsewhere() == []
+
+            report = await run(b, "x + 1", "conv")
+            assert (report.result, report.session_created) == ("42", False)
+            assert (report.state_lost, report.notice) == (False, None)
+            assert holder_of(b, "conv") == b.sessions.instance
+            assert a.sessions.with_id("conv") == [] and len(b.sessions.with_id("conv")) == 1
+            assert len(backend.running()) == 1  # the same sandbox, not a new one
+            assert [r.session_id for r in a.sessions.elsewhere("alice")] == ["conv"]
+            assert b.sessions.elsewhere() == []
+
+            back = await run(a, "x += 1; x", "conv")  # and back again
+            assert (back.result, back.session_created) == ("42", False)
+            listing = await a.list_files("alice", "conv", ".", recursive=True)
+            assert [e.path for e in listing.entries] == ["f.txt"]
+            assert holder_of(a, "conv") == a.sessions.instance
+    finally:
+        await backend.end_all()
+
+
+async def test_a_replica_gives_up_only_a_session_it_holds(state_dir: Path) -> None:
+    backend = FakeBackend(reconnect=True)
+    try:
+        async with replica(state_dir, backend) as a:
+            await run(a, "1", "conv")
+            replicas = a.sessions.replicas
+            assert replicas is not None
+            assert not await replicas.give_up("alice", "other")
+            assert not await replicas.give_up("bob", "conv")  # owners never share one
+            assert a.sessions.with_id("conv") != []
+            assert await replicas.give_up("alice", "conv")
+            assert a.sessions.with_id("conv") == []
+            assert not await replicas.give_up("alice", "conv")
+            [left] = backend.running()  # let go of, not stopped: the next holder takes it
+            assert left.is_alive()
+    finally:
+        await backend.end_all()
+
+
+async def test_calls_on_two_replicas_at_once_run_one_after_the_other(state_dir: Path) -> None:
+    backend = FakeBackend(reconnect=True)
+    try:
+        async with replica(state_dir, backend) as a, replica(state_dir, backend) as b:
+            await run(a, "n = 0", "conv")
+            reports = await asyncio.gather(
+                *(run(svc, "n += 1; n", "conv") for svc in (a, b, a, b, b, a))
+            )
+            assert sorted(int(r.result or "0") for r in reports) == [1, 2, 3, 4, 5, 6]
+            assert not any(r.state_lost or r.session_created for r in reports)
+            assert len(backend.running()) == 1
+    finally:
+        await backend.end_all()
