@@ -52,6 +52,8 @@ RUN set -eu; \
     /opt/mcp-code-sandbox/bin/mcp-code-sandbox --version
 
 FROM python
+# The MCP Registry checks that an OCI package names the server.json entry it belongs to.
+LABEL io.modelcontextprotocol.server.name="io.github.mcp-code-sandbox/mcp-code-sandbox"
 COPY --from=venv /opt/mcp-code-sandbox /opt/mcp-code-sandbox
 # The state dir is a volume (named, for the appliance) or a bind mount of a host directory
 # (compose; then SANDBOX_DOCKER_HOST_STATE_DIR may name its host path): the server finds

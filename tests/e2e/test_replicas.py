@@ -326,6 +326,24 @@ async def test_a_rolling_restart_pauses_nothing(make_settings: Callable[..., Set
         assert "session paused" not in a.log() + b.log()
 
 
+async def test_an_owners_limit_counts_the_sessions_of_both_replicas(
+    make_settings: Callable[..., Settings],
+) -> None:
+    settings = make_settings()
+    with replicas(settings, "a", "b", SANDBOX_MAX_SESSIONS_PER_OWNER="2") as (a, b):
+        async with clients((a, ALICE), (b, ALICE)) as (via_a, via_b):
+            await run(via_a, "v = 'first'", session_id="s1")
+            await run(via_a, "v = 'second'", session_id="s2")
+            # A third on the other replica: the longest idle of the two is paused to make
+            # room, as on one server, not a third running session.
+            await run(via_b, "v = 'third'", session_id="s3")
+            listed = structured(await via_a.call_tool("list_sessions", {}))
+            states = {s["session_id"]: s["state"] for s in listed["sessions"]}
+            assert states == {"s1": "paused", "s2": "running", "s3": "running"}, states
+            back = await run(via_b, "v", session_id="s1")
+            assert back["result"] == "'first'", back
+
+
 async def test_both_warm_pools_serve_a_burst_without_double_claims(
     make_settings: Callable[..., Settings],
 ) -> None:

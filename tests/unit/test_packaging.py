@@ -215,6 +215,15 @@ def test_a_server_json_the_registry_would_refuse_fails_the_check(
     assert any(said in problem for problem in problems), problems
 
 
+def test_both_packages_name_their_server_json_entry_as_the_registry_checks() -> None:
+    # PyPI: an "mcp-name:" line in the README (the package's long description); OCI: the
+    # image's io.modelcontextprotocol.server.name label.
+    name = server_json()["name"]
+    assert f"mcp-name: {name}" in (REPO / "README.md").read_text(encoding="utf-8")
+    dockerfile = (REPO / "images" / "server.Dockerfile").read_text(encoding="utf-8")
+    assert f'LABEL io.modelcontextprotocol.server.name="{name}"' in dockerfile
+
+
 def test_server_json_settings_are_real_settings_with_their_defaults() -> None:
     variables = server_json()["packages"][0]["environmentVariables"]
     variables += server_json()["packages"][1]["environmentVariables"]

@@ -144,7 +144,9 @@ class SessionManager:
         #: Pauses sessions (for the reaper, the room and shutdown).
         self.pausing = Pausing(self.sandboxes, self.threads, self.table, self.mounts)
         #: The running-session limits, kept by pausing the longest idle.
-        self.room = Room(settings, self.table.__iter__, self.pausing.pause)
+        self.room = Room(
+            settings, self.table.__iter__, self.pausing.pause, self._elsewhere, self._fetch
+        )
         #: Ends sessions, and retries what an end left.
         self.ending = Ending(
             settings, self.threads, self.table, self.mounts, self.metrics, self.sandboxes
@@ -344,6 +346,8 @@ class SessionManager:
         if self.replicas is not None and session_id is not None:
             await self.replicas.take(owner, session_id, wait_s)
         if create and (session_id is None or self.table.get(owner, session_id) is None):
+            if self.replicas is not None:  # the others' sessions count toward the limits
+                await self.replicas.refresh()
             await self.room.make(owner)  # a new session runs: room first (see ``room``)
             session, created, notice = self._lookup(owner, session_id, create=True, pool=pool)
         else:
@@ -478,7 +482,7 @@ class SessionManager:
         """One pass of the reaper (:mod:`.reaper`); its loop calls this every few seconds.
         A replica first takes over what replicas that died left."""
         if self.replicas is not None:
-            await self.replicas.reap_dead()
+            await self.replicas.reap()
         await self.reaper.reap()
 
     def tombstones(self) -> dict[tuple[str, str], str]:
@@ -498,6 +502,12 @@ class SessionManager:
         """The sessions other replicas hold, as their records say (every owner's, or
         ``owner``'s); none for a server alone. Blocking: call it in a worker thread."""
         return [] if self.replicas is None else self.replicas.elsewhere(owner)
+
+    def _elsewhere(self, owner: str | None) -> int:
+        return 0 if self.replicas is None else self.replicas.running_elsewhere(owner)
+
+    async def _fetch(self, owner: str | None) -> bool:
+        return self.replicas is not None and await self.replicas.fetch(owner)
 
     @property
     def replica(self) -> bool:

@@ -39,6 +39,7 @@ from the agent or the image.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import fcntl
 import json
@@ -85,6 +86,9 @@ REPLICAS_DIR = "replicas"
 #: and a call waiting on one should not pay much more than that.
 _LEASE_POLL_S = 0.002
 _LEASE_POLL_MAX_S = 0.02
+#: How long taking over another replica's idle session to pause it may wait for that
+#: replica: a session in a call there is not idle, and the next one is tried instead.
+_FETCH_WAIT_S = 2.0
 #: A request or an answer on a control socket is one short JSON line.
 _LINE_LIMIT = 4096
 
@@ -246,6 +250,9 @@ class Replicas:
         self.metrics = metrics
         self.instance = table.instance
         self._control = Control(settings.run_dir, self.instance, self.give_up)
+        #: Running sessions the other replicas hold, by owner, as their records said at
+        #: the last look (:meth:`refresh`): they count toward the limits here too.
+        self._running_elsewhere: collections.Counter[str] = collections.Counter()
 
     async def start(self) -> None:
         self.metrics.replica(self.instance)
@@ -378,7 +385,38 @@ class Replicas:
             and self.table.get(r.owner, r.session_id) is None
         ]
 
-    async def reap_dead(self) -> None:
-        """Take over what replicas that died left (the reaper's every pass)."""
+    def running_elsewhere(self, owner: str | None) -> int:
+        """Running sessions other replicas hold (all, or ``owner``'s), as last seen."""
+        counts = self._running_elsewhere
+        return sum(counts.values()) if owner is None else counts[owner]
+
+    async def refresh(self) -> None:
+        """Look again at what the other replicas run (before a new session: the limits
+        count them; and at every reaper pass)."""
+        held = await asyncio.to_thread(self.elsewhere)
+        running = (r.owner for r in held if r.paused is None and not r.pausing)
+        self._running_elsewhere = collections.Counter(running)
+
+    async def fetch(self, owner: str | None) -> bool:
+        """Take over the longest-idle running session another replica holds (``owner``'s,
+        or anyone's), for this replica to pause to make room; False when there is none,
+        or it is in a call."""
+        held = await asyncio.to_thread(self.elsewhere, owner)
+        running = [r for r in held if r.paused is None and not r.pausing]
+        if not running:
+            return False
+        idlest = min(running, key=lambda r: r.last_active)
+        try:
+            await self.take(idlest.owner, idlest.session_id, _FETCH_WAIT_S)
+        except SessionBusy:
+            return False
+        finally:
+            await self.refresh()
+        return self.table.get(idlest.owner, idlest.session_id) is not None
+
+    async def reap(self) -> None:
+        """Take over what replicas that died left, and look again at what the others run
+        (the reaper's every pass)."""
         if await asyncio.to_thread(dead_instances, self.settings.run_dir, self.instance):
             await self._recover()
+        await self.refresh()

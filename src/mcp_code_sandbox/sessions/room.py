@@ -47,17 +47,25 @@ class Room:
         settings: Settings,
         sessions: Callable[[], Iterable[Session]],
         pause: Callable[[Session], Awaitable[None]],
+        elsewhere: Callable[[str | None], int] = lambda owner: 0,
+        fetch: Callable[[str | None], Awaitable[bool]] | None = None,
     ) -> None:
+        """``elsewhere(owner)``: running sessions other replicas hold (all, or
+        ``owner``'s), which count toward the limits too; ``fetch(owner)`` takes the
+        longest idle of them over (False: none could be), so that it is paused here to
+        make room as one of this server's would be (``replicas``)."""
         self.settings = settings
         self._sessions = sessions
         self._pause = pause
+        self._elsewhere = elsewhere
+        self._fetch = fetch
         #: Sessions being paused to make room, each with the owner whose call claimed the
         #: slot it frees (see the module docstring).
         self._freeing: dict[Session, str] = {}
 
     def running(self, owner: str | None = None) -> int:
-        """Running sessions, with the slots claimed from sessions being paused for room:
-        all of them, or ``owner``'s."""
+        """Running sessions, with the slots claimed from sessions being paused for room
+        and those other replicas run: all of them, or ``owner``'s."""
         sessions = sum(
             1
             for s in self._sessions()
@@ -66,7 +74,7 @@ class Room:
             and (owner is None or s.owner == owner)
         )
         claims = sum(1 for who in self._freeing.values() if owner is None or who == owner)
-        return sessions + claims
+        return sessions + claims + self._elsewhere(owner)
 
     def check(self, owner: str) -> None:
         """Raise ``MaxSessions`` when ``owner`` may not have one more running session."""
@@ -96,6 +104,8 @@ class Room:
         while True:
             victim = self.victim(owner, exclude)
             if victim is None:
+                if await self._fetched(owner):
+                    continue  # one of another replica's is this one's now: pause it
                 return
             self._freeing[victim] = owner  # claimed: see the module docstring
             try:
@@ -104,6 +114,17 @@ class Room:
                 del self._freeing[victim]
             if victim.phase is not Phase.PAUSED:  # closed meanwhile, or could not: do not spin
                 return
+
+    async def _fetched(self, owner: str) -> bool:
+        """Did a limit that another replica's sessions fill get one of them over here?"""
+        if self._fetch is None:
+            return False
+        per_owner = self.settings.sessions_per_owner
+        if per_owner is not None and self.running(owner) >= per_owner:
+            return self._elsewhere(owner) > 0 and await self._fetch(owner)
+        if self.running() >= self.settings.max_sessions:
+            return self._elsewhere(None) > 0 and await self._fetch(None)
+        return False
 
     def victim(self, owner: str, exclude: Session | None = None) -> Session | None:
         """The session to pause so that ``owner`` may run one more; ``None`` when there
