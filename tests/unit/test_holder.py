@@ -14,6 +14,7 @@ from mcp_code_sandbox.sessions.holder import (
     ServiceLock,
     pid_file_alive,
     refused,
+    replicas_serve,
     service_pid,
 )
 from mcp_code_sandbox.settings import ConfigError
@@ -108,6 +109,7 @@ def test_replicas_start_beside_each_other_and_a_lone_service_is_refused(
     second = ServiceLock.claim(run_dir, replica=True)
     try:
         assert refused(run_dir, replica=True) is None
+        assert replicas_serve(run_dir) and service_pid(run_dir) is None  # doctor says so
         line = refused(run_dir)
         assert line is not None and "SANDBOX_REPLICA=true" in line and "--replica" in line
         assert str(tmp_path / "state") in line
@@ -120,7 +122,9 @@ def test_replicas_start_beside_each_other_and_a_lone_service_is_refused(
         first.release()
         second.release()
     assert refused(run_dir) is None and refused(run_dir, replica=True) is None
-    ServiceLock.claim(run_dir).release()
+    lone = ServiceLock.claim(run_dir)
+    assert not replicas_serve(run_dir)  # a lone service is not replicas
+    lone.release()
 
 
 def test_a_replica_is_refused_beside_a_lone_service_naming_its_pid(tmp_path: Path) -> None:

@@ -101,3 +101,21 @@ async def test_calls_on_two_replicas_at_once_run_one_after_the_other(state_dir: 
             assert len(backend.running()) == 1
     finally:
         await backend.end_all()
+
+
+async def test_a_session_let_go_to_a_taker_that_gave_up_comes_back_with_its_variables(
+    state_dir: Path,
+) -> None:
+    # The holder lets go (its queued call done) after the asking replica stopped waiting:
+    # its record still names the holder, and nobody holds it. The next call takes it back.
+    backend = FakeBackend(reconnect=True)
+    try:
+        async with replica(state_dir, backend) as a:
+            await run(a, "x = 41", "conv")
+            assert await a.sessions.replicas.give_up("alice", "conv")  # type: ignore[union-attr]
+            assert a.sessions.with_id("conv") == [] and holder_of(a, "conv") == a.sessions.instance
+            report = await run(a, "x + 1", "conv")
+            assert (report.result, report.session_created, report.notice) == ("42", False, None)
+            assert len(backend.running()) == 1
+    finally:
+        await backend.end_all()

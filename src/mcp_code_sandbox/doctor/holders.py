@@ -11,7 +11,7 @@ from pathlib import Path
 from mcp_code_sandbox.backends.base import Leftover
 from mcp_code_sandbox.doctor.checks import Check
 from mcp_code_sandbox.sessions import records
-from mcp_code_sandbox.sessions.holder import service_pid
+from mcp_code_sandbox.sessions.holder import replicas_serve, service_pid
 from mcp_code_sandbox.sessions.recovery import alive
 from mcp_code_sandbox.settings import Settings
 
@@ -32,6 +32,9 @@ def state_dir_check(settings: Settings) -> Check:
         ": a stdio server or `exec` started here keeps "
         "sessions of its own and never touches the service's"
         if pid is not None
+        else "served by replicas (SANDBOX_REPLICA): a stdio server or `exec` started here "
+        "keeps sessions of its own and never touches theirs"
+        if replicas_serve(settings.run_dir)
         else "no service runs on it now"
     )
     return Check("state directory", True, f"{settings.state_dir} ({_DEFAULTS}); {serving}")
@@ -40,7 +43,7 @@ def state_dir_check(settings: Settings) -> Check:
 def leftovers_check(settings: Settings, containers: Sequence[Leftover] = ()) -> Check:
     """What no live server holds: ``containers`` are the backend's leftovers (docker:
     containers of servers that are gone; empty when the engine was not asked)."""
-    saved = records.load_records(settings.sessions_dir)
+    saved = records.load_records(settings.sessions_dir, remove_bad=False)  # only reads
     held = {r.slot for r in saved if alive(settings.run_dir / f"{r.instance}.pid")}
     kept = [r for r in saved if r.slot not in held and r.handover and not r.pool]
     kept_slots = {r.slot for r in kept}

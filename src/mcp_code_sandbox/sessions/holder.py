@@ -46,6 +46,7 @@ __all__ = [
     "note_service",
     "pid_file_alive",
     "refused",
+    "replicas_serve",
     "service_pid",
 ]
 
@@ -150,15 +151,32 @@ def pid_file_alive(path: Path) -> bool:
 
 
 def note_service(run_dir: Path, state_dir: Path) -> None:
-    """Log that a service runs beside this private server, if one does (blocking)."""
+    """Log that a service (or replicas) runs beside this private server, if so (blocking)."""
     pid = service_pid(run_dir)
-    if pid is not None:
+    if pid is not None or replicas_serve(run_dir):
         structlog.get_logger("mcp_code_sandbox.sessions.manager").info(
             "a service runs on this state directory: this server's sessions are its "
             "own, and it leaves the service's alone",
-            service_pid=pid,
+            service_pid=pid if pid is not None else "replicas",
             state_dir=str(state_dir),
         )
+
+
+def replicas_serve(run_dir: Path) -> bool:
+    """Do replicas (``SANDBOX_REPLICA``) serve this state directory now? They hold the
+    service lock shared, which :func:`service_pid`'s own shared check does not see."""
+    try:
+        fd = os.open(run_dir / SERVICE_LOCK, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return service_pid(run_dir) is None  # held, and not by a lone service
+    else:
+        return False
+    finally:
+        os.close(fd)
 
 
 def refusal(state_dir: Path, pid: int | None) -> str:

@@ -283,22 +283,26 @@ class Replicas:
 
     async def _take_over(self, owner: str, session_id: str, key: str, wait_s: float) -> None:
         record = await asyncio.to_thread(self._record_of, key, owner, session_id)
-        if record is None or record.instance == self.instance:
-            return  # new, ended, or a private server's own
+        if record is None:
+            return  # a new session, or one that ended
+        # Ours on record but not held: this replica let it go to one that gave up waiting
+        # before taking it. Its sandbox waits for a host: taken back like another's.
+        mine = record.instance == self.instance
         holder = self.settings.run_dir / f"{record.instance}.pid"
-        if not await asyncio.to_thread(alive, holder):  # what dead servers left: all of it
+        if not mine and not await asyncio.to_thread(alive, holder):
             with tracing.span("take over from a dead server"):
-                await self._recover()
+                await self._recover()  # what dead servers left: all of it
             return
 
         async def let_go() -> records.SessionRecord | None:
             run_dir, instance = self.settings.run_dir, record.instance
-            held = await ask_to_let_go(run_dir, instance, owner, session_id, wait_s)
-            if held is None and await asyncio.to_thread(alive, holder):
-                raise SessionBusy(
-                    f"session {session_id} is held by a replica that does not answer (it "
-                    "may be shutting down); try again in a few seconds"
-                )
+            if not mine:
+                held = await ask_to_let_go(run_dir, instance, owner, session_id, wait_s)
+                if held is None and await asyncio.to_thread(alive, holder):
+                    raise SessionBusy(
+                        f"session {session_id} is held by a replica that does not answer "
+                        "(it may be shutting down); try again in a few seconds"
+                    )
             return await asyncio.to_thread(self._record_of, key, owner, session_id)
 
         with tracing.span("handover"):
