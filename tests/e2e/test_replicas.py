@@ -272,6 +272,30 @@ async def _progress_and_cancel(via: Client, other: Client) -> None:
     assert after["result"] == "'yes'" and after["state_lost"] is False
 
 
+FENCED = """
+import urllib.request, urllib.error
+try:
+    urllib.request.urlopen("http://10.255.255.1/", timeout=20)
+except urllib.error.HTTPError as e:
+    print(e.code)
+"""
+
+
+async def test_a_session_with_network_keeps_it_and_its_variables_on_either_replica(
+    make_settings: Callable[..., Settings],
+) -> None:
+    settings = make_settings()
+    with replicas(settings, "a", "b", SANDBOX_ALLOW_NETWORK="true") as (a, b):
+        async with clients((a, ALICE), (b, ALICE)) as (via_a, via_b):
+            await run(via_a, "x = 1", session_id="net", network=True)
+            for i, via in enumerate((via_b, via_a, via_b)):
+                # The proxy answers (a private address is refused with its 403, and
+                # named), on whichever replica holds the sandbox: no restart between.
+                out = await run(via, FENCED + "x += 1\nprint(x)", session_id="net", network=True)
+                assert out["stdout"] == f"403\n{i + 2}\n", out
+                assert out["blocked_hosts"] == ["10.255.255.1"] and not out.get("notice"), out
+
+
 async def test_a_replica_killed_mid_run_loses_no_session(
     make_settings: Callable[..., Settings],
 ) -> None:

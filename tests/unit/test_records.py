@@ -496,6 +496,32 @@ def test_a_record_without_runs_reads_as_no_runs(tmp_path: Path) -> None:
     assert load_records(tmp_path) == [rec]
 
 
+def test_a_record_keeps_its_sandboxs_network_for_the_next_holder(tmp_path: Path) -> None:
+    rec = record(1)
+    egress = {"dir": rec.slot, "hosts": ["pypi.org"]}
+    write_record(tmp_path, dataclasses.replace(rec, egress=egress))
+    [read] = load_records(tmp_path)
+    assert read.egress == egress
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    [{"dir": "../../etc", "hosts": None}, {"dir": "x"}, {"dir": None}, "dir", {"hosts": [1]}],
+)
+def test_a_record_whose_network_names_no_proxy_dir_of_ours_is_not_one(
+    tmp_path: Path, hostile: object
+) -> None:
+    # The directory becomes a path under the state dir: a record naming anything but a
+    # name of the shape a server makes is refused whole, as for a slot.
+    rec = record(1)
+    write_record(tmp_path, rec)
+    path = record_path(tmp_path, rec.slot)
+    raw = json.loads(path.read_text())
+    raw["egress"] = hostile
+    path.write_text(json.dumps(raw))
+    assert load_records(tmp_path, remove_bad=False) == []
+
+
 def test_records_of_finds_only_that_keys_slots(tmp_path: Path) -> None:
     first = record(1)
     second = record(1, slot=f"{key(1)}-0000ef01", instance=LIVE)

@@ -25,6 +25,7 @@ import contextlib
 import os
 import secrets
 import shutil
+import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,9 +40,10 @@ from mcp_code_sandbox.egress.policy import Policy
 from mcp_code_sandbox.egress.presets import learn_presets
 from mcp_code_sandbox.egress.proxy import MAX_CONNECTIONS, EgressProxy, open_proxy
 from mcp_code_sandbox.egress.secrets import Secret, load_secrets, placeholder_env
-from mcp_code_sandbox.errors import SandboxFailed
+from mcp_code_sandbox.errors import SandboxError, SandboxFailed
 from mcp_code_sandbox.layout import EGRESS_CA_NAME, egress_env
 from mcp_code_sandbox.metrics import Metrics
+from mcp_code_sandbox.sessions import records
 from mcp_code_sandbox.settings import Settings
 
 __all__ = ["SOCKET_NAME", "EgressProxies", "Wish"]
@@ -54,6 +56,8 @@ Wish = tuple[str, ...] | None
 #: A run result lists at most this many blocked hosts, each cut to a DNS name's length.
 MAX_BLOCKED = 50
 MAX_HOST_CHARS = 253
+#: A sweep's check that a proxy still listens: a live one accepts at once.
+_PROBE_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -116,19 +120,7 @@ class EgressProxies:
         secrets_ = self._loaded_secrets()
         host_dir, directory = await asyncio.to_thread(self._make_dir, key)
         try:
-            proxy = await open_proxy(
-                # Through the directory's fd, held open as long as the proxy: the state
-                # dir may be too deep for a socket's address (``backends.unix_sockets``).
-                Path(directory.address(SOCKET_NAME)),
-                policy,
-                secrets_,
-                owner=owner,
-                session=session_id,
-                metrics=self.metrics,
-                upstream_ca=self.settings.network_upstream_ca,
-                resolver=self._resolver,
-                budget=self._budget,
-            )
+            proxy = await self._proxy(directory, policy, owner, session_id)
         except BaseException as exc:
             directory.close()
             await asyncio.to_thread(shutil.rmtree, host_dir, True)
@@ -149,6 +141,57 @@ class EgressProxies:
         env = egress_env(ca is not None)
         env.update(placeholder_env(secrets_))
         return Egress(host_dir, hosts or None), env
+
+    async def reopen(
+        self, name: str, hosts: tuple[str, ...] | None, owner: str, session_id: str
+    ) -> Egress | None:
+        """A proxy again in the directory ``name`` that another replica's proxy left for a
+        sandbox this server took over (``hosts``: its last call's, ``None`` the whole
+        policy): the sandbox keeps its network. ``None`` (logged) when the directory is
+        gone or the policy no longer allows those hosts: the sandbox is then taken as
+        without network, as after a restart."""
+        host_dir = self.root / name
+        try:
+            policy = self.policy(hosts or ())
+            directory = await asyncio.to_thread(SocketDir, host_dir)
+        except (OSError, SandboxError) as exc:
+            log.warning("cannot open a taken-over sandbox's proxy again", error=str(exc))
+            return None
+        try:
+            await asyncio.to_thread(directory.unlink_socket, SOCKET_NAME)
+            proxy = await self._proxy(directory, policy, owner, session_id)
+        except BaseException as exc:
+            directory.close()
+            if isinstance(exc, (OSError, SandboxError)):
+                log.warning("cannot open a taken-over sandbox's proxy again", error=str(exc))
+                return None
+            raise
+        self._open[host_dir] = _Open(proxy, directory)
+        egress = Egress(host_dir, hosts)
+        try:
+            await asyncio.to_thread(self._publish, host_dir, proxy.ca_bundle())
+        except OSError as exc:
+            log.warning("cannot publish a taken-over proxy's CA", error=str(exc))
+            await self.close(egress)
+            return None
+        return egress
+
+    async def _proxy(
+        self, directory: SocketDir, policy: Policy, owner: str, session_id: str
+    ) -> EgressProxy:
+        return await open_proxy(
+            # Through the directory's fd, held open as long as the proxy: the state dir
+            # may be too deep for a socket's address (``backends.unix_sockets``).
+            Path(directory.address(SOCKET_NAME)),
+            policy,
+            self._loaded_secrets(),
+            owner=owner,
+            session=session_id,
+            metrics=self.metrics,
+            upstream_ca=self.settings.network_upstream_ca,
+            resolver=self._resolver,
+            budget=self._budget,
+        )
 
     def narrow(self, egress: Egress, hosts: tuple[str, ...]) -> Egress:
         """Give the running proxy of ``egress`` the policy of a call that asked for
@@ -186,23 +229,36 @@ class EgressProxies:
             ) from None
 
     def _sweep(self) -> None:
+        """Remove the directories of proxies that are gone: not this server's, not named
+        by a session's record (a replica is about to open its proxy again), and with no
+        proxy listening (another live server's)."""
+        named = {
+            str(r.egress["dir"])
+            for r in records.load_records(self.settings.sessions_dir, remove_bad=False)
+            if r.egress is not None
+        }
         with contextlib.suppress(FileNotFoundError):
             for entry in self.root.iterdir():
-                if entry not in self._open:
-                    shutil.rmtree(entry, ignore_errors=True)
+                if entry in self._open or entry.name in named or _listening(entry):
+                    continue
+                shutil.rmtree(entry, ignore_errors=True)
 
     @staticmethod
     def _publish(host_dir: Path, ca: bytes | None) -> None:
         """Write the CA bundle beside the socket (whose mode the proxy already opened to
-        the sandbox's uid), read-only: public certificates, no key."""
+        the sandbox's uid), read-only: public certificates, no key. A proxy opened again
+        replaces the last one's (its CA is new; it is renamed into place)."""
         if ca is not None:
-            bundle = host_dir / EGRESS_CA_NAME
-            bundle.write_bytes(ca)
-            os.chmod(bundle, 0o444)
+            draft = host_dir / f".{EGRESS_CA_NAME}.new"
+            draft.unlink(missing_ok=True)
+            draft.write_bytes(ca)
+            os.chmod(draft, 0o444)
+            os.replace(draft, host_dir / EGRESS_CA_NAME)
 
-    async def close(self, egress: Egress | None) -> None:
-        """Close the proxy of ``egress`` and remove its directory; nothing for ``None`` or
-        one already closed. Never raises (logged): called on every stop path."""
+    async def close(self, egress: Egress | None, *, keep_dir: bool = False) -> None:
+        """Close the proxy of ``egress`` and remove its directory (``keep_dir``: leave it,
+        for the replica that takes its sandbox over); nothing for ``None`` or one already
+        closed. Never raises (logged): called on every stop path."""
         if egress is None:
             return
         opened = self._open.pop(egress.host_dir, None)
@@ -213,7 +269,8 @@ class EgressProxies:
                 log.exception("cannot close an egress proxy", dir=str(egress.host_dir))
             finally:
                 opened.directory.close()  # after the proxy, which unlinks its socket by it
-        await asyncio.to_thread(shutil.rmtree, egress.host_dir, True)
+        if not keep_dir:
+            await asyncio.to_thread(shutil.rmtree, egress.host_dir, True)
 
     def take_blocked(self, egresses: Iterable[Egress | None]) -> list[str]:
         """The hosts the proxies of ``egresses`` refused since the last call, each once,
@@ -233,3 +290,14 @@ class EgressProxies:
     @property
     def open_count(self) -> int:
         return len(self._open)
+
+
+def _listening(host_dir: Path) -> bool:
+    """Does a proxy listen in ``host_dir``? (Blocking; bounded.)"""
+    try:
+        with SocketDir(host_dir) as directory, socket.socket(socket.AF_UNIX) as probe:
+            probe.settimeout(_PROBE_S)
+            probe.connect(directory.address(SOCKET_NAME))
+    except OSError:
+        return False
+    return True

@@ -112,6 +112,11 @@ class SessionRecord:
     handover: bool = True
     #: Runs so far (each names its saved output): the next holder goes on counting.
     runs: int = 0
+    #: The running sandbox's network: the name of its egress proxy's directory (under
+    #: ``state_dir/egress``) and the hosts its last call asked for (``None``: the whole
+    #: policy). A replica taking the session over opens a proxy there again. ``None``:
+    #: no network (or paused).
+    egress: dict[str, Any] | None = None
 
 
 def record_path(directory: Path, slot: str) -> Path:
@@ -192,6 +197,7 @@ def _parse(path: Path) -> SessionRecord | None:
             replaces=_slot(raw.get("replaces")),
             handover=raw.get("handover", True) is not False,
             runs=_count(raw.get("runs")),
+            egress=_egress(raw.get("egress")),
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -200,6 +206,21 @@ def _parse(path: Path) -> SessionRecord | None:
     if match is None or match.group(1) != record.key or path.name != record.slot + _SUFFIX:
         return None
     return record
+
+
+def _egress(value: object) -> dict[str, Any] | None:
+    """A record's ``egress``, checked (``ValueError`` when it is not one): the directory is
+    a name of the shape a server makes (no path), the hosts a list of names or null."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or SLOT_PATTERN.fullmatch(str(value.get("dir"))) is None:
+        raise ValueError(f"not an egress: {value!r}")
+    hosts = value.get("hosts")
+    if hosts is not None and not (
+        isinstance(hosts, list) and all(isinstance(h, str) for h in hosts)
+    ):
+        raise ValueError(f"not a list of hosts: {hosts!r}")
+    return {"dir": value["dir"], "hosts": hosts}
 
 
 def _count(value: object) -> int:

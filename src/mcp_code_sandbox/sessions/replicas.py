@@ -41,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import fcntl
 import json
 import os
@@ -320,14 +321,26 @@ class Replicas:
             return
         if taken is None:
             return
-        session = (
-            adopted_session(self.table, taken)
-            if isinstance(taken, Adopted)
-            else kept_session(self.table, taken)
-        )
+        if isinstance(taken, Adopted):
+            await self._network_again(taken)
+            session = adopted_session(self.table, taken)
+        else:
+            session = kept_session(self.table, taken)
         self.table.add(session)
         self.table.save(session, force=True)
         self.metrics.handed_over("in")
+
+    async def _network_again(self, taken: Adopted) -> None:
+        """A taken-over sandbox that had network gets its proxy again, where it left it."""
+        egress, record = taken.record.egress, taken.record
+        if egress is None:
+            return
+        hosts = None if egress["hosts"] is None else tuple(egress["hosts"])
+        proxies = self.sandboxes.egress
+        reopened = await proxies.reopen(egress["dir"], hosts, record.owner, record.session_id)
+        if reopened is not None:
+            sandbox = taken.sandbox
+            sandbox.spec = dataclasses.replace(sandbox.spec, egress=reopened)
 
     def _record_of(self, key: str, owner: str, session_id: str) -> records.SessionRecord | None:
         """The record of ``owner``'s session that a service holds (blocking)."""
@@ -368,7 +381,9 @@ class Replicas:
         sandbox, session.sandbox, session.agent = session.sandbox, None, None
         if sandbox is not None:
             sandbox.channel.close()
-            await self.sandboxes.egress.close(sandbox.spec.egress)
+            # Its directory stays (the sandbox has it bound): the next holder's proxy
+            # listens there again (see ``take``).
+            await self.sandboxes.egress.close(sandbox.spec.egress, keep_dir=True)
         await self.mounts.give_back(session)
         if session.uid_lease is not None:
             session.uid_lease.release()  # reserved by its record for the next holder

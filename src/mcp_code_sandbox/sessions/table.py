@@ -20,6 +20,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 
@@ -208,6 +209,7 @@ class SessionTable:
             replaces=None if session.replaces is None else session.replaces.slot,
             handover=self.handover,
             runs=session.runs,
+            egress=_egress(session),
         )
 
     def forget(self, session: Session) -> None:
@@ -215,6 +217,15 @@ class SessionTable:
         record stays, as this server last wrote it."""
         self.remove(session)
         self._written.pop(session, None)
+
+
+def _egress(session: Session) -> dict[str, Any] | None:
+    """Its running sandbox's network as a record keeps it (see ``records``)."""
+    egress = None if session.sandbox is None else session.sandbox.spec.egress
+    if egress is None:
+        return None
+    hosts = None if egress.hosts is None else list(egress.hosts)
+    return {"dir": egress.host_dir.name, "hosts": hosts}
 
 
 def _paused(session: Session) -> bool:
