@@ -317,6 +317,8 @@ async def test_a_replica_killed_mid_run_loses_no_session(
             a.kill()
             done_b = await asyncio.wait_for(long_b, 60)
             assert done_b["result"] == "2", done_b  # undisturbed
+            ready = httpx.get(f"{b.base}/readyz", timeout=30)  # its own readiness only
+            assert ready.status_code == 200 and ready.json()["replica"] == b.instance
             long_a.cancel()
             with contextlib.suppress(BaseException):
                 await long_a
@@ -389,6 +391,26 @@ async def test_both_warm_pools_serve_a_burst_without_double_claims(
         hits = _metric(a, "mcp_sandbox_pool_claims_total", 'result="hit"')
         hits += _metric(b, "mcp_sandbox_pool_claims_total", 'result="hit"')
         assert hits >= 2, hits  # both pools served warm sandboxes
+
+
+async def test_a_replica_with_an_empty_pool_borrows_a_warm_sandbox(
+    make_settings: Callable[..., Settings],
+) -> None:
+    settings = make_settings()
+    with replicas(settings, "a", SANDBOX_POOL_SIZE="2", SANDBOX_PRELOAD="") as [a]:
+        await _pool_ready(a, 2)
+        with replicas(settings, "b", SANDBOX_POOL_SIZE="1", SANDBOX_PRELOAD="") as [b]:
+            await _pool_ready(b, 1)
+            code = (
+                "import os\nfirst = not os.path.exists('/tmp/claimed')\n"
+                "open('/tmp/claimed', 'w').close()\nfirst"
+            )
+            async with clients((b, ALICE)) as [via_b]:
+                outs = [await run(via_b, code) for _ in range(2)]  # b's own, then a's
+            assert [o["result"] for o in outs] == ["True", "True"], outs
+            assert "warm sandbox lent" in a.log()
+            hits = _metric(b, "mcp_sandbox_pool_claims_total", 'result="hit"')
+            assert hits == 2, hits  # both warm: no cold start
 
 
 async def _pool_ready(replica: Replica, size: int) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -31,6 +32,7 @@ class Box:
 
     def __init__(self, backend_id: str) -> None:
         self.backend_id = backend_id
+        self.spec = SimpleNamespace(egress=None)  # no network: what its record reads
 
 
 class Stops:

@@ -183,6 +183,7 @@ class SessionManager:
                 spec_for=self._spec_for,
                 pausing=self.pausing,
                 mounts=self.mounts,
+                pool=self.pool,
                 recover=self._recover,
                 metrics=self.metrics,
             )
@@ -348,6 +349,8 @@ class SessionManager:
         if create and (session_id is None or self.table.get(owner, session_id) is None):
             if self.replicas is not None:  # the others' sessions count toward the limits
                 await self.replicas.refresh()
+                if pool:  # and their warm sandboxes are this one's when it has none
+                    await self.replicas.borrow()
             await self.room.make(owner)  # a new session runs: room first (see ``room``)
             session, created, notice = self._lookup(owner, session_id, create=True, pool=pool)
         else:

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from mcp_code_sandbox.backends.base import Backend, Sandbox
+from mcp_code_sandbox.backends.base import Backend, Sandbox, SandboxSpec
 from mcp_code_sandbox.metrics import Metrics
 from mcp_code_sandbox.sessions import records, runlog
 from mcp_code_sandbox.sessions.agent_client import AgentClient
@@ -166,6 +166,37 @@ class WarmPool:
         self.refill()
         return found
 
+    def lend(self, borrower: str) -> Pooled | None:
+        """The oldest usable warm sandbox for another replica (``borrower``), its record
+        rewritten as the borrower's (a borrower that dies leaves a dead server's pooled
+        sandbox, which recovery removes); ``None`` when none is ready. The caller lets
+        go of its channel and uid. Refills in the background either way."""
+        now = time.monotonic()
+        found = None
+        while self._ready and found is None:
+            pooled = self._ready.popleft()
+            if self._usable(pooled, now):
+                found = pooled
+            else:
+                self.retire(pooled)
+        if found is not None:
+            uid = None if found.uid_lease is None else found.uid_lease.uid
+            self._write_record(found.key, found.slot, uid, borrower)
+        self.refill()
+        return found
+
+    def put(self, pooled: Pooled) -> None:
+        """A warm sandbox lent by another replica, ready here now."""
+        if self._closed:
+            self.retire(pooled)
+        else:
+            self._ready.append(pooled)
+
+    def spec(self, key: str, workspace: Workspace, uid: int | None) -> SandboxSpec:
+        """The spec of a pooled sandbox (nobody's yet; its interpreter preloads)."""
+        spec = self.sandboxes.spec(key, records.POOL_OWNER, records.POOL_OWNER, workspace, uid=uid)
+        return dataclasses.replace(spec, preload=tuple(self.settings.preload))
+
     def ready_sandboxes(self) -> list[Pooled]:
         """The warm sandboxes now waiting, oldest first (for tests and operators' views)."""
         return list(self._ready)
@@ -246,10 +277,7 @@ class WarmPool:
             made.append("record")
             await self.threads.run(_THREADS_OWNER, workspace.create)
             made.append("workspace")
-            spec = self.sandboxes.spec(
-                key, records.POOL_OWNER, records.POOL_OWNER, workspace, uid=uid
-            )
-            spec = dataclasses.replace(spec, preload=tuple(self.settings.preload))
+            spec = self.spec(key, workspace, uid)
             with self.metrics.counting_backend_errors():
                 # Never cancelled: shutdown waits for the starts in flight instead.
                 sandbox = await self.backend.create(spec)
@@ -260,14 +288,16 @@ class WarmPool:
             key, slot, workspace, lease, sandbox, AgentClient(sandbox.channel), time.monotonic()
         )
 
-    def _write_record(self, key: str, slot: str, uid: int | None) -> None:
+    def _write_record(
+        self, key: str, slot: str, uid: int | None, instance: str | None = None
+    ) -> None:
         now = time.time()
         record = records.SessionRecord(
             owner=records.POOL_OWNER,
             session_id=records.POOL_OWNER,
             key=key,
             slot=slot,
-            instance=self.instance,
+            instance=self.instance if instance is None else instance,
             created_at=now,
             last_active=now,
             uid=uid,

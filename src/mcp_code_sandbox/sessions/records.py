@@ -59,6 +59,7 @@ __all__ = [
     "made_for",
     "new_slot",
     "plan_recovery",
+    "read_record",
     "record_path",
     "recorded_uid",
     "records_of",
@@ -121,6 +122,11 @@ class SessionRecord:
 
 def record_path(directory: Path, slot: str) -> Path:
     return directory / f"{slot}{_SUFFIX}"
+
+
+def read_record(path: Path) -> SessionRecord | None:
+    """The record at ``path``; ``None`` when there is no valid one there."""
+    return _parse(path)
 
 
 def recorded_uid(path: Path) -> int | None:

@@ -53,6 +53,7 @@ __all__ = [
     "dead_instances",
     "kept_session",
     "recover",
+    "take_lent",
     "take_over",
     "take_over_all",
 ]
@@ -201,6 +202,45 @@ async def take_over(
 
 class _NotRunning(Exception):
     pass
+
+
+async def take_lent(
+    settings: Settings,
+    backend: Backend,
+    record: records.SessionRecord,
+    spec: SandboxSpec,
+    uids: UidPool | None,
+) -> tuple[Sandbox, UidLease | None] | None:
+    """Re-attach the warm sandbox of a pool record another replica has just lent this one
+    (its record already names this one), with its uid; ``None`` when it cannot be (what
+    is left of it is then removed: a pooled sandbox holds nothing of anyone's)."""
+    ctx = _Context(settings, backend, record.instance, lambda _: spec, uids)
+    slot_dir, pool = settings.workspaces_dir / record.slot, (records.POOL_OWNER,) * 2
+    leftover = next(
+        (
+            lo
+            for lo in await backend.list_leftovers(live_too=True)
+            if lo.workspace == slot_dir
+            and lo.running
+            and lo.runner is None
+            and (lo.key, lo.uid, lo.owner, lo.session_id) == (record.key, record.uid, *pool)
+        ),
+        None,
+    )
+    sandbox = None if leftover is None else await backend.reattach(leftover, spec)
+    lease = None
+    if sandbox is not None:
+        try:
+            lease = await _reclaim_uid(ctx, record)
+        except SandboxError:
+            sandbox.channel.close()
+            sandbox = None
+    if sandbox is None:
+        if leftover is not None:
+            await backend.remove_leftover(leftover)
+        await _forget(settings, record.slot)
+        return None
+    return sandbox, lease
 
 
 async def _running(ctx: _Context, record: records.SessionRecord) -> Leftover | None:

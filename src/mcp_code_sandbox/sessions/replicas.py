@@ -45,6 +45,8 @@ import dataclasses
 import fcntl
 import json
 import os
+import random
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -56,10 +58,12 @@ from mcp_code_sandbox.backends.unix_sockets import SocketDir
 from mcp_code_sandbox.errors import SessionBusy
 from mcp_code_sandbox.metrics import Metrics
 from mcp_code_sandbox.sessions import records
+from mcp_code_sandbox.sessions.agent_client import AgentClient
 from mcp_code_sandbox.sessions.ids import session_key
 from mcp_code_sandbox.sessions.lifecycle import Phase, transition
 from mcp_code_sandbox.sessions.mounts import MountedWorkspaces
 from mcp_code_sandbox.sessions.pausing import Pausing
+from mcp_code_sandbox.sessions.pool import Pooled, WarmPool
 from mcp_code_sandbox.sessions.recovery import (
     Adopted,
     SpecFor,
@@ -67,6 +71,7 @@ from mcp_code_sandbox.sessions.recovery import (
     alive,
     dead_instances,
     kept_session,
+    take_lent,
     take_over,
 )
 from mcp_code_sandbox.sessions.sandboxes import Sandboxes
@@ -75,7 +80,15 @@ from mcp_code_sandbox.sessions.table import SessionTable
 from mcp_code_sandbox.sessions.uids import UidPool
 from mcp_code_sandbox.settings import Settings
 
-__all__ = ["LEASES_DIR", "REPLICAS_DIR", "Control", "Lease", "Replicas", "ask_to_let_go"]
+__all__ = [
+    "LEASES_DIR",
+    "REPLICAS_DIR",
+    "Control",
+    "Lease",
+    "Replicas",
+    "ask_to_lend",
+    "ask_to_let_go",
+]
 
 log = structlog.get_logger("mcp_code_sandbox.sessions.replicas")
 
@@ -90,12 +103,18 @@ _LEASE_POLL_MAX_S = 0.02
 #: How long taking over another replica's idle session to pause it may wait for that
 #: replica: a session in a call there is not idle, and the next one is tried instead.
 _FETCH_WAIT_S = 2.0
+#: How long a replica with an empty pool waits for another to lend it a warm sandbox; a
+#: lend is a few milliseconds, and past this a cold start is as quick.
+_LEND_S = 0.5
 #: A request or an answer on a control socket is one short JSON line.
 _LINE_LIMIT = 4096
 
 #: ``let_go(owner, session_id)``: True when this replica held the session and has let
 #: it go (its record is written, its channel closed); False when it did not hold it.
 LetGo = Callable[[str, str], Awaitable[bool]]
+#: ``lend(borrower)``: the slot of a warm sandbox of this replica's pool now the
+#: borrower's (its record says so, its channel is closed); ``None``: none is ready.
+Lend = Callable[[str], Awaitable[str | None]]
 
 
 class Lease:
@@ -142,13 +161,17 @@ class Control:
     """This replica's control socket, where other replicas ask it to let go of a session.
 
     Only the server's uid can connect (the run dir and the socket are its own, mode 0700
-    and 0600); a request is one JSON line ``{"let_go": [owner, session_id]}``, the answer
-    one line ``{"held": bool}``."""
+    and 0600); a request is one JSON line, ``{"let_go": [owner, session_id]}`` (answered
+    ``{"held": bool}``) or ``{"lend": borrower}`` (a warm sandbox: ``{"slot": slot}``,
+    ``null`` when none is ready)."""
 
-    def __init__(self, run_dir: Path, instance: str, let_go: LetGo) -> None:
+    def __init__(
+        self, run_dir: Path, instance: str, let_go: LetGo, lend: Lend | None = None
+    ) -> None:
         self.directory = run_dir / REPLICAS_DIR
         self.name = f"{instance}.sock"
         self._let_go = let_go
+        self._lend = lend
         self._server: asyncio.Server | None = None
         self._sockets: SocketDir | None = None
 
@@ -178,11 +201,18 @@ class Control:
         try:
             line = await reader.readuntil(b"\n")
             request = json.loads(line)
-            owner, session_id = request["let_go"]
-            if not isinstance(owner, str) or not isinstance(session_id, str):
-                raise ValueError("owner and session id are strings")
-            held = await self._let_go(owner, session_id)
-            writer.write(json.dumps({"held": held}).encode() + b"\n")
+            answer: dict[str, object]
+            if isinstance(request, dict) and "lend" in request:
+                borrower = request["lend"]
+                if not isinstance(borrower, str) or self._lend is None:
+                    raise ValueError("a borrower is a replica's name")
+                answer = {"slot": await self._lend(borrower)}
+            else:
+                owner, session_id = request["let_go"]
+                if not isinstance(owner, str) or not isinstance(session_id, str):
+                    raise ValueError("owner and session id are strings")
+                answer = {"held": await self._let_go(owner, session_id)}
+            writer.write(json.dumps(answer).encode() + b"\n")
             await writer.drain()
         except Exception as exc:  # a peer of ours sent nonsense, or went away
             log.warning("a replica's request failed", error=repr(exc))
@@ -199,6 +229,26 @@ async def ask_to_let_go(
     ``None`` when it does not answer (not a replica, or dead): then it holds nothing
     that runs, and what it left is taken over as a dead server's. ``TimeoutError`` after
     ``wait_s``: it still runs a call of the session."""
+    answer = await _ask(run_dir, instance, {"let_go": [owner, session_id]}, wait_s)
+    return None if answer is None else answer.get("held") is True
+
+
+async def ask_to_lend(run_dir: Path, instance: str, borrower: str, wait_s: float) -> str | None:
+    """Ask replica ``instance`` for a warm sandbox of its pool, for ``borrower``: its slot,
+    or ``None`` (none ready, or no answer within ``wait_s``)."""
+    try:
+        answer = await _ask(run_dir, instance, {"lend": borrower}, wait_s)
+    except TimeoutError:
+        return None
+    slot = None if answer is None else answer.get("slot")
+    return slot if isinstance(slot, str) and records.SLOT_PATTERN.fullmatch(slot) else None
+
+
+async def _ask(
+    run_dir: Path, instance: str, request: dict[str, object], wait_s: float
+) -> dict[str, object] | None:
+    """One request to replica ``instance``, its answer; ``None`` when it does not answer
+    (not a replica, or dead); ``TimeoutError`` after ``wait_s``."""
     try:
         with SocketDir(run_dir / REPLICAS_DIR) as sockets:
             async with asyncio.timeout(wait_s):
@@ -206,7 +256,6 @@ async def ask_to_let_go(
                     sockets.address(f"{instance}.sock"), limit=_LINE_LIMIT
                 )
                 try:
-                    request = {"let_go": [owner, session_id]}
                     writer.write(json.dumps(request).encode() + b"\n")
                     await writer.drain()
                     answer = json.loads(await reader.readuntil(b"\n"))
@@ -216,7 +265,7 @@ async def ask_to_let_go(
         raise  # to the caller: the holder is busy, not gone (TimeoutError is an OSError)
     except (OSError, asyncio.IncompleteReadError, ValueError):
         return None
-    return answer.get("held") is True if isinstance(answer, dict) else None
+    return answer if isinstance(answer, dict) else None
 
 
 class Replicas:
@@ -236,6 +285,7 @@ class Replicas:
         spec_for: SpecFor,
         pausing: Pausing,
         mounts: MountedWorkspaces,
+        pool: WarmPool,
         recover: Callable[[], Awaitable[None]],
         metrics: Metrics,
     ) -> None:
@@ -247,10 +297,11 @@ class Replicas:
         self.spec_for = spec_for
         self.pausing = pausing
         self.mounts = mounts
+        self.pool = pool
         self._recover = recover
         self.metrics = metrics
         self.instance = table.instance
-        self._control = Control(settings.run_dir, self.instance, self.give_up)
+        self._control = Control(settings.run_dir, self.instance, self.give_up, self.lend)
         #: Running sessions the other replicas hold, by owner, as their records said at
         #: the last look (:meth:`refresh`): they count toward the limits here too.
         self._running_elsewhere: collections.Counter[str] = collections.Counter()
@@ -388,6 +439,59 @@ class Replicas:
         if session.uid_lease is not None:
             session.uid_lease.release()  # reserved by its record for the next holder
         log.info("session handed on", owner=session.owner, session=session.id)
+
+    # -- one warm pool -------------------------------------------------------------------
+
+    async def lend(self, borrower: str) -> str | None:
+        """A warm sandbox of this replica's pool for replica ``borrower``, whose pool is
+        empty: its slot (its record names the borrower now, its channel is let go),
+        ``None`` when none is ready."""
+        pooled = self.pool.lend(borrower)
+        if pooled is None:
+            return None
+        pooled.sandbox.channel.close()  # its agent reconnects to the borrower at once
+        if pooled.uid_lease is not None:
+            pooled.uid_lease.release()  # reserved by its record for the borrower
+        log.info("warm sandbox lent", slot=pooled.slot, to=borrower)
+        return pooled.slot
+
+    async def borrow(self) -> None:
+        """With no warm sandbox left here, take one of another replica's: a new session
+        then starts warm (a handover costs a reconnect, a cold start an interpreter)."""
+        if self.pool.size == 0 or self.pool.ready_sandboxes():
+            return
+        with tracing.span("borrow a warm sandbox"):
+            for other in await asyncio.to_thread(self._others):
+                slot = await ask_to_lend(self.settings.run_dir, other, self.instance, _LEND_S)
+                if slot is not None and await self._take_lent(slot):
+                    return
+
+    async def _take_lent(self, slot: str) -> bool:
+        path = records.record_path(self.settings.sessions_dir, slot)
+        record = await asyncio.to_thread(records.read_record, path)
+        if record is None or not record.pool or record.instance != self.instance:
+            return False
+        workspace = self.pool.workspace_for(record.slot, record.uid)
+        spec = self.pool.spec(record.key, workspace, record.uid)
+        taken = await take_lent(self.settings, self.backend, record, spec, self.uids)
+        if taken is None:
+            return False
+        sandbox, lease = taken
+        age = max(0.0, time.time() - record.created_at)
+        made_at = time.monotonic() - age
+        agent = AgentClient(sandbox.channel)
+        self.pool.put(Pooled(record.key, slot, workspace, lease, sandbox, agent, made_at))
+        return True
+
+    def _others(self) -> list[str]:
+        """The other replicas with a control socket, in a random order (blocking)."""
+        names = [
+            p.name.removesuffix(".sock")
+            for p in (self.settings.run_dir / REPLICAS_DIR).glob("*.sock")
+            if p.name != f"{self.instance}.sock"
+        ]
+        random.shuffle(names)
+        return names
 
     # -- what the others hold --------------------------------------------------------
 
