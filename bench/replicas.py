@@ -57,6 +57,9 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 
 from bench import PROTOCOL, log, machine_facts, make_state_dir, server_env
 
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # after bench.py: tests/ too
+from tests.procs import remove_containers_of
+
 TOKEN = "bench-0123456789abcdef0123"
 WARM = "1+1"
 #: Each client's own session, and room for the handover part's and a few more.
@@ -156,21 +159,7 @@ def remove_leftovers(state_dir: Path) -> None:
     """What the replicas left of this state directory: its sessions' containers (a replica
     that stops leaves them running for the others) and its workspaces' mounts. Only
     containers with a mount under ``state_dir``: never another server's."""
-    listed = subprocess.run(
-        ["docker", "ps", "-aq", "--filter", "label=mcp-code-sandbox.instance"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.split()
-    for container in listed:
-        mounts = subprocess.run(
-            ["docker", "inspect", "-f", "{{range .Mounts}}{{.Source}} {{end}}", container],
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout
-        if f"{state_dir}/" in mounts:
-            subprocess.run(["docker", "rm", "-f", container], capture_output=True, check=False)
+    remove_containers_of(state_dir)
     with open("/proc/self/mountinfo") as info:
         points = [line.split()[4] for line in info]
     for point in reversed(points):

@@ -4,6 +4,7 @@ instance, found by the label the backend puts on each."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -124,7 +125,8 @@ def of_state_dir(state_dir: Path) -> list[str]:
     return found + [f"container {c}" for c in _containers_of(state_dir)]
 
 
-def _containers_of(state_dir: Path) -> list[str]:
+def _containers_of(state_dir: Path, *, remove: bool = False) -> list[str]:
+    """The containers with a mount from ``state_dir`` (``remove``: removed, by force)."""
     try:
         import docker
     except ImportError:
@@ -142,9 +144,19 @@ def _containers_of(state_dir: Path) -> list[str]:
             mounts = c.attrs.get("Mounts") or []
             if any(str(m.get("Source", "")).startswith(str(state_dir)) for m in mounts):
                 ids.append(f"{str(c.id)[:12]} ({c.attrs.get('State')})")
+                if remove:
+                    with contextlib.suppress(docker.errors.DockerException):
+                        client.api.remove_container(c.id, force=True)
         return ids
     finally:
         client.close()
+
+
+def remove_containers_of(state_dir: Path) -> None:
+    """Remove the containers with a mount from ``state_dir`` (replicas leave their
+    sessions' running at a stop, for the others): a test's or a bench's own, never
+    another server's."""
+    _containers_of(state_dir, remove=True)
 
 
 def wait_nothing_left(state_dir: Path, timeout: float = 10) -> list[str]:

@@ -19,7 +19,6 @@ import subprocess
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -31,6 +30,7 @@ from mcp_types import TextContent
 from mcp_code_sandbox.settings import Settings
 
 from ..conftest import require_docker
+from ..procs import remove_containers_of
 from .conftest import free_port, http_server_argv, settings_env
 from .tenants import client_as, structured
 
@@ -103,26 +103,7 @@ def replicas(settings: Settings, *names: str, **env: str) -> Iterator[list[Repli
         for replica in started:
             with contextlib.suppress(Exception):
                 replica.stop()
-        _remove_containers(settings.state_dir)
-
-
-def _remove_containers(state_dir: Path) -> None:
-    """Replicas leave their sessions running for the next one: remove this test's."""
-    listed = subprocess.run(
-        ["docker", "ps", "-aq", "--filter", "label=mcp-code-sandbox.instance"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.split()
-    for container in listed:
-        mounts = subprocess.run(
-            ["docker", "inspect", "-f", "{{range .Mounts}}{{.Source}} {{end}}", container],
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout
-        if str(state_dir) in mounts:
-            subprocess.run(["docker", "rm", "-f", container], capture_output=True, check=False)
+        remove_containers_of(settings.state_dir)
 
 
 @contextlib.asynccontextmanager

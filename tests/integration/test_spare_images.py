@@ -103,7 +103,7 @@ async def test_the_session_manager_keeps_spares_and_a_new_session_takes_one(
 ) -> None:
     monkeypatch.setattr(spares_module, "KEEP", 1)
     async with make_service(workspace_quota_bytes=8 << 20) as svc:
-        spares = svc.sessions.spares
+        spares = svc.sessions.making.spares
         assert spares is not None and svc.sessions.quota.filesystem
         wait_for(lambda: spares.ready() == 1, "a spare")
         [before] = list(spares.directory.iterdir())

@@ -119,7 +119,6 @@ class SessionManager:
         self.backend = backend
         self.metrics = metrics or Metrics(backend.name)
         self.metrics.track_sessions(self.count)
-        self.metrics.track_states(self._count_state, self.paused_bytes)
         #: Where blocking work on sessions' files runs (never on the event loop).
         self.threads = WorkerThreads()
         self._instance = f"{os.getpid()}-{os.urandom(4).hex()}"
@@ -134,6 +133,7 @@ class SessionManager:
             handover=role is Role.SERVICE,
             workspace_for=self.making.workspace,
         )
+        self.metrics.track_states(self.table.count_state, self.table.paused_bytes)
         self._closed = False
         #: Starts, replaces and stops the sessions' sandboxes and runners.
         self.sandboxes = Sandboxes(
@@ -143,10 +143,6 @@ class SessionManager:
         self.mounts = MountedWorkspaces(settings)
         #: Pauses sessions (for the reaper, the room and shutdown).
         self.pausing = Pausing(self.sandboxes, self.threads, self.table, self.mounts)
-        #: The running-session limits, kept by pausing the longest idle.
-        self.room = Room(
-            settings, self.table.__iter__, self.pausing.pause, self._elsewhere, self._fetch
-        )
         #: Ends sessions, and retries what an end left.
         self.ending = Ending(
             settings, self.threads, self.table, self.mounts, self.metrics, self.sandboxes
@@ -190,6 +186,8 @@ class SessionManager:
             if replica and role is Role.SERVICE
             else None
         )
+        #: The running-session limits (every replica's), kept by pausing the longest idle.
+        self.room = Room(settings, self.table.__iter__, self.pausing.pause, self.replicas)
 
     # -- lifecycle of the manager -------------------------------------------------------
 
@@ -475,11 +473,7 @@ class SessionManager:
 
     def paused_bytes(self) -> int:
         """Bytes of paused sessions' state on disk, all owners (for the disk budget)."""
-        return sum(s.paused.bytes for s in self.table if s.paused is not None)
-
-    def _count_state(self, state: str) -> int:
-        paused = sum(1 for s in self.table if s.paused is not None)
-        return paused if state == "paused" else self.table.count() - paused
+        return self.table.paused_bytes()
 
     async def reap(self) -> None:
         """One pass of the reaper (:mod:`.reaper`); its loop calls this every few seconds.
@@ -505,12 +499,6 @@ class SessionManager:
         """The sessions other replicas hold, as their records say (every owner's, or
         ``owner``'s); none for a server alone. Blocking: call it in a worker thread."""
         return [] if self.replicas is None else self.replicas.elsewhere(owner)
-
-    def _elsewhere(self, owner: str | None) -> int:
-        return 0 if self.replicas is None else self.replicas.running_elsewhere(owner)
-
-    async def _fetch(self, owner: str | None) -> bool:
-        return self.replicas is not None and await self.replicas.fetch(owner)
 
     @property
     def replica(self) -> bool:

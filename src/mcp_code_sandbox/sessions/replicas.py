@@ -27,6 +27,13 @@ The rules:
   lock, so two replicas never both take a session).
 - **A clean stop of a replica** lets go of its sessions without pausing them: a rolling
   restart (start a new replica, stop the old) pauses nothing.
+- **Network crosses a handover**: the record names the sandbox's proxy directory and
+  hosts; the holder leaves the directory, and the taker opens a proxy there again.
+- **Limits count every replica** (:class:`.room.Others`): the others' running sessions
+  are read from their records before a new session and at each reaper pass, and room is
+  made by taking the longest idle over and pausing it, as one server would.
+- **One warm pool**: a replica whose pool is empty borrows a warm sandbox from another,
+  whose pool record is rewritten as the borrower's before it lets go of it.
 
 Why a handover and not an agent that takes several host connections: the agent's channel
 is a Unix socket the server listens on and the agent connects to (under gVisor a socket

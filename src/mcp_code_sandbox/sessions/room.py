@@ -30,13 +30,25 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Awaitable, Callable, Iterable
+from typing import Protocol
 
 from mcp_code_sandbox.errors import MaxSessions
 from mcp_code_sandbox.sessions.lifecycle import Phase
 from mcp_code_sandbox.sessions.session import Session
 from mcp_code_sandbox.settings import Settings
 
-__all__ = ["Room", "over_disk_budget"]
+__all__ = ["Others", "Room", "over_disk_budget"]
+
+
+class Others(Protocol):
+    """The sessions other replicas run (``replicas.Replicas``)."""
+
+    def running_elsewhere(self, owner: str | None) -> int:
+        """Running sessions they hold: all, or ``owner``'s."""
+
+    async def fetch(self, owner: str | None) -> bool:
+        """Take the longest idle of them (``owner``'s, or anyone's) over, for this server
+        to pause to make room as it would one of its own; False when none could be."""
 
 
 class Room:
@@ -47,18 +59,14 @@ class Room:
         settings: Settings,
         sessions: Callable[[], Iterable[Session]],
         pause: Callable[[Session], Awaitable[None]],
-        elsewhere: Callable[[str | None], int] = lambda owner: 0,
-        fetch: Callable[[str | None], Awaitable[bool]] | None = None,
+        others: Others | None = None,
     ) -> None:
-        """``elsewhere(owner)``: running sessions other replicas hold (all, or
-        ``owner``'s), which count toward the limits too; ``fetch(owner)`` takes the
-        longest idle of them over (False: none could be), so that it is paused here to
-        make room as one of this server's would be (``replicas``)."""
+        """``others``: the other replicas' sessions (``replicas``), which count toward
+        the limits too."""
         self.settings = settings
         self._sessions = sessions
         self._pause = pause
-        self._elsewhere = elsewhere
-        self._fetch = fetch
+        self._others = others
         #: Sessions being paused to make room, each with the owner whose call claimed the
         #: slot it frees (see the module docstring).
         self._freeing: dict[Session, str] = {}
@@ -74,7 +82,8 @@ class Room:
             and (owner is None or s.owner == owner)
         )
         claims = sum(1 for who in self._freeing.values() if owner is None or who == owner)
-        return sessions + claims + self._elsewhere(owner)
+        elsewhere = 0 if self._others is None else self._others.running_elsewhere(owner)
+        return sessions + claims + elsewhere
 
     def check(self, owner: str) -> None:
         """Raise ``MaxSessions`` when ``owner`` may not have one more running session."""
@@ -117,13 +126,14 @@ class Room:
 
     async def _fetched(self, owner: str) -> bool:
         """Did a limit that another replica's sessions fill get one of them over here?"""
-        if self._fetch is None:
+        others = self._others
+        if others is None:
             return False
         per_owner = self.settings.sessions_per_owner
         if per_owner is not None and self.running(owner) >= per_owner:
-            return self._elsewhere(owner) > 0 and await self._fetch(owner)
+            return others.running_elsewhere(owner) > 0 and await others.fetch(owner)
         if self.running() >= self.settings.max_sessions:
-            return self._elsewhere(None) > 0 and await self._fetch(None)
+            return others.running_elsewhere(None) > 0 and await others.fetch(None)
         return False
 
     def victim(self, owner: str, exclude: Session | None = None) -> Session | None:

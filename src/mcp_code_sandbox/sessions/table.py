@@ -95,6 +95,15 @@ class SessionTable:
             return len(self._sessions)
         return sum(1 for who, _ in self._sessions if who == owner)
 
+    def paused_bytes(self) -> int:
+        """Bytes of paused sessions' state on disk, all owners (for the disk budget)."""
+        return sum(s.paused.bytes for s in self._sessions.values() if s.paused is not None)
+
+    def count_state(self, state: str) -> int:
+        """Live sessions ``paused``, or running (any other ``state``): for the metrics."""
+        paused = sum(1 for s in self._sessions.values() if s.paused is not None)
+        return paused if state == "paused" else len(self._sessions) - paused
+
     def add(self, session: Session) -> None:
         self._sessions[(session.owner, session.id)] = session
 
