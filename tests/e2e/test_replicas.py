@@ -277,6 +277,31 @@ async def test_a_session_with_network_keeps_it_and_its_variables_on_either_repli
                 assert out["blocked_hosts"] == ["10.255.255.1"] and not out.get("notice"), out
 
 
+async def test_a_new_session_named_on_both_replicas_at_once_is_one_session(
+    make_settings: Callable[..., Settings],
+) -> None:
+    settings = make_settings()
+    with replicas(settings, "a", "b") as (a, b):
+        async with clients((a, ALICE), (b, ALICE)) as (via_a, via_b):
+            both = await asyncio.gather(
+                run(
+                    via_a,
+                    "seen = globals().setdefault('seen', [])\nseen.append('a')",
+                    session_id="new",
+                ),
+                run(
+                    via_b,
+                    "seen = globals().setdefault('seen', [])\nseen.append('b')",
+                    session_id="new",
+                ),
+            )
+            assert sorted(o["session_created"] for o in both) == [False, True], both
+            out = await run(via_a, "sorted(seen)", session_id="new")
+            assert out["result"] == "['a', 'b']", out
+            listed = structured(await via_b.call_tool("list_sessions", {}))
+            assert [s["session_id"] for s in listed["sessions"]] == ["new"]
+
+
 async def test_a_replica_killed_mid_run_loses_no_session(
     make_settings: Callable[..., Settings],
 ) -> None:

@@ -341,18 +341,13 @@ class SessionManager:
     async def _claim(
         self, owner: str, session_id: str | None, create: bool, wait_s: float, pool: bool
     ) -> tuple[Session, bool, str | None]:
-        """``acquire``'s session, found, taken over or created, and locked for the call."""
+        """``acquire``'s session, found, taken over or created, and locked for the call.
+        A replica takes it over, or makes it, holding its lease (``replicas.held``)."""
+        held: contextlib.AbstractAsyncContextManager[None] = contextlib.nullcontext()
         if self.replicas is not None and session_id is not None:
-            await self.replicas.take(owner, session_id, wait_s)
-        if create and (session_id is None or self.table.get(owner, session_id) is None):
-            if self.replicas is not None:  # the others' sessions count toward the limits
-                await self.replicas.refresh()
-                if pool:  # and their warm sandboxes are this one's when it has none
-                    await self.replicas.borrow()
-            await self.room.make(owner)  # a new session runs: room first (see ``room``)
-            session, created, notice = self._lookup(owner, session_id, create=True, pool=pool)
-        else:
-            session, created, notice = self._lookup(owner, session_id, create=create, pool=pool)
+            held = self.replicas.held(owner, session_id, wait_s)
+        async with held:
+            session, created, notice = await self._found(owner, session_id, create, pool)
         session.queued += 1  # not idle while a call waits for it (see ``room``)
         try:
             async with asyncio.timeout(wait_s):
@@ -365,6 +360,18 @@ class SessionManager:
         finally:
             session.queued -= 1
         return session, created, notice
+
+    async def _found(
+        self, owner: str, session_id: str | None, create: bool, pool: bool
+    ) -> tuple[Session, bool, str | None]:
+        if create and (session_id is None or self.table.get(owner, session_id) is None):
+            if self.replicas is not None:  # the others' sessions count toward the limits
+                await self.replicas.refresh()
+                if pool:  # and their warm sandboxes are this one's when it has none
+                    await self.replicas.borrow()
+            await self.room.make(owner)  # a new session runs: room first (see ``room``)
+            return self._lookup(owner, session_id, create=True, pool=pool)
+        return self._lookup(owner, session_id, create=create, pool=pool)
 
     def _lookup(
         self, owner: str, session_id: str | None, *, create: bool, pool: bool = False

@@ -48,6 +48,7 @@ __all__ = [
     "Adopted",
     "Kept",
     "Recovered",
+    "Unsandboxed",
     "adopted_session",
     "alive",
     "dead_instances",
@@ -56,6 +57,7 @@ __all__ = [
     "take_lent",
     "take_over",
     "take_over_all",
+    "unsandboxed_session",
 ]
 
 log = structlog.get_logger("mcp_code_sandbox.sessions.manager")
@@ -82,6 +84,16 @@ class Adopted:
 class Kept:
     """A dead server's paused session (or one it was pausing), its record already this
     server's: the manager registers it as paused, to resume on its first call."""
+
+    record: records.SessionRecord
+    uid_lease: UidLease | None
+
+
+@dataclass(frozen=True)
+class Unsandboxed:
+    """A session another replica let go of with no sandbox to take back (files only), its
+    record already this server's: the manager registers it running; its next call that
+    runs code starts a sandbox."""
 
     record: records.SessionRecord
     uid_lease: UidLease | None
@@ -146,15 +158,17 @@ async def take_over(
     spec_for: SpecFor,
     uids: UidPool | None,
     let_go: Callable[[], Awaitable[records.SessionRecord | None]],
-) -> Adopted | Kept | str | None:
+) -> Adopted | Kept | Unsandboxed | str | None:
     """Take over one session a live replica holds (:mod:`.replicas`); the caller holds the
     session's lease. ``let_go`` asks the holder to let go, and returns the record as the
     holder last wrote it (``None``: the session ended meanwhile). It is asked once this
     server listens for the sandbox's agent, so that the agent, which reconnects at once
     when the holder closes its end, finds this server there.
 
-    Returns the re-attached or paused session; ``None`` when it ended meanwhile; why it
-    was lost (its sandbox is gone: its workspace and record are removed) otherwise."""
+    Returns the re-attached or paused session, or one without a sandbox (files only: it
+    had none, or it could not be taken back); ``None`` when it ended meanwhile; why it
+    was lost when a pause it had cannot be kept. Nothing of a live holder's session is
+    ever removed here. ``SandboxFailed`` (nothing changed) when its uid is still held."""
     ctx = _Context(settings, backend, instance, spec_for, uids)
     now: records.SessionRecord | None = None
     sandbox: Sandbox | None = None
@@ -183,21 +197,27 @@ async def take_over(
     if sandbox is None and (now.paused is not None or now.pausing):
         kept = await _keep_paused(ctx, now)
         return kept if kept is not None else f"session {now.session_id} was lost in a handover"
-    lease = None
-    if sandbox is not None:
-        try:
-            lease = await _reclaim_uid(ctx, now)
-        except SandboxError:
-            sandbox.channel.close()
-            sandbox = None
-    if sandbox is None:
-        log.warning("a handed-over session's sandbox is gone", session=now.session_id)
+    if sandbox is None:  # its sandbox started after the first look, or it has none
         leftover = await _running(ctx, now)
         if leftover is not None:
-            await backend.remove_leftover(leftover)
-        await _forget(settings, now.slot)
-        return f"session {now.session_id} was lost in a handover: its sandbox was gone"
-    return Adopted(_make_ours(ctx, now), sandbox, lease)
+            try:
+                sandbox = await backend.reattach(leftover, spec_for(now))
+            except SandboxError:
+                sandbox = None
+            if sandbox is None:
+                log.warning("a handed-over sandbox could not be taken back; its files are kept")
+                await backend.remove_leftover(leftover)
+    try:
+        lease = await _reclaim_uid(ctx, now)
+    except SandboxError:
+        if sandbox is not None:
+            sandbox.channel.close()  # its agent waits for the next taker
+        raise SandboxFailed(
+            f"session {now.session_id} could not be taken over from another replica yet "
+            "(its host uid is still held); try again"
+        ) from None
+    mine = _make_ours(ctx, now)
+    return Unsandboxed(mine, lease) if sandbox is None else Adopted(mine, sandbox, lease)
 
 
 class _NotRunning(Exception):
@@ -272,6 +292,11 @@ def adopted_session(table: SessionTable, adopted: Adopted) -> Session:
     session.workspace_made = True  # its filesystem outlived the old server, mounted
     log.info("session re-attached", owner=record.owner, session=record.session_id)
     return session
+
+
+def unsandboxed_session(table: SessionTable, taken: Unsandboxed) -> Session:
+    """The session of ``taken`` as it is now (for the manager to add): files, no sandbox."""
+    return table.from_record(taken.record, taken.uid_lease, Phase.RUNNING)
 
 
 def kept_session(table: SessionTable, kept: Kept) -> Session:

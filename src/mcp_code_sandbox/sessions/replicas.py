@@ -54,7 +54,7 @@ import json
 import os
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import structlog
@@ -74,12 +74,14 @@ from mcp_code_sandbox.sessions.pool import Pooled, WarmPool
 from mcp_code_sandbox.sessions.recovery import (
     Adopted,
     SpecFor,
+    Unsandboxed,
     adopted_session,
     alive,
     dead_instances,
     kept_session,
     take_lent,
     take_over,
+    unsandboxed_session,
 )
 from mcp_code_sandbox.sessions.sandboxes import Sandboxes
 from mcp_code_sandbox.sessions.session import Session
@@ -125,11 +127,14 @@ Lend = Callable[[str], Awaitable[str | None]]
 
 
 class Lease:
-    """The exclusive ``flock`` on ``run_dir/leases/<key>``: one handover of a session at a
-    time across replicas. The kernel drops it when its holder dies, however it dies."""
+    """The exclusive ``flock`` on ``run_dir/leases/<key>``: one handover (or making) of a
+    session at a time across replicas. The kernel drops it when its holder dies, however
+    it dies. Its holder removes the file as it lets go, so none piles up: a waiter that
+    then gets the lock of a file no longer at that path opens the path again."""
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, path: Path) -> None:
         self._fd: int | None = fd
+        self.path = path
 
     @classmethod
     async def take(cls, run_dir: Path, key: str, wait_s: float) -> Lease:
@@ -137,23 +142,29 @@ class Lease:
         ``wait_s``."""
         directory = run_dir / LEASES_DIR
         directory.mkdir(mode=0o700, exist_ok=True)
-        fd = os.open(directory / key, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        path = directory / key
         pause = _LEASE_POLL_S
-        try:
-            async with asyncio.timeout(wait_s):
-                while True:
-                    try:
-                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                        return cls(fd)
-                    except BlockingIOError:
-                        await asyncio.sleep(pause)
-                        pause = min(pause * 2, _LEASE_POLL_MAX_S)
-        except BaseException:
-            os.close(fd)
-            raise
+        async with asyncio.timeout(wait_s):
+            while True:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                try:
+                    while True:
+                        try:
+                            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                            break
+                        except BlockingIOError:
+                            await asyncio.sleep(pause)
+                            pause = min(pause * 2, _LEASE_POLL_MAX_S)
+                    if _same_file(fd, path):
+                        return cls(fd, path)
+                except BaseException:
+                    os.close(fd)
+                    raise
+                os.close(fd)  # its holder removed it as it let go: the path's new file
 
     def release(self) -> None:
         if self._fd is not None:
+            self.path.unlink(missing_ok=True)  # while locked: see the class docstring
             os.close(self._fd)
             self._fd = None
 
@@ -162,6 +173,13 @@ class Lease:
 
     async def __aexit__(self, *exc: object) -> None:
         self.release()
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        return os.stat(path).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        return False
 
 
 class Control:
@@ -327,18 +345,38 @@ class Replicas:
         server left it; nothing when this one holds it, or no record names it (a new
         session, or one that ended). ``SessionBusy`` when its holder is still running a
         call after ``wait_s``."""
+        async with self.held(owner, session_id, wait_s):
+            pass
+
+    @contextlib.asynccontextmanager
+    async def held(self, owner: str, session_id: str, wait_s: float) -> AsyncIterator[None]:
+        """:meth:`take`, then the session's lease held for the ``with`` block: a session
+        no record names yet is made there, and a replica asked for the same new id at
+        the same moment takes the one made here over instead of making a second."""
         if self.table.get(owner, session_id) is not None:
+            yield
             return
         key = session_key(owner, session_id)
         try:
-            async with await Lease.take(self.settings.run_dir, key, wait_s):
-                if self.table.get(owner, session_id) is None:
-                    await self._take_over(owner, session_id, key, wait_s)
+            lease = await Lease.take(self.settings.run_dir, key, wait_s)
         except TimeoutError:
             raise SessionBusy(
                 f"session {session_id} is still running a call on another replica after "
                 f"{wait_s:.0f} s of waiting; wait for it to finish, or use another session"
             ) from None
+        try:
+            if self.table.get(owner, session_id) is None:
+                try:
+                    await self._take_over(owner, session_id, key, wait_s)
+                except TimeoutError:
+                    raise SessionBusy(
+                        f"session {session_id} is still running a call on another replica "
+                        f"after {wait_s:.0f} s of waiting; wait for it to finish, or use "
+                        "another session"
+                    ) from None
+            yield
+        finally:
+            lease.release()
 
     async def _take_over(self, owner: str, session_id: str, key: str, wait_s: float) -> None:
         record = await asyncio.to_thread(self._record_of, key, owner, session_id)
@@ -382,6 +420,8 @@ class Replicas:
         if isinstance(taken, Adopted):
             await self._network_again(taken)
             session = adopted_session(self.table, taken)
+        elif isinstance(taken, Unsandboxed):
+            session = unsandboxed_session(self.table, taken)
         else:
             session = kept_session(self.table, taken)
         self.table.add(session)
