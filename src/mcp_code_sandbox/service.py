@@ -39,6 +39,7 @@ from mcp_code_sandbox.sessions.egress import Wish
 from mcp_code_sandbox.sessions.holder import Role
 from mcp_code_sandbox.sessions.manager import SessionManager
 from mcp_code_sandbox.sessions.overview import SessionSummary, SessionView, overview, summaries
+from mcp_code_sandbox.sessions.records import SessionRecord
 from mcp_code_sandbox.sessions.runlog import RunLog
 from mcp_code_sandbox.sessions.session import Session
 from mcp_code_sandbox.settings import Settings
@@ -139,6 +140,10 @@ def _host_dirs(settings: Settings) -> dict[str, str]:
         if path is not None and path.is_absolute() and len(path.parts) > 1:
             dirs[str(path)] = dirs[str(path.resolve())] = name
     return dirs
+
+
+#: Whose worker-thread share the operator's views of every owner read records in.
+_OPERATOR_THREADS = "(operator)"
 
 
 class SandboxService:
@@ -288,7 +293,7 @@ class SandboxService:
     async def session_overview(self, owner: str | None) -> list[SessionView]:
         """The live sessions of ``owner`` (``None``: every owner's, for admins) with
         their figures now (``sessions.overview``), for the operator's ``/ui`` page."""
-        elsewhere = await asyncio.to_thread(self.sessions.elsewhere, owner)
+        elsewhere = await self._elsewhere(owner)
         return await overview(
             self.sessions.listed(owner),
             self.backend,
@@ -578,8 +583,16 @@ class SandboxService:
 
     async def list_sessions(self, owner: str) -> list[SessionSummary]:
         """``list_sessions``: ``owner``'s sessions only, running and paused."""
-        elsewhere = await asyncio.to_thread(self.sessions.elsewhere, owner)
+        elsewhere = await self._elsewhere(owner)
         return await summaries(self.sessions.listed(owner), self.threads, elsewhere)
+
+    async def _elsewhere(self, owner: str | None) -> list[SessionRecord]:
+        """The sessions other replicas hold (``owner``'s, or every owner's for the operator),
+        read in the owner's share of the worker threads: one owner listing in a loop
+        reads records in its own share only. None, without a thread, for a server alone."""
+        if not self.sessions.replica:
+            return []
+        return await self.threads.run(owner or _OPERATOR_THREADS, self.sessions.elsewhere, owner)
 
     def pool_status(self) -> dict[str, Any]:
         """The warm pool as ``list_runtimes``, ``/readyz`` and ``/ui`` show it: ``size``

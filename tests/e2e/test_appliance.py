@@ -31,8 +31,8 @@ from mcp_code_sandbox.backends.docker.spec import LABEL_INSTANCE
 from mcp_code_sandbox.settings import docker_environ
 
 from ..conftest import docker_image, require_docker
-from .test_deployment import CHART, SERVER_IMAGE, _missing, docker_client
-from .test_workflow import SALES, structured
+from .test_deployment import SERVER_IMAGE, _missing, docker_client, upload_and_chart
+from .test_workflow import structured
 
 pytestmark = [pytest.mark.e2e, pytest.mark.docker]
 
@@ -189,14 +189,7 @@ async def test_the_appliance_over_stdio(volume: str, runtime: str) -> None:
         "SANDBOX_ALLOW_NETWORK": "true",
     }
     async with appliance(volume, **env) as client:
-        up = structured(
-            await client.call_tool("upload_file", {"filename": "sales.csv", "content_text": SALES})
-        )
-        sid = up["session_id"]
-        ran = structured(await client.call_tool("run_code", {"session_id": sid, "code": CHART}))
-        assert ran["status"] == "ok", ran
-        assert ran["result"] == str({"east": 135, "north": 270, "south": 170})
-        assert [f["path"] for f in ran["files"]] == ["chart.png"]
+        sid = await upload_and_chart(client)
         chart = await client.call_tool("read_file", {"session_id": sid, "path": "chart.png"})
         (image,) = [b for b in chart.content if isinstance(b, ImageContent)]
         assert base64.b64decode(image.data).startswith(b"\x89PNG")

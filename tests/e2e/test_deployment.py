@@ -215,16 +215,22 @@ def deploy(request: pytest.FixtureRequest) -> Iterator[Any]:
             shutil.rmtree(deployment.host_state_dir, ignore_errors=True)
 
 
+async def upload_and_chart(client: Client) -> str:
+    """Upload sales.csv and chart it with pandas and matplotlib; the session's id."""
+    up = structured(
+        await client.call_tool("upload_file", {"filename": "sales.csv", "content_text": SALES})
+    )
+    sid = str(up["session_id"])
+    ran = structured(await client.call_tool("run_code", {"session_id": sid, "code": CHART}))
+    assert ran["status"] == "ok", ran
+    assert ran["result"] == str({"east": 135, "north": 270, "south": 170})
+    assert [f["path"] for f in ran["files"]] == ["chart.png"]
+    return sid
+
+
 async def chart_workflow(deployment: Deployment) -> None:
     async with deployment.client() as client:
-        up = structured(
-            await client.call_tool("upload_file", {"filename": "sales.csv", "content_text": SALES})
-        )
-        sid = up["session_id"]
-        ran = structured(await client.call_tool("run_code", {"session_id": sid, "code": CHART}))
-        assert ran["status"] == "ok", ran
-        assert ran["result"] == str({"east": 135, "north": 270, "south": 170})
-        assert [f["path"] for f in ran["files"]] == ["chart.png"]
+        sid = await upload_and_chart(client)
 
         # The server wrote the workspace under its /var/lib/mcp-code-sandbox; the engine
         # bound it into the sandbox by its host path, where the sandbox's chart is.

@@ -5,27 +5,12 @@ never starting before the round trip that holds it; anything else gives none."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Tracer
 
-from mcp_code_sandbox import tracing
 from mcp_code_sandbox.sessions.agent_client import _trace_kernel_run
-
-
-@pytest.fixture
-def spans(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Tracer, InMemorySpanExporter]]:
-    """A provider of the test's own (the process's global one is never set here)."""
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    monkeypatch.setattr(tracing, "_tracer", provider.get_tracer("mcp_code_sandbox"))
-    yield provider.get_tracer("test"), exporter
-    provider.shutdown()
 
 
 def kernel_run(

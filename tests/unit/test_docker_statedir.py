@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from mcp_code_sandbox.backends.base import Limits, SandboxSpec
 from mcp_code_sandbox.backends.docker.backend import DockerBackend
 from mcp_code_sandbox.backends.docker.spec import container_kwargs
 from mcp_code_sandbox.backends.docker.statedir import (
@@ -22,6 +21,8 @@ from mcp_code_sandbox.backends.docker.statedir import (
 from mcp_code_sandbox.errors import BackendUnavailable
 from mcp_code_sandbox.settings import Settings, load_settings
 
+from .test_docker_paths import spec
+
 STATE = Path("/var/lib/mcp-code-sandbox")
 DATA = Path("/var/lib/docker/volumes/mcp-code-sandbox/_data")
 CID = "4f" * 32
@@ -31,7 +32,6 @@ MOUNTINFO = f"""\
 641 612 254:1 /var/lib/docker/containers/{CID}/resolv.conf /etc/resolv.conf rw - ext4 /dev/vda1
 642 612 254:1 /var/lib/docker/containers/{CID}/hostname /etc/hostname rw - ext4 /dev/vda1 rw
 """
-LIMITS = Limits(memory_bytes=512 << 20, cpu=1.0, pids=128, tmp_bytes=64 << 20, file_bytes=1 << 30)
 
 
 def settings(**values: Any) -> Settings:
@@ -55,18 +55,6 @@ def volume_at(destination: Path = STATE, driver: str = "local") -> dict[str, Any
             },
         ]
     }
-
-
-def spec(s: Settings, network: bool = False) -> SandboxSpec:
-    return SandboxSpec(
-        key="k1",
-        owner="alice",
-        session_id="s",
-        workspace=s.workspaces_dir / "slot1",
-        limits=LIMITS,
-        env={},
-        uid=0x7000_0001,
-    )
 
 
 def test_the_own_container_is_found_in_mountinfo() -> None:

@@ -30,6 +30,7 @@ from mcp_code_sandbox.agent.budget import (
     cut_error,
     cut_text,
 )
+from mcp_code_sandbox.agent.cells import RICH_MIMES
 from mcp_code_sandbox.agent.protocol import (
     DisplayEvent,
     DoneEvent,
@@ -252,17 +253,7 @@ class _Displays:
 
 #: A bundle's richer forms: beside one of these, its ``text/plain`` is only a fallback
 #: (``<Figure size 640x480 with 1 Axes>``) and is left out.
-_RICHER = frozenset(
-    {
-        "image/png",
-        "image/jpeg",
-        "image/svg+xml",
-        "text/markdown",
-        "text/html",
-        "text/latex",
-        "application/json",
-    }
-)
+_RICHER = frozenset(RICH_MIMES)
 #: Text forms a display keeps (the agent's ``cells.RICH_MIMES`` and ``text/plain``).
 _TEXTS = frozenset(_RICHER - {"image/png", "image/jpeg"} | {"text/plain"})
 

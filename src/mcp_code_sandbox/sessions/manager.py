@@ -366,7 +366,7 @@ class SessionManager:
     ) -> tuple[Session, bool, str | None]:
         if create and (session_id is None or self.table.get(owner, session_id) is None):
             if self.replicas is not None:  # the others' sessions count toward the limits
-                await self.replicas.refresh()
+                await self.replicas.refresh(unless_recent=True)
                 if pool:  # and their warm sandboxes are this one's when it has none
                     await self.replicas.borrow()
             await self.room.make(owner)  # a new session runs: room first (see ``room``)

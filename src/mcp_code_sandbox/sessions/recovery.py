@@ -235,18 +235,7 @@ async def take_lent(
     (its record already names this one), with its uid; ``None`` when it cannot be (what
     is left of it is then removed: a pooled sandbox holds nothing of anyone's)."""
     ctx = _Context(settings, backend, record.instance, lambda _: spec, uids)
-    slot_dir, pool = settings.workspaces_dir / record.slot, (records.POOL_OWNER,) * 2
-    leftover = next(
-        (
-            lo
-            for lo in await backend.list_leftovers(live_too=True)
-            if lo.workspace == slot_dir
-            and lo.running
-            and lo.runner is None
-            and (lo.key, lo.uid, lo.owner, lo.session_id) == (record.key, record.uid, *pool)
-        ),
-        None,
-    )
+    leftover = await _running(ctx, record)
     sandbox = None if leftover is None else await backend.reattach(leftover, spec)
     lease = None
     if sandbox is not None:
@@ -264,14 +253,20 @@ async def take_lent(
 
 
 async def _running(ctx: _Context, record: records.SessionRecord) -> Leftover | None:
-    """The running sandbox ``record``'s session has (its agent's container), if any."""
+    """The running sandbox ``record``'s session (or, for a pool record, the pool) has:
+    its agent's container, if any."""
     slot_dir = ctx.settings.workspaces_dir / record.slot
+    unclaimed = (record.key, record.uid, records.POOL_OWNER, records.POOL_OWNER)
     for leftover in await ctx.backend.list_leftovers(live_too=True):
         if (
             leftover.workspace == slot_dir
             and leftover.runner is None
             and leftover.running
-            and records.made_for(leftover, record)
+            and (
+                (leftover.key, leftover.uid, leftover.owner, leftover.session_id) == unclaimed
+                if record.pool
+                else records.made_for(leftover, record)
+            )
         ):
             return leftover
     return None

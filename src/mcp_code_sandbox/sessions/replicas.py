@@ -112,6 +112,10 @@ _LEASE_POLL_MAX_S = 0.02
 #: How long taking over another replica's idle session to pause it may wait for that
 #: replica: a session in a call there is not idle, and the next one is tried instead.
 _FETCH_WAIT_S = 2.0
+#: How old the other replicas' running sessions, as last read, may be when a new session
+#: counts them toward the limits: their records are all read again past it. Longer saves
+#: reads in a burst; shorter lets a burst on two replicas overshoot a limit less.
+_RECENT_S = 1.0
 #: How long a replica with an empty pool waits for another to lend it a warm sandbox; a
 #: lend is a few milliseconds, and past this a cold start is as quick.
 _LEND_S = 0.5
@@ -330,6 +334,7 @@ class Replicas:
         #: Running sessions the other replicas hold, by owner, as their records said at
         #: the last look (:meth:`refresh`): they count toward the limits here too.
         self._running_elsewhere: collections.Counter[str] = collections.Counter()
+        self._refreshed_at = -_RECENT_S
 
     async def start(self) -> None:
         self.metrics.replica(self.instance)
@@ -560,9 +565,15 @@ class Replicas:
         counts = self._running_elsewhere
         return sum(counts.values()) if owner is None else counts[owner]
 
-    async def refresh(self) -> None:
+    async def refresh(self, *, unless_recent: bool = False) -> None:
         """Look again at what the other replicas run (before a new session: the limits
-        count them; and at every reaper pass)."""
+        count them; and at every reaper pass). ``unless_recent`` (a new session): not if
+        another new session looked in the last ``_RECENT_S``, so that a burst of new
+        sessions reads every record once, not once a session."""
+        if unless_recent:
+            if time.monotonic() - self._refreshed_at < _RECENT_S:
+                return
+            self._refreshed_at = time.monotonic()
         held = await asyncio.to_thread(self.elsewhere)
         running = (r.owner for r in held if r.paused is None and not r.pausing)
         self._running_elsewhere = collections.Counter(running)
