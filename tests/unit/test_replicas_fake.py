@@ -10,6 +10,10 @@ import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import pytest
+
+from mcp_code_sandbox.errors import SessionBusy
+from mcp_code_sandbox.host import process_mark
 from mcp_code_sandbox.run.execute import RunReport
 from mcp_code_sandbox.run.request import RunRequest
 from mcp_code_sandbox.service import SandboxService
@@ -117,5 +121,33 @@ async def test_a_session_let_go_to_a_taker_that_gave_up_comes_back_with_its_vari
             report = await run(a, "x + 1", "conv")
             assert (report.result, report.session_created, report.notice) == ("42", False, None)
             assert len(backend.running()) == 1
+    finally:
+        await backend.end_all()
+
+
+async def test_a_session_held_by_a_replica_that_does_not_answer_is_busy_not_remade(
+    state_dir: Path,
+) -> None:
+    # A live holder (its pid file names a process that runs) with no control socket: a
+    # replica shutting down. The call is told to try again; nothing is made or removed.
+    backend = FakeBackend(reconnect=True)
+    try:
+        async with replica(state_dir, backend) as a:
+            key = session_key("alice", "held")
+            record = records.SessionRecord(
+                owner="alice",
+                session_id="held",
+                key=key,
+                slot=records.new_slot(key),
+                instance="1-stopping",
+                created_at=1.0,
+                last_active=1.0,
+            )
+            records.write_record(a.settings.sessions_dir, record)
+            (a.settings.run_dir / "1-stopping.pid").write_text(process_mark())
+            with pytest.raises(SessionBusy, match="held by a replica that does not answer"):
+                await run(a, "1", "held")
+            assert records.records_of(a.settings.sessions_dir, key) == [record]
+            assert a.sessions.with_id("held") == []
     finally:
         await backend.end_all()
