@@ -38,8 +38,9 @@ from mcp_code_sandbox.backends.base import (
     stop_step,
     wait_ready,
 )
-from mcp_code_sandbox.backends.kubernetes.pods import CLAIMED, PodView, PodWatch, pod_of
+from mcp_code_sandbox.backends.kubernetes.pods import PodView, PodWatch, pod_of
 from mcp_code_sandbox.backends.kubernetes.pool import PodPool, warm_pod_name
+from mcp_code_sandbox.backends.kubernetes.spec import CLAIMED, claim_metadata
 from mcp_code_sandbox.errors import BackendUnavailable, SandboxFailed
 
 __all__ = ["KubernetesBackend", "Manifests", "PodSandbox"]
@@ -139,7 +140,7 @@ class KubernetesBackend(Backend):
             await mounted  # nothing is mounted for a pod: its workspace lives in it
         await self._start()
         try:
-            view = await self.pool.claim(key=spec.key, owner=spec.owner, session_id=spec.session_id)
+            view = await self.pool.claim(claim_metadata(spec))
             if view is None:
                 view = await self._start_cold(spec)
         except ApiError as exc:

@@ -27,15 +27,20 @@ from lightkube import ApiError, AsyncClient
 from lightkube.codecs import from_dict
 from lightkube.resources.core_v1 import Pod
 
+from mcp_code_sandbox.backends.kubernetes.spec import (
+    ANNOTATION_OWNER,
+    ANNOTATION_SESSION,
+    COMPONENT_SANDBOX,
+    LABEL_COMPONENT,
+    LABEL_KEY,
+    LABEL_NAME,
+    LABEL_POOL,
+    NAME,
+    WARM,
+)
+
 __all__ = [
-    "ANNOTATION_OWNER",
-    "ANNOTATION_SESSION",
-    "CLAIMED",
-    "LABEL_COMPONENT",
-    "LABEL_KEY",
-    "LABEL_POOL",
     "SELECTOR",
-    "WARM",
     "PodView",
     "PodWatch",
     "pod_of",
@@ -44,16 +49,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-LABEL_NAME = "app.kubernetes.io/name"
-LABEL_COMPONENT = "app.kubernetes.io/component"
-LABEL_POOL = "mcp-code-sandbox/pool"
-LABEL_KEY = "mcp-code-sandbox/session-key"
-ANNOTATION_OWNER = "mcp-code-sandbox/owner"
-ANNOTATION_SESSION = "mcp-code-sandbox/session-id"
-WARM = "warm"
-CLAIMED = "claimed"
 #: Every sandbox pod of this product, whoever made it.
-SELECTOR: dict[str, str | None] = {LABEL_NAME: "mcp-code-sandbox", LABEL_COMPONENT: "sandbox"}
+SELECTOR: dict[str, str | None] = {LABEL_NAME: NAME, LABEL_COMPONENT: COMPONENT_SANDBOX}
 
 #: Between two tries to list and watch again after the API server failed: short, as
 #: claims wait on the view; the client's own timeout bounds each try.

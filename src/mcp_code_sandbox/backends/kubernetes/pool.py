@@ -34,18 +34,8 @@ from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Pod
 from lightkube.types import PatchType
 
-from mcp_code_sandbox.backends.kubernetes.pods import (
-    ANNOTATION_OWNER,
-    ANNOTATION_SESSION,
-    CLAIMED,
-    LABEL_KEY,
-    LABEL_POOL,
-    WARM,
-    PodView,
-    PodWatch,
-    pod_of,
-    view_of,
-)
+from mcp_code_sandbox.backends.kubernetes.pods import PodView, PodWatch, pod_of, view_of
+from mcp_code_sandbox.backends.kubernetes.spec import WARM
 
 __all__ = ["POOL_LEASE", "PodPool", "warm_pod_name"]
 
@@ -116,17 +106,12 @@ class PodPool:
                     patch_type=PatchType.MERGE,
                 )
 
-    async def claim(self, *, key: str, owner: str, session_id: str) -> PodView | None:
-        """Make a ready warm pod ``key``'s by one conditional update; ``None`` when none
-        is left (the caller starts one cold). Raises the API server's other errors."""
+    async def claim(self, metadata: dict[str, dict[str, str]]) -> PodView | None:
+        """Make a ready warm pod a session's, by one conditional update writing
+        ``metadata`` (its labels and annotations: ``spec.claim_metadata``); ``None`` when
+        none is left (the caller starts one cold). Raises the API server's other errors."""
         for view in self._watch.claimable():
-            patch = {
-                "metadata": {
-                    "resourceVersion": view.resource_version,
-                    "labels": {LABEL_POOL: CLAIMED, LABEL_KEY: key},
-                    "annotations": {ANNOTATION_OWNER: owner, ANNOTATION_SESSION: session_id},
-                }
-            }
+            patch = {"metadata": {"resourceVersion": view.resource_version, **metadata}}
             try:
                 pod = await self._client.patch(
                     Pod, view.name, patch, namespace=self._namespace, patch_type=PatchType.MERGE
