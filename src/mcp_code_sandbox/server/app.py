@@ -125,6 +125,12 @@ def descriptions(
         "close_session": (
             "Close a session: stop its sandbox and delete its files. Do this when done."
         ),
+        "restart_interpreter": (
+            "Restart a session's Python interpreter, like Jupyter's Restart kernel: after "
+            "a cell broke its state or to reload a changed module. Variables, imports and "
+            "processes the session started are gone; files in /mnt/data are kept and the "
+            "session id stays the same."
+        ),
         "list_sessions": (
             "List your sessions: id, when created and last active, state (running, or "
             "paused: idle, put away to disk, resumed by the next run_code), the size of "
@@ -266,6 +272,8 @@ def _register_tools(
         (tools.list_files, "list_files", "List files", readonly),
         (tools.close_session, "close_session", "Close a session",
          _hints(read_only=False, destructive=True, idempotent=False)),
+        (tools.restart_interpreter, "restart_interpreter", "Restart the interpreter",
+         _hints(read_only=False, destructive=True, idempotent=True)),
         (tools.list_sessions, "list_sessions", "List your sessions", readonly),
         (tools.list_runtimes, "list_runtimes", "List runtimes", readonly),
         (tools.export_notebook, "export_notebook", "Export the session as a notebook",

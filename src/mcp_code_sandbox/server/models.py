@@ -17,6 +17,7 @@ __all__ = [
     "FileOut",
     "ListFilesResult",
     "ReadFileResult",
+    "RestartResult",
     "RunError",
     "RunResult",
     "RuntimeOut",
@@ -129,6 +130,16 @@ class ListFilesResult(BaseModel):
 class CloseResult(BaseModel):
     session_id: str
     status: Literal["closed"]
+
+
+class RestartResult(BaseModel):
+    session_id: str
+    restarted: Literal[True]
+    state: Literal["running", "paused"] = Field(
+        description="paused: the session stays paused; its next run starts the fresh "
+        "interpreter (its saved variables are not loaded)"
+    )
+    message: str
 
 
 class VariableOut(BaseModel):
