@@ -162,11 +162,13 @@ def _minutes(minutes: float) -> str:
 
 
 def _preinstalled(settings: Settings) -> str:
-    """The Python packages sandboxes have: ``SANDBOX_RUNTIME_PACKAGES`` where it applies
-    (the bwrap runtime env), else DESIGN.md §3's list (the default, and the image's)."""
+    """The Python packages sandboxes have: ``SANDBOX_RUNTIME_PACKAGES`` where it is the
+    whole list (the bwrap runtime env), DESIGN.md §3's list and it on Docker (the derived
+    image adds it to the image's), else DESIGN.md §3's list alone."""
     if settings.runtime_packages and settings.backend != "docker":
         return ", ".join(settings.runtime_packages)
-    return ", ".join(PACKAGES)
+    extra = [p for p in settings.runtime_packages if p not in PACKAGES]
+    return ", ".join((*PACKAGES, *extra))
 
 
 #: What run_code's description says of each agent language but Python (runtimes.RUNTIMES).

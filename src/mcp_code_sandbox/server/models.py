@@ -192,6 +192,11 @@ class PoolOut(BaseModel):
 class RuntimesResult(BaseModel):
     runtimes: list[RuntimeOut]
     pool: PoolOut
+    notice: str | None = Field(
+        None,
+        description="Why no sandbox can start now, and what the operator runs to fix it "
+        "(as /readyz says); absent when sandboxes can start",
+    )
 
 
 class ExportNotebookResult(BaseModel):

@@ -301,7 +301,8 @@ class ToolSet:
     async def list_runtimes(self) -> Annotated[CallToolResult, models.RuntimesResult]:
         runtimes = [models.RuntimeOut(**r) for r in await self.service.runtimes()]
         pool = models.PoolOut(**self.service.pool_status())
-        return structured_result(models.RuntimesResult(runtimes=runtimes, pool=pool))
+        notice = await self.service.not_ready()
+        return structured_result(models.RuntimesResult(runtimes=runtimes, pool=pool, notice=notice))
 
     @tool_errors
     async def export_notebook(
