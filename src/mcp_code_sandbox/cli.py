@@ -267,14 +267,14 @@ def _setup(settings: Settings, *, force: bool, node: bool = True, apparmor: bool
 
 
 def _image_build(settings: Settings, args: argparse.Namespace) -> int:
-    from mcp_code_sandbox.provision.image import build_image
+    from mcp_code_sandbox.provision.image import build_image, build_packages_image
     from mcp_code_sandbox.settings import ca_bundle_from_env
 
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
     ca_bundle = args.ca_bundle or ca_bundle_from_env()
-    build_image(
+    built = build_image(
         settings,
         base=args.base,
         ca_bundle=ca_bundle,
@@ -282,6 +282,8 @@ def _image_build(settings: Settings, args: argparse.Namespace) -> int:
         progress=progress,
         server=args.server,
     )
+    if not args.server:  # and on it, the image with SANDBOX_RUNTIME_PACKAGES, if any
+        build_packages_image(settings, base=built.tag, ca_bundle=ca_bundle, progress=progress)
     return 0
 
 

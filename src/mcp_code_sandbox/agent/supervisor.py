@@ -13,7 +13,7 @@ is Python; a program's pipes belong to its run. Output written when no run is in
 kernel (a background thread or process started by an earlier cell) is dropped. Before a
 run's ``done`` its pipes are drained, so everything written before it ended comes first.
 
-Runs are one at a time; an ``exec`` arriving during a run is queued in order.
+Runs are one at a time; an ``exec`` or ``restart`` arriving during a run is queued in order.
 
 When the host goes away on a channel that can reconnect (:mod:`.hostlink`), the runs
 queued by that host are dropped (nobody waits for them), the current run goes on to its
@@ -55,6 +55,7 @@ from .protocol import (
     ExecMessage,
     ProtocolError,
     ReadyEvent,
+    RestartMessage,
     decode_body,
     write_frame,
 )
@@ -102,7 +103,8 @@ class Supervisor:
         self._plain = plain
         self._sel = selectors.DefaultSelector()
         self._inbox = bytearray()
-        self._queue: collections.deque[ExecMessage] = collections.deque()
+        #: Runs and restarts, in the order the host sent them.
+        self._queue: collections.deque[ExecMessage | RestartMessage] = collections.deque()
         self._run: Run | None = None
         #: The current run's output read from pipes and not yet sent (see .coalesce).
         self._pending = Pending()
@@ -170,7 +172,11 @@ class Supervisor:
         self._check_deadline()
         self._reconnect()
         if self._run is None and self._queue:
-            self._start(self._queue.popleft())
+            message = self._queue.popleft()
+            if message["op"] == "restart":
+                self._restart(message)
+            else:
+                self._start(message)
 
     def _tick(self) -> float | None:
         ticks: list[float] = []
@@ -277,6 +283,12 @@ class Supervisor:
                 self._queue.append(cast(ExecMessage, message))
             else:
                 self._error(problem, message.get("id"))
+        elif op == "restart":
+            run_id = message.get("id")
+            if isinstance(run_id, int) and not isinstance(run_id, bool):
+                self._queue.append(RestartMessage(op="restart", id=run_id))
+            else:
+                self._error("restart: 'id' must be an integer", run_id)
         elif op == "interrupt":
             reason = "timeout" if message.get("reason") == "timeout" else "cancelled"
             self._interrupt_id(message.get("id"), reason)
@@ -297,7 +309,7 @@ class Supervisor:
                 self._interrupt(self._run, reason)
             return
         for queued in list(self._queue):  # never started: it ends right here
-            if queued["id"] == run_id:
+            if queued["op"] == "exec" and queued["id"] == run_id:
                 self._queue.remove(queued)
                 self._send(done(run_id, reason))
         # Any other id: that run is over already, the host just has not seen its done.
@@ -458,6 +470,13 @@ class Supervisor:
             self._drain(old.child.pipes)  # the current run's output, before it is closed
         old.close()
         return returncode
+
+    def _restart(self, message: RestartMessage) -> None:
+        """The host asked for a fresh interpreter (between runs): no ``state_lost`` to
+        report, the host knows."""
+        self._replace_kernel()
+        self._state_lost_pending = False
+        self._send({"ev": "restarted", "id": message["id"]})
 
     def _on_control(self) -> None:
         try:
