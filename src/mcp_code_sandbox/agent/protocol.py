@@ -219,6 +219,9 @@ class ReadyEvent(TypedDict):
     #: Only on a connection the agent re-established (the docker backend's ``--connect``).
     reattached: NotRequired[bool]
     execution_count: NotRequired[int]
+    #: Only from a listening agent (``--listen``): the ``ADDR:PORT`` it was told to listen
+    #: on, which the server checks is the address it dialled (``listener`` says why).
+    listen: NotRequired[str]
 
 
 class StreamEvent(TypedDict):
