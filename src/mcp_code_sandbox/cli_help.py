@@ -28,8 +28,8 @@ GROUPS: tuple[tuple[str, tuple[Entry, ...]], ...] = (
             ("docker_runtime", "runc, or runsc for gVisor", None),
             ("docker_host_state_dir", "docker: the state dir's path as the engine sees it, "
              "when the server runs in a container", "the state dir"),
-            ("runtime_packages", "comma-separated Python packages of the bwrap runtime env",
-             "the standard list"),
+            ("runtime_packages", "comma-separated Python packages: the bwrap runtime env's "
+             "list; on docker, installed on the image by `image build`", "the standard list"),
         ),
     ),
     (
