@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
+import os
+import socket
 import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from lightkube import ApiError, AsyncClient
+from lightkube import ApiError, AsyncClient, ConfigError, KubeConfig
 from lightkube.resources.core_v1 import Pod
 
 from mcp_code_sandbox.backends.base import (
@@ -38,12 +41,21 @@ from mcp_code_sandbox.backends.base import (
     stop_step,
     wait_ready,
 )
+from mcp_code_sandbox.backends.kubernetes.channel import open_channel, server_context
 from mcp_code_sandbox.backends.kubernetes.pods import PodView, PodWatch, pod_of
 from mcp_code_sandbox.backends.kubernetes.pool import PodPool, warm_pod_name
-from mcp_code_sandbox.backends.kubernetes.spec import CLAIMED, claim_metadata
+from mcp_code_sandbox.backends.kubernetes.spec import (
+    AGENT_PORT,
+    CLAIMED,
+    claim_metadata,
+    session_pod,
+    warm_pod,
+)
 from mcp_code_sandbox.errors import BackendUnavailable, SandboxFailed
+from mcp_code_sandbox.settings import ConfigError as SettingsError
+from mcp_code_sandbox.settings import Settings
 
-__all__ = ["KubernetesBackend", "Manifests", "PodSandbox"]
+__all__ = ["KubernetesBackend", "Manifests", "PodSandbox", "from_settings"]
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +101,7 @@ class KubernetesBackend(Backend):
     """Sandboxes as pods in one namespace (see the module doc)."""
 
     name = "kubernetes"
+    pools_itself = True
 
     def __init__(
         self,
@@ -99,7 +112,6 @@ class KubernetesBackend(Backend):
         tls: ssl.SSLContext,
         open_channel: OpenChannel,
         pool_size: int,
-        pool_max_age_s: float,
         instance: str,
     ) -> None:
         self._client = client
@@ -114,7 +126,6 @@ class KubernetesBackend(Backend):
             self.watch,
             manifests.warm,
             size=pool_size,
-            max_age_s=pool_max_age_s,
             instance=instance,
         )
         self._started: asyncio.Task[None] | None = None
@@ -272,3 +283,42 @@ class KubernetesBackend(Backend):
         await self.pool.aclose()
         await self.watch.aclose()
         await self._client.close()
+
+
+def from_settings(settings: Settings) -> KubernetesBackend:
+    """The backend for ``settings``: the API server of the pod's service account (in a
+    cluster) or of ``KUBECONFIG`` (outside one), as lightkube finds them; the sandboxes'
+    namespace; the server's certificate for the agents (``SANDBOX_KUBERNETES_AGENT_TLS_DIR``).
+    Raises ``ConfigError`` (ours) saying what to fix when either is missing."""
+    try:
+        config = KubeConfig.from_env()
+    except ConfigError as exc:
+        why = (
+            f"SANDBOX_BACKEND=kubernetes: no Kubernetes API found ({exc}); run the server "
+            "in a cluster with a service account, or set KUBECONFIG"
+        )
+        raise SettingsError([why]) from None
+    try:
+        tls = server_context(settings.kubernetes_server_cert, settings.kubernetes_server_key)
+    except (OSError, ssl.SSLError) as exc:
+        why = (
+            "SANDBOX_BACKEND=kubernetes: cannot load the agents' server certificate from "
+            f"{settings.kubernetes_agent_tls_dir} ({exc}); make one with "
+            "`mcp-code-sandbox kubernetes certs --out DIR`"
+        )
+        raise SettingsError([why]) from None
+    manifests = Manifests(
+        warm=functools.partial(warm_pod, settings=settings),
+        session=functools.partial(session_pod, settings=settings),
+        agent_port=AGENT_PORT,
+    )
+    return KubernetesBackend(
+        client=AsyncClient(config, namespace=settings.kubernetes_namespace),
+        namespace=settings.kubernetes_namespace,
+        manifests=manifests,
+        tls=tls,
+        open_channel=open_channel,
+        pool_size=settings.pool_size,
+        # The pool's Lease names its holder: the pod (its hostname) and the process.
+        instance=f"{socket.gethostname()}-{os.getpid()}",
+    )

@@ -10,7 +10,7 @@ authenticated channel, with each run). Semantics:
   and one 409, and the loser tries the next pod: never a double claim. One API write.
 - **Refill**: one replica at a time, the holder of the pool's Lease
   (``coordination.k8s.io/v1``), keeps ``size`` warm pods made or starting, replaces those
-  that failed or are older than ``max_age_s``, and deletes the surplus. A claim wakes it
+  that failed or are older than an hour, and deletes the surplus. A claim wakes it
   at once; it creates at most :data:`_CREATES_AT_ONCE` pods per round. The holder renews
   the Lease; when it stops (a crash, a SIGKILL) another replica takes the Lease once it
   expired, so the pool outlives any replica. So a claim costs at most two writes: the
@@ -50,6 +50,9 @@ _RENEW_S = _LEASE_S / 3
 #: Pods the refiller creates per round: a burst of creates is what drains an API server's
 #: write budget (and a node's image cache), and the claims of a burst come first.
 _CREATES_AT_ONCE = 4
+#: A warm pod older than this is replaced, as the other backends' pooled sandboxes are:
+#: its image may have been updated since, and a long-lived idle process is a target.
+_MAX_AGE = timedelta(hours=1)
 #: How often the refiller looks again when no claim woke it.
 _TICK_S = 1.0
 
@@ -70,7 +73,6 @@ class PodPool:
         make_warm: Callable[[str], dict[str, Any]],
         *,
         size: int,
-        max_age_s: float,
         instance: str,
     ) -> None:
         self._client = client
@@ -78,7 +80,6 @@ class PodPool:
         self._watch = watch
         self._make_warm = make_warm
         self.size = size
-        self._max_age = timedelta(seconds=max_age_s)
         self._instance = instance
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -151,7 +152,7 @@ class PodPool:
         for view in self._watch.all():
             if view.pool != WARM:
                 continue
-            if view.gone or (view.created is not None and now - view.created > self._max_age):
+            if view.gone or (view.created is not None and now - view.created > _MAX_AGE):
                 await self._delete(view.name)
             else:
                 alive.append(view)
