@@ -33,7 +33,7 @@ from typing import Literal
 
 from mcp_code_sandbox.workspace.fs import DIR_FLAGS, FILE_FLAGS, MAX_DEPTH, closing_fd
 
-__all__ = ["Copied", "CopyRefused", "copy_tree"]
+__all__ = ["NAMED_LEFT_OUT", "Copied", "CopyRefused", "CopyTooLarge", "copy_tree"]
 
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _CHUNK = 1 << 24
@@ -43,6 +43,10 @@ NAMED_LEFT_OUT = 20
 
 class CopyRefused(Exception):
     """The tree is not copied whole (too large, too deep, a hard link): use another way."""
+
+
+class CopyTooLarge(CopyRefused):
+    """The tree's files claim more than ``max_bytes``."""
 
 
 @dataclass
@@ -152,7 +156,7 @@ def _copy_file(
     if st.st_nlink > 1:
         raise CopyRefused(f"a file with {st.st_nlink} hard links")
     if copied.bytes + st.st_size > limits.max_bytes:
-        raise CopyRefused(f"more than {limits.max_bytes} bytes")
+        raise CopyTooLarge(f"more than {limits.max_bytes} bytes")
     with closing_fd(os.open(name, FILE_FLAGS, dir_fd=src)) as inp:
         _same_inode(inp, st, name)
         with closing_fd(os.open(name, _NEW_FILE, 0o600, dir_fd=dst)) as out:
