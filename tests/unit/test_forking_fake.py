@@ -23,6 +23,7 @@ from mcp_code_sandbox.errors import (
 from mcp_code_sandbox.run.request import RunRequest
 from mcp_code_sandbox.server.app import build_server
 from mcp_code_sandbox.service import SandboxService
+from mcp_code_sandbox.sessions import forking, records
 from tests.fakes import fake_service
 
 
@@ -194,3 +195,26 @@ async def test_the_tool_returns_the_fork_and_errors_by_code(state_dir: Path) -> 
             "fork_session", {"session_id": "src", "new_session_id": "../x"}
         )
         assert bad.is_error and (bad.meta or {}).get("error_code") == "invalid_session_id"
+
+
+async def test_a_forks_record_says_forking_until_its_copy_is_done(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[bool] = []
+    real = forking.copy_tree
+
+    def copy(*args: Any, **kwargs: Any) -> Any:
+        [record] = [
+            r for r in records.load_records(state_dir / "sessions") if r.session_id == "copy"
+        ]
+        seen.append(record.forking)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(forking, "copy_tree", copy)
+    async with fake_service(state_dir) as svc:
+        await run(svc, "src", "x = 1")
+        await svc.fork_session("alice", "src", "copy")
+        [record] = [
+            r for r in records.load_records(state_dir / "sessions") if r.session_id == "copy"
+        ]
+        assert seen == [True] and record.forking is False

@@ -519,9 +519,14 @@ class SessionManager:
                     if not new.created:  # named by another call meanwhile
                         raise forking.taken(new.session.id)
                     fork = new.session
+                    fork.phase = transition(fork.phase, Phase.FORKING)
+                    self.table.save(fork, force=True)  # before its copy: see ``records``
                     copied = await forking.copy_files(self.threads, self.settings, source, fork)
                     await source_held.aclose()  # the source's next call may go on now
                     report, why = await forking.load_state(self.sandboxes, fork, kept)
+                    if fork.phase is Phase.FORKING:  # not closed meanwhile
+                        fork.phase = transition(fork.phase, Phase.RUNNING)
+                        self.table.save(fork, force=True)
                     done = forking.forked(source, fork, kept, copied, report, why)
         finally:
             if fork is not None and done is None:  # its copy was refused, or cut short
