@@ -67,6 +67,10 @@ async def test_a_fork_without_a_name_gets_a_new_id_and_a_name_in_use_is_refused(
             await svc.fork_session("alice", "src", forked.session_id)
         with pytest.raises(InvalidArgument, match="already have a session"):
             await svc.fork_session("alice", "src", "src")
+        await run(svc, "old", "y = 1")
+        await svc.close_session("alice", "old")
+        reused = await svc.fork_session("alice", "src", "old")
+        assert reused.notice is not None and reused.notice.startswith("session old was closed")
 
 
 async def test_another_owner_cannot_fork_a_session_it_cannot_see(state_dir: Path) -> None:

@@ -197,10 +197,12 @@ def forked(
     copied: Copied,
     report: LoadReport | None,
     why: str | None,
+    reborn: str | None = None,
 ) -> Forked:
     """The result of a fork, with a notice naming what was not copied (``None``:
-    nothing that was there)."""
-    said: list[str] = []
+    nothing that was there); ``reborn``: what the fork's name was before (as a new
+    session's notice says it)."""
+    said: list[str] = [] if reborn is None else [f"{reborn}."]
     head = f"session {fork.id} is a fork of {source.id}"
     if report is not None:
         lost = [f"{name} ({kind}: {reason})" for name, kind, reason in kept.dropped]

@@ -527,7 +527,7 @@ class SessionManager:
                     if fork.phase is Phase.FORKING:  # not closed meanwhile
                         fork.phase = transition(fork.phase, Phase.RUNNING)
                         self.table.save(fork, force=True)
-                    done = forking.forked(source, fork, kept, copied, report, why)
+                    done = forking.forked(source, fork, kept, copied, report, why, new.notice)
         finally:
             if fork is not None and done is None:  # its copy was refused, or cut short
                 await self.ending.end_logged(fork, f"session {fork.id} was not forked", "closed")
