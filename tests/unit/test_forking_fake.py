@@ -5,6 +5,7 @@ tests/integration/test_fork.py."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 from mcp import Client
 
+from mcp_code_sandbox.backends.checkpoints import Checkpoint
 from mcp_code_sandbox.errors import (
     InvalidArgument,
     InvalidPath,
@@ -222,3 +224,21 @@ async def test_a_forks_record_says_forking_until_its_copy_is_done(
             r for r in records.load_records(state_dir / "sessions") if r.session_id == "copy"
         ]
         assert seen == [True] and record.forking is False
+
+
+async def test_a_source_paused_with_its_memory_is_forked_with_its_files_and_says_so(
+    state_dir: Path,
+) -> None:
+    async with fake_service(state_dir, pause_after_m=60) as svc:
+        await run(svc, "src", "x = 1\nopen('f.txt', 'w').write('a')")
+        await svc.sessions.pause("alice", "src")
+        [source] = [s for s in svc.sessions.listed("alice") if s.id == "src"]
+        assert source.paused is not None  # as gVisor keeps it: a checkpoint, no variables
+        memory = Checkpoint("checkpointed-elsewhere", 1)
+        source.paused = dataclasses.replace(
+            source.paused, kind="memory", checkpoint=memory, load=False
+        )
+        forked = await svc.fork_session("alice", "src", "copy")
+        assert (forked.state, forked.variables) == ("files", ())
+        assert forked.notice is not None and "whole memory" in forked.notice
+        assert (await run(svc, "copy", "open('f.txt').read()")).result == "'a'"
