@@ -23,6 +23,9 @@ Semantics:
   file counts whole, as its copy would be), at most :data:`FORK_MAX_ENTRIES` entries.
   A copy refused, or a disk that fills, ends the fork (``quota_exceeded``,
   ``invalid_argument`` or ``sandbox_failed``); the source is as it was.
+- The fork is ``FORKING`` (:mod:`.lifecycle`) from before its copy until its variables
+  are loaded, and its record says so: a server that dies meanwhile leaves a half copy
+  that the next one removes (:func:`.records.plan_recovery`), never a session.
 - Once its files are copied the fork exists: variables that cannot be saved or loaded
   make it a fork of files only, and the result's ``notice`` says why (as a resume's).
 - The source keeps the saved state in its ``.session/`` (as after a resume).
