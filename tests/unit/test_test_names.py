@@ -19,6 +19,7 @@ ABOUT_THE_WHOLE = {
     "commit_msg_hook",  # scripts/hooks/commit-msg
     "grafana_dashboard",  # deploy/grafana-dashboard.json against the metrics
     "kube_api",  # tests/kube_api.py, the fake Kubernetes API other tests stand on
+    "kubelet",  # tests/kubelet.py, the fake kubelet other tests stand on
     "layering",  # which layer may import which
     "packaging",  # the wheel and pyproject
     "readme",  # README.md against the code

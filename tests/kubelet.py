@@ -1,0 +1,511 @@
+"""A fake kubelet for the fake Kubernetes API (``tests/kube_api.py``): it runs each pod of a
+namespace as a local process, so the kubernetes backend's tests reach a real agent.
+
+    async with KubeApi() as api, Kubelet(api.url, "sandboxes") as kubelet:
+        ...                                  # create pods through the API
+        kubelet.pods["sb-1"].workspace       # the host directory of the pod's /mnt/data
+
+It watches pods through the API's HTTP, as a kubelet does (so it works as well against an
+API served from another thread, ``in_thread``, and exercises the watch path). For each new
+pod it starts the first container as a process of its own session:
+
+- the argv: ``command`` + ``args`` with ``$(VAR)`` expanded from the container's env as
+  Kubernetes does (``$$`` is a literal ``$``; an unknown variable stays as written). No
+  ``command``: the image's entrypoint, which for every image is the agent's,
+  ``python -s -B -m mcs_agent --workdir /mnt/data`` (the image runs it with cwd
+  /opt/sandbox/lib; here ``mcs_agent`` is this repository's ``src/.../agent``). The image's
+  ``python`` (``python``, ``python3``, ``/opt/sandbox/venv/bin/python``...) is this test's
+  interpreter, with ``PYTHONPATH`` at this repository's ``src``;
+- the filesystem: as ``tests/fakes.py`` does, nothing is walled off and the paths the pod
+  sees are host directories. Each volume is a fresh directory (``emptyDir``), the keys of
+  its ConfigMap or Secret as files, or one per claim kept across pods
+  (``persistentVolumeClaim``); the image's /mnt/data and /tmp are fresh directories too.
+  An argument, an env value or ``workingDir`` that starts with a mount path (``--x=`` too)
+  is rewritten to its host directory; the process runs in ``workingDir`` (default the
+  image's, /mnt/data);
+- the env: a small base (PATH, HOME, LANG, PYTHONPATH), then the container's ``env`` and
+  ``envFrom``: ``value``, ``fieldRef`` (``status.podIP`` is the pod's address, also
+  ``metadata.name``/``namespace``/``uid``/``labels['k']``/``annotations['k']``,
+  ``status.hostIP``, ``spec.nodeName``), ``configMapKeyRef`` and ``secretKeyRef``;
+- the network: the pod's IP is a fresh loopback address (all of 127/8 is loopback on
+  Linux), picked at random outside 127.0.0.0/24 so that kubelets of concurrent test runs
+  do not meet, and free on the container's ports.
+
+Then it reports the pod ``Running`` with that ``podIP``, and ``Ready`` once the port of
+its ``readinessProbe`` (``tcpSocket``/``httpGet``) or, with no probe, its first
+``containerPort`` accepts a TCP connection. A real kubelet marks a pod without a probe
+Ready as soon as its container starts: give the sandbox pod a tcpSocket probe on its
+agent port and both agree. When the process exits, the pod is ``Failed`` (``Succeeded``
+for exit 0 under ``restartPolicy`` Never/OnFailure; there are no restarts); when the pod
+is deleted, its process group gets SIGTERM, then SIGKILL after a short grace.
+
+Not emulated: isolation of any kind (no user, network, mount or pid namespace: the
+process runs as the test's user), resource limits, init and sidecar containers, probes
+beyond readiness once, restarts, image pulls, scheduling (every pod of the namespace runs
+here, whatever its ``nodeName``)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import datetime
+import ipaddress
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lightkube import ApiError, AsyncClient
+from lightkube.resources.core_v1 import ConfigMap, Pod, Secret
+from lightkube.types import OnErrorAction, OnErrorResult, PatchType
+
+from tests.kube_api import client_for
+from tests.kube_ops import Obj
+
+__all__ = ["FakePod", "Kubelet"]
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+AGENT = SRC / "mcp_code_sandbox" / "agent"
+#: The image's entrypoint (images/Dockerfile), with the agent's default workdir spelled
+#: out so that it is mapped like any path (the image needs no --workdir: it has /mnt/data).
+ENTRYPOINT = ["python", "-s", "-B", "-m", "mcs_agent", "--workdir", "/mnt/data"]
+IMAGE_WORKDIR = "/mnt/data"
+#: Directories every container of the image has, without a volume.
+IMAGE_DIRS = ("/mnt/data", "/tmp")
+PYTHON_RE = re.compile(r"^python(3(\.\d+)?)?$")
+VAR_RE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
+#: How often readiness is tried: a started agent listens in tens of milliseconds.
+PROBE_EVERY_S = 0.05
+#: SIGTERM to SIGKILL on delete (a pod's own grace period, capped: tests wait for it).
+MAX_GRACE_S = 2.0
+#: Before a watch that failed is tried again (the API restarting in a test).
+REWATCH_AFTER_S = 0.2
+
+
+@dataclass
+class FakePod:
+    """One pod this kubelet runs: its process and where its paths are on the host."""
+
+    name: str
+    uid: str
+    ip: str
+    root: Path  # everything of this pod on the host; removed when it ends
+    mounts: dict[str, Path]  # path in the pod -> host path
+    proc: asyncio.subprocess.Process | None = None
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    deleted: bool = False
+
+    @property
+    def workspace(self) -> Path:
+        """The host directory the pod sees as /mnt/data."""
+        return self.host_path("/mnt/data")
+
+    @property
+    def log(self) -> str:
+        """What the container wrote (stdout and stderr)."""
+        path = self.root / "container.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def host_path(self, path: str) -> Path:
+        return Path(_rewrite(path, self.mounts))
+
+
+class Kubelet:
+    """Runs every pod of ``namespace`` (with all of ``labels``, if given) that the API at
+    ``url`` has."""
+
+    def __init__(
+        self, url: str, namespace: str = "default", *, labels: dict[str, str] | None = None
+    ) -> None:
+        self._url = url
+        self._namespace = namespace
+        self._labels = labels
+        #: Pods running here, by name.
+        self.pods: dict[str, FakePod] = {}
+        self._seen: set[str] = set()  # uids started (a re-list after 410 sees them again)
+        self._state = Path(tempfile.mkdtemp(prefix="mcs-kubelet-"))
+        self._client: AsyncClient | None = None
+        self._watch: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def __aenter__(self) -> Kubelet:
+        lib = self._state / "lib"  # the image's /opt/sandbox/lib: the agent as mcs_agent
+        lib.mkdir()
+        (lib / "mcs_agent").symlink_to(AGENT, target_is_directory=True)
+        self._client = client_for(self._url, self._namespace)
+        self._watch = asyncio.create_task(self._watch_pods())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for task in [self._watch, *self._tasks]:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        await asyncio.gather(*(self._end(pod) for pod in list(self.pods.values())))
+        if self._client is not None:
+            await self._client.close()
+        shutil.rmtree(self._state, ignore_errors=True)
+
+    # -- the watch -------------------------------------------------------------------------
+
+    async def _watch_pods(self) -> None:
+        assert self._client is not None
+
+        def again(exc: Exception, count: int) -> OnErrorResult:
+            return OnErrorResult(OnErrorAction.RETRY, sleep=REWATCH_AFTER_S)
+
+        labels: dict[str, Any] | None = dict(self._labels) if self._labels else None
+        stream = self._client.watch(Pod, namespace=self._namespace, labels=labels, on_error=again)
+        async for event, pod in stream:
+            obj: Obj = pod.to_dict()
+            meta = obj["metadata"]
+            if event == "DELETED":
+                running = self.pods.get(meta["name"])
+                if running is not None and running.uid == meta["uid"]:
+                    running.deleted = True
+                    self._spawn(self._end(running))
+            elif meta["uid"] not in self._seen and obj.get("status", {}).get("phase") == "Pending":
+                self._seen.add(meta["uid"])
+                self._spawn(self._start(obj))
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- one pod -----------------------------------------------------------------------
+
+    async def _start(self, obj: Obj) -> None:
+        meta, spec = obj["metadata"], obj["spec"]
+        container = spec["containers"][0]
+        ports = [p["containerPort"] for p in container.get("ports") or []]
+        root = self._state / "pods" / meta["uid"]
+        root.mkdir(parents=True)
+        pod = FakePod(meta["name"], meta["uid"], _fresh_ip(ports, self.pods), root, {})
+        self.pods[pod.name] = pod
+        try:
+            pod.mounts = await self._volumes(obj, container, root)
+            env = await self._env(obj, container, pod)
+            argv = self._argv(container, env, pod.mounts)
+            cwd = pod.host_path(container.get("workingDir") or IMAGE_WORKDIR)
+            with open(root / "container.log", "wb") as log:
+                pod.proc = await asyncio.create_subprocess_exec(
+                    *argv,
+                    env=env,
+                    cwd=cwd,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=log,
+                    start_new_session=True,
+                )
+        except (OSError, LookupError, ValueError, ApiError) as exc:
+            await self._status(pod, _failed(f"the fake kubelet cannot start it: {exc!r}"))
+            return
+        if pod.deleted:  # deleted while it started
+            await self._end(pod)
+            return
+        await self._status(pod, _running(pod, container, ready=False))
+        pod.tasks.append(asyncio.create_task(self._until_ready(pod, container)))
+        pod.tasks.append(asyncio.create_task(self._until_exit(pod, container, spec)))
+
+    async def _until_ready(self, pod: FakePod, container: Obj) -> None:
+        port = _probe_port(container)
+        while port is not None:
+            with contextlib.suppress(OSError):
+                _, writer = await asyncio.open_connection(pod.ip, port)
+                writer.close()
+                break
+            await asyncio.sleep(PROBE_EVERY_S)
+        await self._status(pod, _running(pod, container, ready=True))
+
+    async def _until_exit(self, pod: FakePod, container: Obj, spec: Obj) -> None:
+        assert pod.proc is not None
+        code = await pod.proc.wait()
+        if pod.deleted:
+            return
+        for task in pod.tasks:
+            if task is not asyncio.current_task():
+                task.cancel()
+        done = code == 0 and spec.get("restartPolicy", "Always") != "Always"
+        status = _failed(f"the container exited with {code}", code, container["name"])
+        status["phase"] = "Succeeded" if done else "Failed"
+        await self._status(pod, status)
+
+    async def _end(self, pod: FakePod) -> None:
+        """SIGTERM, a short grace, SIGKILL of the pod's process group; then its files."""
+        for task in pod.tasks:
+            task.cancel()
+        proc = pod.proc
+        if proc is not None and proc.returncode is None:
+            for sig, wait in ((signal.SIGTERM, MAX_GRACE_S), (signal.SIGKILL, 5.0)):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, sig)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(proc.wait(), wait)
+                    break
+        if proc is not None:  # whatever it left in its group
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        if self.pods.get(pod.name) is pod:
+            del self.pods[pod.name]
+        shutil.rmtree(pod.root, ignore_errors=True)
+
+    async def _status(self, pod: FakePod, status: Obj) -> None:
+        assert self._client is not None
+        if pod.deleted:
+            return
+        with contextlib.suppress(ApiError):  # deleted meanwhile: nobody to tell
+            await self._client.patch(
+                Pod.Status,
+                pod.name,
+                {"status": status},
+                namespace=self._namespace,
+                patch_type=PatchType.MERGE,
+            )
+
+    # -- what the process gets -----------------------------------------------------------
+
+    async def _volumes(self, obj: Obj, container: Obj, root: Path) -> dict[str, Path]:
+        volumes: dict[str, Path] = {}
+        for volume in obj["spec"].get("volumes") or []:
+            path = root / "volumes" / volume["name"]
+            if "persistentVolumeClaim" in volume:  # one directory per claim, kept across pods
+                claim = volume["persistentVolumeClaim"]["claimName"]
+                path = self._state / "claims" / claim
+            path.mkdir(parents=True, exist_ok=True)
+            for key, data in (await self._volume_files(volume)).items():
+                (path / key).parent.mkdir(parents=True, exist_ok=True)
+                (path / key).write_bytes(data)
+            volumes[volume["name"]] = path
+        mounts = {d: root / "image" / d.strip("/") for d in IMAGE_DIRS}
+        for mount in container.get("volumeMounts") or []:
+            mounts[mount["mountPath"]] = volumes[mount["name"]] / mount.get("subPath", "")
+        for path in mounts.values():
+            if not path.suffix:  # a file mounted by subPath exists already
+                path.mkdir(parents=True, exist_ok=True)
+        return mounts
+
+    async def _volume_files(self, volume: Obj) -> dict[str, bytes]:
+        """The files of a ConfigMap or Secret volume (all keys, or its ``items``)."""
+        assert self._client is not None
+        if "configMap" in volume:
+            source = volume["configMap"]
+            cm = (await self._client.get(ConfigMap, source["name"])).to_dict()
+            data = {k: v.encode() for k, v in (cm.get("data") or {}).items()}
+            data.update({k: base64.b64decode(v) for k, v in (cm.get("binaryData") or {}).items()})
+        elif "secret" in volume:
+            source = volume["secret"]
+            secret = (await self._client.get(Secret, source["secretName"])).to_dict()
+            data = {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
+        else:
+            return {}
+        items = source.get("items")
+        return {i["path"]: data[i["key"]] for i in items} if items else data
+
+    async def _env(self, obj: Obj, container: Obj, pod: FakePod) -> dict[str, str]:
+        assert self._client is not None
+        own: dict[str, str] = {}
+        for source in container.get("envFrom") or []:
+            prefix = source.get("prefix", "")
+            if "configMapRef" in source:
+                cm = await self._client.get(ConfigMap, source["configMapRef"]["name"])
+                own.update({prefix + k: v for k, v in (cm.data or {}).items()})
+            elif "secretRef" in source:
+                secret = await self._client.get(Secret, source["secretRef"]["name"])
+                own.update(
+                    {
+                        prefix + k: base64.b64decode(v).decode()
+                        for k, v in (secret.data or {}).items()
+                    }
+                )
+        for var in container.get("env") or []:
+            if "value" in var:
+                own[var["name"]] = expand(var["value"], own)
+            elif "valueFrom" in var:
+                own[var["name"]] = await self._value_from(var["valueFrom"], obj, pod)
+            else:
+                own[var["name"]] = ""
+        own = {k: _rewrite(v, pod.mounts) for k, v in own.items()}
+        base = {
+            "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
+            "HOME": str(pod.host_path("/tmp")),
+            "TMPDIR": str(pod.host_path("/tmp")),
+            "LANG": "C.UTF-8",
+            "MPLBACKEND": "Agg",
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONPATH": f"{self._state / 'lib'}:{SRC}",
+        }
+        return {**base, **own}
+
+    async def _value_from(self, source: Obj, obj: Obj, pod: FakePod) -> str:
+        assert self._client is not None
+        if "fieldRef" in source:
+            return _field(source["fieldRef"]["fieldPath"], obj, pod)
+        if "configMapKeyRef" in source:
+            ref = source["configMapKeyRef"]
+            cm = await self._client.get(ConfigMap, ref["name"])
+            return str((cm.data or {})[ref["key"]])
+        if "secretKeyRef" in source:
+            ref = source["secretKeyRef"]
+            secret = await self._client.get(Secret, ref["name"])
+            return base64.b64decode((secret.data or {})[ref["key"]]).decode()
+        return ""  # resourceFieldRef: no limits here
+
+    def _argv(self, container: Obj, env: dict[str, str], mounts: dict[str, Path]) -> list[str]:
+        command = container.get("command")
+        args = container.get("args") or []
+        if not command:  # the image's entrypoint, given args or the image's (empty) CMD
+            command = ENTRYPOINT
+        # $(VAR) from the container's own variables (the ones the pod spec set)
+        named = {v["name"]: env.get(v["name"], "") for v in container.get("env") or []}
+        argv = [_rewrite(expand(a, named), mounts) for a in [*command, *args]]
+        if PYTHON_RE.match(Path(argv[0]).name):
+            argv[0] = sys.executable
+        return argv
+
+
+def expand(text: str, env: dict[str, str]) -> str:
+    """Kubernetes' ``$(VAR)`` expansion: a defined variable's value, ``$$`` → ``$``, and an
+    undefined ``$(VAR)`` left as written."""
+
+    def one(m: re.Match[str]) -> str:
+        if m[0] == "$$":
+            return "$"
+        return env.get(m[1], m[0])
+
+    return VAR_RE.sub(one, text)
+
+
+def _rewrite(text: str, mounts: dict[str, Path]) -> str:
+    """``text`` with a leading path in the pod (also after ``--opt=``) made the host's."""
+    head, sep, tail = text.partition("=")
+    if sep and tail.startswith("/") and not head.startswith("/"):
+        return head + sep + _rewrite(tail, mounts)
+    for mount in sorted(mounts, key=len, reverse=True):
+        if text == mount or text.startswith(mount.rstrip("/") + "/"):
+            return str(mounts[mount]) + text[len(mount.rstrip("/")) :]
+    return text
+
+
+def _field(path: str, obj: Obj, pod: FakePod) -> str:
+    meta = obj["metadata"]
+    if m := re.fullmatch(r"metadata\.(labels|annotations)\['(.+)'\]", path):
+        return str((meta.get(m[1]) or {}).get(m[2], ""))
+    known = {
+        "metadata.name": meta["name"],
+        "metadata.namespace": meta.get("namespace", ""),
+        "metadata.uid": meta["uid"],
+        "spec.nodeName": obj["spec"].get("nodeName") or "fake-node",
+        "spec.serviceAccountName": obj["spec"].get("serviceAccountName") or "default",
+        "status.podIP": pod.ip,
+        "status.podIPs": pod.ip,
+        "status.hostIP": "127.0.0.1",
+    }
+    if path not in known:
+        raise LookupError(f"unsupported fieldRef: {path}")
+    return str(known[path])
+
+
+def _fresh_ip(ports: list[int], taken: dict[str, FakePod]) -> str:
+    """A loopback address no pod of ours has, free on ``ports``."""
+    used = {pod.ip for pod in taken.values()}
+    while True:
+        ip = str(ipaddress.IPv4Address((127 << 24) + random.randrange(256, 1 << 24)))
+        if ip in used or ip.endswith((".0", ".255")):
+            continue
+        try:
+            for port in ports:
+                with socket.socket() as probe:
+                    probe.bind((ip, port))
+        except OSError:
+            continue
+        return ip
+
+
+def _probe_port(container: Obj) -> int | None:
+    probe = container.get("readinessProbe") or {}
+    action = probe.get("tcpSocket") or probe.get("httpGet")
+    ports = container.get("ports") or []
+    if action is None:
+        if probe:  # an exec probe: not run, ready at once
+            return None
+        return ports[0]["containerPort"] if ports else None
+    port = action["port"]
+    if isinstance(port, str):  # a named port
+        return int(next(p["containerPort"] for p in ports if p.get("name") == port))
+    return int(port)
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _conditions(ready: bool) -> list[Obj]:
+    now = _now()
+    return [
+        {"type": t, "status": s, "lastTransitionTime": now}
+        for t, s in (
+            ("PodScheduled", "True"),
+            ("Initialized", "True"),
+            ("ContainersReady", str(ready)),
+            ("Ready", str(ready)),
+        )
+    ]
+
+
+def _running(pod: FakePod, container: Obj, *, ready: bool) -> Obj:
+    started = _now()
+    return {
+        "phase": "Running",
+        "podIP": pod.ip,
+        "podIPs": [{"ip": pod.ip}],
+        "hostIP": "127.0.0.1",
+        "startTime": started,
+        "conditions": _conditions(ready),
+        "containerStatuses": [
+            {
+                "name": container["name"],
+                "image": container.get("image", ""),
+                "imageID": "",
+                "containerID": f"fake://{pod.proc.pid if pod.proc else 0}",
+                "ready": ready,
+                "started": True,
+                "restartCount": 0,
+                "state": {"running": {"startedAt": started}},
+            }
+        ],
+    }
+
+
+def _failed(message: str, code: int | None = None, name: str = "") -> Obj:
+    status: Obj = {"phase": "Failed", "message": message, "conditions": _conditions(False)}
+    if code is not None:
+        status["containerStatuses"] = [
+            {
+                "name": name,
+                "ready": False,
+                "started": False,
+                "restartCount": 0,
+                "image": "",
+                "imageID": "",
+                "state": {
+                    "terminated": {
+                        "exitCode": code,
+                        "finishedAt": _now(),
+                        "reason": "Error" if code else "Completed",
+                    }
+                },
+            }
+        ]
+    return status

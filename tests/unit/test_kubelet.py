@@ -1,0 +1,124 @@
+"""The fake kubelet (tests/kubelet.py): a pod made through the fake API runs as a local
+process on its own loopback address, is reported Running and Ready there, and ends with
+its pod. The commands are stand-ins, so that these tests need no agent listening on TCP."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from collections.abc import AsyncIterator
+
+import pytest
+from lightkube import AsyncClient
+from lightkube.models.core_v1 import (
+    ConfigMapVolumeSource,
+    Container,
+    ContainerPort,
+    EmptyDirVolumeSource,
+    EnvVar,
+    EnvVarSource,
+    ObjectFieldSelector,
+    PodSpec,
+    Volume,
+    VolumeMount,
+)
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import ConfigMap, Pod
+
+from tests.kube_api import KubeApi
+from tests.kubelet import Kubelet, expand
+
+#: Listens on the address in argv[1], port 7070, and copies the mounted config's file into
+#: the workspace (both paths as the pod sees them), then waits to be killed.
+LISTENER = """
+import shutil, socket, sys, time
+server = socket.create_server((sys.argv[1], 7070))
+shutil.copy(sys.argv[2], sys.argv[3])
+while True:
+    time.sleep(60)
+"""
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[tuple[KubeApi, Kubelet, AsyncClient]]:
+    async with KubeApi() as api, Kubelet(api.url) as kubelet, api.client() as kube:
+        yield api, kubelet, kube
+
+
+def a_pod(name: str, container: Container, volumes: list[Volume] | None = None) -> Pod:
+    return Pod(
+        metadata=ObjectMeta(name=name),
+        spec=PodSpec(containers=[container], volumes=volumes, restartPolicy="Never"),
+    )
+
+
+async def until(kube: AsyncClient, name: str, done: str) -> Pod:
+    """The pod once ``done`` is true of it: "ready", or a phase."""
+    async for _, pod in kube.watch(Pod, fields={"metadata.name": name}):
+        status = pod.status
+        assert status is not None
+        ready = any(c.type == "Ready" and c.status == "True" for c in status.conditions or [])
+        if (done == "ready" and ready) or status.phase == done:
+            return pod
+    raise AssertionError("the watch ended")
+
+
+async def test_a_pod_runs_on_its_own_address_until_deleted(cluster) -> None:
+    _, kubelet, kube = cluster
+    await kube.create(ConfigMap(metadata=ObjectMeta(name="ca"), data={"ca.crt": "PEM"}))
+    listener = Container(
+        name="agent",
+        image="mcp-code-sandbox",
+        command=["/opt/sandbox/venv/bin/python", "-c", LISTENER],
+        args=["$(POD_IP)", "/etc/mcp-code-sandbox/ca.crt", "/mnt/data/ca.copy"],
+        env=[EnvVar(name="POD_IP", valueFrom=EnvVarSource(
+            fieldRef=ObjectFieldSelector(fieldPath="status.podIP")))],
+        ports=[ContainerPort(containerPort=7070, name="agent")],
+        volumeMounts=[VolumeMount(name="workspace", mountPath="/mnt/data"),
+                      VolumeMount(name="ca", mountPath="/etc/mcp-code-sandbox")],
+    )  # fmt: skip
+    volumes = [
+        Volume(name="workspace", emptyDir=EmptyDirVolumeSource()),
+        Volume(name="ca", configMap=ConfigMapVolumeSource(name="ca")),
+    ]
+    await kube.create(a_pod("sb-1", listener, volumes))
+
+    ready = await until(kube, "sb-1", "ready")
+    assert ready.status is not None and ready.status.phase == "Running"
+    ip = ready.status.podIP
+    assert ip is not None and ip != "127.0.0.1"
+    assert ipaddress.ip_address(ip) in ipaddress.ip_network("127.0.0.0/8")
+    socket.create_connection((ip, 7070), timeout=10).close()
+    running = kubelet.pods["sb-1"]
+    assert (running.workspace / "ca.copy").read_text() == "PEM"
+
+    await kube.delete(Pod, "sb-1")
+    assert running.proc is not None
+    assert await running.proc.wait() != 0  # killed
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection((ip, 7070), timeout=10).close()
+
+
+async def test_a_process_that_exits_fails_its_pod(cluster) -> None:
+    _, _, kube = cluster
+    crash = Container(name="agent", image="x", command=["python", "-c", "raise SystemExit(3)"])
+    await kube.create(a_pod("sb-2", crash))
+    failed = await until(kube, "sb-2", "Failed")
+    assert failed.status is not None and failed.status.containerStatuses is not None
+    terminated = failed.status.containerStatuses[0].state
+    assert terminated is not None and terminated.terminated is not None
+    assert terminated.terminated.exitCode == 3
+
+
+async def test_without_a_command_the_image_runs_the_agent(cluster) -> None:
+    _, kubelet, kube = cluster
+    await kube.create(a_pod("sb-3", Container(name="agent", image="x", args=["--help"])))
+    await until(kube, "sb-3", "Succeeded")
+    log = kubelet.pods["sb-3"].log
+    assert "usage: mcs_agent" in log
+
+
+def test_expand_follows_kubernetes() -> None:
+    env = {"POD_IP": "127.0.0.9"}
+    assert expand("$(POD_IP):7070", env) == "127.0.0.9:7070"
+    assert expand("$$(POD_IP) $(UNSET)", env) == "$(POD_IP) $(UNSET)"
