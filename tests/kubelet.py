@@ -18,8 +18,9 @@ pod it starts the first container as a process of its own session:
   interpreter, with ``PYTHONPATH`` at this repository's ``src``;
 - the filesystem: as ``tests/fakes.py`` does, nothing is walled off and the paths the pod
   sees are host directories. Each volume is a fresh directory (``emptyDir``), the keys of
-  its ConfigMap or Secret as files, or one per claim kept across pods
-  (``persistentVolumeClaim``); the image's /mnt/data and /tmp are fresh directories too.
+  its ConfigMap or Secret as files, one per claim kept across pods
+  (``persistentVolumeClaim``), or the host's own (``hostPath``: how a test meets the
+  pod's files); the image's /mnt/data and /tmp are fresh directories too.
   An argument, an env value or ``workingDir`` that starts with a mount path (``--x=`` too)
   is rewritten to its host directory; the process runs in ``workingDir`` (default the
   image's, /mnt/data);
@@ -39,10 +40,13 @@ agent port and both agree. When the process exits, the pod is ``Failed`` (``Succ
 for exit 0 under ``restartPolicy`` Never/OnFailure; there are no restarts); when the pod
 is deleted, its process group gets SIGTERM, then SIGKILL after a short grace.
 
-Not emulated: isolation of any kind (no user, network, mount or pid namespace: the
-process runs as the test's user), resource limits, init and sidecar containers, probes
-beyond readiness once, restarts, image pulls, scheduling (every pod of the namespace runs
-here, whatever its ``nodeName``)."""
+Isolation: none but a pid namespace of its own where ``unshare`` can make one (the
+container's process is pid 1 there and sees only its own, so the agent's ``kill_strays``
+ends only the pod's processes; where none can be made, a pod that asks for
+``kill_strays`` fails instead). No user, network or mount isolation: the process runs as
+the test's user, sees the host's files and shares its network. Not emulated: resource
+limits, init and sidecar containers, probes beyond readiness once, restarts, image
+pulls, scheduling (every pod of the namespace runs here, whatever its ``nodeName``)."""
 
 from __future__ import annotations
 
@@ -50,13 +54,16 @@ import asyncio
 import base64
 import contextlib
 import datetime
+import functools
 import ipaddress
+import json
 import os
 import random
 import re
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
 from collections.abc import Coroutine
@@ -196,7 +203,7 @@ class Kubelet:
         try:
             pod.mounts = await self._volumes(obj, container, root)
             env = await self._env(obj, container, pod)
-            argv = self._argv(container, env, pod.mounts)
+            argv = _in_pid_namespace(self._argv(container, env, pod.mounts))
             cwd = pod.host_path(container.get("workingDir") or IMAGE_WORKDIR)
             with open(root / "container.log", "wb") as log:
                 pod.proc = await asyncio.create_subprocess_exec(
@@ -242,20 +249,27 @@ class Kubelet:
         await self._status(pod, status)
 
     async def _end(self, pod: FakePod) -> None:
-        """SIGTERM, a short grace, SIGKILL of the pod's process group; then its files."""
+        """SIGTERM to the container's process, a short grace, SIGKILL to the pod's process
+        group, each until none of the group is left; then the pod's files."""
         for task in pod.tasks:
             task.cancel()
         proc = pod.proc
-        if proc is not None and proc.returncode is None:
+        if proc is not None:
             for sig, wait in ((signal.SIGTERM, MAX_GRACE_S), (signal.SIGKILL, 5.0)):
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, sig)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(proc.wait(), wait)
+                members = _group(proc.pid)
+                if not members:
                     break
-        if proc is not None:  # whatever it left in its group
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
+                # Under unshare the container's process is unshare's child (pid 1 of its
+                # namespace); SIGTERM to unshare would only make it SIGKILL that child.
+                main = [pid for pid, ppid in members if ppid == proc.pid] or [proc.pid]
+                with contextlib.suppress(ProcessLookupError):
+                    if sig == signal.SIGTERM:
+                        os.kill(main[0], sig)
+                    else:
+                        os.killpg(proc.pid, sig)
+                await _until_gone(proc.pid, wait)
+            with contextlib.suppress(TimeoutError):  # reap it (its group is gone)
+                await asyncio.wait_for(proc.wait(), 5.0)
         if self.pods.get(pod.name) is pod:
             del self.pods[pod.name]
         shutil.rmtree(pod.root, ignore_errors=True)
@@ -282,6 +296,8 @@ class Kubelet:
             if "persistentVolumeClaim" in volume:  # one directory per claim, kept across pods
                 claim = volume["persistentVolumeClaim"]["claimName"]
                 path = self._state / "claims" / claim
+            elif "hostPath" in volume:  # the host's own directory (a test's, to meet the pod)
+                path = Path(volume["hostPath"]["path"])
             path.mkdir(parents=True, exist_ok=True)
             for key, data in (await self._volume_files(volume)).items():
                 (path / key).parent.mkdir(parents=True, exist_ok=True)
@@ -373,6 +389,58 @@ class Kubelet:
         if PYTHON_RE.match(Path(argv[0]).name):
             argv[0] = sys.executable
         return argv
+
+
+def _group(pgid: int) -> list[tuple[int, int]]:
+    """(pid, parent pid) of the live processes of a process group (zombies are gone)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_bytes()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(b")") + 2 :].split()
+        if fields[0] != b"Z" and int(fields[2]) == pgid:
+            found.append((int(entry), int(fields[1])))
+    return found
+
+
+async def _until_gone(pgid: int, timeout: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout):
+            while _group(pgid):
+                await asyncio.sleep(PROBE_EVERY_S)
+
+
+def _in_pid_namespace(argv: list[str]) -> list[str]:
+    """``argv`` as pid 1 of a pid namespace of its own (with its own /proc), as in a
+    container: the agent's ``kill_strays`` then ends only the pod's processes. Where
+    no such namespace can be made, a pod whose argv asks for ``kill_strays`` does not
+    start: on the host it would SIGKILL every process this user may signal."""
+    if prefix := _pid_namespace():
+        return [*prefix, *argv]
+    for arg in argv:
+        with contextlib.suppress(ValueError):
+            if isinstance(config := json.loads(arg), dict) and config.get("kill_strays"):
+                raise ValueError("kill_strays without a pid namespace (unshare failed here)")
+    return argv
+
+
+@functools.cache
+def _pid_namespace() -> list[str]:
+    """The ``unshare`` prefix that works here (as root; else in a user namespace), or []."""
+    unshare = shutil.which("unshare")
+    base = ["--pid", "--fork", "--mount-proc", "--kill-child"]
+    for prefix in ([], ["--map-current-user"]):
+        argv = [unshare or "unshare", *prefix, *base]
+        try:
+            subprocess.run([*argv, "true"], check=True, capture_output=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            continue
+        return argv
+    return []
 
 
 def expand(text: str, env: dict[str, str]) -> str:

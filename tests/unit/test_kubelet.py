@@ -4,9 +4,11 @@ its pod. The commands are stand-ins, so that these tests need no agent listening
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import socket
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from lightkube import AsyncClient
@@ -17,6 +19,7 @@ from lightkube.models.core_v1 import (
     EmptyDirVolumeSource,
     EnvVar,
     EnvVarSource,
+    HostPathVolumeSource,
     ObjectFieldSelector,
     PodSpec,
     Volume,
@@ -25,6 +28,7 @@ from lightkube.models.core_v1 import (
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap, Pod
 
+from mcp_code_sandbox.agent.protocol import FrameDecoder
 from tests.kube_api import KubeApi
 from tests.kubelet import Kubelet, expand
 
@@ -116,6 +120,34 @@ async def test_without_a_command_the_image_runs_the_agent(cluster) -> None:
     await until(kube, "sb-3", "Succeeded")
     log = kubelet.pods["sb-3"].log
     assert "usage: mcs_agent" in log
+
+
+async def test_the_image_entrypoint_runs_the_real_agent(cluster, tmp_path) -> None:
+    """The agent of src/ starts under the image's entrypoint as pid 1 and says ready (over
+    ``--connect``, to a socket of the test's mounted into the pod by hostPath)."""
+    _, _, kube = cluster
+    ready: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+
+    async def accepted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        decoder = FrameDecoder()
+        while not ready.done() and (data := await reader.read(65536)):
+            for message in decoder.feed(data):
+                if message.get("ev") == "ready" and not ready.done():
+                    ready.set_result(message)
+        writer.close()
+
+    server = await asyncio.start_unix_server(accepted, tmp_path / "agent.sock")
+    agent = Container(
+        name="agent", image="mcp-code-sandbox",
+        args=["--connect", "/run/host/agent.sock", "--config", "{}", "--plain"],
+        volumeMounts=[VolumeMount(name="host", mountPath="/run/host")],
+    )  # fmt: skip
+    volume = Volume(name="host", hostPath=HostPathVolumeSource(path=str(tmp_path)))
+    async with server:
+        await kube.create(a_pod("sb-4", agent, [volume]))
+        async with asyncio.timeout(60):
+            message = await ready
+    assert "python" in message["languages"]
 
 
 def test_expand_follows_kubernetes() -> None:
