@@ -14,7 +14,9 @@ which not); here is the HTTP: the REST paths of the kinds in ``kube_store.KINDS`
 ``status`` subresource, errors as ``Status`` objects, watches (``?watch=true``) as a
 stream of JSON lines ending with an ERROR event of code 410 when the resourceVersion to
 resume from is too old, ``limit``/``continue`` paging, and the discovery documents
-(``/version``, ``/api``, ``/apis``, ``/api/v1``, ``/apis/<group>/<version>``).
+(``/version``, ``/api``, ``/apis``, ``/api/v1``, ``/apis/<group>/<version>``). Bodies are
+JSON only: kubectl (``api.kubeconfig``) can get, list, watch and delete, but its creates
+and updates of built-in kinds are protobuf, answered 415.
 
 Built on aiohttp directly rather than on kmock's ``KubernetesEmulator``: the emulator has
 no resourceVersions, conflicts, selectors, resumable watches or 410, and adding them
@@ -197,6 +199,7 @@ class KubeApi:
         def push(event: Obj) -> None:  # from the store, maybe on another thread
             loop.call_soon_threadsafe(queue.put_nowait, event)
 
+        sel.compile()  # a bad selector is a 400, before the stream starts
         response = web.StreamResponse(headers={"Content-Type": JSON})
         await response.prepare(request)
         try:
@@ -284,6 +287,9 @@ def _verb(method: str, name: str | None, watch: bool) -> str:
 
 
 async def _body(request: web.Request, *, required: bool = True) -> Obj:
+    if request.can_read_body and request.content_type != JSON:
+        # kubectl writes built-in kinds as protobuf; the fake reads JSON only (lightkube's)
+        raise KubeError(415, "UnsupportedMediaType", f"{request.content_type} is not read here")
     text = await request.text()
     if not text and not required:
         return {}
@@ -351,6 +357,17 @@ def _discovery(parts: list[str]) -> Obj | None:
     return None
 
 
+#: kubectl's short names of the kinds (``kubectl get cm``).
+SHORT_NAMES = {
+    "configmaps": ("cm",),
+    "namespaces": ("ns",),
+    "pods": ("po",),
+    "persistentvolumeclaims": ("pvc",),
+    "services": ("svc",),
+    "networkpolicies": ("netpol",),
+}
+
+
 def _group(group: str, version: str) -> Obj:
     gv = {"groupVersion": f"{group}/{version}", "version": version}
     return {"name": group, "versions": [gv], "preferredVersion": gv}
@@ -366,6 +383,7 @@ def _resources(group: str, version: str) -> Obj:
             {
                 "name": kind.plural,
                 "singularName": kind.kind.lower(),
+                "shortNames": list(SHORT_NAMES.get(kind.plural, ())),
                 "namespaced": kind.namespaced,
                 "kind": kind.kind,
                 "verbs": verbs,

@@ -202,8 +202,9 @@ class Kubelet:
         self.pods[pod.name] = pod
         try:
             pod.mounts = await self._volumes(obj, container, root)
-            env = await self._env(obj, container, pod)
-            argv = _in_pid_namespace(self._argv(container, env, pod.mounts))
+            own = await self._env(obj, container, pod)
+            env = {**self._base_env(pod), **own}
+            argv = _in_pid_namespace(self._argv(container, own, pod.mounts))
             cwd = pod.host_path(container.get("workingDir") or IMAGE_WORKDIR)
             with open(root / "container.log", "wb") as log:
                 pod.proc = await asyncio.create_subprocess_exec(
@@ -351,8 +352,11 @@ class Kubelet:
                 own[var["name"]] = await self._value_from(var["valueFrom"], obj, pod)
             else:
                 own[var["name"]] = ""
-        own = {k: _rewrite(v, pod.mounts) for k, v in own.items()}
-        base = {
+        return {k: _rewrite(v, pod.mounts) for k, v in own.items()}
+
+    def _base_env(self, pod: FakePod) -> dict[str, str]:
+        """What the image's environment would give (images/Dockerfile), on this host."""
+        return {
             "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
             "HOME": str(pod.host_path("/tmp")),
             "TMPDIR": str(pod.host_path("/tmp")),
@@ -362,7 +366,6 @@ class Kubelet:
             "PYTHONDONTWRITEBYTECODE": "1",
             "PYTHONPATH": f"{self._state / 'lib'}:{SRC}",
         }
-        return {**base, **own}
 
     async def _value_from(self, source: Obj, obj: Obj, pod: FakePod) -> str:
         assert self._client is not None
@@ -378,14 +381,13 @@ class Kubelet:
             return base64.b64decode((secret.data or {})[ref["key"]]).decode()
         return ""  # resourceFieldRef: no limits here
 
-    def _argv(self, container: Obj, env: dict[str, str], mounts: dict[str, Path]) -> list[str]:
+    def _argv(self, container: Obj, own: dict[str, str], mounts: dict[str, Path]) -> list[str]:
+        """``own``: the container's variables (env, envFrom), what ``$(VAR)`` may name."""
         command = container.get("command")
         args = container.get("args") or []
         if not command:  # the image's entrypoint, given args or the image's (empty) CMD
             command = ENTRYPOINT
-        # $(VAR) from the container's own variables (the ones the pod spec set)
-        named = {v["name"]: env.get(v["name"], "") for v in container.get("env") or []}
-        argv = [_rewrite(expand(a, named), mounts) for a in [*command, *args]]
+        argv = [_rewrite(expand(a, own), mounts) for a in [*command, *args]]
         if PYTHON_RE.match(Path(argv[0]).name):
             argv[0] = sys.executable
         return argv
