@@ -407,7 +407,9 @@ def _resources(group: str, version: str) -> Obj:
 def in_thread(server: AbstractAsyncContextManager[T]) -> Iterator[T]:
     """Enter an async context manager (a :class:`KubeApi`, a ``Kubelet``) on an event loop
     of its own thread, for a synchronous test or while the test's loop is busy elsewhere;
-    leave it there on the way out."""
+    leave it there on the way out. Neither uses lightkube, whose decoder (msgspec) can
+    crash the process when two threads first decode one type at once: keep a process's
+    lightkube clients on one thread."""
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="kube-fake", daemon=True)
     thread.start()

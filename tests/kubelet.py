@@ -5,8 +5,11 @@ namespace as a local process, so the kubernetes backend's tests reach a real age
         ...                                  # create pods through the API
         kubelet.pods["sb-1"].workspace       # the host directory of the pod's /mnt/data
 
-It watches pods through the API's HTTP, as a kubelet does (so it works as well against an
-API served from another thread, ``in_thread``, and exercises the watch path). For each new
+It lists and watches pods through the API's HTTP, as a kubelet does, so it works as well
+against an API served from another thread (``in_thread``). It speaks that HTTP itself
+(httpx, JSON) rather than through lightkube: the backend's client is what the tests
+check, and lightkube's decoder (msgspec) crashes the process when two threads first
+decode one type at once, as a kubelet thread beside a test's client would. For each new
 pod it starts the first container as a process of its own session:
 
 - the argv: ``command`` + ``args`` with ``$(VAR)`` expanded from the container's env as
@@ -71,12 +74,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lightkube import ApiError, AsyncClient
-from lightkube.resources.core_v1 import ConfigMap, Pod, Secret
-from lightkube.types import OnErrorAction, OnErrorResult, PatchType
+import httpx
 
-from tests.kube_api import client_for
-from tests.kube_ops import Obj
+from tests.kube_ops import PATCH_MERGE, Obj
 
 __all__ = ["FakePod", "Kubelet"]
 
@@ -140,7 +140,7 @@ class Kubelet:
         self.pods: dict[str, FakePod] = {}
         self._seen: set[str] = set()  # uids started (a re-list after 410 sees them again)
         self._state = Path(tempfile.mkdtemp(prefix="mcs-kubelet-"))
-        self._client: AsyncClient | None = None
+        self._http: httpx.AsyncClient | None = None
         self._watch: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -148,7 +148,9 @@ class Kubelet:
         lib = self._state / "lib"  # the image's /opt/sandbox/lib: the agent as mcs_agent
         lib.mkdir()
         (lib / "mcs_agent").symlink_to(AGENT, target_is_directory=True)
-        self._client = client_for(self._url, self._namespace)
+        # No read timeout: a watch waits as long as nothing changes.
+        timeout = httpx.Timeout(10.0, read=None)
+        self._http = httpx.AsyncClient(base_url=self._url, timeout=timeout, trust_env=False)
         self._watch = asyncio.create_task(self._watch_pods())
         return self
 
@@ -159,31 +161,66 @@ class Kubelet:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         await asyncio.gather(*(self._end(pod) for pod in list(self.pods.values())))
-        if self._client is not None:
-            await self._client.close()
+        if self._http is not None:
+            await self._http.aclose()
         shutil.rmtree(self._state, ignore_errors=True)
 
     # -- the watch -------------------------------------------------------------------------
 
     async def _watch_pods(self) -> None:
-        assert self._client is not None
+        """List, then watch from the list's resourceVersion; list again after a 410 (and
+        end what the list no longer has), watch again after a dropped stream."""
+        assert self._http is not None
+        path = f"/api/v1/namespaces/{self._namespace}/pods"
+        selector = ",".join(f"{k}={v}" for k, v in (self._labels or {}).items())
+        version: str | None = None
+        while True:
+            try:
+                if version is None:
+                    listed = await self._read(path, labelSelector=selector)
+                    present = {p["metadata"]["uid"] for p in listed["items"]}
+                    for pod in list(self.pods.values()):
+                        if pod.uid not in present:
+                            self._gone(pod.name, pod.uid)
+                    for obj in listed["items"]:
+                        self._seen_pod("ADDED", obj)
+                    version = listed["metadata"]["resourceVersion"]
+                params = {"watch": "true", "resourceVersion": version, "labelSelector": selector}
+                async with self._http.stream("GET", path, params=params) as stream:
+                    stream.raise_for_status()
+                    async for line in stream.aiter_lines():
+                        event = json.loads(line)
+                        if event["type"] == "ERROR":  # 410 Gone: too far behind
+                            version = None
+                            break
+                        version = event["object"]["metadata"]["resourceVersion"]
+                        self._seen_pod(event["type"], event["object"])
+            except (httpx.HTTPError, ValueError, KeyError):
+                await asyncio.sleep(REWATCH_AFTER_S)  # the API restarting, in a test
 
-        def again(exc: Exception, count: int) -> OnErrorResult:
-            return OnErrorResult(OnErrorAction.RETRY, sleep=REWATCH_AFTER_S)
+    def _seen_pod(self, event: str, obj: Obj) -> None:
+        meta = obj["metadata"]
+        if event == "DELETED":
+            self._gone(meta["name"], meta["uid"])
+        elif meta["uid"] not in self._seen and obj.get("status", {}).get("phase") == "Pending":
+            self._seen.add(meta["uid"])
+            self._spawn(self._start(obj))
 
-        labels: dict[str, Any] | None = dict(self._labels) if self._labels else None
-        stream = self._client.watch(Pod, namespace=self._namespace, labels=labels, on_error=again)
-        async for event, pod in stream:
-            obj: Obj = pod.to_dict()
-            meta = obj["metadata"]
-            if event == "DELETED":
-                running = self.pods.get(meta["name"])
-                if running is not None and running.uid == meta["uid"]:
-                    running.deleted = True
-                    self._spawn(self._end(running))
-            elif meta["uid"] not in self._seen and obj.get("status", {}).get("phase") == "Pending":
-                self._seen.add(meta["uid"])
-                self._spawn(self._start(obj))
+    def _gone(self, name: str, uid: str) -> None:
+        running = self.pods.get(name)
+        if running is not None and running.uid == uid and not running.deleted:
+            running.deleted = True
+            self._spawn(self._end(running))
+
+    async def _read(self, path: str, **params: str) -> Obj:
+        assert self._http is not None
+        response = await self._http.get(path, params=params)
+        response.raise_for_status()
+        found: Obj = response.json()
+        return found
+
+    async def _object(self, plural: str, name: str) -> Obj:
+        return await self._read(f"/api/v1/namespaces/{self._namespace}/{plural}/{name}")
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work)
@@ -216,7 +253,7 @@ class Kubelet:
                     stderr=log,
                     start_new_session=True,
                 )
-        except (OSError, LookupError, ValueError, ApiError) as exc:
+        except (OSError, LookupError, ValueError, httpx.HTTPError) as exc:
             await self._status(pod, _failed(f"the fake kubelet cannot start it: {exc!r}"))
             return
         if pod.deleted:  # deleted while it started
@@ -276,17 +313,16 @@ class Kubelet:
         shutil.rmtree(pod.root, ignore_errors=True)
 
     async def _status(self, pod: FakePod, status: Obj) -> None:
-        assert self._client is not None
+        assert self._http is not None
         if pod.deleted:
             return
-        with contextlib.suppress(ApiError):  # deleted meanwhile: nobody to tell
-            await self._client.patch(
-                Pod.Status,
-                pod.name,
-                {"status": status},
-                namespace=self._namespace,
-                patch_type=PatchType.MERGE,
+        path = f"/api/v1/namespaces/{self._namespace}/pods/{pod.name}/status"
+        body = json.dumps({"status": status})
+        with contextlib.suppress(httpx.HTTPError):  # deleted meanwhile: nobody to tell
+            response = await self._http.patch(
+                path, content=body, headers={"Content-Type": PATCH_MERGE}
             )
+            response.raise_for_status()
 
     # -- what the process gets -----------------------------------------------------------
 
@@ -314,15 +350,14 @@ class Kubelet:
 
     async def _volume_files(self, volume: Obj) -> dict[str, bytes]:
         """The files of a ConfigMap or Secret volume (all keys, or its ``items``)."""
-        assert self._client is not None
         if "configMap" in volume:
             source = volume["configMap"]
-            cm = (await self._client.get(ConfigMap, source["name"])).to_dict()
+            cm = await self._object("configmaps", source["name"])
             data = {k: v.encode() for k, v in (cm.get("data") or {}).items()}
             data.update({k: base64.b64decode(v) for k, v in (cm.get("binaryData") or {}).items()})
         elif "secret" in volume:
             source = volume["secret"]
-            secret = (await self._client.get(Secret, source["secretName"])).to_dict()
+            secret = await self._object("secrets", source["secretName"])
             data = {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
         else:
             return {}
@@ -330,19 +365,18 @@ class Kubelet:
         return {i["path"]: data[i["key"]] for i in items} if items else data
 
     async def _env(self, obj: Obj, container: Obj, pod: FakePod) -> dict[str, str]:
-        assert self._client is not None
         own: dict[str, str] = {}
         for source in container.get("envFrom") or []:
             prefix = source.get("prefix", "")
             if "configMapRef" in source:
-                cm = await self._client.get(ConfigMap, source["configMapRef"]["name"])
-                own.update({prefix + k: v for k, v in (cm.data or {}).items()})
+                cm = await self._object("configmaps", source["configMapRef"]["name"])
+                own.update({prefix + k: v for k, v in (cm.get("data") or {}).items()})
             elif "secretRef" in source:
-                secret = await self._client.get(Secret, source["secretRef"]["name"])
+                secret = await self._object("secrets", source["secretRef"]["name"])
                 own.update(
                     {
                         prefix + k: base64.b64decode(v).decode()
-                        for k, v in (secret.data or {}).items()
+                        for k, v in (secret.get("data") or {}).items()
                     }
                 )
         for var in container.get("env") or []:
@@ -368,17 +402,16 @@ class Kubelet:
         }
 
     async def _value_from(self, source: Obj, obj: Obj, pod: FakePod) -> str:
-        assert self._client is not None
         if "fieldRef" in source:
             return _field(source["fieldRef"]["fieldPath"], obj, pod)
         if "configMapKeyRef" in source:
             ref = source["configMapKeyRef"]
-            cm = await self._client.get(ConfigMap, ref["name"])
-            return str((cm.data or {})[ref["key"]])
+            cm = await self._object("configmaps", ref["name"])
+            return str((cm.get("data") or {})[ref["key"]])
         if "secretKeyRef" in source:
             ref = source["secretKeyRef"]
-            secret = await self._client.get(Secret, ref["name"])
-            return base64.b64decode((secret.data or {})[ref["key"]]).decode()
+            secret = await self._object("secrets", ref["name"])
+            return base64.b64decode((secret.get("data") or {})[ref["key"]]).decode()
         return ""  # resourceFieldRef: no limits here
 
     def _argv(self, container: Obj, own: dict[str, str], mounts: dict[str, Path]) -> list[str]:

@@ -7,9 +7,11 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 import pytest
 from lightkube import AsyncClient
 from lightkube.models.core_v1 import (
@@ -29,7 +31,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap, Pod
 
 from mcp_code_sandbox.agent.protocol import FrameDecoder
-from tests.kube_api import KubeApi
+from tests.kube_api import KubeApi, in_thread
 from tests.kubelet import Kubelet, expand
 
 #: Listens on the address in argv[1], port 7070, and copies the mounted config's file into
@@ -148,6 +150,27 @@ async def test_the_image_entrypoint_runs_the_real_agent(cluster, tmp_path) -> No
         async with asyncio.timeout(60):
             message = await ready
     assert "python" in message["languages"]
+
+
+def test_runs_beside_a_synchronous_test_from_its_own_thread() -> None:
+    pod = {
+        "metadata": {"name": "sb-5"},
+        "spec": {"restartPolicy": "Never", "containers": [
+            {"name": "agent", "image": "x", "command": ["python", "-c", "print('hi')"]},
+        ]},
+    }  # fmt: skip
+    with in_thread(KubeApi()) as api, in_thread(Kubelet(api.url)) as kubelet:
+        pods = f"{api.url}/api/v1/namespaces/default/pods"
+        assert httpx.post(pods, json=pod).status_code == 201
+        with httpx.Client() as http:
+            phase = ""
+            for _ in range(600):  # a bound, not a timing: the loop ends when it succeeds
+                phase = http.get(f"{pods}/sb-5").json()["status"]["phase"]
+                if phase == "Succeeded":
+                    break
+                time.sleep(0.05)
+        assert phase == "Succeeded"
+        assert kubelet.pods["sb-5"].log == "hi\n"
 
 
 def test_expand_follows_kubernetes() -> None:
