@@ -5,6 +5,8 @@ tests: no Kubernetes API server installs from the package registries this projec
         async with api.client("sandboxes") as k:  # a lightkube AsyncClient for it
             await k.create(Namespace(metadata=ObjectMeta(name="sandboxes")))
         api.writes("pods")                        # write requests on pods so far
+        api.store.find("pods", "sandboxes")       # the objects, without HTTP
+        api.store.compact()                       # every older watch resumes to a 410
 
     with in_thread(KubeApi()) as api:             # the same, served from its own thread,
         api.kubeconfig(tmp_path / "kubeconfig")   # for a server run as a subprocess
@@ -183,11 +185,10 @@ class KubeApi:
         except ValueError:
             raise bad_request("the patch is not JSON") from None
         if patch_type == PATCH_APPLY and not t.subresource:
-            with contextlib.suppress(KubeError):
+            try:
                 self.store.get(t.plural, t.namespace, t.name)
-                return self.store.patch(t.plural, t.namespace, t.name, patch_type, patch)
-            # apply creates what is missing (and a missing namespace is still NotFound)
-            return self.store.create(t.plural, t.namespace, patch)
+            except KubeError:  # apply creates what is missing (in a namespace that exists)
+                return self.store.create(t.plural, t.namespace, patch)
         return self.store.patch(
             t.plural, t.namespace, t.name, patch_type, patch, subresource=t.subresource
         )

@@ -178,6 +178,15 @@ async def test_json_patch_with_a_failed_test_changes_nothing(kube: AsyncClient) 
     assert again.value.status.code == 422
 
 
+async def test_apply_creates_then_merges(kube: AsyncClient) -> None:
+    policy = ConfigMap(metadata=ObjectMeta(name="c", labels={"a": "1"}), data={"k": "v"})
+    made = await kube.apply(policy, field_manager="mcp-code-sandbox")
+    policy.data = {"k": "w"}
+    again = await kube.apply(policy, field_manager="mcp-code-sandbox")
+    assert made.metadata is not None and again.metadata is not None
+    assert (again.data, again.metadata.uid) == ({"k": "w"}, made.metadata.uid)
+
+
 async def test_watch_resumes_after_a_resource_version(kube: AsyncClient) -> None:
     await kube.create(a_pod("before"))
     mark = (await kube.patch(Pod, "before", {"metadata": {"labels": {"a": "1"}}})).metadata
