@@ -48,13 +48,15 @@ from lightkube import AsyncClient, KubeConfig
 from lightkube.config.models import Cluster, User
 
 from tests.kube_ops import PATCH_APPLY, KubeError, Obj, Selector, bad_request
-from tests.kube_store import KINDS, Store, dumps
+from tests.kube_store import HISTORY, KINDS, Store, dumps
 
 __all__ = ["KubeApi", "client_for", "in_thread"]
 
 WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
 #: Bounded waits of the threaded runner (start, stop): a loaded machine, never forever.
 THREAD_WAIT_S = 30.0
+#: The API server's own limit on a request body.
+MAX_BODY = 3 * 1024 * 1024
 JSON = "application/json"  # lightkube maps an error to ApiError only for exactly this type
 
 T = TypeVar("T")
@@ -63,7 +65,7 @@ T = TypeVar("T")
 class KubeApi:
     """The fake API server. ``history``: how many changes stay resumable by watches."""
 
-    def __init__(self, *, history: int = 1000) -> None:
+    def __init__(self, *, history: int = HISTORY) -> None:
         self.store = Store(history=history)
         #: Every request served, by (verb, resource); see the module's docstring.
         self.counts: collections.Counter[tuple[str, str]] = collections.Counter()
@@ -107,7 +109,7 @@ class KubeApi:
     # -- lifecycle ---------------------------------------------------------------------
 
     async def start(self) -> None:
-        app = web.Application(client_max_size=8 * 1024 * 1024)
+        app = web.Application(client_max_size=MAX_BODY)
         app.router.add_route("*", "/{path:.*}", self._handle)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()

@@ -75,6 +75,10 @@ KINDS = {
     )
 }
 
+#: Changes kept for watches to resume from. A test makes far fewer, so a 410 comes only
+#: from ``compact()`` or from a smaller history that a test asks for.
+HISTORY = 1000
+
 #: What a new object's ``status`` is (kinds with a status subresource).
 DEFAULT_STATUS: dict[str, Obj] = {
     "namespaces": {"phase": "Active"},
@@ -171,7 +175,7 @@ class Store:
     Thread-safe (one lock): the HTTP server calls it on its loop, a test may read it from
     another thread. ``history``: how many changes are kept for watches to resume from."""
 
-    def __init__(self, history: int = 1000) -> None:
+    def __init__(self, history: int = HISTORY) -> None:
         self._lock = threading.RLock()
         self.rv = 0
         self._objects: dict[tuple[str, str, str], Obj] = {}
