@@ -41,13 +41,15 @@ its ``readinessProbe`` (``tcpSocket``/``httpGet``) or, with no probe, its first
 Ready as soon as its container starts: give the sandbox pod a tcpSocket probe on its
 agent port and both agree. When the process exits, the pod is ``Failed`` (``Succeeded``
 for exit 0 under ``restartPolicy`` Never/OnFailure; there are no restarts); when the pod
-is deleted, its process group gets SIGTERM, then SIGKILL after a short grace.
+is deleted, its container's process gets SIGTERM (ignored unless handled, as by a pid 1
+in a container), then its whole process group SIGKILL after a short grace.
 
 Isolation: none but a pid namespace of its own where ``unshare`` can make one (the
 container's process is pid 1 there and sees only its own, so the agent's ``kill_strays``
 ends only the pod's processes; where none can be made, a pod that asks for
-``kill_strays`` fails instead). No user, network or mount isolation: the process runs as
-the test's user, sees the host's files and shares its network. Not emulated: resource
+``kill_strays`` fails instead). No user or network isolation and no walls: the process
+runs as the test's user, sees the host's files (and a /proc of its own) and shares the
+host's network. Not emulated: resource
 limits, init and sidecar containers, probes beyond readiness once, restarts, image
 pulls, scheduling (every pod of the namespace runs here, whatever its ``nodeName``)."""
 
@@ -56,17 +58,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import datetime
-import functools
-import ipaddress
 import json
 import os
-import random
 import re
 import shutil
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 from collections.abc import Coroutine
@@ -77,6 +73,19 @@ from typing import Any
 import httpx
 
 from tests.kube_ops import PATCH_MERGE, Obj
+from tests.kubelet_pod import (
+    PROBE_EVERY_S,
+    expand,
+    failed_status,
+    field_value,
+    fresh_ip,
+    group_members,
+    in_pid_namespace,
+    probe_port,
+    rewrite,
+    running_status,
+    until_gone,
+)
 
 __all__ = ["FakePod", "Kubelet"]
 
@@ -89,9 +98,6 @@ IMAGE_WORKDIR = "/mnt/data"
 #: Directories every container of the image has, without a volume.
 IMAGE_DIRS = ("/mnt/data", "/tmp")
 PYTHON_RE = re.compile(r"^python(3(\.\d+)?)?$")
-VAR_RE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
-#: How often readiness is tried: a started agent listens in tens of milliseconds.
-PROBE_EVERY_S = 0.05
 #: SIGTERM to SIGKILL on delete (a pod's own grace period, capped: tests wait for it).
 MAX_GRACE_S = 2.0
 #: Before a watch that failed is tried again (the API restarting in a test).
@@ -122,8 +128,12 @@ class FakePod:
         path = self.root / "container.log"
         return path.read_text(errors="replace") if path.exists() else ""
 
+    @property
+    def pid(self) -> int:
+        return self.proc.pid if self.proc else 0
+
     def host_path(self, path: str) -> Path:
-        return Path(_rewrite(path, self.mounts))
+        return Path(rewrite(path, self.mounts))
 
 
 class Kubelet:
@@ -235,13 +245,15 @@ class Kubelet:
         ports = [p["containerPort"] for p in container.get("ports") or []]
         root = self._state / "pods" / meta["uid"]
         root.mkdir(parents=True)
-        pod = FakePod(meta["name"], meta["uid"], _fresh_ip(ports, self.pods), root, {})
+        pod = FakePod(
+            meta["name"], meta["uid"], fresh_ip(ports, {p.ip for p in self.pods.values()}), root, {}
+        )
         self.pods[pod.name] = pod
         try:
             pod.mounts = await self._volumes(obj, container, root)
             own = await self._env(obj, container, pod)
             env = {**self._base_env(pod), **own}
-            argv = _in_pid_namespace(self._argv(container, own, pod.mounts))
+            argv = in_pid_namespace(self._argv(container, own, pod.mounts))
             cwd = pod.host_path(container.get("workingDir") or IMAGE_WORKDIR)
             with open(root / "container.log", "wb") as log:
                 pod.proc = await asyncio.create_subprocess_exec(
@@ -254,24 +266,24 @@ class Kubelet:
                     start_new_session=True,
                 )
         except (OSError, LookupError, ValueError, httpx.HTTPError) as exc:
-            await self._status(pod, _failed(f"the fake kubelet cannot start it: {exc!r}"))
+            await self._status(pod, failed_status(f"the fake kubelet cannot start it: {exc!r}"))
             return
         if pod.deleted:  # deleted while it started
             await self._end(pod)
             return
-        await self._status(pod, _running(pod, container, ready=False))
+        await self._status(pod, running_status(pod.ip, pod.pid, container, ready=False))
         pod.tasks.append(asyncio.create_task(self._until_ready(pod, container)))
         pod.tasks.append(asyncio.create_task(self._until_exit(pod, container, spec)))
 
     async def _until_ready(self, pod: FakePod, container: Obj) -> None:
-        port = _probe_port(container)
+        port = probe_port(container)
         while port is not None:
             with contextlib.suppress(OSError):
                 _, writer = await asyncio.open_connection(pod.ip, port)
                 writer.close()
                 break
             await asyncio.sleep(PROBE_EVERY_S)
-        await self._status(pod, _running(pod, container, ready=True))
+        await self._status(pod, running_status(pod.ip, pod.pid, container, ready=True))
 
     async def _until_exit(self, pod: FakePod, container: Obj, spec: Obj) -> None:
         assert pod.proc is not None
@@ -282,7 +294,7 @@ class Kubelet:
             if task is not asyncio.current_task():
                 task.cancel()
         done = code == 0 and spec.get("restartPolicy", "Always") != "Always"
-        status = _failed(f"the container exited with {code}", code, container["name"])
+        status = failed_status(f"the container exited with {code}", code, container["name"])
         status["phase"] = "Succeeded" if done else "Failed"
         await self._status(pod, status)
 
@@ -294,7 +306,7 @@ class Kubelet:
         proc = pod.proc
         if proc is not None:
             for sig, wait in ((signal.SIGTERM, MAX_GRACE_S), (signal.SIGKILL, 5.0)):
-                members = _group(proc.pid)
+                members = group_members(proc.pid)
                 if not members:
                     break
                 # Under unshare the container's process is unshare's child (pid 1 of its
@@ -305,7 +317,7 @@ class Kubelet:
                         os.kill(main[0], sig)
                     else:
                         os.killpg(proc.pid, sig)
-                await _until_gone(proc.pid, wait)
+                await until_gone(proc.pid, wait)
             with contextlib.suppress(TimeoutError):  # reap it (its group is gone)
                 await asyncio.wait_for(proc.wait(), 5.0)
         if self.pods.get(pod.name) is pod:
@@ -386,7 +398,7 @@ class Kubelet:
                 own[var["name"]] = await self._value_from(var["valueFrom"], obj, pod)
             else:
                 own[var["name"]] = ""
-        return {k: _rewrite(v, pod.mounts) for k, v in own.items()}
+        return {k: rewrite(v, pod.mounts) for k, v in own.items()}
 
     def _base_env(self, pod: FakePod) -> dict[str, str]:
         """What the image's environment would give (images/Dockerfile), on this host."""
@@ -403,7 +415,7 @@ class Kubelet:
 
     async def _value_from(self, source: Obj, obj: Obj, pod: FakePod) -> str:
         if "fieldRef" in source:
-            return _field(source["fieldRef"]["fieldPath"], obj, pod)
+            return field_value(source["fieldRef"]["fieldPath"], obj, pod.ip)
         if "configMapKeyRef" in source:
             ref = source["configMapKeyRef"]
             cm = await self._object("configmaps", ref["name"])
@@ -420,195 +432,7 @@ class Kubelet:
         args = container.get("args") or []
         if not command:  # the image's entrypoint, given args or the image's (empty) CMD
             command = ENTRYPOINT
-        argv = [_rewrite(expand(a, own), mounts) for a in [*command, *args]]
+        argv = [rewrite(expand(a, own), mounts) for a in [*command, *args]]
         if PYTHON_RE.match(Path(argv[0]).name):
             argv[0] = sys.executable
         return argv
-
-
-def _group(pgid: int) -> list[tuple[int, int]]:
-    """(pid, parent pid) of the live processes of a process group (zombies are gone)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_bytes()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(b")") + 2 :].split()
-        if fields[0] != b"Z" and int(fields[2]) == pgid:
-            found.append((int(entry), int(fields[1])))
-    return found
-
-
-async def _until_gone(pgid: int, timeout: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(timeout):
-            while _group(pgid):
-                await asyncio.sleep(PROBE_EVERY_S)
-
-
-def _in_pid_namespace(argv: list[str]) -> list[str]:
-    """``argv`` as pid 1 of a pid namespace of its own (with its own /proc), as in a
-    container: the agent's ``kill_strays`` then ends only the pod's processes. Where
-    no such namespace can be made, a pod whose argv asks for ``kill_strays`` does not
-    start: on the host it would SIGKILL every process this user may signal."""
-    if prefix := _pid_namespace():
-        return [*prefix, *argv]
-    for arg in argv:
-        with contextlib.suppress(ValueError):
-            if isinstance(config := json.loads(arg), dict) and config.get("kill_strays"):
-                raise ValueError("kill_strays without a pid namespace (unshare failed here)")
-    return argv
-
-
-@functools.cache
-def _pid_namespace() -> list[str]:
-    """The ``unshare`` prefix that works here (as root; else in a user namespace), or []."""
-    unshare = shutil.which("unshare")
-    base = ["--pid", "--fork", "--mount-proc", "--kill-child"]
-    for prefix in ([], ["--map-current-user"]):
-        argv = [unshare or "unshare", *prefix, *base]
-        try:
-            subprocess.run([*argv, "true"], check=True, capture_output=True, timeout=10)
-        except (OSError, subprocess.SubprocessError):
-            continue
-        return argv
-    return []
-
-
-def expand(text: str, env: dict[str, str]) -> str:
-    """Kubernetes' ``$(VAR)`` expansion: a defined variable's value, ``$$`` → ``$``, and an
-    undefined ``$(VAR)`` left as written."""
-
-    def one(m: re.Match[str]) -> str:
-        if m[0] == "$$":
-            return "$"
-        return env.get(m[1], m[0])
-
-    return VAR_RE.sub(one, text)
-
-
-def _rewrite(text: str, mounts: dict[str, Path]) -> str:
-    """``text`` with a leading path in the pod (also after ``--opt=``) made the host's."""
-    head, sep, tail = text.partition("=")
-    if sep and tail.startswith("/") and not head.startswith("/"):
-        return head + sep + _rewrite(tail, mounts)
-    for mount in sorted(mounts, key=len, reverse=True):
-        if text == mount or text.startswith(mount.rstrip("/") + "/"):
-            return str(mounts[mount]) + text[len(mount.rstrip("/")) :]
-    return text
-
-
-def _field(path: str, obj: Obj, pod: FakePod) -> str:
-    meta = obj["metadata"]
-    if m := re.fullmatch(r"metadata\.(labels|annotations)\['(.+)'\]", path):
-        return str((meta.get(m[1]) or {}).get(m[2], ""))
-    known = {
-        "metadata.name": meta["name"],
-        "metadata.namespace": meta.get("namespace", ""),
-        "metadata.uid": meta["uid"],
-        "spec.nodeName": obj["spec"].get("nodeName") or "fake-node",
-        "spec.serviceAccountName": obj["spec"].get("serviceAccountName") or "default",
-        "status.podIP": pod.ip,
-        "status.podIPs": pod.ip,
-        "status.hostIP": "127.0.0.1",
-    }
-    if path not in known:
-        raise LookupError(f"unsupported fieldRef: {path}")
-    return str(known[path])
-
-
-def _fresh_ip(ports: list[int], taken: dict[str, FakePod]) -> str:
-    """A loopback address no pod of ours has, free on ``ports``."""
-    used = {pod.ip for pod in taken.values()}
-    while True:
-        ip = str(ipaddress.IPv4Address((127 << 24) + random.randrange(256, 1 << 24)))
-        if ip in used or ip.endswith((".0", ".255")):
-            continue
-        try:
-            for port in ports:
-                with socket.socket() as probe:
-                    probe.bind((ip, port))
-        except OSError:
-            continue
-        return ip
-
-
-def _probe_port(container: Obj) -> int | None:
-    probe = container.get("readinessProbe") or {}
-    action = probe.get("tcpSocket") or probe.get("httpGet")
-    ports = container.get("ports") or []
-    if action is None:
-        if probe:  # an exec probe: not run, ready at once
-            return None
-        return ports[0]["containerPort"] if ports else None
-    port = action["port"]
-    if isinstance(port, str):  # a named port
-        return int(next(p["containerPort"] for p in ports if p.get("name") == port))
-    return int(port)
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _conditions(ready: bool) -> list[Obj]:
-    now = _now()
-    return [
-        {"type": t, "status": s, "lastTransitionTime": now}
-        for t, s in (
-            ("PodScheduled", "True"),
-            ("Initialized", "True"),
-            ("ContainersReady", str(ready)),
-            ("Ready", str(ready)),
-        )
-    ]
-
-
-def _running(pod: FakePod, container: Obj, *, ready: bool) -> Obj:
-    started = _now()
-    return {
-        "phase": "Running",
-        "podIP": pod.ip,
-        "podIPs": [{"ip": pod.ip}],
-        "hostIP": "127.0.0.1",
-        "startTime": started,
-        "conditions": _conditions(ready),
-        "containerStatuses": [
-            {
-                "name": container["name"],
-                "image": container.get("image", ""),
-                "imageID": "",
-                "containerID": f"fake://{pod.proc.pid if pod.proc else 0}",
-                "ready": ready,
-                "started": True,
-                "restartCount": 0,
-                "state": {"running": {"startedAt": started}},
-            }
-        ],
-    }
-
-
-def _failed(message: str, code: int | None = None, name: str = "") -> Obj:
-    status: Obj = {"phase": "Failed", "message": message, "conditions": _conditions(False)}
-    if code is not None:
-        status["containerStatuses"] = [
-            {
-                "name": name,
-                "ready": False,
-                "started": False,
-                "restartCount": 0,
-                "image": "",
-                "imageID": "",
-                "state": {
-                    "terminated": {
-                        "exitCode": code,
-                        "finishedAt": _now(),
-                        "reason": "Error" if code else "Completed",
-                    }
-                },
-            }
-        ]
-    return status

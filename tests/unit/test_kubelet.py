@@ -32,7 +32,8 @@ from lightkube.resources.core_v1 import ConfigMap, Pod
 
 from mcp_code_sandbox.agent.protocol import FrameDecoder
 from tests.kube_api import KubeApi, in_thread
-from tests.kubelet import Kubelet, expand
+from tests.kubelet import Kubelet
+from tests.kubelet_pod import expand
 
 #: Listens on the address in argv[1], port 7070, and copies the mounted config's file into
 #: the workspace (both paths as the pod sees them), then waits to be killed.
