@@ -39,6 +39,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import mcp_code_sandbox
 from mcp_code_sandbox.backends.base import (
     Backend,
     Channel,
@@ -206,6 +207,8 @@ class FakeBackend(Backend):
             "LANG": "C.UTF-8",
             "MPLBACKEND": "Agg",
             "PYTHONUNBUFFERED": "1",
+            # The agent of the source under test (the venv may hold another checkout's).
+            "PYTHONPATH": _SOURCE,
             **spec.env,
         }
         try:
@@ -282,6 +285,9 @@ class FakeBackend(Backend):
             raise
         return sandbox
 
+
+#: Where the package under test is imported from: the agent runs from the same source.
+_SOURCE = str(Path(mcp_code_sandbox.__file__).resolve().parents[1])
 
 #: A reconnecting agent's socket, in its sandbox's scratch directory.
 AGENT_SOCKET = "agent.sock"
