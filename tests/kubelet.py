@@ -15,10 +15,12 @@ pod it starts the first container as a process of its own session:
 - the argv: ``command`` + ``args`` with ``$(VAR)`` expanded from the container's env as
   Kubernetes does (``$$`` is a literal ``$``; an unknown variable stays as written). No
   ``command``: the image's entrypoint, which for every image is the agent's,
-  ``python -s -B -m mcs_agent --workdir /mnt/data`` (the image runs it with cwd
-  /opt/sandbox/lib; here ``mcs_agent`` is this repository's ``src/.../agent``). The image's
-  ``python`` (``python``, ``python3``, ``/opt/sandbox/venv/bin/python``...) is this test's
-  interpreter, with ``PYTHONPATH`` at this repository's ``src``;
+  ``python -s -B -m mcs_agent``. The image's /opt/sandbox/lib holds this repository's
+  ``src/.../agent`` as ``mcs_agent``; an agent's argv without ``--workdir`` gets the
+  agent's default one spelled out (``--workdir /mnt/data``), so that it is mapped as
+  below. The image's ``python`` (``python``, ``python3``,
+  ``/opt/sandbox/venv/bin/python``...) is this test's interpreter, with ``PYTHONPATH`` at
+  this repository's ``src``;
 - the filesystem: as ``tests/fakes.py`` does, nothing is walled off and the paths the pod
   sees are host directories. Each volume is a fresh directory (``emptyDir``), the keys of
   its ConfigMap or Secret as files, one per claim kept across pods
@@ -58,6 +60,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -91,10 +94,14 @@ __all__ = ["FakePod", "Kubelet"]
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 AGENT = SRC / "mcp_code_sandbox" / "agent"
-#: The image's entrypoint (images/Dockerfile), with the agent's default workdir spelled
-#: out so that it is mapped like any path (the image needs no --workdir: it has /mnt/data).
-ENTRYPOINT = ["python", "-s", "-B", "-m", "mcs_agent", "--workdir", "/mnt/data"]
+#: The image's entrypoint (images/Dockerfile), run in AGENT_LIB.
+ENTRYPOINT = ["python", "-s", "-B", "-m", "mcs_agent"]
+#: The agent's default ``--workdir`` (the image has it), spelled out on an agent's argv
+#: that has none, so that it is mapped like any path in the pod.
+AGENT_WORKDIR = ("--workdir", "/mnt/data")
 IMAGE_WORKDIR = "/mnt/data"
+#: Where the image keeps the agent package (its entrypoint's cwd, the pod's workingDir).
+AGENT_LIB = "/opt/sandbox/lib"
 #: Directories every container of the image has, without a volume.
 IMAGE_DIRS = ("/mnt/data", "/tmp")
 PYTHON_RE = re.compile(r"^python(3(\.\d+)?)?$")
@@ -353,6 +360,7 @@ class Kubelet:
                 (path / key).write_bytes(data)
             volumes[volume["name"]] = path
         mounts = {d: root / "image" / d.strip("/") for d in IMAGE_DIRS}
+        mounts[AGENT_LIB] = self._state / "lib"  # the image's agent package, as mcs_agent
         for mount in container.get("volumeMounts") or []:
             mounts[mount["mountPath"]] = volumes[mount["name"]] / mount.get("subPath", "")
         for path in mounts.values():
@@ -432,7 +440,15 @@ class Kubelet:
         args = container.get("args") or []
         if not command:  # the image's entrypoint, given args or the image's (empty) CMD
             command = ENTRYPOINT
-        argv = [rewrite(expand(a, own), mounts) for a in [*command, *args]]
+        argv = [expand(a, own) for a in [*command, *args]]
+        if _runs_agent(argv) and "--workdir" not in argv:
+            argv += AGENT_WORKDIR
+        argv = [rewrite(a, mounts) for a in argv]
         if PYTHON_RE.match(Path(argv[0]).name):
             argv[0] = sys.executable
         return argv
+
+
+def _runs_agent(argv: list[str]) -> bool:
+    """``argv`` runs the agent's module (``-m mcs_agent``)."""
+    return any(a == "-m" and b == "mcs_agent" for a, b in itertools.pairwise(argv))

@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
-from lightkube import AsyncClient
+from lightkube import AsyncClient, codecs
 from lightkube.models.core_v1 import (
     ConfigMapVolumeSource,
     Container,
@@ -28,9 +28,13 @@ from lightkube.models.core_v1 import (
     VolumeMount,
 )
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import ConfigMap, Pod
+from lightkube.resources.core_v1 import ConfigMap, Namespace, Pod
 
 from mcp_code_sandbox.agent.protocol import FrameDecoder
+from mcp_code_sandbox.backends.kubernetes.certs import write_certs
+from mcp_code_sandbox.backends.kubernetes.channel import open_channel, server_context
+from mcp_code_sandbox.backends.kubernetes.spec import AGENT_PORT, CA_CONFIGMAP, CA_KEY, warm_pod
+from mcp_code_sandbox.settings import load_settings
 from tests.kube_api import KubeApi, in_thread
 from tests.kubelet import Kubelet
 from tests.kubelet_pod import expand
@@ -151,6 +155,32 @@ async def test_the_image_entrypoint_runs_the_real_agent(cluster, tmp_path) -> No
         async with asyncio.timeout(60):
             message = await ready
     assert "python" in message["languages"]
+
+
+async def test_the_sandbox_pod_of_spec_serves_the_servers_channel(tmp_path) -> None:
+    """The pod the backend asks for (``spec.warm_pod``) runs the real agent listening on
+    its pod's address, which the server's channel reaches over TLS."""
+    files = write_certs(tmp_path / "certs")
+    settings = load_settings({"preload": []}, environ={})
+    namespace = settings.kubernetes_namespace
+    async with (
+        KubeApi() as api,
+        Kubelet(api.url, namespace),
+        api.client(namespace) as kube,
+    ):
+        await kube.create(Namespace(metadata=ObjectMeta(name=namespace)))
+        ca = {CA_KEY: files.ca_cert.read_text()}
+        await kube.create(ConfigMap(metadata=ObjectMeta(name=CA_CONFIGMAP), data=ca))
+        await kube.create(codecs.from_dict(warm_pod("warm-1", settings)))
+        ready = await until(kube, "warm-1", "ready")
+        assert ready.status is not None and ready.status.podIP is not None
+        tls = server_context(files.server_cert, files.server_key)
+        channel = await open_channel(ready.status.podIP, AGENT_PORT, tls, 60)
+        try:
+            hello = await channel.receive()
+        finally:
+            channel.close()
+    assert hello is not None and hello["ev"] == "ready"
 
 
 def test_runs_beside_a_synchronous_test_from_its_own_thread() -> None:
