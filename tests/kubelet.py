@@ -123,6 +123,8 @@ class FakePod:
     proc: asyncio.subprocess.Process | None = None
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     deleted: bool = False
+    #: Seconds from SIGTERM to SIGKILL: the pod's terminationGracePeriodSeconds, capped.
+    grace_s: float = MAX_GRACE_S
 
     @property
     def workspace(self) -> Path:
@@ -252,9 +254,9 @@ class Kubelet:
         ports = [p["containerPort"] for p in container.get("ports") or []]
         root = self._state / "pods" / meta["uid"]
         root.mkdir(parents=True)
-        pod = FakePod(
-            meta["name"], meta["uid"], fresh_ip(ports, {p.ip for p in self.pods.values()}), root, {}
-        )
+        ip = fresh_ip(ports, {p.ip for p in self.pods.values()})
+        pod = FakePod(meta["name"], meta["uid"], ip, root, {})
+        pod.grace_s = min(float(spec.get("terminationGracePeriodSeconds", 30)), MAX_GRACE_S)
         self.pods[pod.name] = pod
         try:
             pod.mounts = await self._volumes(obj, container, root)
@@ -312,7 +314,7 @@ class Kubelet:
             task.cancel()
         proc = pod.proc
         if proc is not None:
-            for sig, wait in ((signal.SIGTERM, MAX_GRACE_S), (signal.SIGKILL, 5.0)):
+            for sig, wait in ((signal.SIGTERM, pod.grace_s), (signal.SIGKILL, 5.0)):
                 members = group_members(proc.pid)
                 if not members:
                     break

@@ -59,7 +59,12 @@ async def cluster() -> AsyncIterator[tuple[KubeApi, Kubelet, AsyncClient]]:
 def a_pod(name: str, container: Container, volumes: list[Volume] | None = None) -> Pod:
     return Pod(
         metadata=ObjectMeta(name=name),
-        spec=PodSpec(containers=[container], volumes=volumes, restartPolicy="Never"),
+        spec=PodSpec(
+            containers=[container],
+            volumes=volumes,
+            restartPolicy="Never",
+            terminationGracePeriodSeconds=1,
+        ),
     )
 
 
