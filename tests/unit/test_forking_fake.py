@@ -26,6 +26,7 @@ from mcp_code_sandbox.run.request import RunRequest
 from mcp_code_sandbox.server.app import build_server
 from mcp_code_sandbox.service import SandboxService
 from mcp_code_sandbox.sessions import forking, records
+from mcp_code_sandbox.workspace import transfer
 from tests.fakes import fake_service
 
 
@@ -207,7 +208,7 @@ async def test_a_forks_record_says_forking_until_its_copy_is_done(
     state_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seen: list[bool] = []
-    real = forking.copy_tree
+    real = transfer.copy_tree
 
     def copy(*args: Any, **kwargs: Any) -> Any:
         [record] = [
