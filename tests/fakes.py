@@ -39,23 +39,30 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import mcp_code_sandbox
 from mcp_code_sandbox.backends.base import (
     Backend,
     Channel,
     Description,
     Enforcement,
     Leftover,
+    Limits,
     Sandbox,
     SandboxSpec,
     wait_ready,
 )
 from mcp_code_sandbox.errors import SandboxFailed
 from mcp_code_sandbox.service import SandboxService
+from mcp_code_sandbox.sessions.agent_client import AgentClient
+from mcp_code_sandbox.sessions.agent_files import AgentFiles
 from mcp_code_sandbox.sessions.holder import Role
 from mcp_code_sandbox.settings import Settings, load_settings
+from mcp_code_sandbox.workspace.seam import Blocking
 
-__all__ = ["FakeBackend", "FakeSandbox", "fake_service", "fake_settings"]
+__all__ = ["FakeBackend", "FakeSandbox", "agent_files", "fake_service", "fake_settings"]
 
+#: Where the package under test lives: its agent is the one the fake starts.
+_SOURCE = Path(mcp_code_sandbox.__file__).resolve().parents[1]
 #: Generous: the machine running the tests may be loaded (an agent starts in ~0.1 s).
 READY_TIMEOUT_S = 30.0
 #: Where the agent looks for bash/node/bun; tests rely on python (always) and bash.
@@ -206,6 +213,8 @@ class FakeBackend(Backend):
             "LANG": "C.UTF-8",
             "MPLBACKEND": "Agg",
             "PYTHONUNBUFFERED": "1",
+            # The agent of the source under test (a worktree's), not the one installed.
+            "PYTHONPATH": str(_SOURCE),
             **spec.env,
         }
         try:
@@ -369,3 +378,27 @@ async def fake_service(
         await service.aclose()
         if owned:
             await backend.end_all()
+
+
+#: Limits of a fake sandbox made outside a session manager (nothing enforces them).
+FAKE_LIMITS = Limits(memory_bytes=1 << 30, cpu=1.0, pids=256, tmp_bytes=1 << 30, file_bytes=1 << 30)
+
+
+@contextlib.asynccontextmanager
+async def agent_files(
+    root: Path, quota_bytes: int, blocking: Blocking
+) -> AsyncIterator[AgentFiles]:
+    """``async with agent_files(root, quota, blocking) as files``: the seam's agent-backed
+    files of a real agent whose /mnt/data is ``root`` (the workspace of a backend that
+    keeps it in the sandbox), ended on the way out."""
+    backend = FakeBackend()
+    sandbox = await backend.create(SandboxSpec("files", "local", "files", root, FAKE_LIMITS))
+    client = AgentClient(sandbox.channel)
+
+    async def agent() -> AgentClient:
+        return client
+
+    try:
+        yield AgentFiles(agent, quota_bytes=quota_bytes, blocking=blocking)
+    finally:
+        await backend.end_all()
