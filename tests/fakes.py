@@ -16,6 +16,10 @@ What a test can steer or observe: ``fail_creates`` (the next n creates raise
 ``planted`` (leftovers of a "dead server" for recovery, which ``reattach`` takes over as a
 fresh agent on the session's workspace), ``kill()`` (a sandbox dies under the manager).
 
+``FakeBackend(workspace_in_sandbox=True)``: as the Kubernetes backend, the sandbox keeps
+its /mnt/data to itself (a directory in its scratch, gone with it) and the server reaches
+the files through the agent's ``fs`` requests only; ``spec.workspace`` stays empty.
+
 ``FakeBackend(reconnect=True)``: the agent connects to a Unix socket the backend listens
 on (``--connect``, as under Docker) instead of an inherited socketpair, so it outlives its
 host's end of the channel and reconnects: ``list_leftovers(live_too=True)`` reports every
@@ -95,8 +99,17 @@ class FakeSandbox(Sandbox):
 class FakeBackend(Backend):
     name = "fake"
 
-    def __init__(self, *, path: str = DEFAULT_PATH, reconnect: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        path: str = DEFAULT_PATH,
+        reconnect: bool = False,
+        workspace_in_sandbox: bool = False,
+    ) -> None:
         self._path = path
+        #: Each agent works in a directory of its own sandbox's (a pod's emptyDir), never
+        #: in ``spec.workspace``: the server reaches the files through the agent only.
+        self.workspace_in_sandbox = workspace_in_sandbox
         #: Agents connect to a socket and come back to a new listener (see the module doc).
         self._reconnect = reconnect
         #: The next this-many ``create`` calls raise ``SandboxFailed`` (a start that fails).
@@ -203,8 +216,12 @@ class FakeBackend(Backend):
             if listener is None
             else ["--connect", str(scratch / AGENT_SOCKET), "--reconnect-s", "60"]
         )
+        workdir = spec.workspace
+        if self.workspace_in_sandbox:  # gone with the sandbox, as a pod's emptyDir
+            workdir = scratch / "data"
+            workdir.mkdir()
         argv = [sys.executable, "-B", "-m", "mcp_code_sandbox.agent", *channel_argv,
-                "--workdir", str(spec.workspace), "--config", json.dumps(config),
+                "--workdir", str(workdir), "--config", json.dumps(config),
                 "--plain"]  # fmt: skip
         env = {
             "PATH": self._path,
@@ -220,7 +237,7 @@ class FakeBackend(Backend):
         try:
             with open(scratch / "agent.err", "wb") as err:
                 proc = await asyncio.create_subprocess_exec(
-                    *argv, pass_fds=[theirs.fileno()], env=env, cwd=spec.workspace,
+                    *argv, pass_fds=[theirs.fileno()], env=env, cwd=workdir,
                     stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
                     stderr=err, start_new_session=True,
                 )  # fmt: skip

@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import tempfile
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, BinaryIO
+
+import anyio.from_thread
 
 from mcp_code_sandbox.agent.files import READ_PAGE_BYTES, WRITE_CHUNK_BYTES
 from mcp_code_sandbox.agent.protocol import FsEvent
@@ -247,6 +250,17 @@ class AgentFiles:
         answer = await agent.fs({"action": "usage", "limit": limit})
         _check(answer)
         return _number(answer.get("bytes"))
+
+    def reader(self) -> Callable[[str, int], ReadResult]:
+        """Reads by the event loop's agent requests, from a worker thread of anyio's
+        (``sessions.workers``): no thread more is taken, which the caller's may hold."""
+
+        def read(rel: str, max_bytes: int) -> ReadResult:
+            return anyio.from_thread.run(
+                functools.partial(self.read_file, rel, max_bytes=max_bytes)
+            )
+
+        return read
 
     async def _pages(self, request: dict[str, Any], limit: int) -> list[FsEvent]:
         """Every page of a walk: asked from ``start`` 0 until ``next`` is null. A page

@@ -20,7 +20,11 @@ from typing import BinaryIO, ParamSpec, Protocol, TypeVar
 from mcp_code_sandbox.workspace.core import Workspace
 from mcp_code_sandbox.workspace.entries import FileInfo, ListResult, ReadResult, Snapshot
 
-__all__ = ["Blocking", "DirectoryFiles", "Files"]
+__all__ = ["INLINE_SNAPSHOT_ENTRIES", "Blocking", "DirectoryFiles", "Files"]
+
+#: A directory with at most this many entries is snapshotted on the event loop (see
+#: :meth:`DirectoryFiles.snapshot`): a trip to a worker thread costs more than that walk.
+INLINE_SNAPSHOT_ENTRIES = 64
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -70,6 +74,11 @@ class Files(Protocol):
         """:meth:`.core.Workspace.usage_bytes`: what counts towards the quota."""
         ...
 
+    def reader(self) -> Callable[[str, int], ReadResult]:
+        """``read(rel, max_bytes)`` for code already in a worker thread (a notebook's
+        export embeds images one at a time): ``read_file`` from offset 0."""
+        ...
+
 
 class DirectoryFiles:
     """:class:`Files` of a host directory: ``workspace``'s calls in ``blocking``."""
@@ -99,7 +108,21 @@ class DirectoryFiles:
         return await self._blocking(listing, rel, recursive=recursive, limit=limit)
 
     async def snapshot(self, limit: int = 20000, *, count_hidden: bool = False) -> Snapshot:
+        """Taken here, on the event loop, when the workspace has at most
+        ``INLINE_SNAPSHOT_ENTRIES`` entries (most; the walk reads no more than that many,
+        so it stays well under a millisecond), else in a worker thread. The same snapshot
+        either way: a walk that did not run out of entries saw them all."""
+        if not count_hidden and limit >= INLINE_SNAPSHOT_ENTRIES:
+            small = self.workspace.snapshot(INLINE_SNAPSHOT_ENTRIES)
+            if not small.truncated:
+                return small
         return await self._blocking(self.workspace.snapshot, limit, count_hidden=count_hidden)
 
     async def usage_bytes(self, limit: int = 200_000) -> int:
         return await self._blocking(self.workspace.usage_bytes, limit)
+
+    def reader(self) -> Callable[[str, int], ReadResult]:
+        def read(rel: str, max_bytes: int) -> ReadResult:
+            return self.workspace.read_file(rel, max_bytes=max_bytes)
+
+        return read
