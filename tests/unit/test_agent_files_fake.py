@@ -30,8 +30,12 @@ PNG = (
 
 
 @contextlib.asynccontextmanager
-async def in_sandbox(state_dir: Path, **settings: Any) -> AsyncIterator[SandboxService]:
-    backend = FakeBackend(workspace_in_sandbox=True)
+async def served(
+    state_dir: Path, *, directory: bool = False, **settings: Any
+) -> AsyncIterator[SandboxService]:
+    """A service whose sandboxes keep their workspaces (``directory``: on the host, as
+    bwrap and docker do: the same calls must give the same results)."""
+    backend = FakeBackend(workspace_in_sandbox=not directory)
     try:
         async with fake_service(state_dir, backend, **settings) as svc:
             yield svc
@@ -47,12 +51,18 @@ def data(result: CallToolResult) -> dict[str, Any]:
 
 def host_files(svc: SandboxService) -> list[str]:
     """What the host's workspace directories hold: nothing, the files are the sandbox's."""
+    if not svc.backend.workspace_in_sandbox:
+        return []
     root = svc.settings.workspaces_dir
     return [str(Path(d, f)) for d, _, names in os.walk(root) for f in names]
 
 
-async def test_upload_run_list_read_through_the_agent(state_dir: Path) -> None:
-    async with in_sandbox(state_dir) as svc, Client(build_server(svc), mode="legacy") as client:
+@pytest.mark.parametrize("directory", [False, True])
+async def test_upload_run_list_read_through_the_agent(state_dir: Path, directory: bool) -> None:
+    async with (
+        served(state_dir, directory=directory) as svc,
+        Client(build_server(svc), mode="legacy") as client,
+    ):
         args = {"filename": "in/data.csv", "content_text": "a,b\n1,2\n"}
         up = data(await client.call_tool("upload_file", args))
         sid = up["session_id"]
@@ -87,8 +97,11 @@ async def test_upload_run_list_read_through_the_agent(state_dir: Path) -> None:
         assert host_files(svc) == []
 
 
-async def test_downloads_notebooks_and_saved_output_through_the_agent(state_dir: Path) -> None:
-    async with in_sandbox(state_dir, max_output_bytes=1024) as svc:
+@pytest.mark.parametrize("directory", [False, True])
+async def test_downloads_notebooks_and_saved_output_through_the_agent(
+    state_dir: Path, directory: bool
+) -> None:
+    async with served(state_dir, directory=directory, max_output_bytes=1024) as svc:
         blob = bytes(range(256)) * 64
         up = await svc.upload_file("local", "b.bin", blob, session_id=None, overwrite=False)
         sid = up.session_id
@@ -101,14 +114,20 @@ async def test_downloads_notebooks_and_saved_output_through_the_agent(state_dir:
         with download.source:
             assert download.source.read() == blob
         assert download.info.size_bytes == len(blob)
+        code = f"import base64\nopen('dot.png', 'wb').write(base64.b64decode('{PNG}'))"
+        assert (await svc.run_code("local", _request(code), session_id=sid)).status == "ok"
         exported = await svc.export_notebook("local", sid, "session.ipynb")
         notebook = await svc.read_file("local", sid, "session.ipynb", offset=0, max_bytes=None)
-        assert exported.runs == 1 and json.loads(notebook.data)["cells"]
+        cells = json.loads(notebook.data)["cells"]
+        assert exported.runs == 2 and len(cells) == 2
+        # The image the second run wrote, read from the sandbox while the notebook was built.
+        assert any("image/png" in out.get("data", {}) for out in cells[1]["outputs"])
         assert host_files(svc) == []
 
 
-async def test_the_rules_hold_through_the_agent(state_dir: Path) -> None:
-    async with in_sandbox(state_dir, workspace_quota_bytes=4096) as svc:
+@pytest.mark.parametrize("directory", [False, True])
+async def test_the_rules_hold_through_the_agent(state_dir: Path, directory: bool) -> None:
+    async with served(state_dir, directory=directory, workspace_quota_bytes=4096) as svc:
         up = await svc.upload_file("local", "a.txt", b"1", session_id=None, overwrite=False)
         sid = up.session_id
         code = (

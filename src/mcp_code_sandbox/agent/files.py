@@ -446,7 +446,8 @@ def _shown(parts: tuple[str, ...]) -> str:
 
 
 def _weight(item: list[Any]) -> int:
-    return len(item[0]) * 4 + _ENTRY_OVERHEAD  # a character is at most 4 bytes of UTF-8
+    # A character is at most 6 bytes in the frame: 4 of UTF-8, or a control's \u001b.
+    return len(item[0]) * 6 + _ENTRY_OVERHEAD
 
 
 # -- the rules and their messages (the host's own words, see workspace.core) ---------------

@@ -139,11 +139,11 @@ class AgentClient:
                     if answer is None:
                         self.broken = True
                         raise SandboxFailed("the sandbox stopped during a file request")
-                    if answer.get("id") != request_id:
-                        continue  # late output of an earlier, abandoned run
-                    if answer.get("ev") == "fs":
+                    event, about = answer.get("ev"), answer.get("id")
+                    if event == "fs" and about == request_id:
                         return cast(FsEvent, answer)
-                    if answer.get("ev") == "error":
+                    # An agent that does not know ``fs`` says so without an id.
+                    if event == "error" and about in (request_id, None):
                         text, _ = cut_text(str(answer.get("message")), 500)
                         raise SandboxFailed(f"the sandbox's agent refused a file request: {text}")
         except TimeoutError:
