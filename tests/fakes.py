@@ -65,8 +65,6 @@ from mcp_code_sandbox.workspace.seam import Blocking
 
 __all__ = ["FakeBackend", "FakeSandbox", "agent_files", "fake_service", "fake_settings"]
 
-#: Where the package under test lives: its agent is the one the fake starts.
-_SOURCE = Path(mcp_code_sandbox.__file__).resolve().parents[1]
 #: Generous: the machine running the tests may be loaded (an agent starts in ~0.1 s).
 READY_TIMEOUT_S = 30.0
 #: Where the agent looks for bash/node/bun; tests rely on python (always) and bash.
@@ -230,8 +228,8 @@ class FakeBackend(Backend):
             "LANG": "C.UTF-8",
             "MPLBACKEND": "Agg",
             "PYTHONUNBUFFERED": "1",
-            # The agent of the source under test (a worktree's), not the one installed.
-            "PYTHONPATH": str(_SOURCE),
+            # The agent of the source under test (the venv may hold another checkout's).
+            "PYTHONPATH": _SOURCE,
             **spec.env,
         }
         try:
@@ -308,6 +306,9 @@ class FakeBackend(Backend):
             raise
         return sandbox
 
+
+#: Where the package under test is imported from: the agent runs from the same source.
+_SOURCE = str(Path(mcp_code_sandbox.__file__).resolve().parents[1])
 
 #: A reconnecting agent's socket, in its sandbox's scratch directory.
 AGENT_SOCKET = "agent.sock"

@@ -47,7 +47,7 @@ from mcp_code_sandbox.workspace import FileInfo, ListResult, ReadResult, measure
 from mcp_code_sandbox.workspace.pages import Page, page_of, whole_file
 from mcp_code_sandbox.workspace.seam import Files
 
-__all__ = ["Download", "Exported", "SandboxService", "Upload"]
+__all__ = ["Download", "Exported", "Restarted", "SandboxService", "Upload"]
 
 log = structlog.get_logger("mcp_code_sandbox.service")
 
@@ -88,6 +88,15 @@ class Exported:
     runs: int
     #: What it leaves out, as its last cell says; ``None``: nothing.
     notice: str | None
+
+
+@dataclass(frozen=True)
+class Restarted:
+    """A session whose interpreter ``restart_interpreter`` restarted, and what it is now."""
+
+    session_id: str
+    state: str  # "running" | "paused"
+    message: str
 
 
 #: Largest workspace image a notebook embeds (beyond: its path, as text).
@@ -576,6 +585,28 @@ class SandboxService:
         async with self.sessions.acquire(owner, session_id, create=False, wait_s=wait) as held:
             listing = self.sessions.files(held.session).list_files
             return await listing(path, recursive=recursive, limit=limit)
+
+    async def restart_interpreter(self, owner: str, session_id: str) -> Restarted:
+        """A fresh interpreter for ``owner``'s session, its files kept, under the session's
+        lock (see :meth:`.sessions.manager.SessionManager.restart`): a paused session
+        stays paused and its next call starts fresh, without its saved variables."""
+        async with self.sessions.acquire(
+            owner, session_id, create=False, wait_s=self.settings.exec_timeout_s
+        ) as held:
+            session = held.session
+            await self.sessions.restart(session)
+            paused = session.paused is not None
+        if paused:
+            message = (
+                f"session {session.id} is paused; what it kept of its interpreter was "
+                "discarded, so its next run starts a fresh one. Files in /mnt/data are kept"
+            )
+        else:
+            message = (
+                f"the interpreter of session {session.id} was restarted: variables, imports "
+                "and processes started before are gone; files in /mnt/data are kept"
+            )
+        return Restarted(session.id, "paused" if paused else "running", message)
 
     async def close_session(self, owner: str, session_id: str) -> None:
         await self.sessions.close(owner, session_id)

@@ -29,6 +29,7 @@ TOOLS = {
     "list_files",
     "close_session",
     "list_sessions",
+    "restart_interpreter",
     "list_runtimes",
     "export_notebook",
 }

@@ -17,6 +17,7 @@ PACKAGE = ROOT / "src" / "mcp_code_sandbox"
 ABOUT_THE_WHOLE = {
     "changelog",  # CHANGELOG.md's shape
     "commit_msg_hook",  # scripts/hooks/commit-msg
+    "deploy_kubernetes",  # deploy/kubernetes/ renders and validates
     "grafana_dashboard",  # deploy/grafana-dashboard.json against the metrics
     "layering",  # which layer may import which
     "packaging",  # the wheel and pyproject

@@ -18,6 +18,7 @@ Messages host → agent (key ``op``)::
                                               (Python only) save or load the variables
     {"op": "interrupt", "id": int, "reason": "timeout" | "cancelled"}
                                               stop run ``id`` (SIGINT, then kill + restart)
+    {"op": "restart", "id": int}              a fresh interpreter; the files stay
     {"op": "park"}                            close the channel now, reconnect at once
                                               (``--connect`` only: a checkpoint is next)
     {"op": "shutdown"}                        exit cleanly
@@ -42,6 +43,8 @@ Messages agent → host (key ``ev``)::
      "cut": {"result": bool, "error": bool, "displays_dropped": int,
              "displays_cut": int, "images_dropped": int, "displays_unsupported": int}}
                                               (``cut``: Python runs only)
+
+    {"ev": "restarted", "id": int}            the ``restart`` of that id is done
 
     {"ev": "error", "message": str, "id": int | None}
                                               a host message the agent could not use
@@ -89,6 +92,13 @@ Semantics (agent side):
       load {"found": bool, "restored": [str], "modules": [str],
             "failed": [{"name", "type", "why"}]}
 
+- ``restart``: queued like an ``exec`` (it starts when the runs before it have ended);
+  the interpreter and every process it started (with ``kill_strays``: every process in
+  the sandbox but the agent) are killed and a fresh interpreter started, without
+  loading any saved state; ``execution_count`` starts again at 1 and the next run's
+  ``state_lost`` is false (the host asked for it). Answered by ``restarted``, or by
+  ``error`` (with that ``id``) when ``id`` is not an integer. An agent older than this
+  op answers ``error`` with ``id`` null ("unknown op").
 - ``park``: only on a channel that can reconnect (``--connect``): the agent closes its
   end at once (the host waits for that EOF before it checkpoints the sandbox) and then
   tries to reconnect every ``hostlink.PARK_RETRY_S``, counting attempts rather than time
@@ -140,6 +150,8 @@ __all__ = [
     "ParkMessage",
     "ProtocolError",
     "ReadyEvent",
+    "RestartMessage",
+    "RestartedEvent",
     "ShutdownMessage",
     "StreamEvent",
     "encode_frame",
@@ -182,6 +194,13 @@ class InterruptMessage(TypedDict):
     reason: Literal["timeout", "cancelled"]
 
 
+class RestartMessage(TypedDict):
+    """Replace the interpreter by a fresh one (files stay); answered by ``restarted``."""
+
+    op: Literal["restart"]
+    id: int
+
+
 class ShutdownMessage(TypedDict):
     op: Literal["shutdown"]
 
@@ -221,7 +240,9 @@ class FsMessage(TypedDict):
     end: NotRequired[bool]
 
 
-HostMessage = ExecMessage | InterruptMessage | ParkMessage | ShutdownMessage | FsMessage
+HostMessage = (
+    ExecMessage | InterruptMessage | ParkMessage | RestartMessage | ShutdownMessage | FsMessage
+)
 
 
 # -- agent → host ---------------------------------------------------------------------
@@ -237,6 +258,9 @@ class ReadyEvent(TypedDict):
     #: Only on a connection the agent re-established (the docker backend's ``--connect``).
     reattached: NotRequired[bool]
     execution_count: NotRequired[int]
+    #: Only from a listening agent (``--listen``): the ``ADDR:PORT`` it was told to listen
+    #: on, which the server checks is the address it dialled (``listener`` says why).
+    listen: NotRequired[str]
 
 
 class StreamEvent(TypedDict):
@@ -289,6 +313,13 @@ class DoneEvent(TypedDict):
     run_s: NotRequired[float]
 
 
+class RestartedEvent(TypedDict):
+    """The ``restart`` of ``id`` is done: a fresh interpreter is ready."""
+
+    ev: Literal["restarted"]
+    id: int
+
+
 class ErrorEvent(TypedDict):
     """A host message the agent could not use (``id`` null: not about a run)."""
 
@@ -325,7 +356,9 @@ class FsEvent(TypedDict):
     bytes: NotRequired[int]
 
 
-AgentEvent = ReadyEvent | StreamEvent | DisplayEvent | DoneEvent | ErrorEvent | FsEvent
+AgentEvent = (
+    ReadyEvent | StreamEvent | DisplayEvent | DoneEvent | RestartedEvent | ErrorEvent | FsEvent
+)
 
 HEADER = struct.Struct(">I")
 #: One frame at most: room for a few large PNGs in base64 inside one display message.

@@ -17,6 +17,7 @@ __all__ = [
     "FileOut",
     "ListFilesResult",
     "ReadFileResult",
+    "RestartResult",
     "RunError",
     "RunResult",
     "RuntimeOut",
@@ -131,6 +132,16 @@ class CloseResult(BaseModel):
     status: Literal["closed"]
 
 
+class RestartResult(BaseModel):
+    session_id: str
+    restarted: Literal[True]
+    state: Literal["running", "paused"] = Field(
+        description="paused: the session stays paused; its next run starts the fresh "
+        "interpreter (its saved variables are not loaded)"
+    )
+    message: str
+
+
 class VariableOut(BaseModel):
     name: str
     type: str
@@ -181,6 +192,11 @@ class PoolOut(BaseModel):
 class RuntimesResult(BaseModel):
     runtimes: list[RuntimeOut]
     pool: PoolOut
+    notice: str | None = Field(
+        None,
+        description="Why no sandbox can start now, and what the operator runs to fix it "
+        "(as /readyz says); absent when sandboxes can start",
+    )
 
 
 class ExportNotebookResult(BaseModel):

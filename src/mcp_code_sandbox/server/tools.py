@@ -275,6 +275,19 @@ class ToolSet:
         return structured_result(models.CloseResult(session_id=session_id, status="closed"))
 
     @tool_errors
+    async def restart_interpreter(
+        self, session_id: RequiredSession
+    ) -> Annotated[CallToolResult, models.RestartResult]:
+        done = await self.service.restart_interpreter(current_owner(), session_id)
+        result = models.RestartResult(
+            session_id=done.session_id,
+            restarted=True,
+            state="paused" if done.state == "paused" else "running",
+            message=done.message,
+        )
+        return structured_result(result)
+
+    @tool_errors
     async def list_sessions(self) -> Annotated[CallToolResult, models.SessionsResult]:
         listed = await self.service.list_sessions(current_owner())
         # Names and types are at most 200 characters each: the variables listed shrink
@@ -288,7 +301,8 @@ class ToolSet:
     async def list_runtimes(self) -> Annotated[CallToolResult, models.RuntimesResult]:
         runtimes = [models.RuntimeOut(**r) for r in await self.service.runtimes()]
         pool = models.PoolOut(**self.service.pool_status())
-        return structured_result(models.RuntimesResult(runtimes=runtimes, pool=pool))
+        notice = await self.service.not_ready()
+        return structured_result(models.RuntimesResult(runtimes=runtimes, pool=pool, notice=notice))
 
     @tool_errors
     async def export_notebook(

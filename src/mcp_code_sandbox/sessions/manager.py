@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -452,6 +453,8 @@ class SessionManager:
                 back = Phase.RUNNING if session.paused is None else Phase.PAUSED
                 session.phase = transition(session.phase, back)
 
+    # -- files ---------------------------------------------------------------------------
+
     def files(self, session: Session) -> Files:
         """``session``'s files, where its backend keeps them (:mod:`..workspace.seam`): its
         directory, in its owner's worker threads; or, with ``workspace_in_sandbox``, its
@@ -477,6 +480,29 @@ class SessionManager:
         if session.agent is None:  # a runner's handout never comes here: no runner asked
             raise SandboxFailed(f"session {session.id} has no sandbox to reach its files")
         return session.agent
+
+    # -- restarting the interpreter -------------------------------------------------------
+
+    async def restart(self, session: Session) -> None:
+        """Give ``session`` a fresh interpreter, its files kept (``restart_interpreter``).
+        A running one's agent restarts it (:meth:`.sandboxes.Sandboxes.restart`). A paused
+        one stays paused and forgets what its pause kept of the interpreter (a checkpoint
+        is discarded, saved variables are not loaded): its next call starts fresh, as a
+        resume with its files only, and says nothing of lost variables (none were
+        wanted). Called by the service with the session's lock held."""
+        paused = session.paused
+        if paused is None:
+            await self.sandboxes.restart(session)
+            return
+        if paused.kind == "files" and paused.why is None:
+            return
+        await self.sandboxes.discard(paused)
+        outside = (paused.checkpoint.bytes or 0) if paused.checkpoint is not None else 0
+        session.paused = dataclasses.replace(
+            paused, kind="files", checkpoint=None, saved=(), dropped=(), why=None,
+            load=False, bytes=max(0, paused.bytes - outside),
+        )  # fmt: skip
+        self.table.save(session, force=True)
 
     # -- closing ---------------------------------------------------------------------------
 

@@ -237,6 +237,28 @@ class Sandboxes:
         self.metrics.resumed("variables", time.monotonic() - began)
         return "variables", _variables_notice(session, paused, report.failed, why)
 
+    async def restart(self, session: Session) -> None:
+        """Give a running ``session`` a fresh interpreter, its sandbox and files kept: the
+        agent restarts it (:meth:`.agent_client.AgentClient.restart`). A sandbox whose
+        agent cannot (one started from an image older than the ``restart`` op, one that
+        stopped or broke) is stopped instead, so its next call starts a new one, as fresh.
+        Runner containers keep no state but their processes: they are stopped too.
+        Called by the manager with the session's lock held."""
+        for language in list(session.runners):
+            await self.drop_runner(session, language)
+        sandbox, agent = session.sandbox, session.agent
+        if sandbox is None or agent is None:
+            return  # nothing runs: the next call starts a fresh interpreter anyway
+        if sandbox.is_alive() and not agent.broken:
+            try:
+                await agent.restart()
+            except SandboxFailed as exc:
+                log.warning("the agent did not restart; the sandbox is replaced",
+                            session=session.id, error=exc.message)  # fmt: skip
+            else:
+                return
+        await self.stop_sandbox(session)
+
     def limits(self) -> Limits:
         s = self.settings
         return Limits(
