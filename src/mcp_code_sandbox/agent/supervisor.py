@@ -304,6 +304,7 @@ class Supervisor:
                 self._link.lost()
         self._waiting = None
         self._inbox.clear()
+        self._files.abort()  # a write the replaced host began: the new one never ends it
         self._link.adopt(conn)
         self._greet(reattached=self._greeted)
 
