@@ -36,6 +36,7 @@ from mcp_code_sandbox.run.probe import RuntimeProbe
 from mcp_code_sandbox.run.recent import RecentRuns, error_label
 from mcp_code_sandbox.run.request import RunRequest, check_request
 from mcp_code_sandbox.sessions.egress import Wish
+from mcp_code_sandbox.sessions.forking import Forked
 from mcp_code_sandbox.sessions.holder import Role
 from mcp_code_sandbox.sessions.manager import SessionManager
 from mcp_code_sandbox.sessions.overview import SessionSummary, SessionView, overview, summaries
@@ -610,6 +611,17 @@ class SandboxService:
 
     async def close_session(self, owner: str, session_id: str) -> None:
         await self.sessions.close(owner, session_id)
+
+    async def fork_session(
+        self, owner: str, session_id: str, new_session_id: str | None = None
+    ) -> Forked:
+        """``fork_session``: a new session of ``owner``'s with a copy of ``session_id``'s
+        files and variables (:mod:`.sessions.forking`), waiting for the source's call in
+        flight as any call does."""
+        if self.backend.host_problem is not None:  # no sandbox can start here: say why
+            raise BackendUnavailable(self.backend.host_problem)
+        wait = self.settings.exec_timeout_s
+        return await self.sessions.fork(owner, session_id, new_session_id, wait_s=wait)
 
     @property
     def replica(self) -> str:

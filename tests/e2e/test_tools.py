@@ -32,6 +32,7 @@ TOOLS = {
     "restart_interpreter",
     "list_runtimes",
     "export_notebook",
+    "fork_session",
 }
 
 

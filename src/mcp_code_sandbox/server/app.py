@@ -131,6 +131,13 @@ def descriptions(
             "processes the session started are gone; files in /mnt/data are kept and the "
             "session id stays the same."
         ),
+        "fork_session": (
+            "Copy a session of yours into a new one: its files in /mnt/data (installed "
+            "packages too) and its variables and imports; the session copied runs on "
+            "untouched, and the two diverge from here. Open files, threads and running "
+            "processes are not copied: notice names what was not. The new session counts "
+            "toward your session limits."
+        ),
         "list_sessions": (
             "List your sessions: id, when created and last active, state (running, or "
             "paused: idle, put away to disk, resumed by the next run_code), the size of "
@@ -276,6 +283,8 @@ def _register_tools(
          _hints(read_only=False, destructive=True, idempotent=False)),
         (tools.restart_interpreter, "restart_interpreter", "Restart the interpreter",
          _hints(read_only=False, destructive=True, idempotent=True)),
+        (tools.fork_session, "fork_session", "Fork a session",
+         _hints(read_only=False, destructive=False, idempotent=False)),
         (tools.list_sessions, "list_sessions", "List your sessions", readonly),
         (tools.list_runtimes, "list_runtimes", "List runtimes", readonly),
         (tools.export_notebook, "export_notebook", "Export the session as a notebook",

@@ -43,6 +43,8 @@ Semantics:
 - Ending a session (close, expiry, shutdown) is :mod:`.ending`'s: a close that returns
   ``ok`` leaves no sandbox running, and what an end could not free is retried at every
   reaper pass and at shutdown.
+- A fork (:mod:`.forking`) is a new session made, with the source's lock held, of a copy
+  of the source's files and saved variables; the source is neither paused nor resumed.
 """
 
 from __future__ import annotations
@@ -61,11 +63,12 @@ from mcp_code_sandbox.backends.base import Backend, Limits, SandboxSpec
 from mcp_code_sandbox.backends.runner_images import RunnerImage
 from mcp_code_sandbox.errors import SandboxFailed, SessionBusy, SessionNotFound
 from mcp_code_sandbox.metrics import Metrics
-from mcp_code_sandbox.sessions import records
+from mcp_code_sandbox.sessions import forking, records
 from mcp_code_sandbox.sessions.agent_client import AgentClient
 from mcp_code_sandbox.sessions.agent_files import AgentFiles
 from mcp_code_sandbox.sessions.egress import Wish
 from mcp_code_sandbox.sessions.ending import Ending
+from mcp_code_sandbox.sessions.forking import Forked
 from mcp_code_sandbox.sessions.holder import PidFile, Role, ServiceLock, note_service
 from mcp_code_sandbox.sessions.ids import mint_session_id, validate_session_id
 from mcp_code_sandbox.sessions.janitor import Janitor
@@ -523,6 +526,51 @@ class SessionManager:
                 f"session {session_id} is closed, but " + "; ".join(remains) + ". The server "
                 "tries again every few seconds and at its next start; nothing to do here"
             )
+
+    # -- forking ---------------------------------------------------------------------------
+
+    async def fork(
+        self, owner: str, session_id: str, new_session_id: str | None, *, wait_s: float
+    ) -> Forked:
+        """A new session of ``owner`` with a copy of ``session_id``'s files and variables
+        (see :mod:`.forking`); ``new_session_id`` None mints its id. The source's lock is
+        held until its files are copied; the fork is made as any new session (room and
+        limits first, a warm sandbox when one is ready). ``SessionNotFound`` as for a
+        call; ``InvalidArgument`` for a ``new_session_id`` in use; what a refused copy
+        raises (the fork is ended then, the source as it was)."""
+        validate_session_id(session_id)
+        if new_session_id is not None:
+            validate_session_id(new_session_id)
+            if self.table.get(owner, new_session_id) is not None:
+                raise forking.taken(new_session_id)
+        fork: Session | None = None
+        done: Forked | None = None
+        try:
+            async with contextlib.AsyncExitStack() as source_held:
+                held = self.acquire(owner, session_id, create=False, wait_s=wait_s)
+                source = (await source_held.enter_async_context(held)).session
+                kept = await forking.keep_state(self.sandboxes, self.settings, source)
+                made = self.acquire(owner, new_session_id, create=True, wait_s=wait_s, pool=True)
+                async with made as new:
+                    if not new.created:  # named by another call meanwhile
+                        raise forking.taken(new.session.id)
+                    fork = new.session
+                    fork.phase = transition(fork.phase, Phase.FORKING)
+                    self.table.save(fork, force=True)  # before its copy: see ``records``
+                    copied = await forking.copy_files(self.threads, self.settings, source, fork)
+                    await source_held.aclose()  # the source's next call may go on now
+                    report, why = await forking.load_state(self.sandboxes, fork, kept)
+                    if fork.phase is Phase.FORKING:  # not closed meanwhile
+                        fork.phase = transition(fork.phase, Phase.RUNNING)
+                        self.table.save(fork, force=True)
+                    done = forking.forked(source, fork, kept, copied, report, why, new.notice)
+        finally:
+            if fork is not None and done is None:  # its copy was refused, or cut short
+                await self.ending.end_logged(fork, f"session {fork.id} was not forked", "closed")
+                self.table.reborn(owner, fork.id)  # never made: no tombstone to tell
+        assert done is not None  # else what stopped it was raised
+        log.info("session forked", owner=owner, session=session_id, fork=done.session_id)
+        return done
 
     # -- pausing ---------------------------------------------------------------------------
 

@@ -311,6 +311,13 @@ class Sandboxes:
         guarded = Guarded(agent, lambda exc: self._sandbox_failed(session, exc))
         return Handout(guarded, session.runs, _joined(notice, replaced), resumed)
 
+    async def agent(self, session: Session) -> AgentClient:
+        """The agent of ``session``'s sandbox (no network), started if it has none: for a
+        fork, which loads its copied variables before its first call. Lock held;
+        raises as :meth:`_ensure_sandbox`."""
+        agent, _ = await self._ensure_sandbox(session)
+        return agent
+
     async def _sandbox_failed(self, session: Session, exc: SandboxFailed) -> Outcome:
         """A sandbox died under a run: count it, stop it (the next call starts a new one),
         and give the run its outcome. The stop runs in a task ending the session waits
