@@ -22,6 +22,11 @@ Messages host → agent (key ``op``)::
     {"op": "park"}                            close the channel now, reconnect at once
                                               (``--connect`` only: a checkpoint is next)
     {"op": "shutdown"}                        exit cleanly
+    {"op": "fs", "id": int, "action": "read" | "list" | "snapshot" | "usage" | "write"
+     | "abort", ...}                          the workspace's files for a host that cannot
+                                              see them; answered by one ``fs`` event
+                                              (fields and rules: :class:`FsMessage`,
+                                              :mod:`.files`); refused during a run
 
 Messages agent → host (key ``ev``)::
 
@@ -43,6 +48,7 @@ Messages agent → host (key ``ev``)::
 
     {"ev": "error", "message": str, "id": int | None}
                                               a host message the agent could not use
+    {"ev": "fs", "id": int, "ok": bool, ...}  the answer to ``fs`` (:class:`FsEvent`)
 
 The same shapes as :class:`typing.TypedDict` s below (:data:`HostMessage`,
 :data:`AgentEvent`): the sender builds them, so the type checker holds each side to this
@@ -137,6 +143,8 @@ __all__ = [
     "ErrorEvent",
     "ExecMessage",
     "FrameDecoder",
+    "FsEvent",
+    "FsMessage",
     "HostMessage",
     "InterruptMessage",
     "ParkMessage",
@@ -203,7 +211,38 @@ class ParkMessage(TypedDict):
     op: Literal["park"]
 
 
-HostMessage = ExecMessage | InterruptMessage | ParkMessage | RestartMessage | ShutdownMessage
+class FsMessage(TypedDict):
+    """One file request (:mod:`.files`); ``path`` is a list of names below /mnt/data.
+
+    ``read``: ``path``, ``offset``, ``max_bytes`` (at most ``files.READ_PAGE_BYTES`` are
+    sent). ``list``: ``path``, ``recursive``, ``limit``, ``skip`` (top-level names left
+    out), ``start`` (the page). ``snapshot``: ``limit``, ``skip`` (left out, and with
+    ``count_hidden`` counted), ``start``. ``usage``: ``limit``. ``write``: ``path``,
+    ``data`` (base64, at most ``files.WRITE_CHUNK_BYTES``) at ``offset`` of ``size``
+    bytes, ``overwrite``, ``quota`` (checked at offset 0), ``end`` on the last chunk.
+    ``abort``: drop a write in progress."""
+
+    op: Literal["fs"]
+    id: int
+    action: Literal["read", "list", "snapshot", "usage", "write", "abort"]
+    path: NotRequired[list[str]]
+    offset: NotRequired[int]
+    max_bytes: NotRequired[int]
+    recursive: NotRequired[bool]
+    limit: NotRequired[int]
+    skip: NotRequired[list[str]]
+    start: NotRequired[int]
+    count_hidden: NotRequired[bool]
+    data: NotRequired[str]
+    size: NotRequired[int]
+    overwrite: NotRequired[bool]
+    quota: NotRequired[int]
+    end: NotRequired[bool]
+
+
+HostMessage = (
+    ExecMessage | InterruptMessage | ParkMessage | RestartMessage | ShutdownMessage | FsMessage
+)
 
 
 # -- agent → host ---------------------------------------------------------------------
@@ -289,7 +328,37 @@ class ErrorEvent(TypedDict):
     id: int | None
 
 
-AgentEvent = ReadyEvent | StreamEvent | DisplayEvent | DoneEvent | RestartedEvent | ErrorEvent
+class FsEvent(TypedDict):
+    """The answer to ``fs`` request ``id``. Refused (``ok`` false): ``code`` (an error
+    code of the server's: ``not_found``, ``invalid_path``, ``file_exists``,
+    ``quota_exceeded``, ``invalid_argument``, ``internal_error``), ``message`` and, for a
+    quota, ``details``. Else by action: ``read`` ``size``, ``mtime_ns``, ``data``,
+    ``head`` (base64); ``list`` ``entries`` ``[[path, mode, size, mtime_ns]]``;
+    ``snapshot`` ``files`` ``[[path, size, mtime_ns, ctime_ns, ino]]`` and
+    ``extra_bytes``; both with ``truncated`` and ``next`` (the next page's ``start``,
+    null at the end); ``usage`` ``bytes``; a write's last chunk ``size``, ``mtime_ns``."""
+
+    ev: Literal["fs"]
+    id: int | None
+    ok: bool
+    code: NotRequired[str]
+    message: NotRequired[str]
+    details: NotRequired[dict[str, int]]
+    size: NotRequired[int]
+    mtime_ns: NotRequired[int]
+    data: NotRequired[str]
+    head: NotRequired[str]
+    entries: NotRequired[list[list[Any]]]
+    files: NotRequired[list[list[Any]]]
+    extra_bytes: NotRequired[int]
+    truncated: NotRequired[bool]
+    next: NotRequired[int | None]
+    bytes: NotRequired[int]
+
+
+AgentEvent = (
+    ReadyEvent | StreamEvent | DisplayEvent | DoneEvent | RestartedEvent | ErrorEvent | FsEvent
+)
 
 HEADER = struct.Struct(">I")
 #: One frame at most: room for a few large PNGs in base64 inside one display message.

@@ -49,6 +49,7 @@ from .budget import STATE_RESULT_BYTES, Budget, DisplayGate, cut_error, cut_text
 from .children import Child, OutputPipe, kill_strays, reap_orphans, spawn
 from .coalesce import Pending
 from .config import AgentConfig, apply_limits
+from .files import Files
 from .hostlink import HostLink, bare_fd
 from .kernelproc import KernelProcess, await_ready, start_kernel
 from .languages import VALUED, available, command, value
@@ -119,6 +120,8 @@ class Supervisor:
         #: Runs and restarts, in the order the host sent them.
         self._queue: collections.deque[ExecMessage | RestartMessage] = collections.deque()
         self._run: Run | None = None
+        #: The workspace's files, for a host that cannot see them (``fs``, :mod:`.files`).
+        self._files = Files(workdir)
         #: The current run's output read from pipes and not yet sent (see .coalesce).
         self._pending = Pending()
         self._programs: dict[str, tuple[str, str]] = {}
@@ -218,6 +221,7 @@ class Supervisor:
         return min(ticks) if ticks else None
 
     def _shutdown(self) -> None:
+        self._files.close()
         if self._link.listener is not None:
             self._link.listener.close()
         if self._waiting is not None:
@@ -259,6 +263,7 @@ class Supervisor:
         self._link.close()
         self._link.lost(parked=parked)
         self._inbox.clear()
+        self._files.abort()  # its write will never end
         # The host that asked for these is gone; its successor has never heard of them.
         self._queue.clear()
         if self._run is not None:
@@ -299,6 +304,7 @@ class Supervisor:
                 self._link.lost()
         self._waiting = None
         self._inbox.clear()
+        self._files.abort()  # a write the replaced host began: the new one never ends it
         self._link.adopt(conn)
         self._greet(reattached=self._greeted)
 
@@ -357,8 +363,21 @@ class Supervisor:
                 self._error("park: this channel cannot reconnect (it needs --connect)")
         elif op == "shutdown":
             raise AgentExit(0)
+        elif op == "fs":
+            self._on_fs(message)
         else:
             self._error(f"unknown op {op!r}")
+
+    def _on_fs(self, message: dict[str, Any]) -> None:
+        """Answer a file request at once, between runs only: the host holds the session's
+        lock for both, so one during a run (or with one queued) is a host's mistake."""
+        if self._run is not None or self._queue:
+            self._files.abort()
+            self._error(
+                "fs: a run is in flight; file requests come between runs", message.get("id")
+            )
+            return
+        self._send(self._files.handle(message))
 
     def _interrupt_id(self, run_id: Any, reason: str) -> None:
         # An orphaned run's id may be reused by the next host: it is not that host's run.

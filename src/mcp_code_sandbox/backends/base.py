@@ -258,6 +258,11 @@ class Backend(abc.ABC):
     #: view of the directory). Fixed at construction; read once at start by
     #: :func:`mcp_code_sandbox.sessions.quota.choose`.
     workspace_mounts_unseen: str | None = None
+    #: Whether the sandbox's /mnt/data lives in the sandbox only (a Kubernetes pod's
+    #: emptyDir), so that the server reaches its files through the agent
+    #: (:mod:`mcp_code_sandbox.sessions.agent_files`); False: the host directory
+    #: ``SandboxSpec.workspace`` is what the sandbox sees, and the server opens it.
+    workspace_in_sandbox: bool = False
     #: Why no sandbox can start on this host at all, whatever is retried (bwrap: the
     #: kernel refuses user namespaces), with the fix; ``None`` when none was found. Set
     #: by the backend once it knows (at start, or at its first ``create``, which then

@@ -52,6 +52,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -63,6 +64,8 @@ from mcp_code_sandbox.backends.runner_images import RunnerImage
 from mcp_code_sandbox.errors import SandboxFailed, SessionBusy, SessionNotFound
 from mcp_code_sandbox.metrics import Metrics
 from mcp_code_sandbox.sessions import forking, records
+from mcp_code_sandbox.sessions.agent_client import AgentClient
+from mcp_code_sandbox.sessions.agent_files import AgentFiles
 from mcp_code_sandbox.sessions.egress import Wish
 from mcp_code_sandbox.sessions.ending import Ending
 from mcp_code_sandbox.sessions.forking import Forked
@@ -86,6 +89,7 @@ from mcp_code_sandbox.sessions.table import SessionTable
 from mcp_code_sandbox.sessions.uids import uid_pool
 from mcp_code_sandbox.sessions.workers import WorkerThreads
 from mcp_code_sandbox.settings import Settings
+from mcp_code_sandbox.workspace.seam import DirectoryFiles, Files
 
 __all__ = ["SessionManager"]
 
@@ -416,21 +420,25 @@ class SessionManager:
         network: Wish = None,
         runner: RunnerImage | None = None,
         pool: bool = False,
+        counted: bool = True,
     ) -> Handout:
         """What runs this call's code in ``session`` (see :meth:`.sandboxes.Sandboxes.handout`).
         ``pool``: the call wants a sandbox of the warm pool's kind (as for ``acquire``), so
         a paused session it resumes moves into a warm sandbox when one is ready and its
-        files are few enough (:mod:`.moving`). Called by the service with the session's
+        files are few enough (:mod:`.moving`). ``counted``: as for
+        :meth:`.sandboxes.Sandboxes.handout`. Called by the service with the session's
         lock held."""
+        handout = functools.partial(
+            self.sandboxes.handout, session, network=network, runner=runner, counted=counted
+        )
         if session.phase is not Phase.PAUSED:
             if not session.workspace_made:  # a new session: mounted while it starts
 
                 def start(mounted: Awaitable[None]) -> Awaitable[Handout]:
-                    handout = self.sandboxes.handout
-                    return handout(session, network=network, runner=runner, mounted=mounted)
+                    return handout(mounted=mounted)
 
                 return await self.making.mounting(session, start)
-            return await self.sandboxes.handout(session, network=network, runner=runner)
+            return await handout()
         await self.room.make(session.owner, exclude=session)  # it runs again: room first
         self.room.check(session.owner)  # in the step in which ``make`` returned (``room``)
         session.phase = transition(session.phase, Phase.RESUMING)
@@ -442,11 +450,39 @@ class SessionManager:
                 finally:  # not moved (or the call cancelled before the move committed)
                     if session.sandbox is not pooled.sandbox:
                         self.pool.retire(pooled)
-            return await self.sandboxes.handout(session, network=network, runner=runner)
+            return await handout()
         finally:
             if session.phase is Phase.RESUMING:  # not closed meanwhile
                 back = Phase.RUNNING if session.paused is None else Phase.PAUSED
                 session.phase = transition(session.phase, back)
+
+    # -- files ---------------------------------------------------------------------------
+
+    def files(self, session: Session) -> Files:
+        """``session``'s files, where its backend keeps them (:mod:`..workspace.seam`): its
+        directory, in its owner's worker threads; or, with ``workspace_in_sandbox``, its
+        sandbox, through its agent (a sandbox started for the call if it has none). For
+        calls holding the session's lock."""
+        blocking = self.threads.of(session.owner)
+        if not self.backend.workspace_in_sandbox:
+            return DirectoryFiles(session.workspace, blocking)
+
+        async def agent() -> AgentClient:
+            return await self._files_agent(session)
+
+        quota = session.workspace.quota_bytes
+        return AgentFiles(agent, quota_bytes=quota, blocking=blocking)
+
+    async def _files_agent(self, session: Session) -> AgentClient:
+        """The agent a file call asks: the running sandbox's, whatever its network; else
+        a sandbox started (or resumed) as a run's would be, not counted as a run."""
+        running, agent = session.sandbox, session.agent
+        if running is not None and running.is_alive() and agent is not None and not agent.broken:
+            return agent
+        await self.executor(session, counted=False)
+        if session.agent is None:  # a runner's handout never comes here: no runner asked
+            raise SandboxFailed(f"session {session.id} has no sandbox to reach its files")
+        return session.agent
 
     # -- restarting the interpreter -------------------------------------------------------
 

@@ -276,6 +276,7 @@ class Sandboxes:
         network: Wish = None,
         runner: RunnerImage | None = None,
         mounted: Awaitable[None] | None = None,
+        counted: bool = True,
     ) -> Handout:
         """What runs this call's code in ``session``: its agent, or (``runner``) its
         container of that runner image; started if need be, replaced if it died.
@@ -288,8 +289,10 @@ class Sandboxes:
         the service) with the session's lock held; ``SessionNotFound`` as for
         :meth:`_ensure_sandbox`. ``mounted``: the workspace's mount, still under way (a
         new session's, see :meth:`.manager.SessionManager.executor`): a sandbox started
-        here waits for it (``Backend.create``); the caller awaits it in any case."""
-        session.runs += 1
+        here waits for it (``Backend.create``); the caller awaits it in any case.
+        ``counted``: a run's (numbered); False for a file call that needs the agent."""
+        if counted:
+            session.runs += 1
         resumed, notice = None, None
         # Paused: resumed now (its sandbox, if any, is a warm one it moved into).
         if session.paused is not None:
