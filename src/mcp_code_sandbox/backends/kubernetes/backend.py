@@ -46,7 +46,6 @@ from mcp_code_sandbox.backends.kubernetes.pods import PodView, PodWatch, pod_of
 from mcp_code_sandbox.backends.kubernetes.pool import PodPool, warm_pod_name
 from mcp_code_sandbox.backends.kubernetes.spec import (
     AGENT_PORT,
-    CLAIMED,
     claim_metadata,
     session_pod,
     warm_pod,
@@ -102,6 +101,7 @@ class KubernetesBackend(Backend):
 
     name = "kubernetes"
     pools_itself = True
+    workspace_in_sandbox = True
 
     def __init__(
         self,
@@ -232,19 +232,10 @@ class KubernetesBackend(Backend):
             return None
 
     async def list_leftovers(self, *, live_too: bool = False) -> list[Leftover]:
-        await self._start()
-        return [
-            Leftover(
-                backend_id=view.name,
-                key=view.key,
-                owner=view.owner,
-                session_id=view.session_id,
-                running=not view.gone,
-                creator_alive=live_too,
-            )
-            for view in self.watch.all()
-            if view.pool == CLAIMED
-        ]
+        """None: a session's pod is the cluster's record of it, which any replica finds
+        again by its key when a call comes for it, so a starting server has nothing of
+        another's to take over or remove (and must not delete pods other replicas serve)."""
+        return []
 
     async def remove_leftover(self, leftover: Leftover) -> None:
         with contextlib.suppress(ApiError):
