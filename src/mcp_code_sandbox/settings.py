@@ -438,14 +438,6 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
-        if self.backend == "kubernetes":
-            # Until backends/kubernetes/backend.py lands: its settings, manifests and
-            # deploy/kubernetes/ exist, the backend that runs the pods does not yet.
-            raise ValueError(
-                "SANDBOX_BACKEND=kubernetes: this version does not run sandboxes on "
-                "Kubernetes yet (its manifests and settings are ready, its backend is not); "
-                "use auto, bwrap or docker"
-            )
         if self.exec_timeout_s > self.max_exec_timeout_s:
             raise ValueError(
                 "exec_timeout_s must not be larger than max_exec_timeout_s "

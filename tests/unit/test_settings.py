@@ -173,14 +173,6 @@ def test_traces_are_sent_when_either_otlp_endpoint_is_set(
     assert otlp_configured(environ) is expected
 
 
-def test_backend_kubernetes_is_refused_with_a_reason_until_it_exists() -> None:
-    with pytest.raises(ConfigError) as caught:
-        load_settings(environ={"SANDBOX_BACKEND": "kubernetes"})
-    assert len(caught.value.lines) == 1
-    assert "SANDBOX_BACKEND=kubernetes" in caught.value.lines[0]
-    assert "use auto, bwrap or docker" in caught.value.lines[0]
-
-
 def test_kubernetes_settings_read_names_and_the_tls_files_in_one_directory() -> None:
     s = load_settings(
         environ={

@@ -20,6 +20,11 @@ def create_backend(settings: Settings) -> Backend:
 def choose_backend(settings: Settings) -> tuple[Backend, str]:
     """The backend for ``settings``, and why it, in words for the server's start line:
     "docker (runc), because SANDBOX_BACKEND=auto and the Docker engine at ... has ..."."""
+    if settings.backend == "kubernetes":
+        from mcp_code_sandbox.backends.kubernetes.backend import from_settings
+
+        namespace = settings.kubernetes_namespace
+        return from_settings(settings), f"kubernetes (pods in namespace {namespace})"
     if settings.backend in ("docker", "auto"):
         from mcp_code_sandbox.backends.docker.backend import DockerBackend
         from mcp_code_sandbox.backends.docker.derived import sandbox_image

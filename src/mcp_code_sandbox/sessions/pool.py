@@ -117,7 +117,7 @@ class WarmPool:
         """``handover``: the records' (``records.SessionRecord.handover``), by the
         manager's role."""
         self.settings = settings
-        self.size = settings.pool_size
+        self.size = 0 if backend.pools_itself else settings.pool_size
         self.backend = backend
         self.metrics = metrics
         self.sandboxes = sandboxes
