@@ -258,6 +258,9 @@ def _python_env() -> dict[str, str]:
 ALICE = "alice-0123456789abcdef0"
 BOB = "bob-0123456789abcdef0123"
 TOKENS = f"alice:{ALICE},bob:{BOB}"
+#: Whose sessions the checks look for in the cluster (``owner`` of the checks that read
+#: pods): the name of ALICE's token.
+OWNER = "alice"
 #: How long a plain TCP peer waits for the agent to close on it (its TLS handshake has a
 #: few seconds; this is room for a loaded machine).
 PLAIN_TCP_WAIT_S = 30.0
@@ -296,10 +299,10 @@ async def check_runs_files_and_variables(alice: Client) -> None:
     assert paths.get("in/data.txt") == 3 and paths.get("out.txt") == 3, listed
 
 
-async def check_close_deletes_the_pod(alice: Client, pods: Pods) -> None:
+async def check_close_deletes_the_pod(alice: Client, pods: Pods, owner: str = OWNER) -> None:
     sid = "closing"
     await run(alice, "print(1)", session_id=sid)
-    pod = pod_of_session(pods, "alice", sid)
+    pod = pod_of_session(pods, owner, sid)
     assert pod is not None, "no pod serves the session"
     closed = structured(await alice.call_tool("close_session", {"session_id": sid}))
     assert closed["status"] == "closed", closed
@@ -309,28 +312,30 @@ async def check_close_deletes_the_pod(alice: Client, pods: Pods) -> None:
             await anyio.sleep(0.2)
 
 
-async def check_a_lost_pod_loses_state_not_the_session(alice: Client, pods: Pods) -> None:
+async def check_a_lost_pod_loses_state_not_the_session(
+    alice: Client, pods: Pods, owner: str = OWNER
+) -> None:
     """A pod deleted behind the server's back: the session's next call says state_lost
     (never hangs) and runs in a new pod."""
     sid = "doomed"
     await run(alice, "x = 1", session_id=sid)
-    pod = pod_of_session(pods, "alice", sid)
+    pod = pod_of_session(pods, owner, sid)
     assert pod is not None
     await anyio.to_thread.run_sync(pods.delete, pod["metadata"]["name"])
     with anyio.fail_after(CLUSTER_WAIT_S):
         after = await run(alice, "print('again')\n'x' in globals()", session_id=sid)
     assert after["state_lost"] is True, after
     assert after["stdout"] == "again\n" and after["result"] == "False", after
-    again = pod_of_session(pods, "alice", sid)
+    again = pod_of_session(pods, owner, sid)
     assert again is not None and again["metadata"]["name"] != pod["metadata"]["name"]
 
 
-async def check_plain_tcp_gets_no_frame(alice: Client, pods: Pods) -> None:
+async def check_plain_tcp_gets_no_frame(alice: Client, pods: Pods, owner: str = OWNER) -> None:
     """A plain TCP peer at a session's agent port gets no frame and is closed; the
     session goes on."""
     sid = "plain"
     await run(alice, "x = 'kept'", session_id=sid)
-    pod = pod_of_session(pods, "alice", sid)
+    pod = pod_of_session(pods, owner, sid)
     assert pod is not None
     ip = pod["status"]["podIP"]
     got = await anyio.to_thread.run_sync(_plain_tcp, ip, AGENT_PORT)
@@ -369,7 +374,7 @@ async def check_sessions_are_their_owners(alice: Client, bob: Client) -> None:
     assert seen.is_error and "session_not_found" in str(seen.content), seen
 
 
-async def check_the_pool_refills(alice: Client, pods: Pods, size: int) -> None:
+async def check_the_pool_refills(alice: Client, pods: Pods, size: int, owner: str = OWNER) -> None:
     """Sessions claim warm pods (they keep their names); the pool is full again after."""
     await until_pool(pods, size)
     warm = {p["metadata"]["name"] for p in ready_warm_pods(pods)}
@@ -377,7 +382,7 @@ async def check_the_pool_refills(alice: Client, pods: Pods, size: int) -> None:
     # At once: each claims one of the pods that were warm, before any refill is ready.
     outs = await asyncio.gather(*(run(alice, "print(1)", session_id=sid) for sid in sids))
     assert [o["stdout"] for o in outs] == ["1\n"] * size, outs
-    serving = [pod_of_session(pods, "alice", sid) for sid in sids]
+    serving = [pod_of_session(pods, owner, sid) for sid in sids]
     claimed = {pod["metadata"]["name"] for pod in serving if pod is not None}
     assert len(claimed) == size, serving
     assert claimed <= warm, (claimed, warm)  # every one a warm pod, none made cold
