@@ -159,6 +159,17 @@ class KubectlPods:
         self.kubectl("delete", "pod", name, "--wait=true", "--ignore-not-found")
 
 
+@contextlib.contextmanager
+def scratch_dir() -> Iterator[Path]:
+    """A fresh directory for servers' state and logs, removed afterwards (not pytest's
+    tmp_path: its clean-up of old runs trips over other tests' mounts)."""
+    path = Path(tempfile.mkdtemp(prefix="mcs-kube-e2e-", dir="/var/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def write_certs_with_cli(out: Path) -> None:
     """The agent channel's certificates, as an operator makes them."""
     argv = [sys.executable, "-m", "mcp_code_sandbox", "kubernetes", "certs", "--out", str(out)]
@@ -375,7 +386,8 @@ async def check_sessions_are_their_owners(alice: Client, bob: Client) -> None:
 
 
 async def check_the_pool_refills(alice: Client, pods: Pods, size: int, owner: str = OWNER) -> None:
-    """Sessions claim warm pods (they keep their names); the pool is full again after."""
+    """The pool fills (before any call, on a fresh server); sessions claim warm pods
+    (they keep their names); the pool is full again after."""
     await until_pool(pods, size)
     warm = {p["metadata"]["name"] for p in ready_warm_pods(pods)}
     sids = [f"pooled-{i}" for i in range(size)]

@@ -32,6 +32,7 @@ from .kube_harness import (
     check_sessions_are_their_owners,
     check_the_pool_refills,
     fake_cluster,
+    scratch_dir,
 )
 from .tenants import client_as
 
@@ -47,13 +48,13 @@ def cluster() -> Iterator[FakeCluster]:
 
 
 @pytest.fixture(scope="module")
-def server(cluster: FakeCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def server(cluster: FakeCluster) -> Iterator[Server]:
     env = {
         **cluster.server_env(),
         "SANDBOX_API_TOKENS": TOKENS,
         "SANDBOX_POOL_SIZE": str(POOL_SIZE),
     }
-    with Server(tmp_path_factory.mktemp("k8s-server"), "server", env) as started:
+    with scratch_dir() as state, Server(state, "server", env) as started:
         yield started
 
 
@@ -88,5 +89,10 @@ async def test_an_owner_sees_only_their_sessions(alice: Client, server: Server) 
         await check_sessions_are_their_owners(alice, bob)
 
 
-async def test_the_warm_pool_refills_after_claims(alice: Client, cluster: FakeCluster) -> None:
-    await check_the_pool_refills(alice, cluster, POOL_SIZE)
+async def test_the_warm_pool_fills_at_start_and_refills_after_claims() -> None:
+    """On a cluster and server of its own: the pool fills before the server's first call."""
+    with fake_cluster() as cluster:
+        env = {**cluster.server_env(), "SANDBOX_API_TOKENS": TOKENS, "SANDBOX_POOL_SIZE": "2"}
+        with scratch_dir() as state, Server(state, "server", env) as server:
+            async with client_as(server.base, ALICE) as alice:
+                await check_the_pool_refills(alice, cluster, POOL_SIZE)

@@ -42,6 +42,7 @@ from .kube_harness import (
     check_runs_files_and_variables,
     check_sessions_are_their_owners,
     check_the_pool_refills,
+    scratch_dir,
 )
 from .tenants import client_as
 
@@ -87,7 +88,7 @@ def pods() -> KubectlPods:
 
 
 @pytest.fixture(scope="module")
-def server(pods: KubectlPods, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def server(pods: KubectlPods) -> Iterator[Server]:
     passed = {
         name: value
         for name, value in os.environ.items()
@@ -98,7 +99,7 @@ def server(pods: KubectlPods, tmp_path_factory: pytest.TempPathFactory) -> Itera
         "SANDBOX_API_TOKENS": f"{ALICE_NAME}:{ALICE},{BOB_NAME}:{BOB}",
         "SANDBOX_POOL_SIZE": POOL_SIZE,
     }
-    with Server(tmp_path_factory.mktemp("k8s-cluster"), "server", env) as started:
+    with scratch_dir() as state, Server(state, "server", env) as started:
         yield started
 
 
