@@ -13,10 +13,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+from starlette.applications import Starlette
 
 from mcp_code_sandbox.errors import MaxSessions
 from mcp_code_sandbox.run.request import RunRequest
+from mcp_code_sandbox.server.hosts import transport_security
+from mcp_code_sandbox.server.ui.pages import ui_routes
 from mcp_code_sandbox.service import SandboxService
 from mcp_code_sandbox.sessions import demand, pool, records
 from tests.fakes import FakeBackend, fake_service, fake_settings
@@ -158,6 +162,17 @@ def test_a_record_says_whether_it_is_the_pools(tmp_path: Path) -> None:
     assert records.load_records(tmp_path) == [record]
 
 
+async def ui_page(svc: SandboxService) -> str:
+    """The operator's ``/ui`` page of ``svc`` (no tokens: the local operator)."""
+    routes = ui_routes(svc, None, transport_security(svc.settings), b"k" * 32)
+    transport = httpx.ASGITransport(app=Starlette(routes=routes))
+    base = f"http://127.0.0.1:{svc.settings.http_port}"
+    async with httpx.AsyncClient(transport=transport, base_url=base) as client:
+        response = await client.get("/ui")
+    assert response.status_code == 200, response.text
+    return response.text
+
+
 def sample(svc: SandboxService, name: str, labels: dict[str, str] | None = None) -> float:
     return svc.metrics.registry.get_sample_value(name, labels or {}) or 0.0
 
@@ -196,6 +211,9 @@ async def test_a_burst_grows_the_pool_to_its_ceiling_then_idle_shrinks_it(
         assert sample(svc, "mcp_sandbox_pool_target") == 5
         assert sample(svc, "mcp_sandbox_pool_decisions_total", {"decision": "grow"}) >= 1
         assert sample(svc, "mcp_sandbox_pool_trend", {"trend": "grown"}) == 1
+        page = await ui_page(svc)
+        assert '<dd id="pool-target">5</dd>' in page and '<dd id="pool-trend">grown</dd>' in page
+        assert '<dd id="pool-bounds">2 / 5</dd>' in page and "grow to 5" in page
 
         # The second wave is served warm, as far as the ceiling goes.
         await settled(svc, 5)
