@@ -16,6 +16,10 @@ What a test can steer or observe: ``fail_creates`` (the next n creates raise
 ``planted`` (leftovers of a "dead server" for recovery, which ``reattach`` takes over as a
 fresh agent on the session's workspace), ``kill()`` (a sandbox dies under the manager).
 
+``FakeBackend(workspace_in_sandbox=True)``: as the Kubernetes backend, the sandbox keeps
+its /mnt/data to itself (a directory in its scratch, gone with it) and the server reaches
+the files through the agent's ``fs`` requests only; ``spec.workspace`` stays empty.
+
 ``FakeBackend(reconnect=True)``: the agent connects to a Unix socket the backend listens
 on (``--connect``, as under Docker) instead of an inherited socketpair, so it outlives its
 host's end of the channel and reconnects: ``list_leftovers(live_too=True)`` reports every
@@ -39,22 +43,27 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import mcp_code_sandbox
 from mcp_code_sandbox.backends.base import (
     Backend,
     Channel,
     Description,
     Enforcement,
     Leftover,
+    Limits,
     Sandbox,
     SandboxSpec,
     wait_ready,
 )
 from mcp_code_sandbox.errors import SandboxFailed
 from mcp_code_sandbox.service import SandboxService
+from mcp_code_sandbox.sessions.agent_client import AgentClient
+from mcp_code_sandbox.sessions.agent_files import AgentFiles
 from mcp_code_sandbox.sessions.holder import Role
 from mcp_code_sandbox.settings import Settings, load_settings
+from mcp_code_sandbox.workspace.seam import Blocking
 
-__all__ = ["FakeBackend", "FakeSandbox", "fake_service", "fake_settings"]
+__all__ = ["FakeBackend", "FakeSandbox", "agent_files", "fake_service", "fake_settings"]
 
 #: Generous: the machine running the tests may be loaded (an agent starts in ~0.1 s).
 READY_TIMEOUT_S = 30.0
@@ -88,8 +97,17 @@ class FakeSandbox(Sandbox):
 class FakeBackend(Backend):
     name = "fake"
 
-    def __init__(self, *, path: str = DEFAULT_PATH, reconnect: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        path: str = DEFAULT_PATH,
+        reconnect: bool = False,
+        workspace_in_sandbox: bool = False,
+    ) -> None:
         self._path = path
+        #: Each agent works in a directory of its own sandbox's (a pod's emptyDir), never
+        #: in ``spec.workspace``: the server reaches the files through the agent only.
+        self.workspace_in_sandbox = workspace_in_sandbox
         #: Agents connect to a socket and come back to a new listener (see the module doc).
         self._reconnect = reconnect
         #: The next this-many ``create`` calls raise ``SandboxFailed`` (a start that fails).
@@ -196,8 +214,12 @@ class FakeBackend(Backend):
             if listener is None
             else ["--connect", str(scratch / AGENT_SOCKET), "--reconnect-s", "60"]
         )
+        workdir = spec.workspace
+        if self.workspace_in_sandbox:  # gone with the sandbox, as a pod's emptyDir
+            workdir = scratch / "data"
+            workdir.mkdir()
         argv = [sys.executable, "-B", "-m", "mcp_code_sandbox.agent", *channel_argv,
-                "--workdir", str(spec.workspace), "--config", json.dumps(config),
+                "--workdir", str(workdir), "--config", json.dumps(config),
                 "--plain"]  # fmt: skip
         env = {
             "PATH": self._path,
@@ -206,12 +228,14 @@ class FakeBackend(Backend):
             "LANG": "C.UTF-8",
             "MPLBACKEND": "Agg",
             "PYTHONUNBUFFERED": "1",
+            # The agent of the source under test (the venv may hold another checkout's).
+            "PYTHONPATH": _SOURCE,
             **spec.env,
         }
         try:
             with open(scratch / "agent.err", "wb") as err:
                 proc = await asyncio.create_subprocess_exec(
-                    *argv, pass_fds=[theirs.fileno()], env=env, cwd=spec.workspace,
+                    *argv, pass_fds=[theirs.fileno()], env=env, cwd=workdir,
                     stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
                     stderr=err, start_new_session=True,
                 )  # fmt: skip
@@ -282,6 +306,9 @@ class FakeBackend(Backend):
             raise
         return sandbox
 
+
+#: Where the package under test is imported from: the agent runs from the same source.
+_SOURCE = str(Path(mcp_code_sandbox.__file__).resolve().parents[1])
 
 #: A reconnecting agent's socket, in its sandbox's scratch directory.
 AGENT_SOCKET = "agent.sock"
@@ -369,3 +396,27 @@ async def fake_service(
         await service.aclose()
         if owned:
             await backend.end_all()
+
+
+#: Limits of a fake sandbox made outside a session manager (nothing enforces them).
+FAKE_LIMITS = Limits(memory_bytes=1 << 30, cpu=1.0, pids=256, tmp_bytes=1 << 30, file_bytes=1 << 30)
+
+
+@contextlib.asynccontextmanager
+async def agent_files(
+    root: Path, quota_bytes: int, blocking: Blocking
+) -> AsyncIterator[AgentFiles]:
+    """``async with agent_files(root, quota, blocking) as files``: the seam's agent-backed
+    files of a real agent whose /mnt/data is ``root`` (the workspace of a backend that
+    keeps it in the sandbox), ended on the way out."""
+    backend = FakeBackend()
+    sandbox = await backend.create(SandboxSpec("files", "local", "files", root, FAKE_LIMITS))
+    client = AgentClient(sandbox.channel)
+
+    async def agent() -> AgentClient:
+        return client
+
+    try:
+        yield AgentFiles(agent, quota_bytes=quota_bytes, blocking=blocking)
+    finally:
+        await backend.end_all()

@@ -119,6 +119,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="image tag (default: SANDBOX_IMAGE; with --server mcp-code-sandbox-server:latest)",
     )
+    kubernetes = sub.add_parser("kubernetes", help="what the Kubernetes backend needs")
+    kubernetes_sub = kubernetes.add_subparsers(dest="kubernetes_command", required=True)
+    certs = kubernetes_sub.add_parser(
+        "certs",
+        help="write the agent channel's CA and server certificate (ca.crt, ca.key, "
+        "server.crt, server.key); an existing CA in DIR is kept and a new server "
+        "certificate issued",
+    )
+    certs.add_argument("--out", type=Path, required=True, metavar="DIR")
     for p in (serve, setup, sub.choices["doctor"], run, build):
         _add_setting_flags(p)
     return parser
@@ -142,6 +151,8 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(default_command(sys.argv[1:] if argv is None else argv))
+    if args.command == "kubernetes":  # no settings: files only
+        return _kubernetes_certs(args.out)
     try:
         settings = _settings(args)
     except ConfigError as exc:
@@ -177,6 +188,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _kubernetes_certs(out: Path) -> int:
+    from mcp_code_sandbox.backends.kubernetes.certs import write_certs
+
+    try:
+        files = write_certs(out)
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    ca = "kept the CA in" if files.kept_ca else "wrote a new CA to"
+    print(f"{ca} {files.ca_cert} and {files.ca_key}; keep ca.key out of the cluster")
+    print(f"wrote {files.server_cert} and {files.server_key} for the servers (a Secret)")
+    return 0
 
 
 def _serve(settings: Settings, transport: str) -> int:
@@ -267,14 +292,14 @@ def _setup(settings: Settings, *, force: bool, node: bool = True, apparmor: bool
 
 
 def _image_build(settings: Settings, args: argparse.Namespace) -> int:
-    from mcp_code_sandbox.provision.image import build_image
+    from mcp_code_sandbox.provision.image import build_image, build_packages_image
     from mcp_code_sandbox.settings import ca_bundle_from_env
 
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
     ca_bundle = args.ca_bundle or ca_bundle_from_env()
-    build_image(
+    built = build_image(
         settings,
         base=args.base,
         ca_bundle=ca_bundle,
@@ -282,6 +307,8 @@ def _image_build(settings: Settings, args: argparse.Namespace) -> int:
         progress=progress,
         server=args.server,
     )
+    if not args.server:  # and on it, the image with SANDBOX_RUNTIME_PACKAGES, if any
+        build_packages_image(settings, base=built.tag, ca_bundle=ca_bundle, progress=progress)
     return 0
 
 

@@ -23,13 +23,27 @@ GROUPS: tuple[tuple[str, tuple[Entry, ...]], ...] = (
         "Backend",
         (
             ("backend", "auto (docker when an engine answers and has the image, else bwrap), "
-             "bwrap or docker", None),
-            ("image", "the docker backend's sandbox image", None),
+             "bwrap or docker (kubernetes: not in this version yet)", None),
+            ("image", "the sandbox image (kubernetes: a reference the nodes can pull)", None),
             ("docker_runtime", "runc, or runsc for gVisor", None),
             ("docker_host_state_dir", "docker: the state dir's path as the engine sees it, "
              "when the server runs in a container", "the state dir"),
-            ("runtime_packages", "comma-separated Python packages of the bwrap runtime env",
-             "the standard list"),
+            ("runtime_packages", "comma-separated Python packages: the bwrap runtime env's "
+             "list; on docker, installed on the image by `image build`", "the standard list"),
+        ),
+    ),
+    (
+        "Kubernetes",
+        (
+            ("kubernetes_namespace", "namespace of the sandbox pods", None),
+            ("kubernetes_runtime_class", "runtimeClassName of sandbox pods (gvisor)",
+             "the cluster's default"),
+            ("kubernetes_seccomp_profile", "Localhost seccomp profile of sandbox pods, "
+             "relative to the kubelet's seccomp dir", "RuntimeDefault"),
+            ("kubernetes_storage_class", "StorageClass of paused sessions' workspaces",
+             "none: no pausing"),
+            ("kubernetes_agent_tls_dir", "directory of the agent channel's ca.crt, "
+             "server.crt, server.key", None),
         ),
     ),
     (

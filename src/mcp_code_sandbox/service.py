@@ -36,6 +36,7 @@ from mcp_code_sandbox.run.probe import RuntimeProbe
 from mcp_code_sandbox.run.recent import RecentRuns, error_label
 from mcp_code_sandbox.run.request import RunRequest, check_request
 from mcp_code_sandbox.sessions.egress import Wish
+from mcp_code_sandbox.sessions.forking import Forked
 from mcp_code_sandbox.sessions.holder import Role
 from mcp_code_sandbox.sessions.manager import SessionManager
 from mcp_code_sandbox.sessions.overview import SessionSummary, SessionView, overview, summaries
@@ -45,8 +46,9 @@ from mcp_code_sandbox.sessions.session import Session
 from mcp_code_sandbox.settings import Settings
 from mcp_code_sandbox.workspace import FileInfo, ListResult, ReadResult, measure
 from mcp_code_sandbox.workspace.pages import Page, page_of, whole_file
+from mcp_code_sandbox.workspace.seam import Files
 
-__all__ = ["Download", "Exported", "SandboxService", "Upload"]
+__all__ = ["Download", "Exported", "Restarted", "SandboxService", "Upload"]
 
 log = structlog.get_logger("mcp_code_sandbox.service")
 
@@ -87,6 +89,15 @@ class Exported:
     runs: int
     #: What it leaves out, as its last cell says; ``None``: nothing.
     notice: str | None
+
+
+@dataclass(frozen=True)
+class Restarted:
+    """A session whose interpreter ``restart_interpreter`` restarted, and what it is now."""
+
+    session_id: str
+    state: str  # "running" | "paused"
+    message: str
 
 
 #: Largest workspace image a notebook embeds (beyond: its path, as text).
@@ -365,6 +376,7 @@ class SandboxService:
             report = await execute.run(
                 held,
                 handout,
+                self.sessions.files(held.session),
                 request,
                 timeout,
                 self._run_budget(),
@@ -456,14 +468,20 @@ class SandboxService:
             owner, session_id, create=False, wait_s=self.settings.exec_timeout_s
         ) as held:
             session = held.session
-            export = functools.partial(_export, self.runlog(session), session, path)
-            info, written = await self.threads.run(owner, export)
+            files = self.sessions.files(session)
+            build = functools.partial(_build_notebook, self.runlog(session), files)
+            spool, written = await self.threads.run(owner, build)
+            try:
+                info = await files.write_file(path, spool, overwrite=True)
+            finally:
+                spool.close()
         return Exported(session.id, info.path, info.size_bytes, written.runs, written.cut)
 
     def _run_budget(self) -> execute.RunBudget:
-        return execute.RunBudget(
-            self.settings, self.metrics, self.threads, self.sessions.quota_on_disk()
-        )
+        # A workspace in the sandbox is not watched during a run (its agent answers
+        # between runs only): the sandbox's own volume limit binds it.
+        bound = self.sessions.quota_on_disk() or self.backend.workspace_in_sandbox
+        return execute.RunBudget(self.settings, self.metrics, self.threads, bound)
 
     async def upload_file(
         self,
@@ -485,10 +503,8 @@ class SandboxService:
         async with self.sessions.acquire(
             owner, session_id, create=True, wait_s=self.settings.exec_timeout_s
         ) as held:
-            write = held.session.workspace.write_file  # a quota walk, then the write
-            info: FileInfo = await self.threads.run(
-                owner, write, filename, data, overwrite=overwrite
-            )
+            files = self.sessions.files(held.session)  # a quota walk, then the write
+            info: FileInfo = await files.write_file(filename, data, overwrite=overwrite)
         session = held.session
         return Upload(
             session.id, info.path, info.size_bytes, held.created, held.notice, info.mime_type
@@ -506,8 +522,8 @@ class SandboxService:
         async with self.sessions.acquire(
             owner, session_id, create=False, wait_s=self.settings.exec_timeout_s
         ) as held:
-            read = held.session.workspace.read_file
-            return await self.threads.run(owner, read, path, offset=offset, max_bytes=limit)
+            files = self.sessions.files(held.session)
+            return await files.read_file(path, offset=offset, max_bytes=limit)
 
     async def read_page(
         self, owner: str, session_id: str, path: str, *, offset: int, max_bytes: int | None
@@ -551,8 +567,7 @@ class SandboxService:
         async with self.sessions.acquire(
             owner, session_id, create=False, wait_s=self.settings.exec_timeout_s
         ) as held:
-            opened = held.session.workspace.open_file
-            source, info = await self.threads.run(owner, opened, path)
+            source, info = await self.sessions.files(held.session).open_file(path)
         return Download(owner, source, info)
 
     async def list_files(
@@ -569,11 +584,44 @@ class SandboxService:
         ``SessionBusy`` (default: ``exec_timeout_s``, as every call)."""
         wait = self.settings.exec_timeout_s if wait_s is None else wait_s
         async with self.sessions.acquire(owner, session_id, create=False, wait_s=wait) as held:
-            listing = held.session.workspace.list_files
-            return await self.threads.run(owner, listing, path, recursive=recursive, limit=limit)
+            listing = self.sessions.files(held.session).list_files
+            return await listing(path, recursive=recursive, limit=limit)
+
+    async def restart_interpreter(self, owner: str, session_id: str) -> Restarted:
+        """A fresh interpreter for ``owner``'s session, its files kept, under the session's
+        lock (see :meth:`.sessions.manager.SessionManager.restart`): a paused session
+        stays paused and its next call starts fresh, without its saved variables."""
+        async with self.sessions.acquire(
+            owner, session_id, create=False, wait_s=self.settings.exec_timeout_s
+        ) as held:
+            session = held.session
+            await self.sessions.restart(session)
+            paused = session.paused is not None
+        if paused:
+            message = (
+                f"session {session.id} is paused; what it kept of its interpreter was "
+                "discarded, so its next run starts a fresh one. Files in /mnt/data are kept"
+            )
+        else:
+            message = (
+                f"the interpreter of session {session.id} was restarted: variables, imports "
+                "and processes started before are gone; files in /mnt/data are kept"
+            )
+        return Restarted(session.id, "paused" if paused else "running", message)
 
     async def close_session(self, owner: str, session_id: str) -> None:
         await self.sessions.close(owner, session_id)
+
+    async def fork_session(
+        self, owner: str, session_id: str, new_session_id: str | None = None
+    ) -> Forked:
+        """``fork_session``: a new session of ``owner``'s with a copy of ``session_id``'s
+        files and variables (:mod:`.sessions.forking`), waiting for the source's call in
+        flight as any call does."""
+        if self.backend.host_problem is not None:  # no sandbox can start here: say why
+            raise BackendUnavailable(self.backend.host_problem)
+        wait = self.settings.exec_timeout_s
+        return await self.sessions.fork(owner, session_id, new_session_id, wait_s=wait)
 
     @property
     def replica(self) -> str:
@@ -682,26 +730,31 @@ class SandboxService:
         return out
 
 
-def _export(runs: RunLog, session: Session, path: str) -> tuple[FileInfo, notebook.Written]:
-    """Write ``runs`` as a notebook at ``path`` in ``session``'s workspace: built a cell
-    at a time into a temporary file beside the run logs (on the host's disk, not in
-    memory), then installed like an upload. Blocking: run in a worker thread."""
+def _build_notebook(runs: RunLog, files: Files) -> tuple[BinaryIO, notebook.Written]:
+    """``runs`` as a notebook, built a cell at a time into a temporary file beside the
+    run logs (on the host's disk, not in memory), at its start, to be installed like an
+    upload; the caller closes it. Blocking: run in a worker thread."""
     runs.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    with tempfile.TemporaryFile(dir=runs.directory) as spool:
+    spool = tempfile.TemporaryFile(dir=runs.directory)  # noqa: SIM115 - the caller's to close
+    try:
         written = notebook.write_notebook(
-            runs.records(), _image_reader(session), spool, runs.max_bytes
+            runs.records(), _image_reader(files), spool, runs.max_bytes
         )
         spool.seek(0)
-        return session.workspace.write_file(path, spool, overwrite=True), written
+    except BaseException:
+        spool.close()
+        raise
+    return spool, written
 
 
-def _image_reader(session: Session) -> notebook.ReadImage:
+def _image_reader(files: Files) -> notebook.ReadImage:
     """Reads a workspace image for a notebook: its bytes, or ``None`` when it is gone,
     no longer a regular file, or bigger than ``NOTEBOOK_IMAGE_BYTES``."""
+    read_file = files.reader()
 
     def read(path: str) -> bytes | None:
         try:
-            got = session.workspace.read_file(path, max_bytes=NOTEBOOK_IMAGE_BYTES)
+            got = read_file(path, NOTEBOOK_IMAGE_BYTES)
         except SandboxError:
             return None
         return got.data if got.eof else None

@@ -48,6 +48,11 @@ _NETWORK_ENTRY = re.compile(
 #: bytes: English prose runs about 4, code, numbers and JSON about 3; the lower figure
 #: keeps a result under the client's limit whatever it holds.
 BYTES_PER_TOKEN = 3
+#: Kubernetes object names: a namespace is a DNS label, a class a DNS subdomain.
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(
+    r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+)
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 
@@ -113,9 +118,29 @@ class Settings(BaseSettings):
         env_prefix="SANDBOX_", frozen=True, extra="forbid", case_sensitive=False
     )
 
-    backend: Literal["auto", "bwrap", "docker"] = "auto"
+    backend: Literal["auto", "bwrap", "docker", "kubernetes"] = "auto"
+    #: The sandbox image: docker, a tag the engine has; kubernetes, a reference the
+    #: cluster's nodes can pull (the same image, pushed to a registry).
     image: str = "mcp-code-sandbox:latest"
     docker_runtime: Literal["runc", "runsc"] = "runc"
+
+    # Kubernetes: what a cluster operator sets (deploy/kubernetes/ sets the first and
+    # the last to match its own manifests). Read by backends/kubernetes/.
+    #: The namespace the sandbox pods (and their claims, leases, policy) live in.
+    kubernetes_namespace: str = "mcp-code-sandbox"
+    #: runtimeClassName of every sandbox pod (``gvisor`` for runsc). None: the cluster's
+    #: default runtime.
+    kubernetes_runtime_class: str | None = None
+    #: A Localhost seccomp profile for sandbox pods, relative to the kubelet's seccomp
+    #: directory on every node. None: the runtime's default profile (RuntimeDefault).
+    kubernetes_seccomp_profile: str | None = None
+    #: StorageClass of the volume a paused session's workspace is kept on. None: no
+    #: volume is made, and sessions on Kubernetes are not paused (they keep their pod
+    #: until they expire).
+    kubernetes_storage_class: str | None = None
+    #: Directory with the agent channel's ``ca.crt``, ``server.crt`` and ``server.key``
+    #: (what ``mcp-code-sandbox kubernetes certs --out DIR`` writes; a mounted Secret).
+    kubernetes_agent_tls_dir: Path = Path("/etc/mcp-code-sandbox/agent-tls")
 
     memory_limit: Size = 512 * 1024**2
     cpu_limit: float = Field(1.0, gt=0, le=256)
@@ -283,7 +308,15 @@ class Settings(BaseSettings):
     def _upper_level(cls, value: object) -> object:
         return value.upper() if isinstance(value, str) else value
 
-    @field_validator("docker_host_state_dir", "secrets_file", "network_upstream_ca", mode="before")
+    @field_validator(
+        "docker_host_state_dir",
+        "secrets_file",
+        "network_upstream_ca",
+        "kubernetes_runtime_class",
+        "kubernetes_seccomp_profile",
+        "kubernetes_storage_class",
+        mode="before",
+    )
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
         # A compose file passes an unset variable on as "".
@@ -294,6 +327,27 @@ class Settings(BaseSettings):
     def _absolute(cls, path: Path | None) -> Path | None:
         if path is not None and not path.is_absolute():
             raise ValueError("must be an absolute path (the state dir as the engine sees it)")
+        return path
+
+    @field_validator("kubernetes_namespace")
+    @classmethod
+    def _namespace_name(cls, name: str) -> str:
+        if not _DNS_LABEL.fullmatch(name):
+            raise ValueError("a namespace is 1-63 lower-case letters, digits or '-'")
+        return name
+
+    @field_validator("kubernetes_runtime_class", "kubernetes_storage_class")
+    @classmethod
+    def _object_name(cls, name: str | None) -> str | None:
+        if name is not None and not _DNS_SUBDOMAIN.fullmatch(name):
+            raise ValueError("expected an object name: lower-case letters, digits, '-' and '.'")
+        return name
+
+    @field_validator("kubernetes_seccomp_profile")
+    @classmethod
+    def _profile_path(cls, path: str | None) -> str | None:
+        if path is not None and (path.startswith("/") or ".." in path.split("/")):
+            raise ValueError("give the profile's path relative to the kubelet's seccomp dir")
         return path
 
     @field_validator("pass_through_env")
@@ -446,6 +500,21 @@ class Settings(BaseSettings):
     def result_text_bytes(self) -> int:
         """The most bytes of text one result carries: ``max_result_tokens``, estimated."""
         return self.max_result_tokens * BYTES_PER_TOKEN
+
+    @property
+    def kubernetes_agent_ca(self) -> Path:
+        """The CA certificate the agents trust (public: sandbox pods mount it too)."""
+        return self.kubernetes_agent_tls_dir / "ca.crt"
+
+    @property
+    def kubernetes_server_cert(self) -> Path:
+        """The certificate this server presents to agents, signed by that CA."""
+        return self.kubernetes_agent_tls_dir / "server.crt"
+
+    @property
+    def kubernetes_server_key(self) -> Path:
+        """Its private key: the one secret that drives agents (never in a sandbox pod)."""
+        return self.kubernetes_agent_tls_dir / "server.key"
 
     @property
     def workspaces_dir(self) -> Path:

@@ -29,8 +29,10 @@ TOOLS = {
     "list_files",
     "close_session",
     "list_sessions",
+    "restart_interpreter",
     "list_runtimes",
     "export_notebook",
+    "fork_session",
 }
 
 

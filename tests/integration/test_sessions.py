@@ -228,6 +228,39 @@ async def test_leftovers_of_a_dead_server_are_removed_at_start(
         await svc.aclose()
 
 
+#: The pids of processes that are still alive (not gone, not zombies), in the sandbox.
+ALIVE = """
+def alive(pid):
+    try:
+        return open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[0] != 'Z'
+    except OSError:
+        return False
+[p for p in PIDS if alive(p)]
+"""
+
+
+@each_backend
+async def test_restart_interpreter_keeps_the_sandbox_and_its_files(service: Any) -> None:
+    spawn = (
+        "import subprocess\nx = 1\nopen('kept.txt', 'w').write('k')\n"
+        "open('/tmp/same-sandbox', 'w').write('t')\n"
+        "PIDS = [subprocess.Popen(['sleep', '300']).pid,\n"
+        "        subprocess.Popen(['sleep', '300'], start_new_session=True).pid]\nPIDS"
+    )
+    pids = (await run(service, spawn)).result
+    assert (await run(service, "PIDS = " + pids + ALIVE)).result == pids
+    done = await service.restart_interpreter("local", "s")
+    assert done.state == "running" and "files in /mnt/data are kept" in done.message
+    after = await run(service, "x")
+    assert after.error is not None and after.error["name"] == "NameError"
+    assert (after.state_lost, after.notice, after.execution_count) == (False, None, 1)
+    assert (await run(service, "open('kept.txt').read()")).result == "'k'"
+    # Its /tmp too: the same sandbox, not a new one.
+    assert (await run(service, "open('/tmp/same-sandbox').read()")).result == "'t'"
+    assert (await run(service, "PIDS = " + pids + ALIVE)).result == "[]"
+    assert (await run(service, "import json; json.dumps([1])")).result == "'[1]'"
+
+
 @each_backend
 async def test_cancelled_run_leaves_the_session_usable(service: Any) -> None:
     await run(service, "kept = 'yes'")

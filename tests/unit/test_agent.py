@@ -495,6 +495,34 @@ def test_queued_execs_run_in_order(agent: Agent) -> None:
     assert agent.collect(second).done["result"] == "2"
 
 
+def test_restart_gives_a_fresh_interpreter_and_keeps_the_files(agent: Agent) -> None:
+    agent.run("x = 1\nopen('kept.txt', 'w').write('k')")
+    spawn = "import subprocess; p = subprocess.Popen(['sleep', '300']); p.pid"
+    child = int(agent.run(spawn).done["result"])
+    agent.send({"op": "restart", "id": 50})
+    assert agent.receive() == {"ev": "restarted", "id": 50}
+    after = agent.run("x")
+    assert after.done["error"]["name"] == "NameError"
+    assert after.done["state_lost"] is False and after.done["execution_count"] == 1
+    assert _is_zombie(child)  # killed with the interpreter that started it
+    assert agent.run("open('kept.txt').read()").done["result"] == "'k'"
+
+
+def test_restart_waits_for_the_run_before_it(agent: Agent) -> None:
+    first = agent.submit("import time; time.sleep(0.2); y = 2; y")
+    agent.send({"op": "restart", "id": 60})
+    assert agent.collect(first).done["result"] == "2"
+    assert agent.receive() == {"ev": "restarted", "id": 60}
+    assert agent.run("'y' in dir()").done["result"] == "False"
+
+
+def test_restart_without_an_integer_id_is_an_error(agent: Agent) -> None:
+    agent.send({"op": "restart", "id": "a"})
+    message = agent.receive()
+    assert message["ev"] == "error" and message["id"] == "a"
+    assert agent.run("3").done["result"] == "3"
+
+
 def test_display_of_markdown_and_png(agent: Agent) -> None:
     code = (
         "class Md:\n"

@@ -29,6 +29,10 @@ P = Phase
         (P.PAUSED, P.HANDED_ON),
         (P.PAUSING, P.HANDED_ON),  # a replica shuts down mid-pause
         (P.RESUMING, P.HANDED_ON),
+        (P.RUNNING, P.FORKING),  # a fork, just made, is filled
+        (P.FORKING, P.RUNNING),
+        (P.FORKING, P.ENDING),  # its copy refused, or it was closed meanwhile
+        (P.FORKING, P.HANDED_ON),
     ],
 )
 def test_each_drawn_move_is_made(start: Phase, to: Phase) -> None:
@@ -47,6 +51,8 @@ def test_each_drawn_move_is_made(start: Phase, to: Phase) -> None:
         (P.RUNNING, P.ENDED),  # ended only by way of its end
         (P.ENDING, P.HANDED_ON),  # a closed session is nobody's to take over
         (P.ENDED, P.HANDED_ON),
+        (P.PAUSED, P.FORKING),  # only a new session is filled as a fork
+        (P.FORKING, P.PAUSING),  # a fork is never paused half-copied
     ],
 )
 def test_a_move_the_table_lacks_is_an_internal_error(start: Phase, to: Phase) -> None:

@@ -21,6 +21,7 @@ from mcp_code_sandbox.errors import (
 from mcp_code_sandbox.run.execute import RunReport
 from mcp_code_sandbox.run.request import RunRequest
 from mcp_code_sandbox.service import SandboxService
+from mcp_code_sandbox.sessions.agent_client import AgentClient
 from mcp_code_sandbox.settings import ConfigError, load_settings
 from tests.fakes import FakeBackend, fake_service
 
@@ -366,6 +367,59 @@ async def test_a_sandbox_that_died_is_replaced_once_with_files_kept(state_dir: P
         assert report.state_lost is True
         assert report.notice and "had stopped; a new one was started" in report.notice
         assert len(fake(svc).created) == 2
+
+
+async def test_a_restart_gives_a_fresh_interpreter_in_the_same_sandbox(state_dir: Path) -> None:
+    async with fake_service(state_dir) as svc:
+        spawn = "import subprocess\nx = 1\nopen('f.txt', 'w').write('kept')\n"
+        spawn += "subprocess.Popen(['sleep', '300']).pid"
+        child = int((await run(svc, spawn, "s")).result or "0")
+        started = len(fake(svc).created)
+        done = await svc.restart_interpreter("local", "s")
+        assert (done.session_id, done.state) == ("s", "running")
+        assert "variables, imports" in done.message and "files in /mnt/data are kept" in (
+            done.message
+        )
+        after = await run(svc, "print(open('f.txt').read()); 'x' in dir()", "s")
+        assert (after.status, after.stdout, after.result) == ("ok", "kept\n", "False")
+        assert (after.state_lost, after.notice, after.execution_count) == (False, None, 1)
+        assert len(fake(svc).created) == started  # the same sandbox
+        assert _gone(child)
+
+
+async def test_a_sandbox_whose_agent_cannot_restart_is_replaced(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def refuse(*args: object, **kwargs: object) -> None:
+        raise SandboxFailed("the sandbox's agent cannot restart: unknown op 'restart'")
+
+    async with fake_service(state_dir) as svc:
+        await run(svc, "x = 1\nopen('f.txt', 'w').write('kept')", "s")
+        monkeypatch.setattr(AgentClient, "restart", refuse)
+        done = await svc.restart_interpreter("local", "s")
+        assert done.state == "running"
+        after = await run(svc, "print(open('f.txt').read()); 'x' in dir()", "s")
+        assert (after.stdout, after.result, after.state_lost, after.notice) == (
+            "kept\n", "False", False, None,
+        )  # fmt: skip
+        assert len(fake(svc).stopped) == 1
+
+
+async def test_a_restart_of_an_unknown_session_is_not_found(state_dir: Path) -> None:
+    async with fake_service(state_dir) as svc:
+        with pytest.raises(SessionNotFound):
+            await svc.restart_interpreter("local", "nope")
+        await run(svc, "1", "theirs", owner="bob")
+        with pytest.raises(SessionNotFound):
+            await svc.restart_interpreter("local", "theirs")
+
+
+def _gone(pid: int) -> bool:
+    """Killed: no such process, or a zombie nobody reaped yet."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
 
 
 async def test_a_sandbox_that_cannot_start_fails_the_call_not_the_session(

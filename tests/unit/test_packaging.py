@@ -269,3 +269,9 @@ def test_run_code_names_the_packages_this_server_preinstalls(tmp_path: Any) -> N
         {"state_dir": str(tmp_path)}, {"SANDBOX_RUNTIME_PACKAGES": "ipython,tabulate"}
     )
     assert "Preinstalled: ipython, tabulate." in descriptions(small)["run_code"]
+    docker = load_settings(
+        {"state_dir": str(tmp_path), "backend": "docker"},
+        {"SANDBOX_RUNTIME_PACKAGES": "ipython,tabulate"},
+    )
+    assert ", tabulate." in descriptions(docker)["run_code"]
+    assert "Preinstalled: pandas, numpy" in descriptions(docker)["run_code"]

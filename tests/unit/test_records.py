@@ -350,6 +350,18 @@ def test_a_session_whose_pause_was_under_way_is_kept_unless_it_can_be_reattached
     assert [(r, lo.backend_id) for r, lo in result.reattach] == [(running, "c2")]
 
 
+def test_a_fork_being_filled_when_its_server_died_is_removed_with_its_sandbox(
+    tmp_path: Path,
+) -> None:
+    half = record(1, forking=True)
+    write_record(tmp_path, half)
+    assert load_records(tmp_path) == [half]
+    result = plan([half], [leftover(half)])
+    assert result.reattach == [] and result.keep_paused == []
+    assert [(r, "being forked" in why) for r, why in result.drop] == [(half, True)]
+    assert [lo.backend_id for lo in result.remove_leftovers] == ["c1"]
+
+
 def test_kept_and_reattached_sessions_share_the_session_limit_most_recent_first() -> None:
     old = paused(1, "c1", last_active=NOW - 600)
     new = paused(2, last_active=NOW - 10)

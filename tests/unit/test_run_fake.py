@@ -16,9 +16,10 @@ from mcp_code_sandbox.errors import (
     NetworkNotAllowed,
     UnsupportedLanguage,
 )
-from mcp_code_sandbox.run.execute import INLINE_SNAPSHOT_ENTRIES, RunReport
+from mcp_code_sandbox.run.execute import RunReport
 from mcp_code_sandbox.run.request import RunRequest
 from mcp_code_sandbox.service import SandboxService
+from mcp_code_sandbox.workspace.seam import INLINE_SNAPSHOT_ENTRIES
 from tests.fakes import FakeBackend, fake_service
 
 

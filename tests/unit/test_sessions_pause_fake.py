@@ -62,6 +62,21 @@ async def test_a_session_paused_with_nothing_running_resumes_quietly(state_dir: 
         await backend.end_all()
 
 
+async def test_a_restart_of_a_paused_session_forgets_its_saved_variables(state_dir: Path) -> None:
+    async with fake_service(state_dir) as svc:
+        await svc.run_code("alice", RunRequest("x = 1\nopen('f.txt', 'w').write('a')"), "s")
+        paused = await svc.sessions.pause("alice", "s")
+        assert paused is not None and paused.kind == "variables"
+        done = await svc.restart_interpreter("alice", "s")
+        assert done.state == "paused" and "next run starts a fresh one" in done.message
+        [listed] = await svc.list_sessions("alice")
+        assert (listed.state, listed.saved_variables) == ("paused", None)
+        check = RunRequest("print(open('f.txt').read()); 'x' in dir()")
+        back = await svc.run_code("alice", check, "s")
+        assert (back.stdout, back.result) == ("a\n", "False")
+        assert (back.resumed, back.notice, back.state_lost) == (None, None, False)
+
+
 async def test_a_damaged_pause_in_a_record_is_kept_as_files(state_dir: Path) -> None:
     backend = FakeBackend()
     try:

@@ -171,3 +171,35 @@ def test_traces_are_sent_when_either_otlp_endpoint_is_set(
     environ: dict[str, str], expected: bool
 ) -> None:
     assert otlp_configured(environ) is expected
+
+
+def test_kubernetes_settings_read_names_and_the_tls_files_in_one_directory() -> None:
+    s = load_settings(
+        environ={
+            "SANDBOX_KUBERNETES_NAMESPACE": "sandboxes",
+            "SANDBOX_KUBERNETES_RUNTIME_CLASS": "gvisor",
+            "SANDBOX_KUBERNETES_STORAGE_CLASS": "",  # compose's unset: no pausing
+            "SANDBOX_KUBERNETES_AGENT_TLS_DIR": "/run/tls",
+        }
+    )
+    assert (s.kubernetes_namespace, s.kubernetes_runtime_class) == ("sandboxes", "gvisor")
+    assert s.kubernetes_storage_class is None and s.kubernetes_seccomp_profile is None
+    assert str(s.kubernetes_agent_ca) == "/run/tls/ca.crt"
+    assert str(s.kubernetes_server_cert) == "/run/tls/server.crt"
+    assert str(s.kubernetes_server_key) == "/run/tls/server.key"
+
+
+def test_kubernetes_names_are_checked_at_start() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(
+            environ={
+                "SANDBOX_KUBERNETES_NAMESPACE": "Sandboxes",
+                "SANDBOX_KUBERNETES_RUNTIME_CLASS": "g visor",
+                "SANDBOX_KUBERNETES_SECCOMP_PROFILE": "../etc/profile.json",
+            }
+        )
+    assert [line.split(":")[1].strip() for line in caught.value.lines] == [
+        "SANDBOX_KUBERNETES_NAMESPACE (--kubernetes-namespace)",
+        "SANDBOX_KUBERNETES_RUNTIME_CLASS (--kubernetes-runtime-class)",
+        "SANDBOX_KUBERNETES_SECCOMP_PROFILE (--kubernetes-seccomp-profile)",
+    ]

@@ -17,7 +17,10 @@ PACKAGE = ROOT / "src" / "mcp_code_sandbox"
 ABOUT_THE_WHOLE = {
     "changelog",  # CHANGELOG.md's shape
     "commit_msg_hook",  # scripts/hooks/commit-msg
+    "deploy_kubernetes",  # deploy/kubernetes/ renders and validates
     "grafana_dashboard",  # deploy/grafana-dashboard.json against the metrics
+    "kube_api",  # tests/kube_api.py, the fake Kubernetes API other tests stand on
+    "kubelet",  # tests/kubelet.py, the fake kubelet other tests stand on
     "layering",  # which layer may import which
     "packaging",  # the wheel and pyproject
     "readme",  # README.md against the code

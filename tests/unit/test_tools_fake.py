@@ -274,6 +274,20 @@ async def test_failures_are_error_results_with_their_code(state_dir: Path) -> No
         assert user["status"] == "error" and user["error"]["name"] == "ZeroDivisionError"
 
 
+async def test_restart_interpreter_reports_a_restart_not_an_error(state_dir: Path) -> None:
+    async with connected(state_dir) as (client, _):
+        made = data(await client.call_tool("run_code", {"code": "x = 1"}))
+        sid = made["session_id"]
+        done = data(await client.call_tool("restart_interpreter", {"session_id": sid}))
+        assert (done["session_id"], done["restarted"], done["state"]) == (sid, True, "running")
+        assert "variables" in done["message"] and "kept" in done["message"]
+        after = data(await client.call_tool("run_code", {"code": "x", "session_id": sid}))
+        assert after["status"] == "error" and after["error"]["name"] == "NameError"
+        assert after["state_lost"] is False and after.get("notice") is None
+        gone = await client.call_tool("restart_interpreter", {"session_id": "nope"})
+        assert error_code(gone) == "session_not_found"
+
+
 async def test_list_sessions_names_a_bounded_number_of_saved_variables(state_dir: Path) -> None:
     async with connected(state_dir) as (client, svc):
         await svc.run_code("local", RunRequest("\n".join(f"v{i} = {i}" for i in range(150))), "s")

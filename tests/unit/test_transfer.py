@@ -71,6 +71,29 @@ def test_a_hard_link_refuses_the_copy(trees: tuple[Path, Path]) -> None:
         copy(source, target)
 
 
+def test_files_with_hard_links_can_be_left_out_and_named(trees: tuple[Path, Path]) -> None:
+    source, target = trees
+    (source / "sub").mkdir()
+    (source / "sub" / "a").write_text("A")
+    os.link(source / "sub" / "a", source / "b")
+    (source / "kept").write_text("K")
+    os.mkfifo(source / "sub" / "pipe")
+    copied = copy(source, target, hard_links="skip")
+    assert (target / "kept").read_text() == "K"
+    assert not (target / "b").exists() and not (target / "sub" / "a").exists()
+    assert sorted(copied.left_out) == ["b", "sub/a", "sub/pipe"]  # type: ignore[attr-defined]
+    assert copied.skipped == 3  # type: ignore[attr-defined]
+
+
+def test_a_sparse_file_counts_at_the_size_it_claims(trees: tuple[Path, Path]) -> None:
+    source, target = trees
+    with open(source / "sparse", "wb") as f:
+        f.truncate(100 << 30)
+    with pytest.raises(CopyRefused, match="bytes"):
+        copy(source, target, max_bytes=1 << 20)
+    assert not (target / "sparse").exists()
+
+
 def test_too_many_bytes_or_entries_refuse_the_copy(trees: tuple[Path, Path]) -> None:
     source, target = trees
     for n in range(5):

@@ -1,7 +1,16 @@
-"""Workspace: hostile paths from clients, hostile files from the sandbox. Real files only."""
+"""Workspace: hostile paths from clients, hostile files from the sandbox. Real files only.
+
+The file tests run on both implementations of the workspace seam (``workspace.seam``):
+the host's directory (``DirectoryFiles``) and the agent's, over the real agent's ``fs``
+requests (``sessions.agent_files.AgentFiles``, the Kubernetes backend's): the same
+rules, results and errors on each. Life-cycle tests (create, destroy, owners) are the
+directory's alone.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import inspect
 import os
 import shutil
@@ -11,7 +20,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, BinaryIO
 
 import pytest
 
@@ -34,12 +45,83 @@ from mcp_code_sandbox.workspace import (
     parse_path,
     remove_tree,
 )
+from mcp_code_sandbox.workspace.entries import Change, FileInfo, ListResult, ReadResult
+from mcp_code_sandbox.workspace.seam import DirectoryFiles, Files
+from tests.fakes import agent_files
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
 
+class SyncFiles:
+    """A :class:`Files` called from a plain test, on ``runner``'s loop; ``root`` is the
+    directory the sandbox sees as /mnt/data, where tests plant what user code would."""
+
+    def __init__(self, files: Files, root: Path, runner: asyncio.Runner) -> None:
+        self.files = files
+        self.root = root
+        self._runner = runner
+
+    def write_file(self, rel: str, data: bytes | BinaryIO, *, overwrite: bool) -> FileInfo:
+        return self._runner.run(self.files.write_file(rel, data, overwrite=overwrite))
+
+    def read_file(self, rel: str, *, offset: int = 0, max_bytes: int) -> ReadResult:
+        return self._runner.run(self.files.read_file(rel, offset=offset, max_bytes=max_bytes))
+
+    def open_file(self, rel: str) -> tuple[BinaryIO, FileInfo]:
+        return self._runner.run(self.files.open_file(rel))
+
+    def list_files(
+        self, rel: str = ".", *, recursive: bool = True, limit: int = 10000
+    ) -> ListResult:
+        return self._runner.run(self.files.list_files(rel, recursive=recursive, limit=limit))
+
+    def snapshot(self, limit: int = 20000, *, count_hidden: bool = False) -> Snapshot:
+        return self._runner.run(self.files.snapshot(limit, count_hidden=count_hidden))
+
+    def usage_bytes(self, limit: int = 200_000) -> int:
+        return self._runner.run(self.files.usage_bytes(limit))
+
+    @staticmethod
+    def diff(before: Snapshot, after: Snapshot) -> list[Change]:
+        return diff(before, after)
+
+
+MakeFiles = Callable[[int], SyncFiles]
+
+
+async def _blocking(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    return await asyncio.to_thread(fn, *args, **kwargs)
+
+
+@pytest.fixture(params=["directory", "agent"])
+def make_ws(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MakeFiles]:
+    """Makes a workspace of that quota at ``tmp_path/ws``, on the directory or the agent."""
+    with asyncio.Runner() as runner:
+        stack = contextlib.AsyncExitStack()
+
+        def make(quota_bytes: int) -> SyncFiles:
+            workspace = Workspace(tmp_path / "ws", quota_bytes=quota_bytes)
+            workspace.create()
+            if request.param == "directory":
+                return SyncFiles(DirectoryFiles(workspace, _blocking), workspace.root, runner)
+            opened = agent_files(workspace.root, quota_bytes, _blocking)
+            files = runner.run(stack.enter_async_context(opened))
+            return SyncFiles(files, workspace.root, runner)
+
+        try:
+            yield make
+        finally:
+            runner.run(stack.aclose())
+
+
 @pytest.fixture
-def ws(tmp_path: Path) -> Workspace:
+def ws(make_ws: MakeFiles) -> SyncFiles:
+    return make_ws(1 << 20)
+
+
+@pytest.fixture
+def dir_ws(tmp_path: Path) -> Workspace:
+    """The directory's own workspace: its life cycle is not the seam's."""
     workspace = Workspace(tmp_path / "ws", quota_bytes=1 << 20)
     workspace.create()
     return workspace
@@ -114,7 +196,7 @@ def test_upload_name_with_trailing_slash_is_refused() -> None:
 # --- write ---------------------------------------------------------------------------------
 
 
-def test_write_then_read_round_trip(ws: Workspace) -> None:
+def test_write_then_read_round_trip(ws: SyncFiles) -> None:
     info = ws.write_file("/mnt/data/sub/dir/data.csv", b"a,b\n1,2\n", overwrite=False)
     assert (info.path, info.size_bytes, info.mime_type) == ("sub/dir/data.csv", 8, "text/csv")
     assert info.modified.endswith("Z")
@@ -123,7 +205,7 @@ def test_write_then_read_round_trip(ws: Workspace) -> None:
     assert _tree(ws.root) == {"sub", "sub/dir", "sub/dir/data.csv"}
 
 
-def test_upload_overwrite_semantics(ws: Workspace) -> None:
+def test_upload_overwrite_semantics(ws: SyncFiles) -> None:
     ws.write_file("a.txt", b"one", overwrite=False)
     with pytest.raises(FileExists_):
         ws.write_file("a.txt", b"two", overwrite=False)
@@ -133,7 +215,7 @@ def test_upload_overwrite_semantics(ws: Workspace) -> None:
     assert _tree(ws.root) == {"a.txt"}  # no temporary files left
 
 
-def test_write_refuses_to_replace_a_directory_or_symlink(ws: Workspace) -> None:
+def test_write_refuses_to_replace_a_directory_or_symlink(ws: SyncFiles) -> None:
     (ws.root / "d").mkdir()
     (ws.root / "link").symlink_to("/etc/passwd")
     for name in ("d", "link"):
@@ -145,7 +227,7 @@ def test_write_refuses_to_replace_a_directory_or_symlink(ws: Workspace) -> None:
     assert _tree(ws.root) == {"d", "link"}
 
 
-def test_write_through_symlinked_dir_is_refused(ws: Workspace, tmp_path: Path) -> None:
+def test_write_through_symlinked_dir_is_refused(ws: SyncFiles, tmp_path: Path) -> None:
     outside = tmp_path / "outside"
     outside.mkdir()
     (ws.root / "link").symlink_to(outside)
@@ -157,15 +239,14 @@ def test_write_through_symlinked_dir_is_refused(ws: Workspace, tmp_path: Path) -
     assert not Path("/etc/x").exists()
 
 
-def test_write_below_a_file_is_refused(ws: Workspace) -> None:
+def test_write_below_a_file_is_refused(ws: SyncFiles) -> None:
     ws.write_file("f", b"x", overwrite=False)
     with pytest.raises(InvalidPath, match="not a directory"):
         ws.write_file("f/g", b"y", overwrite=False)
 
 
-def test_quota_exceeded_leaves_nothing_behind(tmp_path: Path) -> None:
-    ws = Workspace(tmp_path / "ws", quota_bytes=100)
-    ws.create()
+def test_quota_exceeded_leaves_nothing_behind(make_ws: MakeFiles) -> None:
+    ws = make_ws(100)
     ws.write_file("a.bin", b"x" * 60, overwrite=False)
     with pytest.raises(QuotaExceeded) as info:
         ws.write_file("new/dir/b.bin", b"y" * 41, overwrite=False)
@@ -177,9 +258,8 @@ def test_quota_exceeded_leaves_nothing_behind(tmp_path: Path) -> None:
     assert ws.usage_bytes() == 100
 
 
-def test_quota_counts_what_the_sandbox_wrote(tmp_path: Path) -> None:
-    ws = Workspace(tmp_path / "ws", quota_bytes=100)
-    ws.create()
+def test_quota_counts_what_the_sandbox_wrote(make_ws: MakeFiles) -> None:
+    ws = make_ws(100)
     (ws.root / "deep" / "er").mkdir(parents=True)
     (ws.root / "deep" / "er" / "big").write_bytes(b"x" * 90)
     with pytest.raises(QuotaExceeded):
@@ -187,7 +267,7 @@ def test_quota_counts_what_the_sandbox_wrote(tmp_path: Path) -> None:
 
 
 def test_packages_saved_outputs_and_variables_are_counted_but_neither_artifacts_nor_listed(
-    ws: Workspace,
+    ws: SyncFiles,
 ) -> None:
     before = ws.snapshot()
     site = ws.root / ".packages" / "python" / "lib" / "site-packages" / "demo"
@@ -225,14 +305,14 @@ def test_invalid_quota_is_refused(tmp_path: Path) -> None:
 # --- read ----------------------------------------------------------------------------------
 
 
-def test_read_symlink_to_passwd_is_refused(ws: Workspace) -> None:
+def test_read_symlink_to_passwd_is_refused(ws: SyncFiles) -> None:
     (ws.root / "passwd").symlink_to("/etc/passwd")
     with pytest.raises(InvalidPath, match="symbolic link") as info:
         ws.read_file("passwd", max_bytes=1000)
     assert "root:" not in str(info.value)
 
 
-def test_read_through_symlinked_dir_is_refused(ws: Workspace) -> None:
+def test_read_through_symlinked_dir_is_refused(ws: SyncFiles) -> None:
     (ws.root / "link").symlink_to("/etc")
     with pytest.raises(InvalidPath, match="symbolic link"):
         ws.read_file("link/passwd", max_bytes=1000)
@@ -241,7 +321,7 @@ def test_read_through_symlinked_dir_is_refused(ws: Workspace) -> None:
         ws.read_file("root/etc/passwd", max_bytes=1000)
 
 
-def test_read_hard_link_to_outside_file_is_refused(ws: Workspace, tmp_path: Path) -> None:
+def test_read_hard_link_to_outside_file_is_refused(ws: SyncFiles, tmp_path: Path) -> None:
     secret = tmp_path / "secret.txt"
     secret.write_text("host secret")
     os.link(secret, ws.root / "stolen.txt")
@@ -252,7 +332,7 @@ def test_read_hard_link_to_outside_file_is_refused(ws: Workspace, tmp_path: Path
         ws.open_file("stolen.txt")
 
 
-def test_read_fifo_does_not_hang(ws: Workspace) -> None:
+def test_read_fifo_does_not_hang(ws: SyncFiles) -> None:
     os.mkfifo(ws.root / "fifo")
     outcome: list[BaseException] = []
 
@@ -269,7 +349,7 @@ def test_read_fifo_does_not_hang(ws: Workspace) -> None:
     assert len(outcome) == 1 and isinstance(outcome[0], InvalidPath)
 
 
-def test_read_socket_is_refused(ws: Workspace) -> None:
+def test_read_socket_is_refused(ws: SyncFiles) -> None:
     import socket
 
     sock = socket.socket(socket.AF_UNIX)
@@ -283,7 +363,7 @@ def test_read_socket_is_refused(ws: Workspace) -> None:
         ws.read_file("sock", max_bytes=10)
 
 
-def test_read_directory_and_root_are_refused(ws: Workspace) -> None:
+def test_read_directory_and_root_are_refused(ws: SyncFiles) -> None:
     (ws.root / "d").mkdir()
     with pytest.raises(InvalidPath, match="directory"):
         ws.read_file("d", max_bytes=10)
@@ -291,14 +371,14 @@ def test_read_directory_and_root_are_refused(ws: Workspace) -> None:
         ws.read_file(".", max_bytes=10)
 
 
-def test_read_missing_is_not_found(ws: Workspace) -> None:
+def test_read_missing_is_not_found(ws: SyncFiles) -> None:
     with pytest.raises(NotFound):
         ws.read_file("nope.txt", max_bytes=10)
     with pytest.raises(NotFound):
         ws.read_file("no/such/dir.txt", max_bytes=10)
 
 
-def test_read_paging(ws: Workspace) -> None:
+def test_read_paging(ws: SyncFiles) -> None:
     ws.write_file("t.txt", b"0123456789", overwrite=False)
     first = ws.read_file("t.txt", offset=0, max_bytes=4)
     assert (first.data, first.next_offset, first.eof, first.size_bytes) == (b"0123", 4, False, 10)
@@ -314,7 +394,7 @@ def test_read_paging(ws: Workspace) -> None:
         ws.read_file("t.txt", offset=-1, max_bytes=4)
 
 
-def test_read_detects_binary_and_magic(ws: Workspace) -> None:
+def test_read_detects_binary_and_magic(ws: SyncFiles) -> None:
     ws.write_file("noext", b"\x89PNG\r\n\x1a\n" + b"\x00" * 20, overwrite=False)
     read = ws.read_file("noext", max_bytes=100)
     assert read.mime_type == "image/png" and not read.is_text
@@ -323,7 +403,7 @@ def test_read_detects_binary_and_magic(ws: Workspace) -> None:
     assert notes.mime_type == "application/octet-stream" and notes.is_text
 
 
-def test_open_file_streams_and_checks(ws: Workspace) -> None:
+def test_open_file_streams_and_checks(ws: SyncFiles) -> None:
     ws.write_file("r.pdf", b"%PDF-1.4 ...", overwrite=False)
     stream, info = ws.open_file("r.pdf")
     with stream:
@@ -337,7 +417,7 @@ def test_open_file_streams_and_checks(ws: Workspace) -> None:
 # --- listing -------------------------------------------------------------------------------
 
 
-def test_listing_shows_symlinks_and_does_not_descend(ws: Workspace) -> None:
+def test_listing_shows_symlinks_and_does_not_descend(ws: SyncFiles) -> None:
     ws.write_file("b/c.py", b"print(1)", overwrite=False)
     ws.write_file("a.txt", b"hi", overwrite=False)
     (ws.root / "etc").symlink_to("/etc")
@@ -358,7 +438,7 @@ def test_listing_shows_symlinks_and_does_not_descend(ws: Workspace) -> None:
     assert all(e.modified.endswith("Z") for e in listing.entries)
 
 
-def test_listing_subdir_non_recursive_and_errors(ws: Workspace) -> None:
+def test_listing_subdir_non_recursive_and_errors(ws: SyncFiles) -> None:
     ws.write_file("d/x/y.txt", b"1", overwrite=False)
     ws.write_file("d/z.txt", b"2", overwrite=False)
     ws.write_file(".outputs/run-1.txt", b"out", overwrite=False)
@@ -379,7 +459,7 @@ def test_listing_subdir_non_recursive_and_errors(ws: Workspace) -> None:
         ws.list_files(limit=0)
 
 
-def test_listing_limit_truncates(ws: Workspace) -> None:
+def test_listing_limit_truncates(ws: SyncFiles) -> None:
     for i in range(30):
         (ws.root / f"f{i:02}").write_bytes(b"")
     listing = ws.list_files(limit=10)
@@ -389,7 +469,7 @@ def test_listing_limit_truncates(ws: Workspace) -> None:
     assert not ws.list_files(limit=30).truncated
 
 
-def test_listing_deep_tree_is_bounded(ws: Workspace) -> None:
+def test_listing_deep_tree_is_bounded(ws: SyncFiles) -> None:
     fd = os.open(ws.root, os.O_RDONLY)
     for _ in range(100):  # deeper than any walk descends
         os.mkdir("d", dir_fd=fd)
@@ -401,7 +481,7 @@ def test_listing_deep_tree_is_bounded(ws: Workspace) -> None:
     assert listing.truncated and 0 < len(listing.entries) < 100
 
 
-def test_listing_survives_hostile_names_and_mtimes(ws: Workspace) -> None:
+def test_listing_survives_hostile_names_and_mtimes(ws: SyncFiles) -> None:
     raw = os.fsencode(ws.root) + b"/bad\xff\nname"
     with open(raw, "wb"):
         pass
@@ -415,7 +495,7 @@ def test_listing_survives_hostile_names_and_mtimes(ws: Workspace) -> None:
 # --- snapshot / diff -----------------------------------------------------------------------
 
 
-def test_snapshot_diff_created_and_modified(ws: Workspace) -> None:
+def test_snapshot_diff_created_and_modified(ws: SyncFiles) -> None:
     ws.write_file("keep.txt", b"same", overwrite=False)
     ws.write_file("edit.csv", b"1,2", overwrite=False)
     ws.write_file("gone.txt", b"bye", overwrite=False)
@@ -438,7 +518,7 @@ def test_snapshot_diff_created_and_modified(ws: Workspace) -> None:
     assert ".outputs/run-1.txt" not in after.files
 
 
-def test_diff_catches_rewrite_that_keeps_size_and_mtime(ws: Workspace) -> None:
+def test_diff_catches_rewrite_that_keeps_size_and_mtime(ws: SyncFiles) -> None:
     ws.write_file("data.csv", b"1,2", overwrite=False)
     st = os.stat(ws.root / "data.csv")
     before = ws.snapshot()
@@ -448,7 +528,7 @@ def test_diff_catches_rewrite_that_keeps_size_and_mtime(ws: Workspace) -> None:
     assert [c.change for c in diff(before, ws.snapshot())] == ["modified"]
 
 
-def test_snapshot_ignores_links_and_is_bounded(ws: Workspace) -> None:
+def test_snapshot_ignores_links_and_is_bounded(ws: SyncFiles) -> None:
     (ws.root / "etc").symlink_to("/etc")
     (ws.root / "pw").symlink_to("/etc/passwd")
     for i in range(20):
@@ -460,9 +540,8 @@ def test_snapshot_ignores_links_and_is_bounded(ws: Workspace) -> None:
     assert diff(Snapshot({}, False), Snapshot({}, False)) == []
 
 
-def test_failed_writes_leave_no_temp_files(tmp_path: Path) -> None:
-    ws = Workspace(tmp_path / "ws", quota_bytes=10)
-    ws.create()
+def test_failed_writes_leave_no_temp_files(make_ws: MakeFiles) -> None:
+    ws = make_ws(10)
     ws.write_file("a", b"1", overwrite=False)
     before = ws.snapshot()
     for call in (
@@ -492,8 +571,9 @@ def _hostile_tree(root: Path) -> None:
 
 
 def test_destroy_removes_hostile_tree_without_following_links(
-    ws: Workspace, tmp_path: Path
+    dir_ws: Workspace, tmp_path: Path
 ) -> None:
+    ws = dir_ws
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "keep").write_bytes(b"keep")
@@ -505,7 +585,8 @@ def test_destroy_removes_hostile_tree_without_following_links(
     ws.destroy()  # idempotent
 
 
-def test_destroy_deep_tree(ws: Workspace) -> None:
+def test_destroy_deep_tree(dir_ws: Workspace) -> None:
+    ws = dir_ws
     fd = os.open(ws.root, os.O_RDONLY)
     for _ in range(300):
         os.mkdir("d", dir_fd=fd)
@@ -608,7 +689,8 @@ def test_owner_is_given_everything_created(tmp_path: Path) -> None:
     assert stat.S_IMODE(os.stat(ws.root / "a/b/c.txt").st_mode) == 0o644
 
 
-def test_create_keeps_existing_files(ws: Workspace) -> None:
+def test_create_keeps_existing_files(dir_ws: Workspace) -> None:
+    ws = dir_ws
     ws.write_file("a.txt", b"1", overwrite=False)
     ws.create()
     assert (ws.root / "a.txt").read_bytes() == b"1"

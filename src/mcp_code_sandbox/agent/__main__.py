@@ -1,4 +1,5 @@
-"""Entry point: ``python -m mcs_agent (--channel-fd N | --connect PATH) --config JSON``.
+"""Entry point: ``python -m mcs_agent (--channel-fd N | --connect PATH | --listen ADDR:PORT
+--ca PATH) --config JSON``.
 
 The backend starts the agent this way (see ``mcp_code_sandbox.layout.agent_argv``); on the host the
 same package runs as ``python -m mcp_code_sandbox.agent``. fds 0-2 are whatever the
@@ -9,7 +10,10 @@ socketpair) or a Unix socket the host listens on (``--connect``: the docker back
 containers inherit no fds). A path that is not there yet, or refuses, is retried for
 ``CONNECT_WAIT_S``; after that the agent exits 1 with one line on stderr. With
 ``--connect`` the agent also survives the host going away: it reconnects to the same path
-for ``--reconnect-s`` seconds (see :mod:`.hostlink`).
+for ``--reconnect-s`` seconds (see :mod:`.hostlink`). With ``--listen`` (Kubernetes) the
+agent listens on TCP and servers connect to it, each proving itself with a certificate
+signed by the CA in ``--ca`` (see :mod:`.listener`); an address it cannot listen on, or a
+CA file it cannot read, makes it exit 1 with one line on stderr.
 
 The first thing the agent does is make itself non-dumpable. User code runs under the
 agent's uid, and to the kernel "same uid, dumpable" means "may ptrace": it could open
@@ -41,6 +45,7 @@ import contextlib
 import ctypes
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from . import packages
 from .config import AgentConfig
@@ -49,6 +54,9 @@ from .forked import can_fork, fork_kernel
 from .hostlink import RECONNECT_GIVE_UP_S, HostLink, connect
 from .kernelproc import KernelProcess, KernelStartError, spawn_kernel
 from .protocol import write_frame
+
+if TYPE_CHECKING:
+    from .listener import Listener
 
 # Not imported here: .supervisor (and what it imports), after the kernel is spawned.
 
@@ -61,6 +69,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     channel = parser.add_mutually_exclusive_group(required=True)
     channel.add_argument("--channel-fd", type=int)
     channel.add_argument("--connect", metavar="PATH", help="a Unix socket the host listens on")
+    channel.add_argument("--listen", metavar="ADDR:PORT", help="listen for servers (TLS)")
+    parser.add_argument("--ca", metavar="PATH", help="with --listen: the servers' CA certificate")
     parser.add_argument("--config", default="{}", help="JSON: kill_strays, pids, ...")
     parser.add_argument("--workdir", default="/mnt/data", help="where code runs")
     parser.add_argument("--plain", action="store_true", help="never use IPython")
@@ -70,7 +80,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         default=RECONNECT_GIVE_UP_S,
         help="with --connect: how long to wait for a host that went away before exiting",
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if (args.listen is None) != (args.ca is None):
+        parser.error("--listen and --ca go together")
+    return args
 
 
 def make_undumpable() -> None:
@@ -101,8 +114,16 @@ def _main(argv: list[str] | None) -> int:
         print(f"agent: {exc}", file=sys.stderr)
         return 1
     args = _parse(argv)
-    if args.connect is None:
-        channel: int = args.channel_fd
+    listener: Listener | None = None
+    if args.listen is not None:
+        channel: int | None = None
+        try:
+            listener = _listen(args.listen, args.ca)
+        except (ValueError, OSError) as exc:  # ssl.SSLError is an OSError
+            print(f"agent: cannot listen on {args.listen}: {exc}", file=sys.stderr)
+            return 1
+    elif args.connect is None:
+        channel = args.channel_fd
     else:
         try:
             channel = connect(args.connect, CONNECT_WAIT_S)
@@ -122,9 +143,9 @@ def _main(argv: list[str] | None) -> int:
     gc.freeze()
     gc.enable()
     try:
-        link = HostLink(channel, args.connect, args.reconnect_s)
+        link = HostLink(channel, args.connect, args.reconnect_s, listener)
         supervisor = Supervisor(link, args.workdir, config, args.plain, kernel)
-        if args.connect is not None:  # up to here, errors explain a failed start
+        if channel is None or args.connect is not None:  # up to here, errors explain a failed start
             _stdio_to_null()
         return supervisor.serve()
     except AgentExit as exit_:  # e.g. SIGTERM before the loop started
@@ -132,6 +153,12 @@ def _main(argv: list[str] | None) -> int:
     except (KernelStartError, ValueError, OSError) as exc:
         _report(channel, f"agent failed: {type(exc).__name__}: {exc}")
         return 1
+
+
+def _listen(address: str, cafile: str) -> Listener:
+    from .listener import Listener, parse_address  # ssl: only for a listening agent
+
+    return Listener(parse_address(address), cafile)
 
 
 def _spawn_kernel(workdir: str, config: AgentConfig, plain: bool) -> KernelProcess:
@@ -148,17 +175,20 @@ def _stdio_to_null() -> None:
     """Before any user code runs, fds 0-2 become /dev/null: from here on everything goes
     over the channel.
 
-    With ``--connect`` (docker) they are the container's log pipes. Linux keeps them from
-    user code (the agent is not dumpable), but gVisor lets a process of the same uid
-    reopen another's pipes through ``/proc/<pid>/fd`` regardless: nothing of the
-    engine's should be there to reopen."""
+    With ``--connect`` (docker) or ``--listen`` (a pod) they are the container's log
+    pipes. Linux keeps them from user code (the agent is not dumpable), but gVisor lets a
+    process of the same uid reopen another's pipes through ``/proc/<pid>/fd`` regardless:
+    nothing of the engine's should be there to reopen."""
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
     os.close(null)
 
 
-def _report(channel: int, message: str) -> None:
+def _report(channel: int | None, message: str) -> None:
+    if channel is None:  # listening, no server yet: stderr is the pod's log
+        print(f"agent: {message}", file=sys.stderr)
+        return
     with contextlib.suppress(OSError):  # no channel: nobody to tell
         write_frame(channel, {"ev": "error", "message": message, "id": None})
 

@@ -1,6 +1,6 @@
 """The agent's end of the host channel, and how it comes back when the host went away.
 
-Two kinds of channel, with different answers to "the host is gone":
+Three kinds of channel, with different answers to "the host is gone":
 
 - ``--channel-fd`` (bwrap): an inherited socketpair. The sandbox dies with the server
   (``--die-with-parent``), so EOF means the end: the supervisor kills everything and exits.
@@ -12,6 +12,12 @@ Two kinds of channel, with different answers to "the host is gone":
   removes orphans at its next start). ``give_up_s`` 0: the server that made the sandbox
   has no successor (a private server, ``sessions.holder``), so the agent exits at once,
   and its container stops with it.
+
+- ``--listen ADDR:PORT`` (Kubernetes): the agent listens and servers dial in, each
+  connection authenticated first (:mod:`.listener`). There is no give-up timer: the agent
+  waits for a server for as long as its pod lives (the server deletes pods), and the
+  newest authenticated connection becomes the link once no run is in flight. ``fd`` is
+  then the TLS connection's, read and written through ``tls``.
 
 Parked (the host sent ``park`` before a checkpoint): the agent closes its end at once and
 retries every ``PARK_RETRY_S`` rather than with backoff, and counts attempts, not time,
@@ -27,6 +33,13 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from .protocol import encode_frame
+
+if TYPE_CHECKING:  # not at run time: ssl is imported only with --listen
+    from .listener import Listener, TlsConnection
 
 __all__ = [
     "BACKOFF_MAX_S",
@@ -89,9 +102,19 @@ def _connect_once(path: str) -> int:
 class HostLink:
     """The channel fd, and (``path`` set) the state of reconnecting to the host."""
 
-    def __init__(self, fd: int, path: str | None, give_up_s: float = RECONNECT_GIVE_UP_S):
-        self.fd: int | None = fd
+    def __init__(
+        self,
+        fd: int | None,
+        path: str | None,
+        give_up_s: float = RECONNECT_GIVE_UP_S,
+        listener: Listener | None = None,
+    ):
+        """``fd`` ``None`` only with a ``listener``: no server has connected yet."""
+        self.fd = fd
         self.path = path
+        self.listener = listener
+        #: The TLS connection ``fd`` belongs to (``--listen``); ``None``: ``fd`` is a bare one.
+        self.tls: TlsConnection | None = None
         self.give_up_s = give_up_s
         self.retry_at = 0.0
         self._backoff = _BACKOFF_MIN_S
@@ -104,13 +127,50 @@ class HostLink:
 
     @property
     def can_reconnect(self) -> bool:
-        return self.path is not None
+        return self.path is not None or self.listener is not None
 
     def waits_for(self, *, parked: bool) -> bool:
         """Is a host that went away (``parked``: on purpose) waited for? ``give_up_s`` 0
         (a private server's sandbox, which no successor comes back for) waits only
-        during a park."""
+        during a park. A listening agent always waits."""
+        if self.listener is not None:
+            return True
         return self.can_reconnect and (parked or self.parked or self.give_up_s > 0)
+
+    def adopt(self, conn: TlsConnection) -> None:
+        """An authenticated connection becomes the link (the caller closed the old one)."""
+        self.fd = conn.fileno()
+        self.tls = conn
+        self.heard()
+
+    def read(self) -> bytes | None:
+        """What the host sent: ``b""`` at EOF, ``None`` when nothing whole came yet."""
+        assert self.fd is not None
+        if self.tls is not None:
+            return self.tls.read()
+        try:
+            return os.read(self.fd, 1 << 20)
+        except ConnectionResetError:
+            return b""
+
+    def send(self, message: Mapping[str, Any]) -> None:
+        """Write one frame (blocking); ``OSError`` when the host is gone."""
+        assert self.fd is not None
+        data = encode_frame(message)
+        if self.tls is not None:
+            self.tls.send(data)
+            return
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.fd, view) :]
+
+    def close(self) -> None:
+        """Close the connection (the caller unregistered it); ``fd`` stays for ``lost``."""
+        if self.tls is not None:
+            self.tls.close()
+            self.tls = None
+        elif self.fd is not None:
+            os.close(self.fd)
 
     def heard(self) -> None:
         """A host spoke on the channel: a park is over."""

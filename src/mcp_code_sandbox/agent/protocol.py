@@ -18,9 +18,15 @@ Messages host → agent (key ``op``)::
                                               (Python only) save or load the variables
     {"op": "interrupt", "id": int, "reason": "timeout" | "cancelled"}
                                               stop run ``id`` (SIGINT, then kill + restart)
+    {"op": "restart", "id": int}              a fresh interpreter; the files stay
     {"op": "park"}                            close the channel now, reconnect at once
                                               (``--connect`` only: a checkpoint is next)
     {"op": "shutdown"}                        exit cleanly
+    {"op": "fs", "id": int, "action": "read" | "list" | "snapshot" | "usage" | "write"
+     | "abort", ...}                          the workspace's files for a host that cannot
+                                              see them; answered by one ``fs`` event
+                                              (fields and rules: :class:`FsMessage`,
+                                              :mod:`.files`); refused during a run
 
 Messages agent → host (key ``ev``)::
 
@@ -38,8 +44,11 @@ Messages agent → host (key ``ev``)::
              "displays_cut": int, "images_dropped": int, "displays_unsupported": int}}
                                               (``cut``: Python runs only)
 
+    {"ev": "restarted", "id": int}            the ``restart`` of that id is done
+
     {"ev": "error", "message": str, "id": int | None}
                                               a host message the agent could not use
+    {"ev": "fs", "id": int, "ok": bool, ...}  the answer to ``fs`` (:class:`FsEvent`)
 
 The same shapes as :class:`typing.TypedDict` s below (:data:`HostMessage`,
 :data:`AgentEvent`): the sender builds them, so the type checker holds each side to this
@@ -83,6 +92,13 @@ Semantics (agent side):
       load {"found": bool, "restored": [str], "modules": [str],
             "failed": [{"name", "type", "why"}]}
 
+- ``restart``: queued like an ``exec`` (it starts when the runs before it have ended);
+  the interpreter and every process it started (with ``kill_strays``: every process in
+  the sandbox but the agent) are killed and a fresh interpreter started, without
+  loading any saved state; ``execution_count`` starts again at 1 and the next run's
+  ``state_lost`` is false (the host asked for it). Answered by ``restarted``, or by
+  ``error`` (with that ``id``) when ``id`` is not an integer. An agent older than this
+  op answers ``error`` with ``id`` null ("unknown op").
 - ``park``: only on a channel that can reconnect (``--connect``): the agent closes its
   end at once (the host waits for that EOF before it checkpoints the sandbox) and then
   tries to reconnect every ``hostlink.PARK_RETRY_S``, counting attempts rather than time
@@ -127,11 +143,15 @@ __all__ = [
     "ErrorEvent",
     "ExecMessage",
     "FrameDecoder",
+    "FsEvent",
+    "FsMessage",
     "HostMessage",
     "InterruptMessage",
     "ParkMessage",
     "ProtocolError",
     "ReadyEvent",
+    "RestartMessage",
+    "RestartedEvent",
     "ShutdownMessage",
     "StreamEvent",
     "encode_frame",
@@ -174,6 +194,13 @@ class InterruptMessage(TypedDict):
     reason: Literal["timeout", "cancelled"]
 
 
+class RestartMessage(TypedDict):
+    """Replace the interpreter by a fresh one (files stay); answered by ``restarted``."""
+
+    op: Literal["restart"]
+    id: int
+
+
 class ShutdownMessage(TypedDict):
     op: Literal["shutdown"]
 
@@ -184,7 +211,38 @@ class ParkMessage(TypedDict):
     op: Literal["park"]
 
 
-HostMessage = ExecMessage | InterruptMessage | ParkMessage | ShutdownMessage
+class FsMessage(TypedDict):
+    """One file request (:mod:`.files`); ``path`` is a list of names below /mnt/data.
+
+    ``read``: ``path``, ``offset``, ``max_bytes`` (at most ``files.READ_PAGE_BYTES`` are
+    sent). ``list``: ``path``, ``recursive``, ``limit``, ``skip`` (top-level names left
+    out), ``start`` (the page). ``snapshot``: ``limit``, ``skip`` (left out, and with
+    ``count_hidden`` counted), ``start``. ``usage``: ``limit``. ``write``: ``path``,
+    ``data`` (base64, at most ``files.WRITE_CHUNK_BYTES``) at ``offset`` of ``size``
+    bytes, ``overwrite``, ``quota`` (checked at offset 0), ``end`` on the last chunk.
+    ``abort``: drop a write in progress."""
+
+    op: Literal["fs"]
+    id: int
+    action: Literal["read", "list", "snapshot", "usage", "write", "abort"]
+    path: NotRequired[list[str]]
+    offset: NotRequired[int]
+    max_bytes: NotRequired[int]
+    recursive: NotRequired[bool]
+    limit: NotRequired[int]
+    skip: NotRequired[list[str]]
+    start: NotRequired[int]
+    count_hidden: NotRequired[bool]
+    data: NotRequired[str]
+    size: NotRequired[int]
+    overwrite: NotRequired[bool]
+    quota: NotRequired[int]
+    end: NotRequired[bool]
+
+
+HostMessage = (
+    ExecMessage | InterruptMessage | ParkMessage | RestartMessage | ShutdownMessage | FsMessage
+)
 
 
 # -- agent → host ---------------------------------------------------------------------
@@ -200,6 +258,9 @@ class ReadyEvent(TypedDict):
     #: Only on a connection the agent re-established (the docker backend's ``--connect``).
     reattached: NotRequired[bool]
     execution_count: NotRequired[int]
+    #: Only from a listening agent (``--listen``): the ``ADDR:PORT`` it was told to listen
+    #: on, which the server checks is the address it dialled (``listener`` says why).
+    listen: NotRequired[str]
 
 
 class StreamEvent(TypedDict):
@@ -252,6 +313,13 @@ class DoneEvent(TypedDict):
     run_s: NotRequired[float]
 
 
+class RestartedEvent(TypedDict):
+    """The ``restart`` of ``id`` is done: a fresh interpreter is ready."""
+
+    ev: Literal["restarted"]
+    id: int
+
+
 class ErrorEvent(TypedDict):
     """A host message the agent could not use (``id`` null: not about a run)."""
 
@@ -260,7 +328,37 @@ class ErrorEvent(TypedDict):
     id: int | None
 
 
-AgentEvent = ReadyEvent | StreamEvent | DisplayEvent | DoneEvent | ErrorEvent
+class FsEvent(TypedDict):
+    """The answer to ``fs`` request ``id``. Refused (``ok`` false): ``code`` (an error
+    code of the server's: ``not_found``, ``invalid_path``, ``file_exists``,
+    ``quota_exceeded``, ``invalid_argument``, ``internal_error``), ``message`` and, for a
+    quota, ``details``. Else by action: ``read`` ``size``, ``mtime_ns``, ``data``,
+    ``head`` (base64); ``list`` ``entries`` ``[[path, mode, size, mtime_ns]]``;
+    ``snapshot`` ``files`` ``[[path, size, mtime_ns, ctime_ns, ino]]`` and
+    ``extra_bytes``; both with ``truncated`` and ``next`` (the next page's ``start``,
+    null at the end); ``usage`` ``bytes``; a write's last chunk ``size``, ``mtime_ns``."""
+
+    ev: Literal["fs"]
+    id: int | None
+    ok: bool
+    code: NotRequired[str]
+    message: NotRequired[str]
+    details: NotRequired[dict[str, int]]
+    size: NotRequired[int]
+    mtime_ns: NotRequired[int]
+    data: NotRequired[str]
+    head: NotRequired[str]
+    entries: NotRequired[list[list[Any]]]
+    files: NotRequired[list[list[Any]]]
+    extra_bytes: NotRequired[int]
+    truncated: NotRequired[bool]
+    next: NotRequired[int | None]
+    bytes: NotRequired[int]
+
+
+AgentEvent = (
+    ReadyEvent | StreamEvent | DisplayEvent | DoneEvent | RestartedEvent | ErrorEvent | FsEvent
+)
 
 HEADER = struct.Struct(">I")
 #: One frame at most: room for a few large PNGs in base64 inside one display message.

@@ -13,12 +13,19 @@ is Python; a program's pipes belong to its run. Output written when no run is in
 kernel (a background thread or process started by an earlier cell) is dropped. Before a
 run's ``done`` its pipes are drained, so everything written before it ended comes first.
 
-Runs are one at a time; an ``exec`` arriving during a run is queued in order.
+Runs are one at a time; an ``exec`` or ``restart`` arriving during a run is queued in order.
 
 When the host goes away on a channel that can reconnect (:mod:`.hostlink`), the runs
 queued by that host are dropped (nobody waits for them), the current run goes on to its
 end or its deadline unreported (``orphaned``), and on reconnecting the agent says
 ``ready`` again with ``reattached: true``.
+
+Listening (``--listen``, :mod:`.listener`): an authenticated connection becomes the link
+at once when there is none (or its run is orphaned) and otherwise waits, unread, until no
+run is in flight: the run finishes on the connection that asked for it, its ``done``
+delivered there. Then the old link's queued runs end ``cancelled`` on it, it is closed,
+and the newest waiting connection (an older waiting one is closed) gets ``ready``, with
+``reattached`` when a host was connected before.
 """
 
 from __future__ import annotations
@@ -35,13 +42,14 @@ import sys
 import time
 from collections.abc import Callable
 from types import FrameType
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from . import packages
 from .budget import STATE_RESULT_BYTES, Budget, DisplayGate, cut_error, cut_text
 from .children import Child, OutputPipe, kill_strays, reap_orphans, spawn
 from .coalesce import Pending
 from .config import AgentConfig, apply_limits
+from .files import Files
 from .hostlink import HostLink, bare_fd
 from .kernelproc import KernelProcess, await_ready, start_kernel
 from .languages import VALUED, available, command, value
@@ -55,8 +63,8 @@ from .protocol import (
     ExecMessage,
     ProtocolError,
     ReadyEvent,
+    RestartMessage,
     decode_body,
-    write_frame,
 )
 from .run_state import (
     GRACE_S,
@@ -67,6 +75,9 @@ from .run_state import (
     killed_error,
     program_exit_code,
 )
+
+if TYPE_CHECKING:
+    from .listener import TlsConnection
 
 __all__ = ["AgentExit", "Supervisor"]
 
@@ -97,13 +108,20 @@ class Supervisor:
         with this ``workdir`` and ``config`` and the session's packages in its environment),
         whose ready is awaited here; ``None``: start one."""
         self._link = link
+        #: An authenticated connection waiting for the current run to end (``--listen``).
+        self._waiting: TlsConnection | None = None
+        #: A host was greeted before: the next ``ready`` says ``reattached``.
+        self._greeted = False
         self._workdir = workdir
         self._config = config
         self._plain = plain
         self._sel = selectors.DefaultSelector()
         self._inbox = bytearray()
-        self._queue: collections.deque[ExecMessage] = collections.deque()
+        #: Runs and restarts, in the order the host sent them.
+        self._queue: collections.deque[ExecMessage | RestartMessage] = collections.deque()
         self._run: Run | None = None
+        #: The workspace's files, for a host that cannot see them (``fs``, :mod:`.files`).
+        self._files = Files(workdir)
         #: The current run's output read from pipes and not yet sent (see .coalesce).
         self._pending = Pending()
         self._programs: dict[str, tuple[str, str]] = {}
@@ -133,7 +151,10 @@ class Supervisor:
 
     def serve(self) -> int:
         signal.signal(signal.SIGTERM, _on_sigterm)
-        self._greet(reattached=False)
+        if self._link.listener is not None:
+            self._link.listener.attach(self._sel, self._on_authenticated)
+        if self._link.fd is not None:
+            self._greet(reattached=False)
         try:
             while True:
                 self._step()
@@ -154,6 +175,9 @@ class Supervisor:
         if reattached:
             ready["reattached"] = True
             ready["execution_count"] = self._execution_count
+        if self._link.listener is not None:
+            ready["listen"] = self._link.listener.name
+        self._greeted = True
         self._send(ready)
 
     def _step(self) -> None:
@@ -168,9 +192,16 @@ class Supervisor:
             self._reap()
         self._send_pending(due_only=True)
         self._check_deadline()
+        if self._link.listener is not None:
+            self._link.listener.expire()
         self._reconnect()
+        self._adopt_waiting()
         if self._run is None and self._queue:
-            self._start(self._queue.popleft())
+            message = self._queue.popleft()
+            if message["op"] == "restart":
+                self._restart(message)
+            else:
+                self._start(message)
 
     def _tick(self) -> float | None:
         ticks: list[float] = []
@@ -178,13 +209,23 @@ class Supervisor:
         if run is not None:
             due = run.kill_at if run.reason is not None else run.deadline
             ticks.append(max(0.0, (due or 0.0) - time.monotonic()))
-        if self._link.fd is None:
+        listener = self._link.listener
+        if listener is not None:
+            handshake_due = listener.due_in()
+            if handshake_due is not None:
+                ticks.append(handshake_due)
+        elif self._link.fd is None:
             ticks.append(self._link.due_in())
         if self._pending.due is not None:
             ticks.append(max(0.0, self._pending.due - time.monotonic()))
         return min(ticks) if ticks else None
 
     def _shutdown(self) -> None:
+        self._files.close()
+        if self._link.listener is not None:
+            self._link.listener.close()
+        if self._waiting is not None:
+            self._waiting.close()
         if self._run is not None and self._run.child is not None:
             self._run.child.kill_and_reap()
             self._run.child.close()
@@ -209,7 +250,7 @@ class Supervisor:
         if self._link.fd is None:
             return  # the host is away: there is nobody to tell
         try:
-            write_frame(self._link.fd, message)
+            self._link.send(message)
         except OSError:
             self._host_lost(1)
 
@@ -219,15 +260,18 @@ class Supervisor:
         if not self._link.waits_for(parked=parked) or self._link.fd is None:
             raise AgentExit(code)
         self._sel.unregister(self._link.fd)
-        os.close(self._link.fd)
+        self._link.close()
         self._link.lost(parked=parked)
         self._inbox.clear()
+        self._files.abort()  # its write will never end
         # The host that asked for these is gone; its successor has never heard of them.
         self._queue.clear()
         if self._run is not None:
             self._run.orphaned = True
 
     def _reconnect(self) -> None:
+        if self._link.listener is not None:
+            return  # servers dial in: see _on_authenticated
         if self._link.fd is not None or self._link.due_in() > 0:
             return
         try:
@@ -237,14 +281,40 @@ class Supervisor:
         if connected:
             self._greet(reattached=True)
 
+    def _on_authenticated(self, conn: TlsConnection) -> None:
+        """A server proved itself on ``conn``: the newest wins (see the module's doc)."""
+        if self._waiting is not None:
+            self._waiting.close()
+        self._waiting = conn
+        self._adopt_waiting()
+
+    def _adopt_waiting(self) -> None:
+        conn = self._waiting
+        if conn is None:
+            return
+        if self._link.fd is not None:
+            if self._run is not None and not self._run.orphaned:
+                return  # its done goes to the host that asked for it
+            for queued in self._queue:  # asked for by the host being replaced
+                self._send(done(queued["id"], "cancelled"))
+            self._queue.clear()
+            if self._link.fd is not None:  # (a send above may have lost it)
+                self._sel.unregister(self._link.fd)
+                self._link.close()
+                self._link.lost()
+        self._waiting = None
+        self._inbox.clear()
+        self._files.abort()  # a write the replaced host began: the new one never ends it
+        self._link.adopt(conn)
+        self._greet(reattached=self._greeted)
+
     def _error(self, message: str, run_id: Any = None) -> None:
         self._send({"ev": "error", "message": message, "id": run_id})
 
     def _on_channel(self) -> None:
-        try:
-            data = os.read(self._link.fd, 1 << 20) if self._link.fd is not None else b""
-        except ConnectionResetError:
-            data = b""
+        data = self._link.read() if self._link.fd is not None else b""
+        if data is None:
+            return  # a TLS record not yet whole
         if not data:
             self._host_lost(0)
             return
@@ -277,6 +347,12 @@ class Supervisor:
                 self._queue.append(cast(ExecMessage, message))
             else:
                 self._error(problem, message.get("id"))
+        elif op == "restart":
+            run_id = message.get("id")
+            if isinstance(run_id, int) and not isinstance(run_id, bool):
+                self._queue.append(RestartMessage(op="restart", id=run_id))
+            else:
+                self._error("restart: 'id' must be an integer", run_id)
         elif op == "interrupt":
             reason = "timeout" if message.get("reason") == "timeout" else "cancelled"
             self._interrupt_id(message.get("id"), reason)
@@ -287,8 +363,21 @@ class Supervisor:
                 self._error("park: this channel cannot reconnect (it needs --connect)")
         elif op == "shutdown":
             raise AgentExit(0)
+        elif op == "fs":
+            self._on_fs(message)
         else:
             self._error(f"unknown op {op!r}")
+
+    def _on_fs(self, message: dict[str, Any]) -> None:
+        """Answer a file request at once, between runs only: the host holds the session's
+        lock for both, so one during a run (or with one queued) is a host's mistake."""
+        if self._run is not None or self._queue:
+            self._files.abort()
+            self._error(
+                "fs: a run is in flight; file requests come between runs", message.get("id")
+            )
+            return
+        self._send(self._files.handle(message))
 
     def _interrupt_id(self, run_id: Any, reason: str) -> None:
         # An orphaned run's id may be reused by the next host: it is not that host's run.
@@ -297,7 +386,7 @@ class Supervisor:
                 self._interrupt(self._run, reason)
             return
         for queued in list(self._queue):  # never started: it ends right here
-            if queued["id"] == run_id:
+            if queued["op"] == "exec" and queued["id"] == run_id:
                 self._queue.remove(queued)
                 self._send(done(run_id, reason))
         # Any other id: that run is over already, the host just has not seen its done.
@@ -458,6 +547,13 @@ class Supervisor:
             self._drain(old.child.pipes)  # the current run's output, before it is closed
         old.close()
         return returncode
+
+    def _restart(self, message: RestartMessage) -> None:
+        """The host asked for a fresh interpreter (between runs): no ``state_lost`` to
+        report, the host knows."""
+        self._replace_kernel()
+        self._state_lost_pending = False
+        self._send({"ev": "restarted", "id": message["id"]})
 
     def _on_control(self) -> None:
         try:

@@ -20,18 +20,25 @@ def create_backend(settings: Settings) -> Backend:
 def choose_backend(settings: Settings) -> tuple[Backend, str]:
     """The backend for ``settings``, and why it, in words for the server's start line:
     "docker (runc), because SANDBOX_BACKEND=auto and the Docker engine at ... has ..."."""
+    if settings.backend == "kubernetes":
+        from mcp_code_sandbox.backends.kubernetes.backend import from_settings
+
+        namespace = settings.kubernetes_namespace
+        return from_settings(settings), f"kubernetes (pods in namespace {namespace})"
     if settings.backend in ("docker", "auto"):
         from mcp_code_sandbox.backends.docker.backend import DockerBackend
+        from mcp_code_sandbox.backends.docker.derived import sandbox_image
         from mcp_code_sandbox.backends.docker.engine import engine_missing
 
         environment = docker_environ()
         docker = f"docker ({settings.docker_runtime}), because SANDBOX_BACKEND={settings.backend}"
         if settings.backend == "docker":
             return DockerBackend(settings, environment), docker
-        why_not = engine_missing(environment, settings.image)
+        image = sandbox_image(settings)  # with SANDBOX_RUNTIME_PACKAGES, if any
+        why_not = engine_missing(environment, image)
         if why_not is None:
             host = environment.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
-            found = f"the Docker engine at {host} has the image {settings.image}"
+            found = f"the Docker engine at {host} has the image {image}"
             return DockerBackend(settings, environment), f"{docker} and {found}"
         why = f"SANDBOX_BACKEND=auto and {why_not}"
     else:

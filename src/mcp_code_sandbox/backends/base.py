@@ -258,12 +258,21 @@ class Backend(abc.ABC):
     #: view of the directory). Fixed at construction; read once at start by
     #: :func:`mcp_code_sandbox.sessions.quota.choose`.
     workspace_mounts_unseen: str | None = None
+    #: Whether the sandbox's /mnt/data lives in the sandbox only (a Kubernetes pod's
+    #: emptyDir), so that the server reaches its files through the agent
+    #: (:mod:`mcp_code_sandbox.sessions.agent_files`); False: the host directory
+    #: ``SandboxSpec.workspace`` is what the sandbox sees, and the server opens it.
+    workspace_in_sandbox: bool = False
     #: Why no sandbox can start on this host at all, whatever is retried (bwrap: the
     #: kernel refuses user namespaces), with the fix; ``None`` when none was found. Set
     #: by the backend once it knows (at start, or at its first ``create``, which then
     #: raises ``BackendUnavailable`` with it); read by the warm pool, which then stops
     #: starting sandboxes instead of failing every few seconds.
     host_problem: str | None = None
+    #: The backend keeps warm sandboxes of its own, shared beyond this server (kubernetes:
+    #: a pool of pods every replica claims from), which ``create`` claims from: the
+    #: session manager's own warm pool then stays empty.
+    pools_itself: bool = False
 
     @abc.abstractmethod
     async def create(self, spec: SandboxSpec, *, mounted: Awaitable[None] | None = None) -> Sandbox:

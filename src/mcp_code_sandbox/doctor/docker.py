@@ -16,6 +16,7 @@ import docker
 from mcp_code_sandbox import host
 from mcp_code_sandbox.backends.base import Limits
 from mcp_code_sandbox.backends.docker.backend import DockerBackend, no_checkpoints
+from mcp_code_sandbox.backends.docker.derived import sandbox_image
 from mcp_code_sandbox.backends.docker.engine import foreign, probe_engine
 from mcp_code_sandbox.backends.docker.labels import RUNNER_FILTER, is_runner
 from mcp_code_sandbox.backends.docker.runners import choose_runners, listed_images
@@ -83,11 +84,16 @@ def _engine_checks(client: Any, settings: Settings, where: str) -> list[Check]:
             "does) with runtimeArgs --network=none --host-uds=open",
         ))  # fmt: skip
     checks.append(seccomp_check(wanted, info.get("SecurityOptions") or []))
-    image = _image_check(client, settings.image)
+    wanted_image = sandbox_image(settings)  # with SANDBOX_RUNTIME_PACKAGES, if any
+    image = _image_check(client, wanted_image)
     if image.ok:  # what the image serves, asked of a sandbox of it (not only its label)
-        image = Check(image.name, True, f"{settings.image} ({_served(settings, image.detail)})")
+        image = Check(image.name, True, f"{wanted_image} ({_served(settings, image.detail)})")
+    elif settings.runtime_packages:
+        packages = ", ".join(settings.runtime_packages)
+        image = Check(image.name, False, f"{image.detail}: {settings.image} with "
+                      f"SANDBOX_RUNTIME_PACKAGES ({packages})", image.fix)  # fmt: skip
     checks.append(image)
-    checks.append(_runners_check(client, settings.image))
+    checks.append(_runners_check(client, wanted_image))
     checks.append(Check(
         "docker limits", True,
         "memory, cpu and pids by the engine's cgroups; network only where allowed and asked for",

@@ -46,6 +46,8 @@ from typing import Any
 
 from mcp_code_sandbox import agent
 from mcp_code_sandbox.backends.bwrap.runtime import PACKAGES
+from mcp_code_sandbox.backends.docker.derived import dockerfile as derived_dockerfile
+from mcp_code_sandbox.backends.docker.derived import packages_tag
 from mcp_code_sandbox.errors import BackendUnavailable
 from mcp_code_sandbox.provision import node
 from mcp_code_sandbox.provision.common import (
@@ -68,6 +70,7 @@ __all__ = [
     "apt_sources",
     "build_image",
     "build_kwargs",
+    "build_packages_image",
     "choose_mirror",
     "debootstrap_argv",
     "find_mirror",
@@ -403,14 +406,17 @@ def _build(client: Any, kwargs: dict[str, Any], progress: Progress) -> str:
     return image_id
 
 
-#: Prints ``{package: version}`` of the preinstalled packages, run in the built image.
-_VERSIONS_CODE = (
-    "import json, importlib.metadata as m; "
-    f"print(json.dumps({{p: m.version(p) for p in {list(PACKAGES)!r}}}))"
-)
+def _versions_code(packages: Sequence[str]) -> str:
+    """Prints ``{package: version}`` of ``packages``, run in the built image."""
+    return (
+        "import json, importlib.metadata as m; "
+        f"print(json.dumps({{p: m.version(p) for p in {list(packages)!r}}}))"
+    )
 
 
-def _label_packages(client: Any, kwargs: dict[str, Any], progress: Progress) -> str | None:
+def _label_packages(
+    client: Any, kwargs: dict[str, Any], progress: Progress, packages: Sequence[str] = PACKAGES
+) -> str | None:
     """Label the image just built with its packages' versions (``sandbox.packages``, what
     ``list_runtimes`` shows, as the bwrap runtime's manifest does): asked of the image
     itself, then the same build again with the label (every layer cached). ``None`` (and
@@ -418,7 +424,7 @@ def _label_packages(client: Any, kwargs: dict[str, Any], progress: Progress) -> 
     try:
         out = client.containers.run(
             kwargs["tag"],
-            entrypoint=["/opt/sandbox/venv/bin/python", "-I", "-c", _VERSIONS_CODE],
+            entrypoint=["/opt/sandbox/venv/bin/python", "-I", "-c", _versions_code(packages)],
             command=[],
             network_disabled=True,
             remove=True,
@@ -477,3 +483,41 @@ def build_image(
     summary = ", ".join(f"{k} {v:.1f}s" for k, v in timings.items())
     progress(f"built {tag} ({image_id[:19] or 'id unknown'}) on {chosen}: {summary}")
     return BuildResult(tag, image_id, chosen, timings)
+
+
+def build_packages_image(
+    settings: Settings,
+    *,
+    base: str | None = None,
+    ca_bundle: Path | None = None,
+    progress: Progress = stderr_progress,
+) -> BuildResult | None:
+    """Build the image with ``SANDBOX_RUNTIME_PACKAGES`` on top of ``base`` (default
+    ``settings.image``), tagged as :func:`.derived.packages_tag` names it; ``None`` when
+    the setting names no packages (see :mod:`..backends.docker.derived`)."""
+    packages = settings.runtime_packages
+    if not packages:
+        return None
+    base = base or settings.image
+    tag = packages_tag(base, packages)
+    context = settings.state_dir / "images" / "packages-context"
+    client = _client()
+    started = time.monotonic()
+    try:
+        shutil.rmtree(context, ignore_errors=True)
+        context.mkdir(parents=True)
+        copy_ca_bundle(context, ca_bundle)
+        (context / "Dockerfile").write_text(derived_dockerfile(base, packages), encoding="utf-8")
+        progress(f"building {tag}: {base} with {', '.join(packages)} (SANDBOX_RUNTIME_PACKAGES)")
+        kwargs = {**build_kwargs(context, tag, base), "buildargs": {}}
+        image_id = _build(client, kwargs, progress)
+        listed = (*PACKAGES, *(p for p in packages if p not in PACKAGES))
+        image_id = _label_packages(client, kwargs, progress, listed) or image_id
+    except OSError as exc:
+        raise BackendUnavailable(f"cannot build the image: {exc}") from None
+    finally:
+        shutil.rmtree(context, ignore_errors=True)
+        client.close()
+    timings = {"build": time.monotonic() - started}
+    progress(f"built {tag} ({image_id[:19] or 'id unknown'}): build {timings['build']:.1f}s")
+    return BuildResult(tag, image_id, base, timings)

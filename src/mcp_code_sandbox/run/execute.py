@@ -33,8 +33,9 @@ from mcp_code_sandbox.sessions.executor import Cell, Outcome
 from mcp_code_sandbox.sessions.session import Acquired, Handout, Session
 from mcp_code_sandbox.sessions.workers import WorkerThreads
 from mcp_code_sandbox.settings import Settings
-from mcp_code_sandbox.workspace import Change, Snapshot
+from mcp_code_sandbox.workspace import Change, Snapshot, diff
 from mcp_code_sandbox.workspace.mime import IMAGE_MIME_TYPES
+from mcp_code_sandbox.workspace.seam import Files
 
 __all__ = [
     "ImageFile",
@@ -52,9 +53,6 @@ audit = structlog.get_logger("mcp_code_sandbox.audit")
 #: Image files larger than this are linked, not embedded (decoding them costs too much).
 MAX_IMAGE_FILE_BYTES = 20 * 1024 * 1024
 PROGRESS_EVERY_S = 2.0
-#: A workspace with at most this many entries is snapshotted before a run on the event
-#: loop (see :func:`_small_snapshot`): a trip to a worker thread costs more than that walk.
-INLINE_SNAPSHOT_ENTRIES = 64
 
 ProgressSink = Callable[[float, str], Awaitable[None]]
 
@@ -123,6 +121,7 @@ def join_notices(parts: Iterable[str | None]) -> str | None:
 async def run(
     held: Acquired,
     handout: Handout,
+    files: Files,
     request: RunRequest,
     timeout_s: float,
     given: RunBudget,
@@ -131,19 +130,18 @@ async def run(
     blocked_hosts: Callable[[], list[str]] = list,
 ) -> RunReport:
     """Run ``request`` in ``held``'s session (whose lock the caller holds) on
-    ``handout.executor``, and report it. ``started``: when the call began (monotonic;
-    the sandbox's start counts in the run's duration); default now. ``blocked_hosts``:
-    the hosts the session's egress proxy refused since it was last asked, asked once
-    the run ended (the session manager's; default: none). Called by the service. A
-    sandbox that died under the run is the executor's to report (an outcome with
-    ``state_lost``); a runner that failed twice raises ``SandboxFailed``."""
+    ``handout.executor``, and report it, with what it did to ``files`` (the session's).
+    ``started``: when the call began (monotonic; the sandbox's start counts in the run's
+    duration); default now. ``blocked_hosts``: the hosts the session's egress proxy
+    refused since it was last asked, asked once the run ended (the session manager's;
+    default: none). Called by the service. A sandbox that died under the run is the
+    executor's to report (an outcome with ``state_lost``); a runner that failed twice
+    raises ``SandboxFailed``."""
     started = time.monotonic() if started is None else started
     session, settings, threads = held.session, given.settings, given.threads
     # A notice here means the previous sandbox had died: its variables are gone.
     replaced = handout.notice is not None
-    before = _small_snapshot(session)
-    if before is None:
-        before = await threads.run(session.owner, session.workspace.snapshot)
+    before = await files.snapshot()
     # The spool (an unnamed temp file) is only made once the output passes the budget.
     capture = OutputCapture(settings.stream_bytes, _open_spool)
     progress = asyncio.create_task(_report_progress(capture, started, on_progress))
@@ -156,7 +154,7 @@ async def run(
     try:
         if given.quota_on_disk:
             outcome = await execute()  # the workspace's own filesystem is the limit
-        else:
+        else:  # only a directory's workspace is watched (``RunBudget``)
             done, stopped = await quota.guarded(session.workspace, execute)
             outcome = done or _stopped(stopped or "")
     except BaseException:
@@ -164,10 +162,8 @@ async def run(
         await threads.run(session.owner, capture.finish)  # closes the spool, if one was made
         raise
     progress.cancel()
-    # What follows the run is blocking work, in one trip to the owner's threads (a trip
-    # costs a thread's wake-up and the event loop's, which is most of a warm `1+1`).
-    full_path, after, changes, images = await threads.run(
-        session.owner, _after_run, session, capture, before, f"run-{handout.run}", settings
+    full_path, after, changes, images = await _after_run(
+        session, files, capture, before, f"run-{handout.run}", settings, threads
     )
     notice = join_notices(
         (
@@ -265,44 +261,39 @@ async def _report_progress(
             await on_progress(elapsed, capture.tail() or f"running for {elapsed:.0f} s")
 
 
-def _small_snapshot(session: Session) -> Snapshot | None:
-    """The workspace's snapshot taken here, on the event loop, when it has at most
-    ``INLINE_SNAPSHOT_ENTRIES`` entries (most workspaces; the walk reads no more than
-    that many, so it stays well under a millisecond), else ``None``: then the whole walk
-    goes to a worker thread. The same snapshot either way: a walk that did not run out
-    of entries saw them all."""
-    small = session.workspace.snapshot(INLINE_SNAPSHOT_ENTRIES)
-    return None if small.truncated else small
-
-
-def _after_run(
-    session: Session, capture: OutputCapture, before: Snapshot, run_name: str, settings: Settings
+async def _after_run(
+    session: Session,
+    files: Files,
+    capture: OutputCapture,
+    before: Snapshot,
+    run_name: str,
+    settings: Settings,
+    threads: WorkerThreads,
 ) -> tuple[str | None, Snapshot, list[Change], list[ImageFile]]:
-    """Everything blocking after a run, in order, in one worker thread: the output's end
-    (its spool read back), the full output saved when it was cut, the workspace's changes
-    since ``before``, and the images among them."""
-    full_path = _save_full_output(session, capture.finish(), run_name)
-    after, changes = _changes_since(session, before)
-    return full_path, after, changes, _read_images(session, changes, settings)
+    """Everything after a run, in order: the output's end (its spool read back, in a
+    worker thread, when there is one), the full output saved when it was cut, the
+    workspace's changes since ``before``, and the images among them. Without a spool or
+    images, one trip to a worker thread (the snapshot's; a trip costs a thread's wake-up
+    and the event loop's, which is most of a warm ``1+1``)."""
+    spooled = None if capture.spool is None else await threads.run(session.owner, capture.finish)
+    full_path = await _save_full_output(files, spooled, run_name)
+    after = await files.snapshot(count_hidden=True)
+    changes = diff(before, after)
+    return full_path, after, changes, await _read_images(files, changes, settings)
 
 
-def _changes_since(session: Session, before: Snapshot) -> tuple[Snapshot, list[Change]]:
-    after = session.workspace.snapshot(count_hidden=True)
-    return after, session.workspace.diff(before, after)
-
-
-def _save_full_output(session: Session, data: bytes | None, run_name: str) -> str | None:
+async def _save_full_output(files: Files, data: bytes | None, run_name: str) -> str | None:
     if data is None:
         return None
     rel = f".outputs/{run_name}.txt"
     try:
-        session.workspace.write_file(rel, data, overwrite=True)
+        await files.write_file(rel, data, overwrite=True)
     except QuotaExceeded:
         return None
     return rel
 
 
-def _read_images(session: Session, changes: list[Change], settings: Settings) -> list[ImageFile]:
+async def _read_images(files: Files, changes: list[Change], settings: Settings) -> list[ImageFile]:
     images: list[ImageFile] = []
     for change in changes:
         if len(images) >= settings.max_images:
@@ -310,7 +301,7 @@ def _read_images(session: Session, changes: list[Change], settings: Settings) ->
         if change.mime_type not in IMAGE_MIME_TYPES or change.size_bytes > MAX_IMAGE_FILE_BYTES:
             continue
         try:
-            read = session.workspace.read_file(change.path, max_bytes=MAX_IMAGE_FILE_BYTES)
+            read = await files.read_file(change.path, max_bytes=MAX_IMAGE_FILE_BYTES)
         except SandboxError:
             continue  # replaced by a link or removed since the diff: skip, never follow
         images.append(ImageFile(change.path, change.mime_type, read.data))

@@ -125,6 +125,19 @@ def descriptions(
         "close_session": (
             "Close a session: stop its sandbox and delete its files. Do this when done."
         ),
+        "restart_interpreter": (
+            "Restart a session's Python interpreter, like Jupyter's Restart kernel: after "
+            "a cell broke its state or to reload a changed module. Variables, imports and "
+            "processes the session started are gone; files in /mnt/data are kept and the "
+            "session id stays the same."
+        ),
+        "fork_session": (
+            "Copy a session of yours into a new one: its files in /mnt/data (installed "
+            "packages too) and its variables and imports; the session copied runs on "
+            "untouched, and the two diverge from here. Open files, threads and running "
+            "processes are not copied: notice names what was not. The new session counts "
+            "toward your session limits."
+        ),
         "list_sessions": (
             "List your sessions: id, when created and last active, state (running, or "
             "paused: idle, put away to disk, resumed by the next run_code), the size of "
@@ -156,11 +169,13 @@ def _minutes(minutes: float) -> str:
 
 
 def _preinstalled(settings: Settings) -> str:
-    """The Python packages sandboxes have: ``SANDBOX_RUNTIME_PACKAGES`` where it applies
-    (the bwrap runtime env), else DESIGN.md §3's list (the default, and the image's)."""
+    """The Python packages sandboxes have: ``SANDBOX_RUNTIME_PACKAGES`` where it is the
+    whole list (the bwrap runtime env), DESIGN.md §3's list and it on Docker (the derived
+    image adds it to the image's), else DESIGN.md §3's list alone."""
     if settings.runtime_packages and settings.backend != "docker":
         return ", ".join(settings.runtime_packages)
-    return ", ".join(PACKAGES)
+    extra = [p for p in settings.runtime_packages if p not in PACKAGES]
+    return ", ".join((*PACKAGES, *extra))
 
 
 #: What run_code's description says of each agent language but Python (runtimes.RUNTIMES).
@@ -266,6 +281,10 @@ def _register_tools(
         (tools.list_files, "list_files", "List files", readonly),
         (tools.close_session, "close_session", "Close a session",
          _hints(read_only=False, destructive=True, idempotent=False)),
+        (tools.restart_interpreter, "restart_interpreter", "Restart the interpreter",
+         _hints(read_only=False, destructive=True, idempotent=True)),
+        (tools.fork_session, "fork_session", "Fork a session",
+         _hints(read_only=False, destructive=False, idempotent=False)),
         (tools.list_sessions, "list_sessions", "List your sessions", readonly),
         (tools.list_runtimes, "list_runtimes", "List runtimes", readonly),
         (tools.export_notebook, "export_notebook", "Export the session as a notebook",

@@ -15,8 +15,10 @@ __all__ = [
     "ExportNotebookResult",
     "FileEntryOut",
     "FileOut",
+    "ForkResult",
     "ListFilesResult",
     "ReadFileResult",
+    "RestartResult",
     "RunError",
     "RunResult",
     "RuntimeOut",
@@ -131,6 +133,16 @@ class CloseResult(BaseModel):
     status: Literal["closed"]
 
 
+class RestartResult(BaseModel):
+    session_id: str
+    restarted: Literal[True]
+    state: Literal["running", "paused"] = Field(
+        description="paused: the session stays paused; its next run starts the fresh "
+        "interpreter (its saved variables are not loaded)"
+    )
+    message: str
+
+
 class VariableOut(BaseModel):
     name: str
     type: str
@@ -184,6 +196,11 @@ class PoolOut(BaseModel):
 class RuntimesResult(BaseModel):
     runtimes: list[RuntimeOut]
     pool: PoolOut
+    notice: str | None = Field(
+        None,
+        description="Why no sandbox can start now, and what the operator runs to fix it "
+        "(as /readyz says); absent when sandboxes can start",
+    )
 
 
 class ExportNotebookResult(BaseModel):
@@ -196,4 +213,22 @@ class ExportNotebookResult(BaseModel):
     )
     notice: str | None = Field(
         None, description="What the notebook leaves out (its last cell says it too)"
+    )
+
+
+class ForkResult(BaseModel):
+    session_id: str = Field(description="The new session: use it like any other")
+    forked_from: str = Field(description="The session copied; it runs on untouched")
+    state: Literal["variables", "files"] = Field(
+        description="What of the interpreter was copied: its variables and imports, or "
+        "none (files only; notice says why)"
+    )
+    file_count: int = Field(description="Files copied into the new /mnt/data")
+    bytes_copied: int
+    variables: list[str] = Field(description="Variables and modules restored in the fork")
+    variables_more: int = Field(0, description="Restored ones not listed here")
+    notice: str | None = Field(
+        None,
+        description="What was not copied: variables that could not be saved, open files, "
+        "threads, processes, files that are not plain files",
     )

@@ -275,6 +275,43 @@ class ToolSet:
         return structured_result(models.CloseResult(session_id=session_id, status="closed"))
 
     @tool_errors
+    async def restart_interpreter(
+        self, session_id: RequiredSession
+    ) -> Annotated[CallToolResult, models.RestartResult]:
+        done = await self.service.restart_interpreter(current_owner(), session_id)
+        result = models.RestartResult(
+            session_id=done.session_id,
+            restarted=True,
+            state="paused" if done.state == "paused" else "running",
+            message=done.message,
+        )
+        return structured_result(result)
+
+    @tool_errors
+    async def fork_session(
+        self,
+        session_id: RequiredSession,
+        new_session_id: Annotated[
+            str | None,
+            Field(
+                description="Name for the new session (letters, digits, . _ -); omit for a new id"
+            ),
+        ] = None,
+    ) -> Annotated[CallToolResult, models.ForkResult]:
+        done = await self.service.fork_session(current_owner(), session_id, new_session_id)
+        result = models.ForkResult(
+            session_id=done.session_id,
+            forked_from=done.source_id,
+            state=done.state,
+            file_count=done.files,
+            bytes_copied=done.bytes,
+            variables=list(done.variables[:LISTED_VARIABLES]),
+            variables_more=max(0, len(done.variables) - LISTED_VARIABLES),
+            notice=done.notice,
+        )
+        return structured_result(result)
+
+    @tool_errors
     async def list_sessions(self) -> Annotated[CallToolResult, models.SessionsResult]:
         listed = await self.service.list_sessions(current_owner())
         # Names and types are at most 200 characters each: the variables listed shrink
@@ -288,7 +325,8 @@ class ToolSet:
     async def list_runtimes(self) -> Annotated[CallToolResult, models.RuntimesResult]:
         runtimes = [models.RuntimeOut(**r) for r in await self.service.runtimes()]
         pool = models.PoolOut(**self.service.pool_status())
-        return structured_result(models.RuntimesResult(runtimes=runtimes, pool=pool))
+        notice = await self.service.not_ready()
+        return structured_result(models.RuntimesResult(runtimes=runtimes, pool=pool, notice=notice))
 
     @tool_errors
     async def export_notebook(

@@ -35,6 +35,8 @@ from mcp_code_sandbox.agent.protocol import (
     DisplayEvent,
     DoneEvent,
     ExecMessage,
+    FsEvent,
+    FsMessage,
     HostMessage,
     ProtocolError,
 )
@@ -44,11 +46,17 @@ from mcp_code_sandbox.sanitize import clean_text
 from mcp_code_sandbox.sessions.executor import Cell, Display, Outcome, StreamSink
 from mcp_code_sandbox.sessions.saved import LoadReport, SaveReport, parse_load, parse_save
 
-__all__ = ["INTERRUPT_GRACE_S", "AgentClient"]
+__all__ = ["FS_TIMEOUT_S", "INTERRUPT_GRACE_S", "RESTART_WAIT_S", "AgentClient"]
 
 #: How long after its deadline an agent gets to answer (its own SIGINT grace is 2 s, then a
 #: kill and an interpreter restart) before the host gives up on the whole sandbox.
 INTERRUPT_GRACE_S = 15.0
+#: How long one ``fs`` request may take: a page is at most a few MiB, a walk at most
+#: 200 000 entries; an agent that takes longer is stuck, and its sandbox is replaced.
+FS_TIMEOUT_S = 60.0
+#: How long a restart of the interpreter may take: a kill and a fresh interpreter's start
+#: (well under a second; IPython with the session's packages on a loaded machine, more).
+RESTART_WAIT_S = 30.0
 
 
 class AgentClient:
@@ -98,6 +106,37 @@ class AgentClient:
         outcome = await self._state({"state": "load"}, timeout_s)
         return parse_load(outcome.result)
 
+    async def restart(self, wait_s: float = RESTART_WAIT_S) -> None:
+        """Have the agent replace its interpreter, and all the interpreter started, by a
+        fresh one (the sandbox and its files stay). Called with the session's lock held,
+        between runs. Raises ``SandboxFailed`` when the agent refuses (one older than the
+        ``restart`` op), breaks the protocol or does not answer within ``wait_s`` (then
+        it is ``broken``)."""
+        self._next_id += 1
+        run_id = self._next_id
+        await self._send({"op": "restart", "id": run_id})
+        try:
+            async with asyncio.timeout(wait_s):
+                while True:
+                    message = await self._channel.receive()
+                    if message is None:
+                        self.broken = True
+                        raise SandboxFailed("the sandbox stopped while its interpreter restarted")
+                    if message.get("ev") == "restarted" and message.get("id") == run_id:
+                        return
+                    # An agent that does not know the op answers with no id.
+                    if message.get("ev") == "error" and message.get("id") in (None, run_id):
+                        text, _ = cut_text(str(message.get("message")), 500)
+                        raise SandboxFailed(f"the sandbox's agent cannot restart: {text}")
+        except TimeoutError:
+            self.broken = True
+            raise SandboxFailed(
+                f"the sandbox's interpreter did not restart within {wait_s:g} s"
+            ) from None
+        except (ProtocolError, OSError, ConnectionError) as exc:
+            self.broken = True
+            raise SandboxFailed(f"the sandbox's agent broke the protocol: {exc}") from None
+
     async def park(self, wait_s: float = 5.0) -> None:
         """Have the agent close its channel now (it reconnects at once on its own, to
         whoever listens on its socket next): before a checkpoint of the sandbox, which
@@ -117,6 +156,37 @@ class AgentClient:
         except TimeoutError:
             raise SandboxFailed(f"the sandbox's agent did not park within {wait_s:g} s") from None
         except (ProtocolError, OSError, ConnectionError) as exc:
+            raise SandboxFailed(f"the sandbox's agent broke the protocol: {exc}") from None
+
+    async def fs(self, message: dict[str, Any]) -> FsEvent:
+        """Send one ``fs`` request (``message`` without ``op`` and ``id``) and return its
+        answer, ``ok`` or not; the caller checks every field it reads (the agent is the
+        sandbox's). Raises ``SandboxFailed`` when the agent refuses the request outright
+        (an ``error``), breaks the protocol or does not answer within ``FS_TIMEOUT_S``."""
+        self._next_id += 1
+        request_id = self._next_id
+        await self._send(cast(FsMessage, {"op": "fs", "id": request_id, **message}))
+        try:
+            async with asyncio.timeout(FS_TIMEOUT_S):
+                while True:
+                    answer = await self._channel.receive()
+                    if answer is None:
+                        self.broken = True
+                        raise SandboxFailed("the sandbox stopped during a file request")
+                    event, about = answer.get("ev"), answer.get("id")
+                    if event == "fs" and about == request_id:
+                        return cast(FsEvent, answer)
+                    # An agent that does not know ``fs`` says so without an id.
+                    if event == "error" and about in (request_id, None):
+                        text, _ = cut_text(str(answer.get("message")), 500)
+                        raise SandboxFailed(f"the sandbox's agent refused a file request: {text}")
+        except TimeoutError:
+            self.broken = True
+            raise SandboxFailed(
+                f"the sandbox's agent did not answer a file request within {FS_TIMEOUT_S:g} s"
+            ) from None
+        except (ProtocolError, OSError, ConnectionError) as exc:
+            self.broken = True
             raise SandboxFailed(f"the sandbox's agent broke the protocol: {exc}") from None
 
     async def _state(self, fields: dict[str, Any], timeout_s: float) -> Outcome:

@@ -7,6 +7,9 @@ The phases, and what makes each true::
     PAUSING   a pause is under way, its lock held; its record says ``pausing``
     PAUSED    its sandbox is put away (``Session.paused`` says how); no RAM
     RESUMING  a call is bringing it back; it counts as running from here (``room``)
+    FORKING   a new session being filled as a fork of another (``forking``), its lock
+              held; its record says ``forking``, so a server that dies meanwhile
+              leaves a half copy the next one removes
     ENDING    closed or expired: calls fail with ``session_not_found``, no sandbox
               starts for it any more, and its end frees what it holds
     ENDED     everything it held is freed
@@ -23,11 +26,13 @@ The moves, each with who makes it::
     RESUMING -> PAUSED    the resume failed: still paused, its next call tries again
     RESUMING -> PAUSING   shutdown, not waiting for the call, once the resume let go of
                           the pause (its new sandbox is paused for the next server)
+    RUNNING  -> FORKING   a fork, just made, begins copying its source into it
+    FORKING  -> RUNNING   its files are copied (and its variables loaded, or not)
     any of the above -> ENDING   close, expiry, shutdown (also mid-pause or mid-resume)
     ENDING   -> ENDED     its end freed everything (else it stays ENDING and is retried)
     RUNNING, PAUSED -> HANDED_ON   a replica lets it go to another, between two calls
-    PAUSING, RESUMING -> HANDED_ON a replica shuts down, not waiting for the call (the
-                                   next holder finds it as its record says)
+    PAUSING, RESUMING, FORKING -> HANDED_ON   a replica shuts down, not waiting for the
+                                   call (the next holder finds it as its record says)
 
 Whether its workspace is mounted is another axis (``Session.workspace_made``): a
 session of any phase may be mounted or not (a paused one is mounted for a file call).
@@ -47,6 +52,7 @@ class Phase(enum.Enum):
     PAUSING = "pausing"
     PAUSED = "paused"
     RESUMING = "resuming"
+    FORKING = "forking"
     ENDING = "ending"
     ENDED = "ended"
     HANDED_ON = "handed on"
@@ -56,12 +62,13 @@ class Phase(enum.Enum):
 CLOSED = frozenset({Phase.ENDING, Phase.ENDED})
 
 _MOVES: dict[Phase, frozenset[Phase]] = {
-    Phase.RUNNING: frozenset({Phase.PAUSING, Phase.ENDING, Phase.HANDED_ON}),
+    Phase.RUNNING: frozenset({Phase.PAUSING, Phase.FORKING, Phase.ENDING, Phase.HANDED_ON}),
     Phase.PAUSING: frozenset({Phase.PAUSED, Phase.RUNNING, Phase.ENDING, Phase.HANDED_ON}),
     Phase.PAUSED: frozenset({Phase.RESUMING, Phase.ENDING, Phase.HANDED_ON}),
     Phase.RESUMING: frozenset(
         {Phase.RUNNING, Phase.PAUSED, Phase.PAUSING, Phase.ENDING, Phase.HANDED_ON}
     ),
+    Phase.FORKING: frozenset({Phase.RUNNING, Phase.ENDING, Phase.HANDED_ON}),
     Phase.ENDING: frozenset({Phase.ENDED}),
     Phase.ENDED: frozenset(),
     Phase.HANDED_ON: frozenset(),

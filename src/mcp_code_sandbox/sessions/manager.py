@@ -43,12 +43,16 @@ Semantics:
 - Ending a session (close, expiry, shutdown) is :mod:`.ending`'s: a close that returns
   ``ok`` leaves no sandbox running, and what an end could not free is retried at every
   reaper pass and at shutdown.
+- A fork (:mod:`.forking`) is a new session made, with the source's lock held, of a copy
+  of the source's files and saved variables; the source is neither paused nor resumed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import functools
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -59,9 +63,12 @@ from mcp_code_sandbox.backends.base import Backend, Limits, SandboxSpec
 from mcp_code_sandbox.backends.runner_images import RunnerImage
 from mcp_code_sandbox.errors import SandboxFailed, SessionBusy, SessionNotFound
 from mcp_code_sandbox.metrics import Metrics
-from mcp_code_sandbox.sessions import records
+from mcp_code_sandbox.sessions import forking, records
+from mcp_code_sandbox.sessions.agent_client import AgentClient
+from mcp_code_sandbox.sessions.agent_files import AgentFiles
 from mcp_code_sandbox.sessions.egress import Wish
 from mcp_code_sandbox.sessions.ending import Ending
+from mcp_code_sandbox.sessions.forking import Forked
 from mcp_code_sandbox.sessions.holder import PidFile, Role, ServiceLock, note_service
 from mcp_code_sandbox.sessions.ids import mint_session_id, validate_session_id
 from mcp_code_sandbox.sessions.janitor import Janitor
@@ -82,6 +89,7 @@ from mcp_code_sandbox.sessions.table import SessionTable
 from mcp_code_sandbox.sessions.uids import uid_pool
 from mcp_code_sandbox.sessions.workers import WorkerThreads
 from mcp_code_sandbox.settings import Settings
+from mcp_code_sandbox.workspace.seam import DirectoryFiles, Files
 
 __all__ = ["SessionManager"]
 
@@ -412,21 +420,25 @@ class SessionManager:
         network: Wish = None,
         runner: RunnerImage | None = None,
         pool: bool = False,
+        counted: bool = True,
     ) -> Handout:
         """What runs this call's code in ``session`` (see :meth:`.sandboxes.Sandboxes.handout`).
         ``pool``: the call wants a sandbox of the warm pool's kind (as for ``acquire``), so
         a paused session it resumes moves into a warm sandbox when one is ready and its
-        files are few enough (:mod:`.moving`). Called by the service with the session's
+        files are few enough (:mod:`.moving`). ``counted``: as for
+        :meth:`.sandboxes.Sandboxes.handout`. Called by the service with the session's
         lock held."""
+        handout = functools.partial(
+            self.sandboxes.handout, session, network=network, runner=runner, counted=counted
+        )
         if session.phase is not Phase.PAUSED:
             if not session.workspace_made:  # a new session: mounted while it starts
 
                 def start(mounted: Awaitable[None]) -> Awaitable[Handout]:
-                    handout = self.sandboxes.handout
-                    return handout(session, network=network, runner=runner, mounted=mounted)
+                    return handout(mounted=mounted)
 
                 return await self.making.mounting(session, start)
-            return await self.sandboxes.handout(session, network=network, runner=runner)
+            return await handout()
         await self.room.make(session.owner, exclude=session)  # it runs again: room first
         self.room.check(session.owner)  # in the step in which ``make`` returned (``room``)
         session.phase = transition(session.phase, Phase.RESUMING)
@@ -438,11 +450,62 @@ class SessionManager:
                 finally:  # not moved (or the call cancelled before the move committed)
                     if session.sandbox is not pooled.sandbox:
                         self.pool.retire(pooled)
-            return await self.sandboxes.handout(session, network=network, runner=runner)
+            return await handout()
         finally:
             if session.phase is Phase.RESUMING:  # not closed meanwhile
                 back = Phase.RUNNING if session.paused is None else Phase.PAUSED
                 session.phase = transition(session.phase, back)
+
+    # -- files ---------------------------------------------------------------------------
+
+    def files(self, session: Session) -> Files:
+        """``session``'s files, where its backend keeps them (:mod:`..workspace.seam`): its
+        directory, in its owner's worker threads; or, with ``workspace_in_sandbox``, its
+        sandbox, through its agent (a sandbox started for the call if it has none). For
+        calls holding the session's lock."""
+        blocking = self.threads.of(session.owner)
+        if not self.backend.workspace_in_sandbox:
+            return DirectoryFiles(session.workspace, blocking)
+
+        async def agent() -> AgentClient:
+            return await self._files_agent(session)
+
+        quota = session.workspace.quota_bytes
+        return AgentFiles(agent, quota_bytes=quota, blocking=blocking)
+
+    async def _files_agent(self, session: Session) -> AgentClient:
+        """The agent a file call asks: the running sandbox's, whatever its network; else
+        a sandbox started (or resumed) as a run's would be, not counted as a run."""
+        running, agent = session.sandbox, session.agent
+        if running is not None and running.is_alive() and agent is not None and not agent.broken:
+            return agent
+        await self.executor(session, counted=False)
+        if session.agent is None:  # a runner's handout never comes here: no runner asked
+            raise SandboxFailed(f"session {session.id} has no sandbox to reach its files")
+        return session.agent
+
+    # -- restarting the interpreter -------------------------------------------------------
+
+    async def restart(self, session: Session) -> None:
+        """Give ``session`` a fresh interpreter, its files kept (``restart_interpreter``).
+        A running one's agent restarts it (:meth:`.sandboxes.Sandboxes.restart`). A paused
+        one stays paused and forgets what its pause kept of the interpreter (a checkpoint
+        is discarded, saved variables are not loaded): its next call starts fresh, as a
+        resume with its files only, and says nothing of lost variables (none were
+        wanted). Called by the service with the session's lock held."""
+        paused = session.paused
+        if paused is None:
+            await self.sandboxes.restart(session)
+            return
+        if paused.kind == "files" and paused.why is None:
+            return
+        await self.sandboxes.discard(paused)
+        outside = (paused.checkpoint.bytes or 0) if paused.checkpoint is not None else 0
+        session.paused = dataclasses.replace(
+            paused, kind="files", checkpoint=None, saved=(), dropped=(), why=None,
+            load=False, bytes=max(0, paused.bytes - outside),
+        )  # fmt: skip
+        self.table.save(session, force=True)
 
     # -- closing ---------------------------------------------------------------------------
 
@@ -463,6 +526,51 @@ class SessionManager:
                 f"session {session_id} is closed, but " + "; ".join(remains) + ". The server "
                 "tries again every few seconds and at its next start; nothing to do here"
             )
+
+    # -- forking ---------------------------------------------------------------------------
+
+    async def fork(
+        self, owner: str, session_id: str, new_session_id: str | None, *, wait_s: float
+    ) -> Forked:
+        """A new session of ``owner`` with a copy of ``session_id``'s files and variables
+        (see :mod:`.forking`); ``new_session_id`` None mints its id. The source's lock is
+        held until its files are copied; the fork is made as any new session (room and
+        limits first, a warm sandbox when one is ready). ``SessionNotFound`` as for a
+        call; ``InvalidArgument`` for a ``new_session_id`` in use; what a refused copy
+        raises (the fork is ended then, the source as it was)."""
+        validate_session_id(session_id)
+        if new_session_id is not None:
+            validate_session_id(new_session_id)
+            if self.table.get(owner, new_session_id) is not None:
+                raise forking.taken(new_session_id)
+        fork: Session | None = None
+        done: Forked | None = None
+        try:
+            async with contextlib.AsyncExitStack() as source_held:
+                held = self.acquire(owner, session_id, create=False, wait_s=wait_s)
+                source = (await source_held.enter_async_context(held)).session
+                kept = await forking.keep_state(self.sandboxes, self.settings, source)
+                made = self.acquire(owner, new_session_id, create=True, wait_s=wait_s, pool=True)
+                async with made as new:
+                    if not new.created:  # named by another call meanwhile
+                        raise forking.taken(new.session.id)
+                    fork = new.session
+                    fork.phase = transition(fork.phase, Phase.FORKING)
+                    self.table.save(fork, force=True)  # before its copy: see ``records``
+                    copied = await forking.copy_files(self.threads, self.settings, source, fork)
+                    await source_held.aclose()  # the source's next call may go on now
+                    report, why = await forking.load_state(self.sandboxes, fork, kept)
+                    if fork.phase is Phase.FORKING:  # not closed meanwhile
+                        fork.phase = transition(fork.phase, Phase.RUNNING)
+                        self.table.save(fork, force=True)
+                    done = forking.forked(source, fork, kept, copied, report, why, new.notice)
+        finally:
+            if fork is not None and done is None:  # its copy was refused, or cut short
+                await self.ending.end_logged(fork, f"session {fork.id} was not forked", "closed")
+                self.table.reborn(owner, fork.id)  # never made: no tombstone to tell
+        assert done is not None  # else what stopped it was raised
+        log.info("session forked", owner=owner, session=session_id, fork=done.session_id)
+        return done
 
     # -- pausing ---------------------------------------------------------------------------
 

@@ -134,7 +134,8 @@ class WarmPool:
         """``handover``: the records' (``records.SessionRecord.handover``), by the
         manager's role."""
         self.settings = settings
-        self.size = settings.pool_size  # the floor (SANDBOX_POOL_SIZE); 0: off
+        #: The floor (SANDBOX_POOL_SIZE); 0: off, also where the backend pools itself.
+        self.size = 0 if backend.pools_itself else settings.pool_size
         spare_uids = None
         if backend.per_sandbox_uids:  # never a uid a session or a paused one could need
             used = settings.max_sessions + settings.max_paused_sessions

@@ -28,7 +28,8 @@ workspace, owner, id (or the pool's, for a sandbox a session took from the warm 
 and uid, it runs, and the session is within its idle TTL and max lifetime (by the
 recorded wall-clock times); at most ``max_sessions``, the most recently active first.
 Every other leftover of a dead server is removed, and so is every dead server's record
-(with its workspace) that is not re-attached. A record whose session moved to another slot
+(with its workspace) that is not re-attached. A dead server's fork still being filled
+(``forking``) is removed by any server. A record whose session moved to another slot
 (named by that slot's record as ``replaces``, same owner and id) is removed without a
 word: the session is the other record's.
 """
@@ -103,6 +104,9 @@ class SessionRecord:
     #: A pause was under way: a server that died meanwhile left its last complete state
     #: (or files alone); a later server keeps the session as paused all the same.
     pausing: bool = False
+    #: A fork being filled (:mod:`.forking`): a server that died meanwhile left a half
+    #: copy, removed by whoever finds it (the source is as it was).
+    forking: bool = False
     #: The slot this session moved from (a paused session resumed into a warm sandbox:
     #: its files were copied into this slot's workspace, then this record was written).
     #: That slot's record, if still there, is stale: removed with its workspace.
@@ -200,6 +204,7 @@ def _parse(path: Path) -> SessionRecord | None:
             pool=raw.get("pool", False) is True,
             paused=_paused(raw.get("paused")),
             pausing=raw.get("pausing", False) is True,
+            forking=raw.get("forking", False) is True,
             replaces=_slot(raw.get("replaces")),
             handover=raw.get("handover", True) is not False,
             runs=_count(raw.get("runs")),
@@ -314,6 +319,9 @@ def plan_recovery(
     for gone in list(dead.values()):
         if gone.pool or not gone.handover:  # a private server's, or nobody's yet
             why = f"session {gone.session_id} ended with the server that held it"
+            plan.drop.append((dead.pop(gone.slot), why))
+        elif gone.forking:  # a half copy: the fork was never made
+            why = f"session {gone.session_id} was being forked when its server died"
             plan.drop.append((dead.pop(gone.slot), why))
         elif not takes_over:
             live.add(dead.pop(gone.slot).slot)  # its successor's to take over

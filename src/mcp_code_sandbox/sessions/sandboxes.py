@@ -237,6 +237,28 @@ class Sandboxes:
         self.metrics.resumed("variables", time.monotonic() - began)
         return "variables", _variables_notice(session, paused, report.failed, why)
 
+    async def restart(self, session: Session) -> None:
+        """Give a running ``session`` a fresh interpreter, its sandbox and files kept: the
+        agent restarts it (:meth:`.agent_client.AgentClient.restart`). A sandbox whose
+        agent cannot (one started from an image older than the ``restart`` op, one that
+        stopped or broke) is stopped instead, so its next call starts a new one, as fresh.
+        Runner containers keep no state but their processes: they are stopped too.
+        Called by the manager with the session's lock held."""
+        for language in list(session.runners):
+            await self.drop_runner(session, language)
+        sandbox, agent = session.sandbox, session.agent
+        if sandbox is None or agent is None:
+            return  # nothing runs: the next call starts a fresh interpreter anyway
+        if sandbox.is_alive() and not agent.broken:
+            try:
+                await agent.restart()
+            except SandboxFailed as exc:
+                log.warning("the agent did not restart; the sandbox is replaced",
+                            session=session.id, error=exc.message)  # fmt: skip
+            else:
+                return
+        await self.stop_sandbox(session)
+
     def limits(self) -> Limits:
         s = self.settings
         return Limits(
@@ -254,6 +276,7 @@ class Sandboxes:
         network: Wish = None,
         runner: RunnerImage | None = None,
         mounted: Awaitable[None] | None = None,
+        counted: bool = True,
     ) -> Handout:
         """What runs this call's code in ``session``: its agent, or (``runner``) its
         container of that runner image; started if need be, replaced if it died.
@@ -266,8 +289,10 @@ class Sandboxes:
         the service) with the session's lock held; ``SessionNotFound`` as for
         :meth:`_ensure_sandbox`. ``mounted``: the workspace's mount, still under way (a
         new session's, see :meth:`.manager.SessionManager.executor`): a sandbox started
-        here waits for it (``Backend.create``); the caller awaits it in any case."""
-        session.runs += 1
+        here waits for it (``Backend.create``); the caller awaits it in any case.
+        ``counted``: a run's (numbered); False for a file call that needs the agent."""
+        if counted:
+            session.runs += 1
         resumed, notice = None, None
         # Paused: resumed now (its sandbox, if any, is a warm one it moved into).
         if session.paused is not None:
@@ -285,6 +310,13 @@ class Sandboxes:
         agent, replaced = await self._ensure_sandbox(session, network=network, mounted=mounted)
         guarded = Guarded(agent, lambda exc: self._sandbox_failed(session, exc))
         return Handout(guarded, session.runs, _joined(notice, replaced), resumed)
+
+    async def agent(self, session: Session) -> AgentClient:
+        """The agent of ``session``'s sandbox (no network), started if it has none: for a
+        fork, which loads its copied variables before its first call. Lock held;
+        raises as :meth:`_ensure_sandbox`."""
+        agent, _ = await self._ensure_sandbox(session)
+        return agent
 
     async def _sandbox_failed(self, session: Session, exc: SandboxFailed) -> Outcome:
         """A sandbox died under a run: count it, stop it (the next call starts a new one),

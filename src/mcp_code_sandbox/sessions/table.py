@@ -215,6 +215,7 @@ class SessionTable:
             uid=session.uid,
             paused=None if session.paused is None else session.paused.to_json(),
             pausing=session.phase is Phase.PAUSING,
+            forking=session.phase is Phase.FORKING,
             replaces=None if session.replaces is None else session.replaces.slot,
             handover=self.handover,
             runs=session.runs,

@@ -19,11 +19,13 @@ cannot be stopped), so a slot is never free while its work still runs.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import ParamSpec, TypeVar
 
 import anyio
 import anyio.to_thread
+
+from mcp_code_sandbox.workspace.seam import Blocking
 
 __all__ = ["WorkerThreads"]
 
@@ -63,6 +65,14 @@ class WorkerThreads:
             idle = share.borrowed_tokens == 0 and share.statistics().tasks_waiting == 0
             if idle and self._shares.get(owner) is share:
                 del self._shares[owner]
+
+    def of(self, owner: str) -> Blocking:
+        """``owner``'s share as the workspace seam takes it (``blocking(fn, *args)``)."""
+
+        def run(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Awaitable[T]:
+            return self.run(owner, fn, *args, **kwargs)
+
+        return run
 
     def busy(self, owner: str) -> int:
         """Threads ``owner`` holds now (for tests and metrics)."""

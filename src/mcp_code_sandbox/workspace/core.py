@@ -45,7 +45,7 @@ from mcp_code_sandbox.workspace.mime import guess_mime, is_text_mime
 from mcp_code_sandbox.workspace.paths import join_parts, parse_path
 from mcp_code_sandbox.workspace.volume import Volume, release
 
-__all__ = ["HEAD_BYTES", "HIDDEN_DIRS", "OUTPUTS_DIR", "Workspace", "measure"]
+__all__ = ["HEAD_BYTES", "HIDDEN_DIRS", "OUTPUTS_DIR", "Workspace", "measure", "upload_parts"]
 
 #: Top-level directory where the server keeps full outputs of truncated runs.
 OUTPUTS_DIR = ".outputs"
@@ -134,15 +134,8 @@ class Workspace:
         ``QuotaExceeded`` when it would not fit. A failed write leaves nothing behind
         (neither a partial file nor new directories).
         """
-        parts = parse_path(rel, for_upload=True)
+        parts = upload_parts(rel)
         shown = join_parts(parts)
-        if parts[0] == STATE_DIR:
-            # The sandbox's own saved state (a pause writes it, a resume loads it): never
-            # the client's, paused or not, whatever the backend keeps there.
-            raise InvalidPath(
-                f"'{shown}' is in {STATE_DIR}/, where the session keeps the variables a "
-                "pause saves; nothing is uploaded there. Pick another path"
-            )
         size, head = measure(data)
         with _fs_errors(shown), closing_fd(self._open_root()) as root:
             replaced = self._existing_size(root, parts, shown, overwrite=overwrite)
@@ -420,6 +413,20 @@ class Workspace:
         finally:
             _unlink_quietly(dir_fd, tmp)  # gone already after a rename; left after a link
         return st
+
+
+def upload_parts(rel: str) -> tuple[str, ...]:
+    """The components of ``rel`` as a file to write (:func:`.paths.parse_path`), which
+    must not be in ``STATE_DIR``: ``InvalidFilename`` / ``InvalidPath`` otherwise."""
+    parts = parse_path(rel, for_upload=True)
+    if parts[0] == STATE_DIR:
+        # The sandbox's own saved state (a pause writes it, a resume loads it): never
+        # the client's, paused or not, whatever the backend keeps there.
+        raise InvalidPath(
+            f"'{join_parts(parts)}' is in {STATE_DIR}/, where the session keeps the "
+            "variables a pause saves; nothing is uploaded there. Pick another path"
+        )
+    return parts
 
 
 def measure(data: bytes | BinaryIO) -> tuple[int, bytes]:

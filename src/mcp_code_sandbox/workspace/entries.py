@@ -20,6 +20,7 @@ __all__ = [
     "Snapshot",
     "Stamp",
     "diff",
+    "entry_of",
     "make_entry",
 ]
 
@@ -119,9 +120,15 @@ def diff(before: Snapshot, after: Snapshot) -> list[Change]:
 
 
 def make_entry(path: str, st: os.stat_result) -> Entry:
-    kind = entry_type(st.st_mode)
-    size = st.st_size if kind == "file" else 0
-    return Entry(path, kind, size, iso_utc(st.st_mtime_ns), _entry_mime(path, st.st_mode))
+    return entry_of(path, st.st_mode, st.st_size, st.st_mtime_ns)
+
+
+def entry_of(path: str, mode: int, size: int, mtime_ns: int) -> Entry:
+    """The entry of ``path`` from its ``lstat``'s mode, size and mtime."""
+    kind = entry_type(mode)
+    return Entry(
+        path, kind, size if kind == "file" else 0, iso_utc(mtime_ns), _entry_mime(path, mode)
+    )
 
 
 def _entry_mime(path: str, mode: int) -> str:

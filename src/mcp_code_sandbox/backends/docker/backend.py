@@ -82,6 +82,7 @@ from mcp_code_sandbox.backends.base import (
     stop_step,
 )
 from mcp_code_sandbox.backends.checkpoints import Checkpoint, Checkpoints
+from mcp_code_sandbox.backends.docker.derived import sandbox_image
 from mcp_code_sandbox.backends.docker.engine import (
     Engine,
     create_container,
@@ -156,7 +157,8 @@ class DockerBackend(Backend, RunnerImages, Checkpoints):
         any other instance are leftovers.
         """
         self.settings = settings
-        self.image = settings.image
+        #: ``SANDBOX_IMAGE``, or the image with ``SANDBOX_RUNTIME_PACKAGES`` (:mod:`.derived`).
+        self.image = sandbox_image(settings)
         # Handing a workspace to a session's uid takes CAP_CHOWN; without it, every
         # container runs as the server's uid (``workspace_owner`` None: its own).
         self.per_sandbox_uids = can_chown()

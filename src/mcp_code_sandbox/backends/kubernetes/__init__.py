@@ -1,0 +1,1 @@
+"""The kubernetes backend: a pod per session (see backend.py)."""

@@ -1,0 +1,315 @@
+"""The kubernetes backend: a pod per session, claimed from a warm pool that every replica
+shares, its agent reached over the pod network.
+
+A session's sandbox is a pod made from the sandbox image (the manifest is
+:mod:`.spec`'s). ``create`` claims a ready warm pod (:class:`.pool.PodPool`: one
+conditional update) or, when the pool is empty, creates one for the session and waits
+for it to run (a watch event, never a poll); then it opens the agent's authenticated
+channel on the pod's IP (:mod:`.channel`) and waits for ``ready``. ``stop`` deletes the
+pod. The agent listens in its pod and keeps its state across connections, so another
+replica (or this one after a restart) reaches the same session by connecting again:
+``reattach`` is a connect. A pod deleted behind the server's back ends its agent's
+connection; the session's next call then finds the sandbox dead and replaces it
+(``state_lost``), never hangs (the socket has keepalives, and the view sees the pod go).
+
+What this backend does not see: a pod's files. Its workspace is an ``emptyDir`` (or a
+PVC) inside the pod, reached through the agent (``workspace_in_sandbox``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import os
+import socket
+import ssl
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from lightkube import ApiError, AsyncClient, ConfigError, KubeConfig
+from lightkube.resources.core_v1 import Pod
+
+from mcp_code_sandbox.backends.base import (
+    Backend,
+    Channel,
+    Description,
+    Leftover,
+    Sandbox,
+    SandboxSpec,
+    stop_step,
+    wait_ready,
+)
+from mcp_code_sandbox.backends.kubernetes.channel import open_channel, server_context
+from mcp_code_sandbox.backends.kubernetes.pods import PodView, PodWatch, pod_of
+from mcp_code_sandbox.backends.kubernetes.pool import PodPool, warm_pod_name
+from mcp_code_sandbox.backends.kubernetes.spec import (
+    AGENT_PORT,
+    claim_metadata,
+    session_pod,
+    warm_pod,
+)
+from mcp_code_sandbox.errors import BackendUnavailable, SandboxFailed
+from mcp_code_sandbox.settings import ConfigError as SettingsError
+from mcp_code_sandbox.settings import Settings
+
+__all__ = ["KubernetesBackend", "Manifests", "PodSandbox", "from_settings"]
+
+log = logging.getLogger(__name__)
+
+#: How long a cold pod may take to run and pass its readiness probe: an image pull on a
+#: node that has none of it yet is most of it.
+_START_WAIT_S = 120.0
+#: How long the agent has to say ``ready`` once connected (it is already listening).
+_READY_WAIT_S = 15.0
+#: How long a connect and its TLS handshake may take on the pod network.
+_CONNECT_WAIT_S = 10.0
+
+
+OpenChannel = Callable[[str, int, ssl.SSLContext, float], Awaitable[Channel]]
+
+
+class Manifests:
+    """The pod manifests this backend sends (see :mod:`.spec`), and the agent's port."""
+
+    def __init__(
+        self,
+        warm: Callable[[str], dict[str, Any]],
+        session: Callable[[SandboxSpec, str], dict[str, Any]],
+        agent_port: int,
+    ) -> None:
+        self.warm = warm
+        self.session = session
+        self.agent_port = agent_port
+
+
+class PodSandbox(Sandbox):
+    """A session's pod, as the backend hands it out."""
+
+    def __init__(self, spec: SandboxSpec, channel: Channel, pod: str, watch: PodWatch) -> None:
+        super().__init__(spec, channel, pod)
+        self._watch = watch
+
+    def is_alive(self) -> bool:
+        view = self._watch.get(self.backend_id)
+        return view is not None and not view.gone
+
+
+class KubernetesBackend(Backend):
+    """Sandboxes as pods in one namespace (see the module doc)."""
+
+    name = "kubernetes"
+    pools_itself = True
+    workspace_in_sandbox = True
+
+    def __init__(
+        self,
+        *,
+        client: AsyncClient,
+        namespace: str,
+        manifests: Manifests,
+        tls: ssl.SSLContext,
+        open_channel: OpenChannel,
+        pool_size: int,
+        instance: str,
+    ) -> None:
+        self._client = client
+        self._namespace = namespace
+        self._manifests = manifests
+        self._tls = tls
+        self._open_channel = open_channel
+        self.watch = PodWatch(client, namespace)
+        self.pool = PodPool(
+            client,
+            namespace,
+            self.watch,
+            manifests.warm,
+            size=pool_size,
+            instance=instance,
+        )
+        self._started: asyncio.Task[None] | None = None
+
+    async def _start(self) -> None:
+        """Start the view and the pool once; raise ``BackendUnavailable`` when the API
+        server does not answer (and try again at the next call)."""
+        if self._started is None or (self._started.done() and self._started.exception()):
+            self._started = asyncio.ensure_future(self._begin())
+        try:
+            await asyncio.shield(self._started)
+        except ApiError as exc:
+            raise BackendUnavailable(f"the Kubernetes API refused: {exc.status.message}") from None
+        except OSError as exc:
+            raise BackendUnavailable(f"the Kubernetes API does not answer: {exc}") from None
+
+    async def _begin(self) -> None:
+        await self.watch.start()
+        self.pool.start()
+
+    async def create(self, spec: SandboxSpec, *, mounted: Awaitable[None] | None = None) -> Sandbox:
+        if mounted is not None:
+            await mounted  # nothing is mounted for a pod: its workspace lives in it
+        await self._start()
+        try:
+            view = await self.pool.claim(claim_metadata(spec))
+            if view is None:
+                view = await self._start_cold(spec)
+        except ApiError as exc:
+            raise SandboxFailed(f"the Kubernetes API refused a pod: {exc.status.message}") from None
+        try:
+            return await self._connect(view, spec)
+        except BaseException:
+            await self._delete(view.name)
+            raise
+
+    async def _start_cold(self, spec: SandboxSpec) -> PodView:
+        name = warm_pod_name()
+        manifest = self._manifests.session(spec, name)
+        pod = await self._client.create(pod_of(manifest, self._namespace))
+        self.watch.note(pod)
+        try:
+            view = await self.watch.wait_for(
+                name, lambda v: v is None or v.gone or (v.ready and v.ip is not None), _START_WAIT_S
+            )
+        except TimeoutError:
+            await self._delete(name)
+            raise SandboxFailed(
+                f"pod {name} did not become ready within {_START_WAIT_S:.0f} s "
+                "(kubectl describe pod says why)"
+            ) from None
+        if view is None or view.gone or view.ip is None:
+            await self._delete(name)
+            raise SandboxFailed(f"pod {name} ended before it was ready")
+        return view
+
+    async def _connect(self, view: PodView, spec: SandboxSpec) -> PodSandbox:
+        assert view.ip is not None
+        channel = await self._open_channel(
+            view.ip, self._manifests.agent_port, self._tls, _CONNECT_WAIT_S
+        )
+        sandbox = PodSandbox(spec, channel, view.name, self.watch)
+
+        async def not_ready(message: dict[str, Any] | None, timed_out: bool) -> str:
+            what = "said nothing" if timed_out else f"sent {message!r}"[:200]
+            return f"the agent of pod {view.name} {what} instead of ready"
+
+        try:
+            sandbox.ready = await wait_ready(sandbox, _READY_WAIT_S, not_ready)
+        except BaseException:
+            channel.close()
+            raise
+        return sandbox
+
+    async def stop(self, sandbox: Sandbox) -> None:
+        sandbox.channel.close()
+        await stop_step(sandbox.spec.key, "delete its pod", self._delete(sandbox.backend_id))
+
+    async def _delete(self, name: str) -> None:
+        try:
+            await self._client.delete(Pod, name, namespace=self._namespace, grace_period=0)
+        except ApiError as exc:
+            if exc.status.code != 404:
+                raise
+        self.watch.forget(name)
+
+    async def reattach(
+        self,
+        leftover: Leftover,
+        spec: SandboxSpec,
+        *,
+        bound: Callable[[], Awaitable[None]] | None = None,
+    ) -> Sandbox | None:
+        await self._start()
+        view = self.watch.get(leftover.backend_id)
+        if view is None or view.gone or view.ip is None or view.key != spec.key:
+            return None
+        if bound is not None:
+            await bound()
+        try:
+            return await self._connect(view, spec)
+        except (SandboxFailed, OSError) as exc:
+            log.warning("kubernetes: cannot reach pod %s again: %s", view.name, exc)
+            return None
+
+    async def list_leftovers(self, *, live_too: bool = False) -> list[Leftover]:
+        """None: a session's pod is the cluster's record of it, which any replica finds
+        again by its key when a call comes for it, so a starting server has nothing of
+        another's to take over or remove (and must not delete pods other replicas serve)."""
+        return []
+
+    async def remove_leftover(self, leftover: Leftover) -> None:
+        with contextlib.suppress(ApiError):
+            await self._delete(leftover.backend_id)
+
+    async def check_ready(self) -> None:
+        await self._start()
+        try:
+            await self._client.get(Pod, "mcp-code-sandbox-readyz", namespace=self._namespace)
+        except ApiError as exc:
+            if exc.status.code != 404:
+                raise BackendUnavailable(
+                    f"the Kubernetes API refused to read pods: {exc.status.message}"
+                ) from None
+        except OSError as exc:
+            raise BackendUnavailable(f"the Kubernetes API does not answer: {exc}") from None
+
+    def describe(self) -> Description:
+        return Description(
+            enforcement={
+                "memory": "cgroup",
+                "cpu": "cgroup",
+                "pids": "none",
+                "tmp": "checked",
+                "file_size": "rlimit",
+                "network": "checked",
+            },
+            runtimes={},
+            network_unavailable=(
+                "network by permission is not offered on the kubernetes backend yet: "
+                "sandbox pods have no egress (NetworkPolicy)"
+            ),
+        )
+
+    async def aclose(self) -> None:
+        await self.pool.aclose()
+        await self.watch.aclose()
+        await self._client.close()
+
+
+def from_settings(settings: Settings) -> KubernetesBackend:
+    """The backend for ``settings``: the API server of the pod's service account (in a
+    cluster) or of ``KUBECONFIG`` (outside one), as lightkube finds them; the sandboxes'
+    namespace; the server's certificate for the agents (``SANDBOX_KUBERNETES_AGENT_TLS_DIR``).
+    Raises ``ConfigError`` (ours) saying what to fix when either is missing."""
+    try:
+        config = KubeConfig.from_env()
+    except ConfigError as exc:
+        why = (
+            f"SANDBOX_BACKEND=kubernetes: no Kubernetes API found ({exc}); run the server "
+            "in a cluster with a service account, or set KUBECONFIG"
+        )
+        raise SettingsError([why]) from None
+    try:
+        tls = server_context(settings.kubernetes_server_cert, settings.kubernetes_server_key)
+    except (OSError, ssl.SSLError) as exc:
+        why = (
+            "SANDBOX_BACKEND=kubernetes: cannot load the agents' server certificate from "
+            f"{settings.kubernetes_agent_tls_dir} ({exc}); make one with "
+            "`mcp-code-sandbox kubernetes certs --out DIR`"
+        )
+        raise SettingsError([why]) from None
+    manifests = Manifests(
+        warm=functools.partial(warm_pod, settings=settings),
+        session=functools.partial(session_pod, settings=settings),
+        agent_port=AGENT_PORT,
+    )
+    return KubernetesBackend(
+        client=AsyncClient(config, namespace=settings.kubernetes_namespace),
+        namespace=settings.kubernetes_namespace,
+        manifests=manifests,
+        tls=tls,
+        open_channel=open_channel,
+        pool_size=settings.pool_size,
+        # The pool's Lease names its holder: the pod (its hostname) and the process.
+        instance=f"{socket.gethostname()}-{os.getpid()}",
+    )

@@ -1,0 +1,226 @@
+"""This backend's pods as one server replica sees them: one list, then one watch.
+
+Every replica keeps a :class:`PodWatch` of the sandbox pods in its namespace (those with
+the component label), fed by a single watch that resumes from the last resourceVersion
+it saw; when the API server answers that it is too old (410 Gone) or the watch breaks,
+the view is listed again whole, so a pod deleted meanwhile leaves the view too. Reads
+(which warm pods are ready, where a pod is, whether it still exists) are answered from
+the view, never by an API call: a claim costs its one write and nothing more.
+
+Semantics: the view lags the cluster by a watch event, never more; a pod may have been
+claimed by another replica or deleted since it was seen. Callers write with the
+resourceVersion they read (a claim is a conditional update), so a stale view costs a
+409 and a retry, never a double claim.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from lightkube import ApiError, AsyncClient
+from lightkube.codecs import from_dict
+from lightkube.resources.core_v1 import Pod
+
+from mcp_code_sandbox.backends.kubernetes.spec import (
+    ANNOTATION_OWNER,
+    ANNOTATION_SESSION,
+    COMPONENT_SANDBOX,
+    LABEL_COMPONENT,
+    LABEL_KEY,
+    LABEL_NAME,
+    LABEL_POOL,
+    NAME,
+    WARM,
+)
+
+__all__ = [
+    "SELECTOR",
+    "PodView",
+    "PodWatch",
+    "pod_of",
+    "view_of",
+]
+
+log = logging.getLogger(__name__)
+
+#: Every sandbox pod of this product, whoever made it.
+SELECTOR: dict[str, str | None] = {LABEL_NAME: NAME, LABEL_COMPONENT: COMPONENT_SANDBOX}
+
+#: Between two tries to list and watch again after the API server failed: short, as
+#: claims wait on the view; the client's own timeout bounds each try.
+_RELIST_PAUSE_S = 0.5
+
+
+@dataclass(frozen=True)
+class PodView:
+    """What the view knows of one pod."""
+
+    name: str
+    resource_version: str
+    #: ``WARM`` (anonymous, claimable), ``CLAIMED`` (a session's), or ``None`` (not ours).
+    pool: str | None
+    key: str | None
+    owner: str | None
+    session_id: str | None
+    phase: str
+    ip: str | None
+    ready: bool
+    created: datetime | None
+    deleting: bool
+
+    @property
+    def claimable(self) -> bool:
+        return self.pool == WARM and self.ready and self.ip is not None and not self.deleting
+
+    @property
+    def gone(self) -> bool:
+        """It will never serve again (failed, finished, or being deleted)."""
+        return self.deleting or self.phase in ("Failed", "Succeeded")
+
+
+def view_of(pod: Pod) -> PodView:
+    meta = pod.metadata
+    assert meta is not None and meta.name is not None
+    labels = meta.labels or {}
+    annotations = meta.annotations or {}
+    status = pod.status
+    ready = (
+        any(c.type == "Ready" and c.status == "True" for c in (status.conditions or []))
+        if status is not None
+        else False
+    )
+    return PodView(
+        name=meta.name,
+        resource_version=meta.resourceVersion or "",
+        pool=labels.get(LABEL_POOL),
+        key=labels.get(LABEL_KEY),
+        owner=annotations.get(ANNOTATION_OWNER),
+        session_id=annotations.get(ANNOTATION_SESSION),
+        phase=(status.phase if status is not None and status.phase else "Pending"),
+        ip=status.podIP if status is not None else None,
+        ready=ready,
+        created=meta.creationTimestamp,
+        deleting=meta.deletionTimestamp is not None,
+    )
+
+
+class PodWatch:
+    """The sandbox pods of one namespace, kept current by a watch (see the module doc)."""
+
+    def __init__(self, client: AsyncClient, namespace: str) -> None:
+        self._client = client
+        self._namespace = namespace
+        self._pods: dict[str, PodView] = {}
+        self._changed = asyncio.Condition()
+        self._task: asyncio.Task[None] | None = None
+        self._synced = asyncio.Event()
+
+    async def start(self) -> None:
+        """List once (raising what the API server answers), then watch in the background."""
+        version = await self._list()
+        self._task = asyncio.create_task(self._follow(version), name="kubernetes-pod-watch")
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def get(self, name: str) -> PodView | None:
+        return self._pods.get(name)
+
+    def all(self) -> list[PodView]:
+        return list(self._pods.values())
+
+    def claimable(self) -> list[PodView]:
+        """Warm pods ready to be claimed, the oldest first."""
+        ready = [p for p in self._pods.values() if p.claimable]
+        ready.sort(key=lambda p: (p.created is None, p.created or datetime.min, p.name))
+        return ready
+
+    def forget(self, name: str) -> None:
+        """Drop ``name`` from the view now (this replica deleted it)."""
+        self._pods.pop(name, None)
+
+    def note(self, pod: Pod) -> None:
+        """Take an object this replica just wrote, ahead of its watch event."""
+        view = view_of(pod)
+        known = self._pods.get(view.name)
+        if known is None or _newer(view.resource_version, known.resource_version):
+            self._pods[view.name] = view
+
+    async def wait_for(
+        self, name: str, done: Callable[[PodView | None], bool], timeout_s: float
+    ) -> PodView | None:
+        """The view of ``name`` once ``done`` holds for it (``None``: not there), or
+        raise ``TimeoutError`` after ``timeout_s``."""
+        async with asyncio.timeout(timeout_s), self._changed:
+            while not done(self._pods.get(name)):
+                await self._changed.wait()
+        return self._pods.get(name)
+
+    async def _list(self) -> str:
+        listing = self._client.list(Pod, namespace=self._namespace, labels=dict(SELECTOR))
+        pods = {}
+        async for pod in listing:
+            view = view_of(pod)
+            pods[view.name] = view
+        async with self._changed:
+            self._pods = pods
+            self._changed.notify_all()
+        self._synced.set()
+        return listing.resourceVersion
+
+    async def _follow(self, version: str) -> None:
+        while True:
+            try:
+                async for kind, pod in self._client.watch(
+                    Pod, namespace=self._namespace, labels=dict(SELECTOR), resource_version=version
+                ):
+                    view = view_of(pod)
+                    version = view.resource_version or version
+                    async with self._changed:
+                        if kind == "DELETED":
+                            self._pods.pop(view.name, None)
+                        else:
+                            self._pods[view.name] = view
+                        self._changed.notify_all()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # 410 Gone, a broken stream, an API server away
+                if not (isinstance(exc, ApiError) and exc.status.code == 410):
+                    log.warning("kubernetes: pod watch broke (%s); listing again", exc)
+                await asyncio.sleep(_RELIST_PAUSE_S)
+            # The watch ended (the server's timeout) or broke: list again, whole, so
+            # that what was deleted meanwhile leaves the view too.
+            while True:
+                try:
+                    version = await self._list()
+                    break
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    log.warning("kubernetes: cannot list pods (%s)", exc)
+                    await asyncio.sleep(_RELIST_PAUSE_S)
+
+
+def _newer(a: str, b: str) -> bool:
+    try:
+        return int(a) > int(b)
+    except ValueError:
+        return a != b
+
+
+def pod_of(manifest: dict[str, Any], namespace: str) -> Pod:
+    """The typed pod of ``manifest`` (a plain dict, as :mod:`.spec` makes them), placed in
+    ``namespace``."""
+    pod = from_dict(manifest)
+    assert isinstance(pod, Pod) and pod.metadata is not None
+    pod.metadata.namespace = namespace
+    return pod

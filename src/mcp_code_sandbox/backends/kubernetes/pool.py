@@ -1,0 +1,239 @@
+"""The warm pool of pods that every server replica shares.
+
+Warm pods are anonymous: made from the same manifest whoever asks, with no session's
+identity, env or secrets (a session's reach the pod after its claim, over the agent's
+authenticated channel, with each run). Semantics:
+
+- **Claim**: one merge patch of a ready warm pod's labels and annotations, carrying the
+  resourceVersion this replica saw (:meth:`PodPool.claim`). The API server applies it
+  only if the pod is unchanged since, so two replicas racing for one pod get one success
+  and one 409, and the loser tries the next pod: never a double claim. One API write.
+- **Refill**: one replica at a time, the holder of the pool's Lease
+  (``coordination.k8s.io/v1``), keeps ``size`` warm pods made or starting, replaces those
+  that failed or are older than an hour, and deletes the surplus. A claim wakes it
+  at once; it creates at most :data:`_CREATES_AT_ONCE` pods per round. The holder renews
+  the Lease; when it stops (a crash, a SIGKILL) another replica takes the Lease once it
+  expired, so the pool outlives any replica. So a claim costs at most two writes: the
+  claim and the refill's create.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from lightkube import ApiError, AsyncClient
+from lightkube.models.coordination_v1 import LeaseSpec
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.coordination_v1 import Lease
+from lightkube.resources.core_v1 import Pod
+from lightkube.types import PatchType
+
+from mcp_code_sandbox.backends.kubernetes.pods import PodView, PodWatch, pod_of, view_of
+from mcp_code_sandbox.backends.kubernetes.spec import WARM
+
+__all__ = ["POOL_LEASE", "PodPool", "warm_pod_name"]
+
+log = logging.getLogger(__name__)
+
+#: The Lease whose holder refills the pool (one per namespace).
+POOL_LEASE = "mcp-code-sandbox-pool"
+#: How long a pool Lease lasts unrenewed: a replica that died stops refilling for at most
+#: this long before another takes over; renewed three times within it.
+_LEASE_S = 15
+_RENEW_S = _LEASE_S / 3
+#: Pods the refiller creates per round: a burst of creates is what drains an API server's
+#: write budget (and a node's image cache), and the claims of a burst come first.
+_CREATES_AT_ONCE = 4
+#: A warm pod older than this is replaced, as the other backends' pooled sandboxes are:
+#: its image may have been updated since, and a long-lived idle process is a target.
+_MAX_AGE = timedelta(hours=1)
+#: How often the refiller looks again when no claim woke it.
+_TICK_S = 1.0
+
+
+def warm_pod_name() -> str:
+    """A fresh pod name: no session's name, so the pod tells nothing of who will use it."""
+    return f"mcp-sandbox-{secrets.token_hex(6)}"
+
+
+class PodPool:
+    """Claims warm pods for sessions and, while it holds the pool's Lease, refills them."""
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        namespace: str,
+        watch: PodWatch,
+        make_warm: Callable[[str], dict[str, Any]],
+        *,
+        size: int,
+        instance: str,
+    ) -> None:
+        self._client = client
+        self._namespace = namespace
+        self._watch = watch
+        self._make_warm = make_warm
+        self.size = size
+        self._instance = instance
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.leading = False
+        #: Claims that lost their race (409): for the metrics and the bench.
+        self.conflicts = 0
+
+    def start(self) -> None:
+        if self.size > 0:
+            self._task = asyncio.create_task(self._refill_loop(), name="kubernetes-pool")
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self.leading:
+            # Let another replica refill at once rather than after the Lease expires.
+            with contextlib.suppress(Exception):
+                await self._client.patch(
+                    Lease,
+                    POOL_LEASE,
+                    {"spec": {"holderIdentity": None}},
+                    namespace=self._namespace,
+                    patch_type=PatchType.MERGE,
+                )
+
+    async def claim(self, metadata: dict[str, dict[str, str]]) -> PodView | None:
+        """Make a ready warm pod a session's, by one conditional update writing
+        ``metadata`` (its labels and annotations: ``spec.claim_metadata``); ``None`` when
+        none is left (the caller starts one cold). Raises the API server's other errors."""
+        for view in self._watch.claimable():
+            patch = {"metadata": {"resourceVersion": view.resource_version, **metadata}}
+            try:
+                pod = await self._client.patch(
+                    Pod, view.name, patch, namespace=self._namespace, patch_type=PatchType.MERGE
+                )
+            except ApiError as exc:
+                if exc.status.code in (404, 409):  # another replica's, or gone: next one
+                    self.conflicts += 1
+                    continue
+                raise
+            self._watch.note(pod)
+            self._wake.set()
+            return view_of(pod)
+        self._wake.set()
+        return None
+
+    async def _refill_loop(self) -> None:
+        renewed_at = 0.0
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                if loop.time() - renewed_at >= _RENEW_S:
+                    self.leading = await self._hold_lease()
+                    renewed_at = loop.time()
+                if self.leading:
+                    await self._refill()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("kubernetes: pool refill failed (%s)", exc)
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), _TICK_S)
+
+    async def _refill(self) -> None:
+        now = datetime.now(UTC)
+        alive = []
+        for view in self._watch.all():
+            if view.pool != WARM:
+                continue
+            if view.gone or (view.created is not None and now - view.created > _MAX_AGE):
+                await self._delete(view.name)
+            else:
+                alive.append(view)
+        surplus = len(alive) - self.size
+        if surplus > 0:
+            # The newest first: the oldest are the readiest.
+            for view in sorted(alive, key=lambda v: v.created or now, reverse=True)[:surplus]:
+                await self._delete(view.name)
+            return
+        missing = min(-surplus, _CREATES_AT_ONCE)
+        if missing > 0:
+            await asyncio.gather(*(self._create() for _ in range(missing)))
+
+    async def _create(self) -> None:
+        manifest = self._make_warm(warm_pod_name())
+        pod = await self._client.create(pod_of(manifest, self._namespace))
+        self._watch.note(pod)
+
+    async def _delete(self, name: str) -> None:
+        with contextlib.suppress(ApiError):
+            await self._client.delete(Pod, name, namespace=self._namespace, grace_period=0)
+        self._watch.forget(name)
+
+    async def _hold_lease(self) -> bool:
+        """Take or renew the pool's Lease; whether this replica holds it now."""
+        now = datetime.now(UTC)
+        try:
+            lease = await self._client.get(Lease, POOL_LEASE, namespace=self._namespace)
+        except ApiError as exc:
+            if exc.status.code != 404:
+                raise
+            fresh = Lease(
+                metadata=ObjectMeta(name=POOL_LEASE, namespace=self._namespace),
+                spec=LeaseSpec(
+                    holderIdentity=self._instance,
+                    leaseDurationSeconds=_LEASE_S,
+                    acquireTime=now,
+                    renewTime=now,
+                ),
+            )
+            try:
+                await self._client.create(fresh)
+            except ApiError as lost:
+                if lost.status.code == 409:
+                    return False
+                raise
+            return True
+        spec = lease.spec or LeaseSpec()
+        mine = spec.holderIdentity == self._instance
+        expired = (
+            spec.holderIdentity is None
+            or spec.renewTime is None
+            or now - spec.renewTime > timedelta(seconds=spec.leaseDurationSeconds or _LEASE_S)
+        )
+        if not (mine or expired):
+            return False
+        assert lease.metadata is not None
+        patch: dict[str, Any] = {
+            "metadata": {"resourceVersion": lease.metadata.resourceVersion},
+            "spec": {
+                "holderIdentity": self._instance,
+                "leaseDurationSeconds": _LEASE_S,
+                "renewTime": _micro(now),
+            },
+        }
+        if not mine:
+            patch["spec"]["acquireTime"] = _micro(now)
+            patch["spec"]["leaseTransitions"] = (spec.leaseTransitions or 0) + 1
+        try:
+            await self._client.patch(
+                Lease, POOL_LEASE, patch, namespace=self._namespace, patch_type=PatchType.MERGE
+            )
+        except ApiError as exc:
+            if exc.status.code == 409:  # another replica renewed or took it first
+                return False
+            raise
+        if not mine:
+            log.info("kubernetes: this replica refills the warm pool now")
+        return True
+
+
+def _micro(when: datetime) -> str:
+    """A ``MicroTime``, as Leases carry them."""
+    return when.strftime("%Y-%m-%dT%H:%M:%S.%fZ")

@@ -1,0 +1,200 @@
+"""The kubernetes backend against the fake cluster: the fake API (``tests/kube_api.py``)
+and the fake kubelet (``tests/kubelet.py``) running the real agent in each pod, reached
+over the real TLS channel. What a user sees: a session's code runs in a pod claimed from
+the warm pool in at most three API writes, replicas never claim one pod twice, a pod
+deleted behind the server's back fails the next run at once, and a closed session's pod
+is gone."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from lightkube import AsyncClient
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import ConfigMap, Namespace, Pod
+
+from mcp_code_sandbox.backends.base import SandboxSpec
+from mcp_code_sandbox.backends.kubernetes.backend import KubernetesBackend, Manifests
+from mcp_code_sandbox.backends.kubernetes.certs import write_certs
+from mcp_code_sandbox.backends.kubernetes.channel import open_channel, server_context
+from mcp_code_sandbox.backends.kubernetes.spec import (
+    AGENT_PORT,
+    CA_CONFIGMAP,
+    CA_KEY,
+    LABEL_KEY,
+    LABEL_POOL,
+    limits_of,
+    session_pod,
+    warm_pod,
+)
+from mcp_code_sandbox.errors import SandboxFailed
+from mcp_code_sandbox.sessions.agent_client import AgentClient
+from mcp_code_sandbox.sessions.executor import Cell
+from mcp_code_sandbox.settings import Settings, load_settings
+from tests.kube_api import KubeApi
+from tests.kubelet import Kubelet
+
+pytestmark = pytest.mark.timeout(180)
+
+#: How long the tests wait for the pool to fill: pods start real agents.
+FILL_WAIT_S = 90.0
+
+
+@dataclass
+class Cluster:
+    api: KubeApi
+    kubelet: Kubelet
+    kube: AsyncClient
+    settings: Settings
+    certs: Path
+
+    def backend(self, *, pool_size: int, instance: str) -> KubernetesBackend:
+        files = self.certs
+        manifests = Manifests(
+            warm=functools.partial(warm_pod, settings=self.settings),
+            session=functools.partial(session_pod, settings=self.settings),
+            agent_port=AGENT_PORT,
+        )
+        return KubernetesBackend(
+            client=self.api.client(self.settings.kubernetes_namespace),
+            namespace=self.settings.kubernetes_namespace,
+            manifests=manifests,
+            tls=server_context(files / "server.crt", files / "server.key"),
+            open_channel=open_channel,
+            pool_size=pool_size,
+            instance=instance,
+        )
+
+    def spec(self, session_id: str, owner: str = "alice") -> SandboxSpec:
+        return SandboxSpec(
+            key=f"{owner}-{session_id}",
+            owner=owner,
+            session_id=session_id,
+            workspace=Path("/nonexistent"),
+            limits=limits_of(self.settings),
+        )
+
+    async def pods(self) -> list[Pod]:
+        return [pod async for pod in self.kube.list(Pod)]
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
+    files = write_certs(tmp_path / "certs")
+    settings = load_settings({"preload": []}, environ={})
+    namespace = settings.kubernetes_namespace
+    async with (
+        KubeApi() as api,
+        Kubelet(api.url, namespace) as kubelet,
+        api.client(namespace) as kube,
+    ):
+        await kube.create(Namespace(metadata=ObjectMeta(name=namespace)))
+        ca = {CA_KEY: files.ca_cert.read_text()}
+        await kube.create(ConfigMap(metadata=ObjectMeta(name=CA_CONFIGMAP), data=ca))
+        yield Cluster(api, kubelet, kube, settings, tmp_path / "certs")
+
+
+async def filled(backend: KubernetesBackend, size: int) -> None:
+    """Until ``size`` warm pods are ready to be claimed."""
+    async with asyncio.timeout(FILL_WAIT_S):
+        while len(backend.watch.claimable()) < size:
+            await asyncio.sleep(0.05)
+
+
+async def run(agent: AgentClient, code: str) -> str:
+    out: list[str] = []
+
+    outcome = await agent.execute(Cell("python", code, 30), lambda _, text: out.append(text))
+    assert outcome.error is None, outcome.error
+    return "".join(out) + (outcome.result or "")
+
+
+async def test_a_session_runs_in_a_warm_pod_claimed_in_at_most_three_writes(
+    cluster: Cluster,
+) -> None:
+    backend = cluster.backend(pool_size=2, instance="replica-a")
+    try:
+        await backend.check_ready()
+        await filled(backend, 2)
+        before = cluster.api.writes("pods")
+        sandbox = await backend.create(cluster.spec("one"))
+        await filled(backend, 2)  # the refill after the claim
+        assert cluster.api.writes("pods") - before <= 3
+        agent = AgentClient(sandbox.channel)
+        assert (await run(agent, "x = 6 * 7\nprint(x)")).strip() == "42"
+        assert (await run(agent, "print(x + 1)")).strip() == "43"  # the same interpreter
+        [mine] = [
+            p for p in await cluster.pods() if p.metadata and p.metadata.name == sandbox.backend_id
+        ]
+        assert mine.metadata is not None and mine.metadata.labels is not None
+        assert mine.metadata.labels[LABEL_POOL] == "claimed"
+        assert mine.metadata.labels[LABEL_KEY] == "alice-one"
+        await backend.stop(sandbox)
+        names = {p.metadata.name for p in await cluster.pods() if p.metadata}
+        assert sandbox.backend_id not in names
+    finally:
+        await backend.aclose()
+
+
+async def test_without_a_pool_a_session_gets_a_pod_of_its_own(cluster: Cluster) -> None:
+    backend = cluster.backend(pool_size=0, instance="replica-a")
+    try:
+        sandbox = await backend.create(cluster.spec("cold"))
+        agent = AgentClient(sandbox.channel)
+        assert (await run(agent, "print('cold')")).strip() == "cold"
+        await backend.stop(sandbox)
+    finally:
+        await backend.aclose()
+
+
+async def test_two_replicas_never_claim_one_pod_twice(cluster: Cluster) -> None:
+    a = cluster.backend(pool_size=6, instance="replica-a")
+    b = cluster.backend(pool_size=6, instance="replica-b")
+    try:
+        await a.check_ready()
+        await b.check_ready()
+        await filled(a, 6)
+        await filled(b, 6)
+        specs = [cluster.spec(f"s{i}") for i in range(8)]
+        made = await asyncio.gather(
+            *((a if i % 2 else b).create(spec) for i, spec in enumerate(specs))
+        )
+        pods = [s.backend_id for s in made]
+        assert len(set(pods)) == len(pods)  # every session a pod of its own
+        claimed = {
+            p.metadata.name: (p.metadata.labels or {}).get(LABEL_KEY, "")
+            for p in await cluster.pods()
+            if p.metadata and p.metadata.name in pods
+        }
+        assert sorted(claimed.values()) == sorted(s.key for s in specs)
+        for sandbox in made:
+            assert (await run(AgentClient(sandbox.channel), "print(1)")).strip() == "1"
+        for sandbox in made:
+            await (a if sandbox in made[1::2] else b).stop(sandbox)
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+async def test_a_pod_deleted_behind_the_servers_back_fails_the_next_run(
+    cluster: Cluster,
+) -> None:
+    backend = cluster.backend(pool_size=0, instance="replica-a")
+    try:
+        sandbox = await backend.create(cluster.spec("doomed"))
+        agent = AgentClient(sandbox.channel)
+        assert (await run(agent, "print(1)")).strip() == "1"
+        await cluster.kube.delete(Pod, sandbox.backend_id)
+        async with asyncio.timeout(30):
+            while sandbox.is_alive():
+                await asyncio.sleep(0.05)
+        with pytest.raises(SandboxFailed):
+            async with asyncio.timeout(30):  # never a hang
+                await run(agent, "print(2)")
+    finally:
+        await backend.aclose()
