@@ -177,7 +177,8 @@ class Settings(BaseSettings):
     max_paused_sessions: int = Field(1000, ge=0)
     #: Sandboxes kept started, connected and preloaded for new sessions (``sessions.pool``);
     #: 0 turns the pool off. They count toward no session limit; each holds an idle
-    #: interpreter (about 120 MiB with the default preload).
+    #: interpreter (about 120 MiB with the default preload). A burst grows the pool past
+    #: it for a while (``sessions.demand``).
     pool_size: int = Field(2, ge=0, le=64)
     #: Modules a pooled interpreter imports before a session claims it (not bound in the
     #: session's namespace); empty turns preloading off.
