@@ -41,6 +41,8 @@ from mcp_code_sandbox.settings import Settings
 __all__ = [
     "AGENT_PORT",
     "AGENT_PORT_NAME",
+    "ANNOTATION_ACTIVE",
+    "ANNOTATION_CREATED",
     "ANNOTATION_OWNER",
     "ANNOTATION_SESSION",
     "CA_CONFIGMAP",
@@ -76,6 +78,10 @@ LABEL_POOL = "mcp-code-sandbox/pool"
 LABEL_KEY = "mcp-code-sandbox/session-key"
 ANNOTATION_OWNER = "mcp-code-sandbox/owner"
 ANNOTATION_SESSION = "mcp-code-sandbox/session-id"
+#: Wall-clock seconds: when the session was made, and when a server last noted it active
+#: (the session's registry entry for its lifetime and idle TTL, read by every replica).
+ANNOTATION_CREATED = "mcp-code-sandbox/created"
+ANNOTATION_ACTIVE = "mcp-code-sandbox/active"
 COMPONENT_SANDBOX = "sandbox"
 #: The server's pods (deploy/kubernetes/): the only ones the agents accept traffic from.
 COMPONENT_SERVER = "server"
