@@ -155,6 +155,14 @@ class Shared:
         sandbox, session.sandbox, session.agent = session.sandbox, None, None
         if sandbox is not None:
             sandbox.channel.close()
+        # What this server kept of it is a cache (the sandbox is the record): its record
+        # and its unused workspace directory go, so that they do not pile up here.
+        sessions_dir = self._table.settings.sessions_dir
+        try:
+            await asyncio.to_thread(records.remove_record, sessions_dir, session.slot)
+            await asyncio.to_thread(session.workspace.destroy)
+        except Exception as exc:  # logged: the session itself is safe in its sandbox
+            log.warning("cannot remove a let-go session's local files", error=repr(exc))
         self._metrics.handed_over("out")
         log.info("session let go", owner=session.owner, session=session.id)
 

@@ -141,6 +141,9 @@ class KubernetesBackend(Backend, SharedSandboxes):
     name = "kubernetes"
     pools_itself = True
     workspace_in_sandbox = True
+    #: The session manager then mounts no filesystem per session on this server: a
+    #: session's files are the pod's, bound by its volume's size limit.
+    workspace_mounts_unseen = "a session's files live in its pod, not on this server"
 
     def __init__(
         self,
