@@ -45,8 +45,6 @@ from bench import PROTOCOL, Row, log, machine_facts, make_state_dir, markdown_ta
 DOCKER_WAVE = 10
 BWRAP_WAVE = 20
 REST_S = 600.0
-#: Seed 000's checkout beside this repository's (bench/README.md says how to make it).
-SEED_PYTHON = str(Path(__file__).resolve().parents[2] / "seed000" / ".venv" / "bin" / "python")
 SEED_IMAGE = "mcp-code-sandbox:seed000"
 
 
@@ -188,12 +186,14 @@ def main() -> int:
     parser.add_argument("--waves", type=int, default=5)
     parser.add_argument("--only", choices=["docker", "bwrap"])
     parser.add_argument("--image", default="mcp-code-sandbox:latest")
-    parser.add_argument("--seed-python", default=SEED_PYTHON)
+    # Seed 000's own venv (bench/README.md says how to make it): outside this checkout,
+    # so always named, never guessed.
+    parser.add_argument("--seed-python")
     parser.add_argument("--seed-image", default=SEED_IMAGE)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    if not Path(args.seed_python).exists() and args.only != "bwrap":
-        parser.error(f"no seed 000 interpreter at {args.seed_python}: see bench/README.md")
+    if args.only != "bwrap" and not (args.seed_python and Path(args.seed_python).exists()):
+        parser.error("--seed-python: seed 000's interpreter (its own venv; see bench/README.md)")
     backends = ["docker", "bwrap"] if args.only is None else [args.only]
     facts = machine_facts(backends, args.image)
     rows: list[Row] = []
