@@ -170,7 +170,9 @@ def test_with_network_labelled_sandboxes_reach_the_servers_egress_gate_only(
     [deployment] = find(base, "Deployment")
     [container] = deployment["spec"]["template"]["spec"]["containers"]
     env = {e["name"]: e for e in container["env"]}
-    assert env["POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert env["SANDBOX_KUBERNETES_POD_IP"]["valueFrom"] == {
+        "fieldRef": {"fieldPath": "status.podIP"}
+    }
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports[k8s.EGRESS_PORT_NAME] == k8s.EGRESS_PORT
 
