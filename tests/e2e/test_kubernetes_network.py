@@ -82,12 +82,11 @@ class Echo(http.server.BaseHTTPRequestHandler):
 class Server:
     """One replica: its process, base URL and "pod IP"."""
 
-    def __init__(self, root: Path, name: str, kubeconfig: Path, resolve: str) -> None:
+    def __init__(self, root: Path, name: str, kubeconfig: Path, resolve: str, pod_ip: str) -> None:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_path = root / f"{name}.log"
-        # Outside 127.0.0.1 (and 127.0.0.0/24 is never a fake pod's): this server's own.
-        self.pod_ip = f"127.0.0.{random.randint(2, 254)}"
+        self.pod_ip = pod_ip
         env = server_env(
             root / name / "state",
             root / name / "runtime",
@@ -154,9 +153,11 @@ def servers(tmp_path: Path) -> Iterator[tuple[Server, Server, KubeApi]]:
             "data": {CA_KEY: files.ca_cert.read_text()},
         }).raise_for_status()  # fmt: skip
         started: list[Server] = []
+        # Each its own, not 127.0.0.1 (the port is fixed; 127.0.0.0/24 is never a pod's).
+        pod_ips = [f"127.0.0.{x}" for x in random.sample(range(2, 255), 2)]
         try:
-            for name in ("a", "b"):
-                started.append(Server(tmp_path, name, kubeconfig, resolve))
+            for name, pod_ip in zip(("a", "b"), pod_ips, strict=True):
+                started.append(Server(tmp_path, name, kubeconfig, resolve, pod_ip))
             yield started[0], started[1], api
         finally:
             for server in started:
