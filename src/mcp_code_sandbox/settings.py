@@ -141,6 +141,9 @@ class Settings(BaseSettings):
     #: Directory with the agent channel's ``ca.crt``, ``server.crt`` and ``server.key``
     #: (what ``mcp-code-sandbox kubernetes certs --out DIR`` writes; a mounted Secret).
     kubernetes_agent_tls_dir: Path = Path("/etc/mcp-code-sandbox/agent-tls")
+    #: The server pod's IP (the downward API's ``status.podIP``): where its egress gate
+    #: listens and its sandboxes with network dial it. None: network is not offered.
+    kubernetes_pod_ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None = None
 
     memory_limit: Size = 512 * 1024**2
     cpu_limit: float = Field(1.0, gt=0, le=256)

@@ -168,6 +168,7 @@ class SessionManager:
                 self._spec_for,
                 self.metrics,
                 instance=self._instance,
+                egress=self.sandboxes.egress,
             )
         )
         end_idle: Callable[[Session, str, EndReason], Awaitable[None]] = self.ending.end_logged

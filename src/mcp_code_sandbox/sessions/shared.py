@@ -15,6 +15,9 @@ it holds now, and:
   ended: it looks idle here only because it was served elsewhere. Ending it for good is
   then the business of the server holding it, or of the backend's reaper of sessions no
   server holds (which judges by the activity each call notes: :meth:`Shared.touch`).
+- **Network**: a session let go has its egress proxy here closed (its credential opens
+  nothing any more); the server that adopts it opens its own at the session's next call
+  with network (:meth:`.sandboxes.Sandboxes.handout`, behind the egress gate).
 - **At shutdown** every session is let go, running: the other replicas (or this one's
   successor) adopt them at their next call; a rolling restart ends nothing.
 - **A pause** is not possible here: a session's files live in its sandbox
@@ -35,6 +38,7 @@ from mcp_code_sandbox.backends.shared import SharedSandboxes
 from mcp_code_sandbox.errors import BackendUnavailable
 from mcp_code_sandbox.metrics import EndReason, Metrics
 from mcp_code_sandbox.sessions import records
+from mcp_code_sandbox.sessions.egress import EgressProxies
 from mcp_code_sandbox.sessions.ids import session_key
 from mcp_code_sandbox.sessions.lifecycle import Phase, transition
 from mcp_code_sandbox.sessions.recovery import Adopted, adopted_session
@@ -64,8 +68,10 @@ class Shared:
         metrics: Metrics,
         *,
         instance: str,
+        egress: EgressProxies | None = None,
     ) -> None:
         self._backend = backend
+        self._egress = egress
         self._registry = registry
         self._table = table
         self._spec_for = spec_for
@@ -155,6 +161,8 @@ class Shared:
         sandbox, session.sandbox, session.agent = session.sandbox, None, None
         if sandbox is not None:
             sandbox.channel.close()
+            if self._egress is not None:
+                await self._egress.close(sandbox.spec.egress)
         # What this server kept of it is a cache (the sandbox is the record): its record
         # and its unused workspace directory go, so that they do not pile up here.
         sessions_dir = self._table.settings.sessions_dir

@@ -43,6 +43,7 @@ from mcp_code_sandbox.backends.base import (
     stop_step,
     wait_ready,
 )
+from mcp_code_sandbox.backends.egress_gate import GatedEgress
 from mcp_code_sandbox.backends.kubernetes.channel import open_channel, server_context
 from mcp_code_sandbox.backends.kubernetes.pods import PodView, PodWatch, pod_of
 from mcp_code_sandbox.backends.kubernetes.pool import PodPool, warm_pod_name
@@ -51,6 +52,9 @@ from mcp_code_sandbox.backends.kubernetes.spec import (
     ANNOTATION_ACTIVE,
     ANNOTATION_CREATED,
     CLAIMED,
+    EGRESS_PORT,
+    LABEL_NETWORK,
+    NETWORK_ON,
     claim_metadata,
     session_pod,
     warm_pod,
@@ -135,7 +139,7 @@ class PodSandbox(Sandbox):
         return view is not None and not view.gone
 
 
-class KubernetesBackend(Backend, SharedSandboxes):
+class KubernetesBackend(Backend, SharedSandboxes, GatedEgress):
     """Sandboxes as pods in one namespace (see the module doc)."""
 
     name = "kubernetes"
@@ -157,7 +161,11 @@ class KubernetesBackend(Backend, SharedSandboxes):
         instance: str,
         idle_s: float,
         lifetime_s: float,
+        egress_gate: tuple[str, int] | None = None,
     ) -> None:
+        """``egress_gate``: this server pod's address and the egress port, where its
+        sandboxes with network reach their proxies (None: network is not offered)."""
+        self.egress_gate = egress_gate
         self._client = client
         self._namespace = namespace
         self._manifests = manifests
@@ -324,6 +332,20 @@ class KubernetesBackend(Backend, SharedSandboxes):
         except (ApiError, OSError) as exc:
             log.warning("kubernetes: cannot note pod %s active: %s", sandbox.backend_id, exc)
 
+    async def allow_egress(self, sandbox: Sandbox) -> None:
+        """Label the pod with network: the policy then lets it reach the server pods'
+        egress gate (``spec.sandbox_egress_policy``); a pod labelled already stays so."""
+        patch = {"metadata": {"labels": {LABEL_NETWORK: NETWORK_ON}}}
+        try:
+            await self._client.patch(
+                Pod, sandbox.backend_id, patch, namespace=self._namespace,
+                patch_type=PatchType.MERGE,
+            )  # fmt: skip
+        except ApiError as exc:
+            raise SandboxFailed(
+                f"cannot give pod {sandbox.backend_id} network: {exc.status.message}"
+            ) from None
+
     async def list_leftovers(self, *, live_too: bool = False) -> list[Leftover]:
         """None: a session's pod is the cluster's record of it, which any replica finds
         again by its key when a call comes for it, so a starting server has nothing of
@@ -357,9 +379,12 @@ class KubernetesBackend(Backend, SharedSandboxes):
                 "network": "checked",
             },
             runtimes={},
-            network_unavailable=(
-                "network by permission is not offered on the kubernetes backend yet: "
-                "sandbox pods have no egress (NetworkPolicy)"
+            network_unavailable=None
+            if self.egress_gate is not None
+            else (
+                "SANDBOX_KUBERNETES_POD_IP is not set (deploy/kubernetes/server.yaml sets "
+                "it from the downward API): the server pod's IP, where sandbox pods reach "
+                "their egress proxies"
             ),
         )
 
@@ -433,4 +458,5 @@ def from_settings(settings: Settings) -> KubernetesBackend:
         instance=f"{socket.gethostname()}-{os.getpid()}",
         idle_s=settings.session_ttl_m * 60,
         lifetime_s=settings.session_max_lifetime_h * 3600,
+        egress_gate=None if (ip := settings.kubernetes_pod_ip) is None else (str(ip), EGRESS_PORT),
     )
