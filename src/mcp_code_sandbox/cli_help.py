@@ -44,6 +44,8 @@ GROUPS: tuple[tuple[str, tuple[Entry, ...]], ...] = (
              "none: no pausing"),
             ("kubernetes_agent_tls_dir", "directory of the agent channel's ca.crt, "
              "server.crt, server.key", None),
+            ("kubernetes_pod_ip", "the server pod's IP (status.podIP), where sandboxes "
+             "reach their egress proxies", "none: no network"),
         ),
     ),
     (

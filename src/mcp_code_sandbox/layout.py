@@ -68,15 +68,17 @@ SANDBOX_GID = 1000
 EGRESS_CA_NAME = "ca.pem"
 
 
-def egress_env(ca_bundle: bool) -> dict[str, str]:
+def egress_env(ca_bundle: bool, url: str | None = None) -> dict[str, str]:
     """The variables that send every language's HTTP clients to the agent's bridge to the
     egress proxy (``agent.egress``), for a sandbox with network. ``ca_bundle``: point
     the TLS clients at ``EGRESS_CA_NAME`` too (Python's ssl, requests, pip, Node).
+    ``url``: the proxy elsewhere instead of the bridge (the server's egress gate, with
+    the sandbox's credential in it: ``egress.gate``).
 
     Every spelling is set because each client reads its own: curl, requests and pip read
     ``*_PROXY`` (curl only lower-case ``http_proxy``), npm its ``npm_config_*``, Node's own
     fetch only with ``NODE_USE_ENV_PROXY``. ``NO_PROXY`` keeps loopback direct."""
-    url = f"http://127.0.0.1:{EGRESS_PORT}"
+    url = url or f"http://127.0.0.1:{EGRESS_PORT}"
     env: dict[str, str] = {}
     for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
         env[name] = env[name.lower()] = url

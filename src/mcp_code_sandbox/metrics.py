@@ -47,6 +47,9 @@ BACKEND_CODES = (BackendUnavailable.code, SandboxFailed.code)
 #: Whether a new session found a warm sandbox in the pool.
 POOL_RESULTS = ("hit", "miss")
 POOL_STATES = ("ready", "starting")
+#: How the warm pool's target moved (``sessions.demand``), and where it stands.
+POOL_DECISIONS = ("grow", "shrink")
+POOL_TRENDS = ("resting", "grown", "shrinking")
 #: From a pool claim (well under a millisecond) to a slow gVisor start.
 START_BUCKETS = (0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 #: Distinct ``host`` label values of the egress counters, per outcome; later hosts count
@@ -139,6 +142,31 @@ class Metrics:
             ["state"],
             registry=r,
         )
+        self._pool_target = Gauge(
+            "mcp_sandbox_pool_target",
+            "Warm sandboxes the pool aims to hold now: SANDBOX_POOL_SIZE at rest, more "
+            "after a burst of new sessions outran it, up to the ceiling",
+            registry=r,
+        )
+        self._pool_bounds = Gauge(
+            "mcp_sandbox_pool_bounds",
+            "The warm pool target's bounds: floor (SANDBOX_POOL_SIZE) and ceiling (the "
+            "least of the session limit, available memory / sandbox memory limit, spare uids)",
+            ["bound"],
+            registry=r,
+        )
+        self._pool_trend = Gauge(
+            "mcp_sandbox_pool_trend",
+            "The warm pool's trend: 1 for the current one of resting, grown, shrinking",
+            ["trend"],
+            registry=r,
+        )
+        self._pool_decisions = Counter(
+            "mcp_sandbox_pool_decisions",
+            "Changes of the warm pool's target: grow (a burst ran it out) or shrink (idle)",
+            ["decision"],
+            registry=r,
+        )
         self._egress = Counter(
             "mcp_sandbox_egress_connections",
             "Connections through the sandboxes' egress proxies, by outcome (allowed or "
@@ -191,6 +219,8 @@ class Metrics:
             self._ended.labels(reason)
         for result in POOL_RESULTS:
             self._pool_claims.labels(result)
+        for decision in POOL_DECISIONS:
+            self._pool_decisions.labels(decision)
         for kind in PAUSE_KINDS:
             self._pause_s.labels(kind)
             self._resume_s.labels(kind)
@@ -287,6 +317,23 @@ class Metrics:
         """Read the pooled sandboxes in each state from ``count`` at every scrape."""
         for state in POOL_STATES:
             self._pool_sandboxes.labels(state).set_function(functools.partial(count, state))
+
+    def track_pool_demand(
+        self, target: Callable[[], int], floor: int, ceiling: int, trend: Callable[[], str]
+    ) -> None:
+        """Read the pool's target and trend at every scrape; its bounds are fixed."""
+        self._pool_target.set_function(target)
+        self._pool_bounds.labels("floor").set(floor)
+        self._pool_bounds.labels("ceiling").set(ceiling)
+
+        def current(name: str) -> float:
+            return float(trend() == name)
+
+        for name in POOL_TRENDS:
+            self._pool_trend.labels(name).set_function(functools.partial(current, name))
+
+    def pool_decided(self, decision: Literal["grow", "shrink"]) -> None:
+        self._pool_decisions.labels(decision).inc()
 
     def pool_claimed(self, hit: bool, seconds: float) -> None:
         self._pool_claims.labels("hit" if hit else "miss").inc()

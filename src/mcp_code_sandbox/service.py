@@ -640,6 +640,8 @@ class SandboxService:
         reads records in its own share only. None, without a thread, for a server alone."""
         if not self.sessions.replica:
             return []
+        if self.sessions.shared is not None:  # the cluster's, as this server sees it now
+            return self.sessions.elsewhere(owner)
         return await self.threads.run(owner or _OPERATOR_THREADS, self.sessions.elsewhere, owner)
 
     def pool_status(self) -> dict[str, Any]:

@@ -141,6 +141,9 @@ class Settings(BaseSettings):
     #: Directory with the agent channel's ``ca.crt``, ``server.crt`` and ``server.key``
     #: (what ``mcp-code-sandbox kubernetes certs --out DIR`` writes; a mounted Secret).
     kubernetes_agent_tls_dir: Path = Path("/etc/mcp-code-sandbox/agent-tls")
+    #: The server pod's IP (the downward API's ``status.podIP``): where its egress gate
+    #: listens and its sandboxes with network dial it. None: network is not offered.
+    kubernetes_pod_ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None = None
 
     memory_limit: Size = 512 * 1024**2
     cpu_limit: float = Field(1.0, gt=0, le=256)
@@ -177,7 +180,8 @@ class Settings(BaseSettings):
     max_paused_sessions: int = Field(1000, ge=0)
     #: Sandboxes kept started, connected and preloaded for new sessions (``sessions.pool``);
     #: 0 turns the pool off. They count toward no session limit; each holds an idle
-    #: interpreter (about 120 MiB with the default preload).
+    #: interpreter (about 120 MiB with the default preload). A burst grows the pool past
+    #: it for a while (``sessions.demand``).
     pool_size: int = Field(2, ge=0, le=64)
     #: Modules a pooled interpreter imports before a session claims it (not bound in the
     #: session's namespace); empty turns preloading off.

@@ -50,7 +50,10 @@ async def test_pool_through_the_client_and_a_sigkill(
 ) -> None:
     settings = make_settings()
     with http_server_process(settings, SANDBOX_POOL_SIZE="2") as (base, proc):
-        assert wait_full(base) == {"size": 2, "ready": 2, "starting": 0, "preload": PRELOAD}
+        pool = wait_full(base)
+        at_rest = {"size": 2, "ready": 2, "starting": 0, "preload": PRELOAD, "floor": 2}
+        assert pool | at_rest == pool and pool["trend"] == "resting", pool
+        assert pool["ceiling"] >= 2 and pool["decision"] is None
         doctor = subprocess.run(
             [sys.executable, "-m", "mcp_code_sandbox", "doctor"],
             env=settings_env(settings, SANDBOX_POOL_SIZE="2"),
@@ -63,6 +66,7 @@ async def test_pool_through_the_client_and_a_sigkill(
         async with Client(f"{base}/mcp", mode="legacy") as client:
             runtimes = structured(await client.call_tool("list_runtimes", {}))
             assert runtimes["pool"]["size"] == 2 and runtimes["pool"]["preload"] == PRELOAD
+            assert runtimes["pool"]["floor"] == 2 and runtimes["pool"]["trend"] == "resting"
             first = structured(
                 await client.call_tool(
                     "run_code",

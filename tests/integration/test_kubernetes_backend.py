@@ -8,95 +8,26 @@ is gone."""
 from __future__ import annotations
 
 import asyncio
-import functools
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
-from lightkube import AsyncClient
-from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import ConfigMap, Namespace, Pod
+from lightkube.resources.core_v1 import Pod
 
-from mcp_code_sandbox.backends.base import SandboxSpec
-from mcp_code_sandbox.backends.kubernetes.backend import KubernetesBackend, Manifests
-from mcp_code_sandbox.backends.kubernetes.certs import write_certs
-from mcp_code_sandbox.backends.kubernetes.channel import open_channel, server_context
+from mcp_code_sandbox.backends.kubernetes.backend import KubernetesBackend
 from mcp_code_sandbox.backends.kubernetes.spec import (
-    AGENT_PORT,
-    CA_CONFIGMAP,
-    CA_KEY,
     LABEL_KEY,
     LABEL_POOL,
-    limits_of,
-    session_pod,
-    warm_pod,
 )
 from mcp_code_sandbox.errors import SandboxFailed
 from mcp_code_sandbox.sessions.agent_client import AgentClient
 from mcp_code_sandbox.sessions.executor import Cell
-from mcp_code_sandbox.settings import Settings, load_settings
-from tests.kube_api import KubeApi
-from tests.kubelet import Kubelet
+from tests.kube_cluster import Cluster, cluster
+
+__all__ = ["cluster"]  # the fixture
 
 pytestmark = pytest.mark.timeout(180)
 
 #: How long the tests wait for the pool to fill: pods start real agents.
 FILL_WAIT_S = 90.0
-
-
-@dataclass
-class Cluster:
-    api: KubeApi
-    kubelet: Kubelet
-    kube: AsyncClient
-    settings: Settings
-    certs: Path
-
-    def backend(self, *, pool_size: int, instance: str) -> KubernetesBackend:
-        files = self.certs
-        manifests = Manifests(
-            warm=functools.partial(warm_pod, settings=self.settings),
-            session=functools.partial(session_pod, settings=self.settings),
-            agent_port=AGENT_PORT,
-        )
-        return KubernetesBackend(
-            client=self.api.client(self.settings.kubernetes_namespace),
-            namespace=self.settings.kubernetes_namespace,
-            manifests=manifests,
-            tls=server_context(files / "server.crt", files / "server.key"),
-            open_channel=open_channel,
-            pool_size=pool_size,
-            instance=instance,
-        )
-
-    def spec(self, session_id: str, owner: str = "alice") -> SandboxSpec:
-        return SandboxSpec(
-            key=f"{owner}-{session_id}",
-            owner=owner,
-            session_id=session_id,
-            workspace=Path("/nonexistent"),
-            limits=limits_of(self.settings),
-        )
-
-    async def pods(self) -> list[Pod]:
-        return [pod async for pod in self.kube.list(Pod)]
-
-
-@pytest.fixture
-async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
-    files = write_certs(tmp_path / "certs")
-    settings = load_settings({"preload": []}, environ={})
-    namespace = settings.kubernetes_namespace
-    async with (
-        KubeApi() as api,
-        Kubelet(api.url, namespace) as kubelet,
-        api.client(namespace) as kube,
-    ):
-        await kube.create(Namespace(metadata=ObjectMeta(name=namespace)))
-        ca = {CA_KEY: files.ca_cert.read_text()}
-        await kube.create(ConfigMap(metadata=ObjectMeta(name=CA_CONFIGMAP), data=ca))
-        yield Cluster(api, kubelet, kube, settings, tmp_path / "certs")
 
 
 async def filled(backend: KubernetesBackend, size: int) -> None:

@@ -20,7 +20,7 @@ from mcp_code_sandbox.run.request import RunRequest
 from mcp_code_sandbox.service import SandboxService
 from mcp_code_sandbox.settings import Settings
 
-from ..conftest import each_backend
+from ..conftest import each_backend, each_runtime
 from ..procs import containers, descendants, running, wait_gone
 
 
@@ -239,7 +239,7 @@ def alive(pid):
 """
 
 
-@each_backend
+@each_runtime
 async def test_restart_interpreter_keeps_the_sandbox_and_its_files(service: Any) -> None:
     spawn = (
         "import subprocess\nx = 1\nopen('kept.txt', 'w').write('k')\n"

@@ -152,6 +152,31 @@ def test_the_sandbox_policy_is_the_one_the_backend_makes(base: list[dict[str, An
     assert rendered["spec"] == made["spec"]
 
 
+def test_with_network_labelled_sandboxes_reach_the_servers_egress_gate_only(
+    base: list[dict[str, Any]], with_components: list[dict[str, Any]]
+) -> None:
+    [rendered] = find(with_components, "NetworkPolicy", "mcp-code-sandbox-sandbox-network")
+    made = k8s.sandbox_egress_policy(load_settings(environ={}))
+    assert rendered["metadata"]["name"] == made["metadata"]["name"]
+    assert rendered["spec"] == made["spec"]
+    [gate] = find(with_components, "NetworkPolicy", "mcp-code-sandbox-server-egress-gate")
+    assert gate["spec"]["policyTypes"] == ["Ingress"]
+    [rule] = gate["spec"]["ingress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": k8s.EGRESS_PORT}]
+    [peer] = rule["from"]
+    assert peer["podSelector"]["matchLabels"][k8s.LABEL_NETWORK] == k8s.NETWORK_ON
+    assert find(base, "NetworkPolicy", "mcp-code-sandbox-sandbox-network") == []
+    assert find(base, "NetworkPolicy", "mcp-code-sandbox-server-egress-gate") == []
+    [deployment] = find(base, "Deployment")
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["SANDBOX_KUBERNETES_POD_IP"]["valueFrom"] == {
+        "fieldRef": {"fieldPath": "status.podIP"}
+    }
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports[k8s.EGRESS_PORT_NAME] == k8s.EGRESS_PORT
+
+
 def test_the_server_reaches_sandboxes_and_the_api_only_unless_network_is_on(
     base: list[dict[str, Any]], with_components: list[dict[str, Any]]
 ) -> None:
@@ -211,6 +236,8 @@ def test_the_server_settings_and_secrets_agree_with_the_code(
     auth = volumes["auth"]["secret"]
     assert Path(mounts["auth"]) / auth["items"][0]["path"] == settings.api_tokens_file
     secret_env = {
-        e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"] if "valueFrom" in e
+        e["name"]: e["valueFrom"]["secretKeyRef"]
+        for e in container["env"]
+        if "secretKeyRef" in e.get("valueFrom", {})
     }
     assert secret_env["SANDBOX_URL_SECRET"] == {"name": auth["secretName"], "key": "url-secret"}

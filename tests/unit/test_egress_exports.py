@@ -21,6 +21,7 @@ MODULES = [
     ".intercept",
     ".audit",
     ".proxy",
+    ".gate",
 ]
 
 

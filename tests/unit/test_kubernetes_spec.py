@@ -62,6 +62,8 @@ def every_object(s: Settings) -> list[dict[str, Any]]:
         k8s.session_pod(session(), "pod-3", s, workspace_claim="ws-1"),
         k8s.sandbox_network_policy(s),
         k8s.sandbox_network_policy(s, server_namespace="mcp-server"),
+        k8s.sandbox_egress_policy(s),
+        k8s.sandbox_egress_policy(s, server_namespace="mcp-server"),
     ]
     if s.kubernetes_storage_class is not None:
         objects.append(k8s.workspace_claim("ws-1", session(), s))
@@ -245,6 +247,46 @@ def test_the_policy_lets_only_the_server_in_on_the_agent_port_and_nothing_out() 
     }
     across = k8s.sandbox_network_policy(settings("defaults"), server_namespace="mcp-server")
     [peer] = across["spec"]["ingress"][0]["from"]
+    assert peer["namespaceSelector"] == {
+        "matchLabels": {"kubernetes.io/metadata.name": "mcp-server"}
+    }
+
+
+def test_a_session_with_network_is_labelled_and_its_proxy_is_not_in_the_pod() -> None:
+    s = settings("defaults")
+    spec = session(egress=Egress(Path("/x")), env={"HTTPS_PROXY": "http://u:tok@10.0.0.5:3128"})
+    pod = k8s.session_pod(spec, "pod-1", s)
+    assert pod["metadata"]["labels"]["mcp-code-sandbox/network"] == "on"
+    assert k8s.claim_metadata(spec)["labels"]["mcp-code-sandbox/network"] == "on"
+    assert "tok@" not in json.dumps(pod)
+    assert "mcp-code-sandbox/network" not in k8s.claim_metadata(session())["labels"]
+    assert "mcp-code-sandbox/network" not in k8s.warm_pod("warm-1", s)["metadata"]["labels"]
+
+
+def test_a_pod_with_network_may_reach_the_server_pods_egress_port_and_nothing_else() -> None:
+    policy = k8s.sandbox_egress_policy(settings("defaults"))["spec"]
+    assert policy["podSelector"]["matchLabels"] == {
+        "app.kubernetes.io/name": "mcp-code-sandbox",
+        "app.kubernetes.io/component": "sandbox",
+        "mcp-code-sandbox/network": "on",
+    }
+    assert policy["policyTypes"] == ["Egress"]  # ingress stays the base policy's
+    [rule] = policy["egress"]
+    assert rule == {
+        "to": [
+            {
+                "podSelector": {
+                    "matchLabels": {
+                        "app.kubernetes.io/name": "mcp-code-sandbox",
+                        "app.kubernetes.io/component": "server",
+                    }
+                }
+            }
+        ],
+        "ports": [{"protocol": "TCP", "port": 3128}],
+    }
+    across = k8s.sandbox_egress_policy(settings("defaults"), server_namespace="mcp-server")
+    [peer] = across["spec"]["egress"][0]["to"]
     assert peer["namespaceSelector"] == {
         "matchLabels": {"kubernetes.io/metadata.name": "mcp-server"}
     }

@@ -11,13 +11,18 @@ import asyncio
 import dataclasses
 import time
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
+from starlette.applications import Starlette
 
 from mcp_code_sandbox.errors import MaxSessions
 from mcp_code_sandbox.run.request import RunRequest
+from mcp_code_sandbox.server.hosts import transport_security
+from mcp_code_sandbox.server.ui.pages import ui_routes
 from mcp_code_sandbox.service import SandboxService
-from mcp_code_sandbox.sessions import pool, records
+from mcp_code_sandbox.sessions import demand, pool, records
 from tests.fakes import FakeBackend, fake_service, fake_settings
 
 
@@ -155,3 +160,91 @@ def test_a_record_says_whether_it_is_the_pools(tmp_path: Path) -> None:
     record = records.SessionRecord("", "", key, f"{key}-00000000", "i", 1, 1, pool=True)
     records.write_record(tmp_path, record)
     assert records.load_records(tmp_path) == [record]
+
+
+async def ui_page(svc: SandboxService) -> str:
+    """The operator's ``/ui`` page of ``svc`` (no tokens: the local operator)."""
+    routes = ui_routes(svc, None, transport_security(svc.settings), b"k" * 32)
+    transport = httpx.ASGITransport(app=Starlette(routes=routes))
+    base = f"http://127.0.0.1:{svc.settings.http_port}"
+    async with httpx.AsyncClient(transport=transport, base_url=base) as client:
+        response = await client.get("/ui")
+    assert response.status_code == 200, response.text
+    return response.text
+
+
+def sample(svc: SandboxService, name: str, labels: dict[str, str] | None = None) -> float:
+    return svc.metrics.registry.get_sample_value(name, labels or {}) or 0.0
+
+
+async def settled(svc: SandboxService, size: int, timeout: float = 60) -> dict[str, Any]:
+    """Wait until the pool aims at ``size`` and holds exactly that many, at rest."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status = svc.pool_status()
+        if status["size"] == size and status["ready"] == size and status["starting"] == 0:
+            return status
+        assert time.monotonic() < deadline, status
+        await asyncio.sleep(0.02)
+
+
+async def test_a_burst_grows_the_pool_to_its_ceiling_then_idle_shrinks_it(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Memory for 5 sandboxes at their limit: the ceiling, below the burst and the limit
+    # of sessions. Every claim of the test counts as one burst, however loaded the host.
+    monkeypatch.setattr(demand, "available_memory", lambda: 5 * 512 * 1024**2)
+    monkeypatch.setattr(demand, "MIN_WINDOW_S", 600.0)
+    backend = FakeBackend()
+    async with fake_service(
+        state_dir, backend, pool_size=2, max_sessions=16, memory_limit="512m"
+    ) as svc:
+        await full(svc)
+        assert svc.pool_status()["ceiling"] == 5
+        assert sample(svc, "mcp_sandbox_pool_bounds", {"bound": "ceiling"}) == 5
+        first = await asyncio.gather(*(svc.run_code("local", RunRequest("1")) for _ in range(8)))
+        assert [r.status for r in first] == ["ok"] * 8
+        assert claims(svc) == (2, 6)
+        status = svc.pool_status()
+        assert status["size"] == 5 and status["trend"] == "grown"  # above 2, not above 5
+        assert "ceiling" in status["decision"]["why"]
+        assert sample(svc, "mcp_sandbox_pool_target") == 5
+        assert sample(svc, "mcp_sandbox_pool_decisions_total", {"decision": "grow"}) >= 1
+        assert sample(svc, "mcp_sandbox_pool_trend", {"trend": "grown"}) == 1
+        page = await ui_page(svc)
+        assert '<dd id="pool-target">5</dd>' in page and '<dd id="pool-trend">grown</dd>' in page
+        assert '<dd id="pool-bounds">2 / 5</dd>' in page and "grow to 5" in page
+
+        # The second wave is served warm, as far as the ceiling goes.
+        await settled(svc, 5)
+        second = await asyncio.gather(*(svc.run_code("local", RunRequest("2")) for _ in range(5)))
+        assert [r.status for r in second] == ["ok"] * 5
+        assert claims(svc) == (7, 6)
+        await settled(svc, 5)
+
+        # Idle: back to SANDBOX_POOL_SIZE, the extra warm sandboxes stopped.
+        monkeypatch.setattr(demand, "IDLE_S", 0.2)
+        await settled(svc, 2)
+        status = svc.pool_status()
+        assert status["decision"]["kind"] == "shrink"
+        assert sample(svc, "mcp_sandbox_pool_decisions_total", {"decision": "shrink"}) == 1
+        assert sample(svc, "mcp_sandbox_pool_target") == 2
+        deadline = time.monotonic() + 30
+        while svc.pool_status()["trend"] != "resting":
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.02)
+        assert sample(svc, "mcp_sandbox_pool_trend", {"trend": "resting"}) == 1
+        # The 13 sessions' sandboxes and 2 warm ones run; the 3 extra were stopped.
+        while len(backend.running()) != 13 + 2:
+            assert time.monotonic() < deadline, len(backend.running())
+            await asyncio.sleep(0.02)
+        assert svc.session_count() == 13
+
+
+async def test_a_pool_of_size_0_stays_off_through_a_burst(state_dir: Path) -> None:
+    async with fake_service(state_dir, pool_size=0, max_sessions=8) as svc:
+        results = await asyncio.gather(*(svc.run_code("local", RunRequest("1")) for _ in range(4)))
+        assert [r.status for r in results] == ["ok"] * 4
+        status = svc.pool_status()
+        assert status["size"] == 0 and status["ready"] == 0 and status["starting"] == 0
+        assert claims(svc) == (0, 0)

@@ -28,7 +28,9 @@ __all__ = [
     "counted_bytes",
     "describe",
     "display_name",
+    "pread_all",
     "walk",
+    "write_all",
 ]
 
 #: A directory component: refuse symlinks (ENOTDIR/ELOOP) instead of following them.
@@ -149,3 +151,25 @@ def _read_names(dir_fd: int, budget: Budget) -> list[str]:
 def display_name(name: str) -> str:
     """A name as clients see it: bytes that are not UTF-8 become U+FFFD."""
     return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def pread_all(fd: int, offset: int, max_bytes: int) -> bytes:
+    """Up to ``max_bytes`` of ``fd`` from ``offset`` (fewer only at its end), read in
+    pieces of at most 1 MiB."""
+    chunks: list[bytes] = []
+    want = max_bytes
+    while want > 0:
+        chunk = os.pread(fd, min(want, 1 << 20), offset)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        offset += len(chunk)
+        want -= len(chunk)
+    return b"".join(chunks)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """All of ``data`` to ``fd``, however short each write."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]

@@ -43,7 +43,17 @@ from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any, cast
 
-from .dirfd import DIR_FLAGS, FILE_FLAGS, Budget, closing_fd, counted_bytes, describe, walk
+from .dirfd import (
+    DIR_FLAGS,
+    FILE_FLAGS,
+    Budget,
+    closing_fd,
+    counted_bytes,
+    describe,
+    pread_all,
+    walk,
+    write_all,
+)
 from .protocol import FsEvent
 
 __all__ = [
@@ -189,7 +199,7 @@ class Files:
         with closing_fd(fd):
             st = os.fstat(fd)
             _check_servable(st, shown)
-            data = _pread(fd, offset, want)
+            data = pread_all(fd, offset, want)
             head = os.pread(fd, HEAD_BYTES, 0)
         return {
             "size": st.st_size,
@@ -292,7 +302,7 @@ class Files:
             raise _Refused("invalid_argument", "a write chunk out of order; start again at 0")
         if upload.written + len(data) > upload.size:
             raise _Refused("invalid_argument", "more data than the write's size")
-        _write_all(upload.fd, data)
+        write_all(upload.fd, data)
         upload.written += len(data)
         if not end:
             return {}
@@ -542,22 +552,3 @@ def _publish(dir_fd: int, tmp: str, name: str, shown: str, overwrite: bool) -> N
 def _usage(root: int, limit: int) -> int:
     walked = walk(root, "", recursive=True, budget=Budget(limit))
     return sum(counted_bytes(st) for _, st in walked if stat.S_ISREG(st.st_mode))
-
-
-def _pread(fd: int, offset: int, max_bytes: int) -> bytes:
-    chunks: list[bytes] = []
-    want = max_bytes
-    while want > 0:
-        chunk = os.pread(fd, min(want, 1 << 20), offset)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        offset += len(chunk)
-        want -= len(chunk)
-    return b"".join(chunks)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]

@@ -150,6 +150,11 @@ class Leftover:
     #: The server that made it still lives (replicas: another may hold its session now,
     #: and the records say which; see ``sessions.records.plan_recovery``).
     creator_alive: bool = False
+    #: Wall-clock seconds its session was made, where the backend records it
+    #: (:class:`.shared.SharedSandboxes`); ``None``: not recorded.
+    created_at: float | None = None
+    #: Wall-clock seconds of its session's last noted activity, the same way.
+    active_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -198,6 +203,10 @@ class Channel:
 
     def close(self) -> None:
         self._writer.close()
+
+    def at_eof(self) -> bool:
+        """The other end closed the channel and everything it sent was read."""
+        return self._reader.at_eof()
 
 
 class Sandbox(abc.ABC):

@@ -14,6 +14,7 @@ the proxy variables) belongs to the backends; this package is the host side::
     audit.py     one audit line and one metrics count per connection
     limits.py    the proxies' share of the server's descriptors; the pace of refusals
     proxy.py     open_proxy() -> EgressProxy on a Unix socket: CONNECT and plain HTTP
+    gate.py      ProxyGate: one TCP port for many proxies, a credential per proxy
 """
 
 from .dns import (
@@ -23,6 +24,7 @@ from .dns import (
     static_resolver,
     system_resolver,
 )
+from .gate import Credential, ProxyGate
 from .policy import Decision, Policy
 from .presets import PRESETS, learn_presets, preset_hosts
 from .proxy import EgressProxy, blocked_message, open_proxy
@@ -30,9 +32,11 @@ from .secrets import Secret, SecretsFileError, load_secrets, placeholder, placeh
 
 __all__ = [
     "PRESETS",
+    "Credential",
     "Decision",
     "EgressProxy",
     "Policy",
+    "ProxyGate",
     "ResolveFailed",
     "Resolver",
     "Secret",

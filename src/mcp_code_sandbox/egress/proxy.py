@@ -1,7 +1,9 @@
 """One sandbox's egress proxy: an HTTP proxy on a Unix socket, its only way out.
 
 The sandbox side (``backends``) binds the socket into the sandbox and bridges it to
-``127.0.0.1:<port>`` there, with ``HTTP(S)_PROXY`` pointing at it. Per connection:
+``127.0.0.1:<port>`` there, with ``HTTP(S)_PROXY`` pointing at it. A proxy opened
+without a socket serves the connections :mod:`.gate` hands it instead (a sandbox that
+reaches the server over a network: its TCP port, a credential per proxy). Per connection:
 
 - ``CONNECT host:port`` (HTTPS): the policy decides by the CONNECT host, then by every
   address it resolves to; a refusal is the CONNECT's answer, a 403 whose body says
@@ -100,7 +102,7 @@ class EgressProxy:
 
     def __init__(
         self,
-        socket_path: Path,
+        socket_path: Path | None,
         policy: Policy,
         secrets: Sequence[Secret],
         *,
@@ -113,7 +115,7 @@ class EgressProxy:
         upstream_tls: ssl.SSLContext | None,
         budget: ConnectionBudget | None = None,
     ) -> None:
-        self.socket_path = socket_path
+        self._socket_path = socket_path
         self.policy = policy
         self.secrets = tuple(secrets)
         self.owner = owner
@@ -135,6 +137,13 @@ class EgressProxy:
         self._accepting: asyncio.Task[None] | None = None
 
     # -- the API --------------------------------------------------------------------
+
+    @property
+    def socket_path(self) -> Path:
+        """The Unix socket it listens on (``ValueError`` for one that serves a gate's)."""
+        if self._socket_path is None:
+            raise ValueError("this proxy has no socket: it serves the gate's connections")
+        return self._socket_path
 
     def use_policy(self, policy: Policy) -> None:
         """Judge new connections by ``policy`` from now on (a call's narrowed policy, the
@@ -168,8 +177,9 @@ class EgressProxy:
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=5)
         self._pace.summarise()
-        with contextlib.suppress(FileNotFoundError):
-            self.socket_path.unlink()
+        if self._socket_path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self._socket_path.unlink()
 
     # -- serving --------------------------------------------------------------------
 
@@ -220,19 +230,42 @@ class EgressProxy:
         self._serving += 1
         return None
 
-    async def _connection(self, sock: socket.socket) -> None:
+    def serve_handed(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, head: bytes
+    ) -> asyncio.Task[None]:
+        """Serve a connection another listener accepted and authenticated (:mod:`.gate`),
+        ``head``: the bytes it read already (the first request's head), as if this proxy
+        had read them. The task ends with the connection; :meth:`aclose` ends it too."""
+        task = asyncio.create_task(self._connection(None, (reader, writer), head))
+        self._tasks.add(task)
+        return task
+
+    async def _connection(
+        self,
+        sock: socket.socket | None,
+        handed: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None,
+        head: bytes = b"",
+    ) -> None:
+        """One connection: ``sock`` accepted on this proxy's socket (a slot taken), or
+        ``handed`` over with its first bytes ``head`` (no slot: the gate bounds those)."""
         task = asyncio.current_task()
         assert task is not None
         refusal = self._grant()
         audit = [Audit("http")]  # the current request's (plain HTTP: one per request)
         client: SocketStream | None = None
         try:
-            reader, writer = await asyncio.open_unix_connection(sock=sock, limit=http.MAX_HEAD)
-            client = SocketStream(reader, writer, received=audit[0].up, sent=audit[0].down)
-            if refusal is None:
-                await self._serve(client, audit)
+            if handed is not None:
+                reader, writer = handed
             else:
-                await self._overloaded(client, *refusal)
+                reader, writer = await asyncio.open_unix_connection(sock=sock, limit=http.MAX_HEAD)
+            client = SocketStream(reader, writer, received=audit[0].up, sent=audit[0].down)
+            conn = h11.Connection(h11.SERVER, max_incomplete_event_size=http.MAX_HEAD)
+            if head:  # (empty bytes would tell h11 the peer closed)
+                conn.receive_data(head)
+            if refusal is None:
+                await self._serve(client, audit, conn)
+            else:
+                await self._overloaded(client, *refusal, conn)
         except (OSError, h11.ProtocolError, http.ReadTimeout, ssl.SSLError, TimeoutError):
             pass  # the peer went away or spoke nonsense: the connection ends, the audit says so
         except asyncio.CancelledError:
@@ -246,19 +279,23 @@ class EgressProxy:
                     self._budget.give(self.owner)
             if client is not None:
                 await client.close()
-            else:
+            elif sock is not None:
                 sock.close()
-            self._slots.release()
+            elif handed is not None:
+                handed[1].close()
+            if handed is None:
+                self._slots.release()
             self._tasks.discard(task)
             if audit[0].host:
                 audit[0].emit(self.session, self.owner, self._metrics)
 
-    async def _overloaded(self, client: SocketStream, reason: str, message: str) -> None:
+    async def _overloaded(
+        self, client: SocketStream, reason: str, message: str, conn: h11.Connection
+    ) -> None:
         """A connection past a limit: its request (read for at most a moment) is answered
         503, at the pace of refusals."""
         if self._metrics is not None:
             self._metrics.egress_refused(reason)
-        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=http.MAX_HEAD)
         with contextlib.suppress(h11.ProtocolError, http.ReadTimeout):
             await http.next_event(conn, client, REFUSE_READ_S)
         if await self._pace.wait():
@@ -578,7 +615,7 @@ class EgressProxy:
 
 
 async def open_proxy(
-    socket_path: Path,
+    socket_path: Path | None,
     policy: Policy,
     secrets: Sequence[Secret],
     *,
@@ -589,7 +626,8 @@ async def open_proxy(
     resolver: Resolver | None = None,
     budget: ConnectionBudget | None = None,
 ) -> EgressProxy:
-    """Start a sandbox's proxy listening on ``socket_path`` (created; replaced if stale).
+    """Start a sandbox's proxy listening on ``socket_path`` (created; replaced if stale);
+    ``None``: listening nowhere, for connections handed to :meth:`EgressProxy.serve_handed`.
 
     ``secrets``: all the server's secrets (the proxy picks those whose hosts a CONNECT
     names). ``upstream_ca``: extra roots for upstreams (``SANDBOX_NETWORK_UPSTREAM_CA``).
@@ -611,6 +649,8 @@ async def open_proxy(
         resolver=resolver or system_resolver, ca=ca, bundle=bundle, upstream_tls=upstream_tls,
         budget=budget,
     )  # fmt: skip
+    if socket_path is None:
+        return proxy
     try:
         await proxy.start()
     except OSError as exc:

@@ -74,8 +74,9 @@ def prepare_server_context(context: Path, ca_bundle: Path | None, root: Path | N
     context.mkdir(parents=True)
     shutil.copyfile(root / SERVER_DOCKERFILE, context / "Dockerfile")
     pyproject = (root / "pyproject.toml").read_text(encoding="utf-8")
-    # With the ``otel`` extra: a deployment exports traces by setting OTEL_* alone.
-    wanted = dependencies(pyproject) + extra(pyproject, "otel")
+    # With the ``otel`` extra: a deployment exports traces by setting OTEL_* alone; and
+    # ``kubernetes``: the image is what deploy/kubernetes/ runs.
+    wanted = dependencies(pyproject) + extra(pyproject, "otel") + extra(pyproject, "kubernetes")
     requirements = "".join(f"{dep}\n" for dep in wanted)
     (context / "requirements.txt").write_text(requirements, encoding="utf-8")
     project = context / "project"

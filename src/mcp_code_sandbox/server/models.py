@@ -184,10 +184,13 @@ class PoolOut(BaseModel):
     """The warm pool: sandboxes started ahead for new sessions (``size`` 0: off), and the
     modules their Python imported ahead (a first ``import pandas`` then costs nothing)."""
 
-    size: int
+    size: int = Field(description="Warm sandboxes the pool aims to hold now; 0: no pool")
     ready: int
     starting: int
     preload: list[str]
+    floor: int = Field(description="SANDBOX_POOL_SIZE: the size at rest")
+    ceiling: int = Field(description="The most the size grows to during a burst")
+    trend: str = Field(description="resting, grown (after a burst) or shrinking (idle)")
 
 
 class RuntimesResult(BaseModel):

@@ -115,27 +115,7 @@ class AgentClient:
         self._next_id += 1
         run_id = self._next_id
         await self._send({"op": "restart", "id": run_id})
-        try:
-            async with asyncio.timeout(wait_s):
-                while True:
-                    message = await self._channel.receive()
-                    if message is None:
-                        self.broken = True
-                        raise SandboxFailed("the sandbox stopped while its interpreter restarted")
-                    if message.get("ev") == "restarted" and message.get("id") == run_id:
-                        return
-                    # An agent that does not know the op answers with no id.
-                    if message.get("ev") == "error" and message.get("id") in (None, run_id):
-                        text, _ = cut_text(str(message.get("message")), 500)
-                        raise SandboxFailed(f"the sandbox's agent cannot restart: {text}")
-        except TimeoutError:
-            self.broken = True
-            raise SandboxFailed(
-                f"the sandbox's interpreter did not restart within {wait_s:g} s"
-            ) from None
-        except (ProtocolError, OSError, ConnectionError) as exc:
-            self.broken = True
-            raise SandboxFailed(f"the sandbox's agent broke the protocol: {exc}") from None
+        await self._answer(run_id, "restarted", wait_s, "restart its interpreter")
 
     async def park(self, wait_s: float = 5.0) -> None:
         """Have the agent close its channel now (it reconnects at once on its own, to
@@ -166,25 +146,33 @@ class AgentClient:
         self._next_id += 1
         request_id = self._next_id
         await self._send(cast(FsMessage, {"op": "fs", "id": request_id, **message}))
+        answer = await self._answer(request_id, "fs", FS_TIMEOUT_S, "answer a file request")
+        return cast(FsEvent, answer)
+
+    async def _answer(
+        self, request_id: int, event: str, wait_s: float, what: str
+    ) -> dict[str, Any]:
+        """The agent's ``event`` answering request ``request_id``, within ``wait_s``.
+        Raises ``SandboxFailed`` (the agent then ``broken`` unless it refused) when it
+        refuses (an ``error``: an agent that does not know the op says so without an
+        id), stops, breaks the protocol or does not answer in time; ``what`` names the
+        request in those messages ("restart its interpreter")."""
         try:
-            async with asyncio.timeout(FS_TIMEOUT_S):
+            async with asyncio.timeout(wait_s):
                 while True:
                     answer = await self._channel.receive()
                     if answer is None:
                         self.broken = True
-                        raise SandboxFailed("the sandbox stopped during a file request")
-                    event, about = answer.get("ev"), answer.get("id")
-                    if event == "fs" and about == request_id:
-                        return cast(FsEvent, answer)
-                    # An agent that does not know ``fs`` says so without an id.
-                    if event == "error" and about in (request_id, None):
+                        raise SandboxFailed(f"the sandbox stopped before it could {what}")
+                    kind, about = answer.get("ev"), answer.get("id")
+                    if kind == event and about == request_id:
+                        return answer
+                    if kind == "error" and about in (request_id, None):
                         text, _ = cut_text(str(answer.get("message")), 500)
-                        raise SandboxFailed(f"the sandbox's agent refused a file request: {text}")
+                        raise SandboxFailed(f"the sandbox's agent cannot {what}: {text}")
         except TimeoutError:
             self.broken = True
-            raise SandboxFailed(
-                f"the sandbox's agent did not answer a file request within {FS_TIMEOUT_S:g} s"
-            ) from None
+            raise SandboxFailed(f"the sandbox's agent did not {what} within {wait_s:g} s") from None
         except (ProtocolError, OSError, ConnectionError) as exc:
             self.broken = True
             raise SandboxFailed(f"the sandbox's agent broke the protocol: {exc}") from None

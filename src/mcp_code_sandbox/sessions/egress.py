@@ -13,6 +13,15 @@ builds a spec with network and :meth:`EgressProxies.close` on every stop of that
 (free, replace, session end), whatever the stop did; the manager calls :meth:`aclose` at
 shutdown, after every session ended or paused, for any a stop cut short left open.
 
+On a backend whose sandboxes cannot see a Unix socket of the server
+(``backends.egress_gate``: kubernetes), the proxies listen nowhere of their own: one TCP
+port of the server (:class:`~mcp_code_sandbox.egress.gate.ProxyGate`, opened at the
+first proxy) hands each connection to the proxy whose credential it presents. The
+proxy URL, with that credential, is then no part of the spec (a pod would show it):
+:meth:`EgressProxies.run_env` gives it with every run's env, and a running sandbox can
+get a proxy without a restart (its route out is the backend's to open:
+``GatedEgress.allow_egress``).
+
 Semantics of a call's wish (``Wish``): ``None`` no network; ``()`` the server's whole
 policy (``network=true``); a tuple of hosts, a subset of that policy. A call with network
 on a sandbox that has it gives the running proxy its own policy (:meth:`EgressProxies.narrow`).
@@ -35,6 +44,7 @@ import structlog
 from mcp_code_sandbox.backends.base import Egress
 from mcp_code_sandbox.backends.unix_sockets import SocketDir
 from mcp_code_sandbox.egress.dns import resolver_from_settings
+from mcp_code_sandbox.egress.gate import Credential, ProxyGate
 from mcp_code_sandbox.egress.limits import ConnectionBudget
 from mcp_code_sandbox.egress.policy import Policy
 from mcp_code_sandbox.egress.presets import learn_presets
@@ -62,17 +72,26 @@ _PROBE_S = 0.5
 
 @dataclass(frozen=True)
 class _Open:
-    """A running proxy and its directory, held open for the socket's short address."""
+    """A running proxy and its directory, held open for the socket's short address; or
+    (behind the gate) no directory and its credential instead."""
 
     proxy: EgressProxy
-    directory: SocketDir
+    directory: SocketDir | None
+    credential: Credential | None = None
 
 
 class EgressProxies:
     """Every open egress proxy of this server, by its directory."""
 
-    def __init__(self, settings: Settings, metrics: Metrics) -> None:
+    def __init__(
+        self, settings: Settings, metrics: Metrics, gate: tuple[str, int] | None = None
+    ) -> None:
+        """``gate``: the address and port the proxies are reached on over the network
+        (``GatedEgress.egress_gate``); None: each proxy's socket in a directory."""
         self.settings = settings
+        self._gate_address = gate
+        self._gate: ProxyGate | None = None
+        self._gate_lock = asyncio.Lock()
         self.metrics = metrics
         #: In the state dir: the Docker engine binds it from its own view of that dir.
         self.root = settings.state_dir / "egress"
@@ -118,6 +137,9 @@ class EgressProxies:
         path goes to the log, never into the message)."""
         policy = self.policy(hosts)
         secrets_ = self._loaded_secrets()
+        if self._gate_address is not None:
+            name = f"{key}-{secrets.token_hex(4)}"
+            return await self._open_gated(name, policy, hosts or None, owner, session_id), {}
         host_dir, directory = await asyncio.to_thread(self._make_dir, key)
         try:
             proxy = await self._proxy(directory, policy, owner, session_id)
@@ -151,6 +173,13 @@ class EgressProxies:
         gone or the policy no longer allows those hosts: the sandbox is then taken as
         without network, as after a restart."""
         host_dir = self.root / name
+        if self._gate_address is not None:
+            try:
+                policy = self.policy(hosts or ())
+                return await self._open_gated(name, policy, hosts, owner, session_id)
+            except SandboxError as exc:
+                log.warning("cannot open a taken-over sandbox's proxy again", error=str(exc))
+                return None
         try:
             policy = self.policy(hosts or ())
             directory = await asyncio.to_thread(SocketDir, host_dir)
@@ -176,13 +205,55 @@ class EgressProxies:
             return None
         return egress
 
+    async def _open_gated(
+        self, name: str, policy: Policy, hosts: tuple[str, ...] | None, owner: str, session: str
+    ) -> Egress:
+        """A proxy behind the gate (opened first if need be), named ``name``: its
+        :class:`Egress` names a directory that is never made (the proxy has none)."""
+        gate = await self._opened_gate()
+        proxy = await self._proxy(None, policy, owner, session)
+        host_dir = self.root / name
+        self._open[host_dir] = _Open(proxy, None, gate.admit(proxy))
+        return Egress(host_dir, hosts)
+
+    async def _opened_gate(self) -> ProxyGate:
+        """The gate, listening (opened at the first proxy). Raises ``SandboxFailed`` when
+        its address cannot be bound (the address goes to the log)."""
+        assert self._gate_address is not None
+        async with self._gate_lock:
+            if self._gate is None:
+                gate = ProxyGate(*self._gate_address)
+                try:
+                    await gate.start()
+                except OSError as exc:
+                    log.error("cannot open the egress gate", address=self._gate_address,
+                              error=str(exc))  # fmt: skip
+                    raise SandboxFailed(
+                        "could not open the server's egress port for the sandbox's proxy "
+                        "(the server's log says why). Try again, or run without network"
+                    ) from None
+                self._gate = gate
+            return self._gate
+
+    def run_env(self, egress: Egress | None) -> dict[str, str]:
+        """The variables a run of a sandbox behind the gate gets (its proxy's URL with its
+        credential, the secrets' placeholders); ``{}`` for any other sandbox, whose
+        variables are in its spec. The CA bundle of a proxy that intercepts TLS is no
+        file such a sandbox has: intercepted hosts fail its TLS checks (README)."""
+        opened = None if egress is None else self._open.get(egress.host_dir)
+        if opened is None or opened.credential is None or self._gate is None:
+            return {}
+        env = egress_env(False, opened.credential.url(self._gate.host, self._gate.port))
+        env.update(placeholder_env(self._loaded_secrets()))
+        return env
+
     async def _proxy(
-        self, directory: SocketDir, policy: Policy, owner: str, session_id: str
+        self, directory: SocketDir | None, policy: Policy, owner: str, session_id: str
     ) -> EgressProxy:
         return await open_proxy(
             # Through the directory's fd, held open as long as the proxy: the state dir
             # may be too deep for a socket's address (``backends.unix_sockets``).
-            Path(directory.address(SOCKET_NAME)),
+            None if directory is None else Path(directory.address(SOCKET_NAME)),
             policy,
             self._loaded_secrets(),
             owner=owner,
@@ -263,12 +334,17 @@ class EgressProxies:
             return
         opened = self._open.pop(egress.host_dir, None)
         if opened is not None:
+            if opened.credential is not None and self._gate is not None:
+                self._gate.forget(opened.credential)
             try:
                 await opened.proxy.aclose()
             except Exception:
                 log.exception("cannot close an egress proxy", dir=str(egress.host_dir))
             finally:
-                opened.directory.close()  # after the proxy, which unlinks its socket by it
+                if opened.directory is not None:  # after the proxy: it unlinks its socket
+                    opened.directory.close()
+        if self._gate_address is not None:
+            return  # no directory was made
         if not keep_dir:
             await asyncio.to_thread(shutil.rmtree, egress.host_dir, True)
 
@@ -286,6 +362,14 @@ class EgressProxies:
         """Close every proxy still open (at shutdown: any a stop cut short left open)."""
         for host_dir in list(self._open):
             await self.close(Egress(host_dir))
+        if self._gate is not None:
+            await self._gate.aclose()
+            self._gate = None
+
+    @property
+    def gated(self) -> bool:
+        """Are the proxies behind the gate (see the module doc)?"""
+        return self._gate_address is not None
 
     @property
     def open_count(self) -> int:

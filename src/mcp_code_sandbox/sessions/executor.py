@@ -16,6 +16,7 @@ files, timing) built around it once.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -23,7 +24,7 @@ from typing import Protocol
 from mcp_code_sandbox.agent.budget import Budget
 from mcp_code_sandbox.errors import SandboxFailed
 
-__all__ = ["Cell", "Display", "Executor", "Guarded", "Outcome", "StreamSink", "lost"]
+__all__ = ["Cell", "Display", "Executor", "Guarded", "Outcome", "StreamSink", "WithEnv", "lost"]
 
 #: Receives ``(stream name, text)`` as output arrives: ``stdout`` or ``stderr``.
 StreamSink = Callable[[str, str], None]
@@ -88,6 +89,20 @@ class Executor(Protocol):
         when the sandbox broke in a way this executor could not repair; a cancellation
         interrupts the code first."""
         ...
+
+
+class WithEnv:
+    """An executor whose every cell gets ``env`` under the call's own (the call's wins):
+    a sandbox's variables that its backend keeps out of the sandbox's spec (the egress
+    proxy's URL behind the gate, see :mod:`.egress`)."""
+
+    def __init__(self, inner: Executor, env: dict[str, str]) -> None:
+        self._inner = inner
+        self._env = env
+
+    async def execute(self, cell: Cell, on_stream: StreamSink) -> Outcome:
+        with_env = dataclasses.replace(cell, env={**self._env, **cell.env})
+        return await self._inner.execute(with_env, on_stream)
 
 
 class Guarded:

@@ -61,8 +61,8 @@ import structlog
 from mcp_code_sandbox import tracing
 from mcp_code_sandbox.backends.base import Backend, Limits, SandboxSpec
 from mcp_code_sandbox.backends.runner_images import RunnerImage
-from mcp_code_sandbox.errors import SandboxFailed, SessionBusy, SessionNotFound
-from mcp_code_sandbox.metrics import Metrics
+from mcp_code_sandbox.errors import InvalidArgument, SandboxFailed, SessionBusy, SessionNotFound
+from mcp_code_sandbox.metrics import EndReason, Metrics
 from mcp_code_sandbox.sessions import forking, records
 from mcp_code_sandbox.sessions.agent_client import AgentClient
 from mcp_code_sandbox.sessions.agent_files import AgentFiles
@@ -85,6 +85,7 @@ from mcp_code_sandbox.sessions.replicas import Replicas
 from mcp_code_sandbox.sessions.room import Room
 from mcp_code_sandbox.sessions.sandboxes import Sandboxes
 from mcp_code_sandbox.sessions.session import END_WAIT_S, Acquired, Handout, Paused, Session
+from mcp_code_sandbox.sessions.shared import Shared, shared_of
 from mcp_code_sandbox.sessions.table import SessionTable
 from mcp_code_sandbox.sessions.uids import uid_pool
 from mcp_code_sandbox.sessions.workers import WorkerThreads
@@ -155,11 +156,29 @@ class SessionManager:
         self.ending = Ending(
             settings, self.threads, self.table, self.mounts, self.metrics, self.sandboxes
         )
+        #: Sessions any server serves, on a backend whose sandboxes are their registry.
+        registry = shared_of(backend)
+        self.shared = (
+            None
+            if registry is None
+            else Shared(
+                backend,
+                registry,
+                self.table,
+                self._spec_for,
+                self.metrics,
+                instance=self._instance,
+                egress=self.sandboxes.egress,
+            )
+        )
+        end_idle: Callable[[Session, str, EndReason], Awaitable[None]] = self.ending.end_logged
+        if self.shared is not None:  # served elsewhere since: let go, not ended
+            end_idle = self.shared.end_idle(end_idle)
         #: Expires and pauses idle sessions (started by :meth:`start`).
         self.reaper = Reaper(
             settings,
             self.table.__iter__,
-            end=self.ending.end_logged,
+            end=end_idle,
             pause=self.pausing.pause,
             unmount=self.pausing.unmount,
             retry=self.ending.retry,
@@ -215,6 +234,8 @@ class SessionManager:
         if self.uids is not None:
             await asyncio.to_thread(self.uids.open)
         await self._recover()
+        if self.shared is not None:
+            await self.shared.start()
         await self.sandboxes.start()
         if self.replicas is not None:
             await self.replicas.start()
@@ -234,7 +255,9 @@ class SessionManager:
         await self.reaper.stop()
         sessions = self.table.clear()
         end: Callable[[Session], Awaitable[object]]
-        if self.replicas is not None:  # the others go on serving them, unpaused
+        if self.shared is not None:  # in the cluster, for whichever server is called next
+            end, how = self.shared.let_go, "leaving every session running in the cluster"
+        elif self.replicas is not None:  # the others go on serving them, unpaused
             end, how = self.replicas.hand_on, "leaving every session running for the replicas"
         elif self.role is Role.SERVICE and self.settings.keep_sessions_on_shutdown:
             end, how = self.pausing.leave, "pausing every session for the next server"
@@ -342,6 +365,8 @@ class SessionManager:
             try:
                 if not session.closed:
                     self.table.touch(session)
+                    if self.shared is not None:
+                        await self.shared.touch(session)
                     await self.pausing.after_call(session)
             finally:
                 session.lock.release()
@@ -372,6 +397,11 @@ class SessionManager:
     async def _found(
         self, owner: str, session_id: str | None, create: bool, pool: bool
     ) -> tuple[Session, bool, str | None]:
+        unknown = session_id is not None and self.table.get(owner, session_id) is None
+        if self.shared is not None and session_id is not None and unknown:
+            adopted = await self.shared.adopt(owner, session_id)  # another server's, maybe
+            if adopted is not None:
+                return adopted, False, None
         if create and (session_id is None or self.table.get(owner, session_id) is None):
             if self.replicas is not None:  # the others' sessions count toward the limits
                 await self.replicas.refresh(unless_recent=True)
@@ -537,8 +567,15 @@ class SessionManager:
         held until its files are copied; the fork is made as any new session (room and
         limits first, a warm sandbox when one is ready). ``SessionNotFound`` as for a
         call; ``InvalidArgument`` for a ``new_session_id`` in use; what a refused copy
-        raises (the fork is ended then, the source as it was)."""
+        raises (the fork is ended then, the source as it was). ``InvalidArgument`` on a
+        backend whose sessions' files live in their sandboxes (kubernetes): the copy is
+        made on the host."""
         validate_session_id(session_id)
+        if self.backend.workspace_in_sandbox:
+            raise InvalidArgument(
+                f"fork_session is not available on the {self.backend.name} backend yet: a "
+                "session's files live in its sandbox, where this server cannot copy them"
+            )
         if new_session_id is not None:
             validate_session_id(new_session_id)
             if self.table.get(owner, new_session_id) is not None:
@@ -612,13 +649,17 @@ class SessionManager:
 
     def elsewhere(self, owner: str | None = None) -> list[records.SessionRecord]:
         """The sessions other replicas hold, as their records say (every owner's, or
-        ``owner``'s); none for a server alone. Blocking: call it in a worker thread."""
+        ``owner``'s); none for a server alone. Blocking: call it in a worker thread (but
+        with ``shared``, read from memory: call it on the event loop)."""
+        if self.shared is not None:
+            return self.shared.elsewhere(owner)
         return [] if self.replicas is None else self.replicas.elsewhere(owner)
 
     @property
     def replica(self) -> bool:
-        """Is this server one of its state directory's replicas (:mod:`.replicas`)?"""
-        return self.replicas is not None
+        """Is this server one of several serving the same sessions: its state directory's
+        replicas (:mod:`.replicas`), or a cluster's servers (:mod:`.shared`)?"""
+        return self.replicas is not None or self.shared is not None
 
     def count(self, owner: str | None = None) -> int:
         """Open sessions: all of them, or ``owner``'s."""

@@ -57,7 +57,8 @@ class Pausing:
         if wait:
             await session.lock.acquire()
         try:
-            if not _pausable(session):
+            if not _pausable(session) or self.sandboxes.backend.workspace_in_sandbox:
+                # Its files live in its sandbox: stopping it would lose them.
                 return
             session.phase = transition(session.phase, Phase.PAUSING)
             self.table.save(session, force=True)

@@ -5,18 +5,22 @@ The session manager owns one :class:`WarmPool` and asks it for a sandbox when a 
 creates a session whose sandbox would be the pool's kind (:meth:`.manager.SessionManager.acquire`
 with ``pool=True``). Semantics:
 
-- Up to ``pool_size`` sandboxes of the default spec (no network, the server's env and
-  limits, ``preload`` imported) are kept ready. Each is made like a session's: a fresh
-  workspace slot, its record (``pool``: unclaimed) written before the workspace, a uid of
-  its own where the backend uses them, the sandbox started and its agent ready.
+- Up to its target of sandboxes of the default spec (no network, the server's env and
+  limits, ``preload`` imported) are kept ready. The target is ``pool_size`` at rest; it
+  grows when a burst of new sessions outruns the refills and shrinks back when they stop,
+  never above a ceiling bounded by memory and the session limits (:mod:`.demand`
+  decides; the pool stops the extra sandboxes itself, oldest first, one per second).
+  Each is made like a session's: a fresh workspace slot, its record (``pool``:
+  unclaimed) written before the workspace, a uid of its own where the backend uses them,
+  the sandbox started and its agent ready.
 - :meth:`WarmPool.claim` hands out the oldest usable one and refills at once. The claimer
   takes everything (slot, workspace, record, uid, sandbox): a sandbox serves one session
   only, ever, and the session's end stops it like any other. Nothing ran in it before:
   its workspace is empty, its ``/tmp`` its own, its interpreter at execution count 0.
 - One that died, whose agent broke, or older than :data:`MAX_AGE_S` is stopped and
   replaced, never handed out: checked at every claim and every second in the background.
-- Pooled sandboxes count toward no session limit; there are never more than
-  ``pool_size`` of them ready or starting, and at most ``_STARTS_AT_ONCE`` start at once
+- Pooled sandboxes count toward no session limit; there are never more than the
+  target of them ready or starting, and at most ``_STARTS_AT_ONCE`` start at once
   (a burst's own cold starts come first). A start that fails is logged and counted, and
   the next one waits, doubling up to ``_BACKOFF_MAX_S``: an engine that is down is not
   hammered.
@@ -40,7 +44,7 @@ import structlog
 
 from mcp_code_sandbox.backends.base import Backend, Sandbox, SandboxSpec
 from mcp_code_sandbox.metrics import Metrics
-from mcp_code_sandbox.sessions import records, runlog
+from mcp_code_sandbox.sessions import demand, records, runlog
 from mcp_code_sandbox.sessions.agent_client import AgentClient
 from mcp_code_sandbox.sessions.sandboxes import Sandboxes
 from mcp_code_sandbox.sessions.session import END_WAIT_S
@@ -84,22 +88,35 @@ class Pooled:
 class PoolStatus:
     """What ``doctor``, ``list_runtimes`` and ``/readyz`` show of the pool."""
 
+    #: The target now (``floor`` at rest); 0: no pool.
     size: int
     ready: int
     starting: int
     preload: tuple[str, ...]
+    #: ``SANDBOX_POOL_SIZE``, and the most the target may grow to (:mod:`.demand`).
+    floor: int
+    ceiling: int
+    #: :class:`.demand.Trend`'s value.
+    trend: str
+    #: The newest change of the target, or ``None``.
+    decision: demand.Decision | None
 
     def as_json(self) -> dict[str, object]:
+        decision = self.decision
         return {
             "size": self.size,
             "ready": self.ready,
             "starting": self.starting,
             "preload": list(self.preload),
+            "floor": self.floor,
+            "ceiling": self.ceiling,
+            "trend": self.trend,
+            "decision": None if decision is None else dataclasses.asdict(decision),
         }
 
 
 class WarmPool:
-    """Keeps ``settings.pool_size`` warm sandboxes; see the module docstring."""
+    """Keeps its target of warm sandboxes; see the module docstring."""
 
     def __init__(
         self,
@@ -117,7 +134,21 @@ class WarmPool:
         """``handover``: the records' (``records.SessionRecord.handover``), by the
         manager's role."""
         self.settings = settings
+        #: The floor (SANDBOX_POOL_SIZE); 0: off, also where the backend pools itself.
         self.size = 0 if backend.pools_itself else settings.pool_size
+        spare_uids = None
+        if backend.per_sandbox_uids:  # never a uid a session or a paused one could need
+            used = settings.max_sessions + settings.max_paused_sessions
+            spare_uids = settings.uid_range_size - used
+        top = demand.ceiling(
+            self.size,
+            max_sessions=settings.max_sessions,
+            memory_limit=settings.memory_limit,
+            available=demand.available_memory(),
+            spare_uids=spare_uids,
+        )
+        #: The target, and why it moved (the watch and each claim ask it).
+        self.demand = demand.Demand(self.size, top)
         self.backend = backend
         self.metrics = metrics
         self.sandboxes = sandboxes
@@ -139,6 +170,9 @@ class WarmPool:
         self._next_start = 0.0
         self._watcher: asyncio.Task[None] | None = None
         metrics.track_pool(self._count)
+        metrics.track_pool_demand(
+            lambda: self.demand.target, self.size, top, lambda: self.demand.trend.value
+        )
 
     # -- the manager's calls ------------------------------------------------------------
 
@@ -168,6 +202,7 @@ class WarmPool:
                 break
             self.retire(pooled)
         self.metrics.pool_claimed(found is not None, time.monotonic() - began)
+        self._decided(self.demand.claimed(began, time.time(), hit=found is not None))
         self.refill()
         return found
 
@@ -184,9 +219,10 @@ class WarmPool:
                 found = pooled
             else:
                 self.retire(pooled)
-        if found is not None:
+        if found is not None:  # demand too, met here (another's miss is its own to count)
             uid = None if found.uid_lease is None else found.uid_lease.uid
             self._write_record(found.key, found.slot, uid, borrower)
+            self.demand.claimed(now, time.time(), hit=True)
         self.refill()
         return found
 
@@ -209,7 +245,17 @@ class WarmPool:
     def status(self) -> PoolStatus:
         # Only pooled interpreters preload: with no pool, nothing is imported ahead.
         preload = tuple(self.settings.preload) if self.size else ()
-        return PoolStatus(self.size, len(self._ready), len(self._starting), preload)
+        d = self.demand
+        return PoolStatus(
+            d.target if self.size else 0,
+            len(self._ready),
+            len(self._starting),
+            preload,
+            self.size,
+            d.ceiling if self.size else 0,
+            d.trend.value,
+            d.last,
+        )
 
     async def aclose(self) -> None:
         """Stop every pooled sandbox and remove its files; bounded by the backend's stops
@@ -236,7 +282,7 @@ class WarmPool:
             return
         if self.held_by is not None and self.held_by() is not None:
             return
-        missing = self.size - len(self._ready) - len(self._starting)
+        missing = self.demand.target - len(self._ready) - len(self._starting)
         for _ in range(min(missing, _STARTS_AT_ONCE - len(self._starting))):
             task = asyncio.create_task(self._fill_one(), name="warm-pool-start")
             self._starting.add(task)
@@ -263,6 +309,7 @@ class WarmPool:
             return
         self._failures = 0
         self.metrics.pool_refilled(time.monotonic() - began)
+        self.demand.refilled(time.monotonic() - began)
         if self._closed:
             await self._discard(pooled)
         else:
@@ -365,6 +412,7 @@ class WarmPool:
             await asyncio.sleep(_WATCH_S)
             try:
                 self._prune()
+                self._settle()
                 self.refill()
             except Exception:  # the pool's watch must outlive anything it meets
                 log.exception("a warm pool pass failed; the next one tries again")
@@ -377,6 +425,19 @@ class WarmPool:
                 alive = pooled.sandbox.is_alive()
                 log.info("replacing a pooled sandbox", slot=pooled.slot, alive=alive)
                 self.retire(pooled)
+
+    def _settle(self) -> None:
+        """Shrink after idle (:meth:`.demand.Demand.settle`), and stop one sandbox past
+        the target, the oldest: one a pass, as stops cost the host too."""
+        held = len(self._ready) + len(self._starting)
+        self._decided(self.demand.settle(time.monotonic(), time.time(), held))
+        if self.demand.excess(held) and self._ready:
+            self.retire(self._ready.popleft())
+
+    def _decided(self, decision: demand.Decision | None) -> None:
+        if decision is not None:
+            self.metrics.pool_decided(decision.kind)
+            log.info("warm pool target changed", target=decision.target, why=decision.why)
 
     def _count(self, state: str) -> int:
         return len(self._ready) if state == "ready" else len(self._starting)

@@ -26,12 +26,13 @@ from mcp_code_sandbox.backends.checkpoints import (
     Checkpoints,
     checkpoints_of,
 )
+from mcp_code_sandbox.backends.egress_gate import gated_egress_of
 from mcp_code_sandbox.backends.runner_images import RunnerImage, RunnerSandbox, runner_images_of
 from mcp_code_sandbox.errors import SandboxFailed, SessionNotFound
 from mcp_code_sandbox.metrics import Metrics
 from mcp_code_sandbox.sessions.agent_client import AgentClient
 from mcp_code_sandbox.sessions.egress import EgressProxies, Wish
-from mcp_code_sandbox.sessions.executor import Guarded, Outcome, lost
+from mcp_code_sandbox.sessions.executor import Executor, Guarded, Outcome, WithEnv, lost
 from mcp_code_sandbox.sessions.runner_client import RunnerClient
 from mcp_code_sandbox.sessions.saved import Variable
 from mcp_code_sandbox.sessions.session import (
@@ -70,7 +71,12 @@ class Sandboxes:
         self.backend = backend
         self.metrics = metrics
         self.outlive_server = outlive_server
-        self.egress = EgressProxies(settings, metrics)
+        #: The backend's route to the egress gate, when its sandboxes reach their proxies
+        #: over a network (see :mod:`.egress`); ``None``: a socket bound into each.
+        self.gated = gated_egress_of(backend)
+        self.egress = EgressProxies(
+            settings, metrics, None if self.gated is None else self.gated.egress_gate
+        )
         #: The backend's capability to pause with a sandbox's memory; ``None``: it has none.
         self.checkpoints: Checkpoints | None = checkpoints_of(backend)
         #: Why a pause cannot keep a sandbox's whole memory here (``None``: it can);
@@ -308,7 +314,10 @@ class Sandboxes:
 
             return Handout(RunnerClient(container, replace), session.runs, notice, resumed)
         agent, replaced = await self._ensure_sandbox(session, network=network, mounted=mounted)
-        guarded = Guarded(agent, lambda exc: self._sandbox_failed(session, exc))
+        guarded: Executor = Guarded(agent, lambda exc: self._sandbox_failed(session, exc))
+        sandbox = session.sandbox
+        if env := self.egress.run_env(None if sandbox is None else sandbox.spec.egress):
+            guarded = WithEnv(guarded, env)  # the proxy's credential: never in the spec
         return Handout(guarded, session.runs, _joined(notice, replaced), resumed)
 
     async def agent(self, session: Session) -> AgentClient:
@@ -339,6 +348,10 @@ class Sandboxes:
         (files kept, variables lost, said in the notice), so ``network=false`` always
         means no network at all. Between calls with network, only the hosts may change:
         the running proxy takes the call's policy (connections already open keep theirs).
+        Behind the egress gate (kubernetes, see :mod:`.egress`) a running sandbox without
+        network gets a proxy instead of a restart: its route out is opened by the backend
+        and the proxy's address comes with each run (a session adopted from another
+        server gets its proxy here so).
 
         Returns a notice when a previous sandbox was lost (variables are gone then).
         Called with the session's lock held. Raises ``SessionNotFound`` when the session
@@ -352,6 +365,10 @@ class Sandboxes:
             running.spec = dataclasses.replace(
                 running.spec, egress=self.egress.narrow(running.spec.egress, network)
             )
+        elif (
+            running is not None and network is not None and self.egress.gated and running.is_alive()
+        ):
+            await self._network_added(running, network)
         elif running is not None and _wish(running.spec) != network:
             await self.stop_sandbox(session)
             notice = (
@@ -517,6 +534,18 @@ class Sandboxes:
             return spec
         egress, env = await self.egress.open(spec.key, spec.owner, spec.session_id, network)
         return dataclasses.replace(spec, egress=egress, env={**spec.env, **env})
+
+    async def _network_added(self, sandbox: Sandbox, network: tuple[str, ...]) -> None:
+        """Give a running sandbox without network a proxy behind the gate and its route
+        to it; the proxy is closed again when the backend cannot open the route."""
+        assert self.gated is not None
+        spec = await self._networked(sandbox.spec, network)
+        try:
+            await self.gated.allow_egress(sandbox)
+        except BaseException:
+            await self.egress.close(spec.egress)
+            raise
+        sandbox.spec = dataclasses.replace(sandbox.spec, egress=spec.egress)
 
     async def _started(self, spec: SandboxSpec, mounted: Awaitable[None] | None) -> Sandbox:
         try:

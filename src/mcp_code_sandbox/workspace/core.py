@@ -11,6 +11,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import BinaryIO
 
+from mcp_code_sandbox.agent.dirfd import pread_all, write_all
 from mcp_code_sandbox.agent.packages import PACKAGES_DIR
 from mcp_code_sandbox.agent.statefiles import STATE_DIR
 from mcp_code_sandbox.errors import (
@@ -160,7 +161,7 @@ class Workspace:
         with _fs_errors(shown):
             fd, st = self._open_regular(parts, shown)
             with closing_fd(fd):
-                data = _pread(fd, offset, max_bytes)
+                data = pread_all(fd, offset, max_bytes)
                 head = os.pread(fd, HEAD_BYTES, 0)
         mime = guess_mime(shown, head)
         end = offset + len(data)
@@ -404,10 +405,10 @@ class Workspace:
             with closing_fd(os.open(tmp, flags, 0o644, dir_fd=dir_fd)) as fd:
                 self._adopt(fd, 0o644)
                 if isinstance(data, bytes):
-                    _write_all(fd, data)
+                    write_all(fd, data)
                 else:
                     while chunk := data.read(1 << 20):
-                        _write_all(fd, chunk)
+                        write_all(fd, chunk)
                 st = os.fstat(fd)
             _publish(dir_fd, tmp, name, shown, overwrite=overwrite)
         finally:
@@ -498,25 +499,6 @@ def _open_error(exc: OSError, dir_fd: int, name: str, shown: str, *, wanted: str
             "in the sandbox (chmod u+r, or u+rx for a directory)"
         )
     return InternalError(f"cannot open '{shown}': {errno.errorcode.get(exc.errno or 0, exc)}")
-
-
-def _pread(fd: int, offset: int, max_bytes: int) -> bytes:
-    chunks: list[bytes] = []
-    want = max_bytes
-    while want > 0:
-        chunk = os.pread(fd, min(want, 1 << 20), offset)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        offset += len(chunk)
-        want -= len(chunk)
-    return b"".join(chunks)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
 
 
 def _unlink_quietly(dir_fd: int, name: str) -> None:

@@ -25,11 +25,13 @@ import logging
 import os
 import socket
 import ssl
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from lightkube import ApiError, AsyncClient, ConfigError, KubeConfig
 from lightkube.resources.core_v1 import Pod
+from lightkube.types import PatchType
 
 from mcp_code_sandbox.backends.base import (
     Backend,
@@ -41,15 +43,23 @@ from mcp_code_sandbox.backends.base import (
     stop_step,
     wait_ready,
 )
+from mcp_code_sandbox.backends.egress_gate import GatedEgress
 from mcp_code_sandbox.backends.kubernetes.channel import open_channel, server_context
 from mcp_code_sandbox.backends.kubernetes.pods import PodView, PodWatch, pod_of
 from mcp_code_sandbox.backends.kubernetes.pool import PodPool, warm_pod_name
 from mcp_code_sandbox.backends.kubernetes.spec import (
     AGENT_PORT,
+    ANNOTATION_ACTIVE,
+    ANNOTATION_CREATED,
+    CLAIMED,
+    EGRESS_PORT,
+    LABEL_NETWORK,
+    NETWORK_ON,
     claim_metadata,
     session_pod,
     warm_pod,
 )
+from mcp_code_sandbox.backends.shared import SharedSandboxes
 from mcp_code_sandbox.errors import BackendUnavailable, SandboxFailed
 from mcp_code_sandbox.settings import ConfigError as SettingsError
 from mcp_code_sandbox.settings import Settings
@@ -63,6 +73,10 @@ log = logging.getLogger(__name__)
 _START_WAIT_S = 120.0
 #: How long the agent has to say ``ready`` once connected (it is already listening).
 _READY_WAIT_S = 15.0
+#: Between two writes of a session pod's activity annotation: the reaper of idle pods
+#: that no server holds judges by it, in minutes at least (``SANDBOX_SESSION_TTL_M``), so
+#: a write a minute keeps it right within one and costs the API server little.
+_ACTIVE_EVERY_S = 60.0
 #: How long a connect and its TLS handshake may take on the pod network.
 _CONNECT_WAIT_S = 10.0
 
@@ -84,24 +98,56 @@ class Manifests:
         self.agent_port = agent_port
 
 
+class PodChannel(Channel):
+    """The channel to a pod's agent, which dials the agent again when the agent let it go
+    (another server connected since: the agent serves the newest, once idle) before it
+    sends a request. A request never goes down a connection the agent closed."""
+
+    def __init__(self, link: Channel, dial: Callable[[], Awaitable[Channel]]) -> None:
+        # Not Channel.__init__: every method goes to ``link``, the connection now.
+        self._link = link
+        self._dial = dial
+
+    def at_eof(self) -> bool:
+        return self._link.at_eof()
+
+    async def send(self, message: Mapping[str, Any]) -> None:
+        if self._link.at_eof():
+            link = await self._dial()
+            await link.receive()  # its ready (reattached): the session goes on as it was
+            self._link = link
+        await self._link.send(message)
+
+    async def receive(self) -> dict[str, Any] | None:
+        return await self._link.receive()
+
+    def close(self) -> None:
+        self._link.close()
+
+
 class PodSandbox(Sandbox):
     """A session's pod, as the backend hands it out."""
 
     def __init__(self, spec: SandboxSpec, channel: Channel, pod: str, watch: PodWatch) -> None:
         super().__init__(spec, channel, pod)
         self._watch = watch
+        #: When this server last wrote the pod's activity annotation (``time.time()``).
+        self.noted_active = 0.0
 
     def is_alive(self) -> bool:
         view = self._watch.get(self.backend_id)
         return view is not None and not view.gone
 
 
-class KubernetesBackend(Backend):
+class KubernetesBackend(Backend, SharedSandboxes, GatedEgress):
     """Sandboxes as pods in one namespace (see the module doc)."""
 
     name = "kubernetes"
     pools_itself = True
     workspace_in_sandbox = True
+    #: The session manager then mounts no filesystem per session on this server: a
+    #: session's files are the pod's, bound by its volume's size limit.
+    workspace_mounts_unseen = "a session's files live in its pod, not on this server"
 
     def __init__(
         self,
@@ -113,7 +159,13 @@ class KubernetesBackend(Backend):
         open_channel: OpenChannel,
         pool_size: int,
         instance: str,
+        idle_s: float,
+        lifetime_s: float,
+        egress_gate: tuple[str, int] | None = None,
     ) -> None:
+        """``egress_gate``: this server pod's address and the egress port, where its
+        sandboxes with network reach their proxies (None: network is not offered)."""
+        self.egress_gate = egress_gate
         self._client = client
         self._namespace = namespace
         self._manifests = manifests
@@ -127,6 +179,8 @@ class KubernetesBackend(Backend):
             manifests.warm,
             size=pool_size,
             instance=instance,
+            idle_s=idle_s,
+            lifetime_s=lifetime_s,
         )
         self._started: asyncio.Task[None] | None = None
 
@@ -151,7 +205,7 @@ class KubernetesBackend(Backend):
             await mounted  # nothing is mounted for a pod: its workspace lives in it
         await self._start()
         try:
-            view = await self.pool.claim(claim_metadata(spec))
+            view = await self.pool.claim(_claimed(spec))
             if view is None:
                 view = await self._start_cold(spec)
         except ApiError as exc:
@@ -165,6 +219,7 @@ class KubernetesBackend(Backend):
     async def _start_cold(self, spec: SandboxSpec) -> PodView:
         name = warm_pod_name()
         manifest = self._manifests.session(spec, name)
+        manifest["metadata"].setdefault("annotations", {}).update(_claimed(spec)["annotations"])
         pod = await self._client.create(pod_of(manifest, self._namespace))
         self.watch.note(pod)
         try:
@@ -183,11 +238,18 @@ class KubernetesBackend(Backend):
         return view
 
     async def _connect(self, view: PodView, spec: SandboxSpec) -> PodSandbox:
-        assert view.ip is not None
-        channel = await self._open_channel(
-            view.ip, self._manifests.agent_port, self._tls, _CONNECT_WAIT_S
-        )
-        sandbox = PodSandbox(spec, channel, view.name, self.watch)
+        ip, name = view.ip, view.name
+        assert ip is not None
+
+        async def dial() -> Channel:
+            now = self.watch.get(name)
+            if now is None or now.gone:
+                raise SandboxFailed(f"pod {name} is gone")
+            port = self._manifests.agent_port
+            return await self._open_channel(ip, port, self._tls, _CONNECT_WAIT_S)
+
+        channel = PodChannel(await dial(), dial)
+        sandbox = PodSandbox(spec, channel, name, self.watch)
 
         async def not_ready(message: dict[str, Any] | None, timed_out: bool) -> str:
             what = "said nothing" if timed_out else f"sent {message!r}"[:200]
@@ -231,6 +293,59 @@ class KubernetesBackend(Backend):
             log.warning("kubernetes: cannot reach pod %s again: %s", view.name, exc)
             return None
 
+    async def follow(self) -> None:
+        await self._start()
+
+    async def find(self, key: str) -> Leftover | None:
+        await self._start()
+        for view in self.watch.all():
+            if view.pool == CLAIMED and view.key == key and not view.gone and view.ip:
+                return _found(view)
+        return None
+
+    def sessions(self, owner: str | None) -> list[Leftover]:
+        return [
+            _found(view)
+            for view in self.watch.all()
+            if view.pool == CLAIMED and not view.gone and owner in (None, view.owner)
+        ]
+
+    def handed_on(self, sandbox: Sandbox) -> bool:
+        return sandbox.channel.at_eof() and sandbox.is_alive()
+
+    async def touch(self, sandbox: Sandbox) -> None:
+        if not isinstance(sandbox, PodSandbox):
+            return
+        now = time.time()
+        if now - sandbox.noted_active < _ACTIVE_EVERY_S:
+            return
+        sandbox.noted_active = now
+        patch = {"metadata": {"annotations": {ANNOTATION_ACTIVE: _stamp(now)}}}
+        try:
+            await self._client.patch(
+                Pod,
+                sandbox.backend_id,
+                patch,
+                namespace=self._namespace,
+                patch_type=PatchType.MERGE,
+            )
+        except (ApiError, OSError) as exc:
+            log.warning("kubernetes: cannot note pod %s active: %s", sandbox.backend_id, exc)
+
+    async def allow_egress(self, sandbox: Sandbox) -> None:
+        """Label the pod with network: the policy then lets it reach the server pods'
+        egress gate (``spec.sandbox_egress_policy``); a pod labelled already stays so."""
+        patch = {"metadata": {"labels": {LABEL_NETWORK: NETWORK_ON}}}
+        try:
+            await self._client.patch(
+                Pod, sandbox.backend_id, patch, namespace=self._namespace,
+                patch_type=PatchType.MERGE,
+            )  # fmt: skip
+        except ApiError as exc:
+            raise SandboxFailed(
+                f"cannot give pod {sandbox.backend_id} network: {exc.status.message}"
+            ) from None
+
     async def list_leftovers(self, *, live_too: bool = False) -> list[Leftover]:
         """None: a session's pod is the cluster's record of it, which any replica finds
         again by its key when a call comes for it, so a starting server has nothing of
@@ -264,9 +379,12 @@ class KubernetesBackend(Backend):
                 "network": "checked",
             },
             runtimes={},
-            network_unavailable=(
-                "network by permission is not offered on the kubernetes backend yet: "
-                "sandbox pods have no egress (NetworkPolicy)"
+            network_unavailable=None
+            if self.egress_gate is not None
+            else (
+                "SANDBOX_KUBERNETES_POD_IP is not set (deploy/kubernetes/server.yaml sets "
+                "it from the downward API): the server pod's IP, where sandbox pods reach "
+                "their egress proxies"
             ),
         )
 
@@ -274,6 +392,32 @@ class KubernetesBackend(Backend):
         await self.pool.aclose()
         await self.watch.aclose()
         await self._client.close()
+
+
+def _found(view: PodView) -> Leftover:
+    """A claimed pod as the session it records."""
+    return Leftover(
+        backend_id=view.name,
+        key=view.key,
+        owner=view.owner,
+        session_id=view.session_id,
+        running=not view.gone,
+        created_at=view.session_created,
+        active_at=view.active,
+    )
+
+
+def _claimed(spec: SandboxSpec) -> dict[str, dict[str, str]]:
+    """What makes a pod ``spec``'s session's: its labels and annotations, with the
+    session's times (made and active now)."""
+    metadata = claim_metadata(spec)
+    now = _stamp(time.time())
+    metadata["annotations"].update({ANNOTATION_CREATED: now, ANNOTATION_ACTIVE: now})
+    return metadata
+
+
+def _stamp(when: float) -> str:
+    return f"{when:.0f}"
 
 
 def from_settings(settings: Settings) -> KubernetesBackend:
@@ -312,4 +456,7 @@ def from_settings(settings: Settings) -> KubernetesBackend:
         pool_size=settings.pool_size,
         # The pool's Lease names its holder: the pod (its hostname) and the process.
         instance=f"{socket.gethostname()}-{os.getpid()}",
+        idle_s=settings.session_ttl_m * 60,
+        lifetime_s=settings.session_max_lifetime_h * 3600,
+        egress_gate=None if (ip := settings.kubernetes_pod_ip) is None else (str(ip), EGRESS_PORT),
     )

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -28,6 +29,8 @@ from lightkube.codecs import from_dict
 from lightkube.resources.core_v1 import Pod
 
 from mcp_code_sandbox.backends.kubernetes.spec import (
+    ANNOTATION_ACTIVE,
+    ANNOTATION_CREATED,
     ANNOTATION_OWNER,
     ANNOTATION_SESSION,
     COMPONENT_SANDBOX,
@@ -73,6 +76,9 @@ class PodView:
     ready: bool
     created: datetime | None
     deleting: bool
+    #: The session's own times (wall-clock seconds), as its annotations record them.
+    session_created: float | None = None
+    active: float | None = None
 
     @property
     def claimable(self) -> bool:
@@ -107,7 +113,18 @@ def view_of(pod: Pod) -> PodView:
         ready=ready,
         created=meta.creationTimestamp,
         deleting=meta.deletionTimestamp is not None,
+        session_created=_seconds(annotations.get(ANNOTATION_CREATED)),
+        active=_seconds(annotations.get(ANNOTATION_ACTIVE)),
     )
+
+
+def _seconds(text: str | None) -> float | None:
+    """An annotation's wall-clock seconds; ``None`` when missing or not a number."""
+    try:
+        value = None if text is None else float(text)
+    except ValueError:
+        return None
+    return value if value is not None and math.isfinite(value) else None
 
 
 class PodWatch:

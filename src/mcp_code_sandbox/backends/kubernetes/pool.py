@@ -8,13 +8,14 @@ authenticated channel, with each run). Semantics:
   resourceVersion this replica saw (:meth:`PodPool.claim`). The API server applies it
   only if the pod is unchanged since, so two replicas racing for one pod get one success
   and one 409, and the loser tries the next pod: never a double claim. One API write.
-- **Refill**: one replica at a time, the holder of the pool's Lease
+- **Refill and reap**: one replica at a time, the holder of the pool's Lease
   (``coordination.k8s.io/v1``), keeps ``size`` warm pods made or starting, replaces those
   that failed or are older than an hour, and deletes the surplus. A claim wakes it
   at once; it creates at most :data:`_CREATES_AT_ONCE` pods per round. The holder renews
   the Lease; when it stops (a crash, a SIGKILL) another replica takes the Lease once it
-  expired, so the pool outlives any replica. So a claim costs at most two writes: the
-  claim and the refill's create.
+  expired, so the pool outlives any replica. It also ends sessions' pods past their
+  lifetime or idle TTL by their annotations, whichever server served them last. So a
+  claim costs at most two writes: the claim and the refill's create.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from lightkube.resources.core_v1 import Pod
 from lightkube.types import PatchType
 
 from mcp_code_sandbox.backends.kubernetes.pods import PodView, PodWatch, pod_of, view_of
-from mcp_code_sandbox.backends.kubernetes.spec import WARM
+from mcp_code_sandbox.backends.kubernetes.spec import CLAIMED, WARM
 
 __all__ = ["POOL_LEASE", "PodPool", "warm_pod_name"]
 
@@ -54,6 +55,10 @@ _CREATES_AT_ONCE = 4
 #: A warm pod older than this is replaced, as the other backends' pooled sandboxes are:
 #: its image may have been updated since, and a long-lived idle process is a target.
 _MAX_AGE = timedelta(hours=1)
+#: Past a session's idle TTL, how long its pod's activity annotation may lag the last call
+#: (a server writes it once a minute at most: ``backend._ACTIVE_EVERY_S``) before the
+#: reaper of sessions nobody holds ends it.
+_IDLE_GRACE_S = 180.0
 #: How often the refiller looks again when no claim woke it.
 _TICK_S = 1.0
 
@@ -75,6 +80,8 @@ class PodPool:
         *,
         size: int,
         instance: str,
+        idle_s: float,
+        lifetime_s: float,
     ) -> None:
         self._client = client
         self._namespace = namespace
@@ -82,6 +89,8 @@ class PodPool:
         self._make_warm = make_warm
         self.size = size
         self._instance = instance
+        self._idle = timedelta(seconds=idle_s + _IDLE_GRACE_S)
+        self._lifetime = timedelta(seconds=lifetime_s)
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.leading = False
@@ -91,8 +100,7 @@ class PodPool:
         self._trying: set[str] = set()
 
     def start(self) -> None:
-        if self.size > 0:
-            self._task = asyncio.create_task(self._refill_loop(), name="kubernetes-pool")
+        self._task = asyncio.create_task(self._refill_loop(), name="kubernetes-pool")
 
     async def aclose(self) -> None:
         if self._task is not None:
@@ -152,6 +160,7 @@ class PodPool:
                     renewed_at = loop.time()
                 if self.leading:
                     await self._refill()
+                    await self._reap()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -179,6 +188,22 @@ class PodPool:
         missing = min(-surplus, _CREATES_AT_ONCE)
         if missing > 0:
             await asyncio.gather(*(self._create() for _ in range(missing)))
+
+    async def _reap(self) -> None:
+        """Delete the pods of sessions past their lifetime, or idle past their TTL by
+        their activity annotation (the servers note each call's): a session whose
+        servers all let go of it, or died, is ended here as its server would have."""
+        now = datetime.now(UTC)
+        for view in self._watch.all():
+            if view.pool != CLAIMED or view.gone:
+                continue
+            made = _when(view.session_created) or view.created
+            active = _when(view.active) or made
+            if (made is not None and now - made > self._lifetime) or (
+                active is not None and now - active > self._idle
+            ):
+                log.info("kubernetes: ending the idle or expired session of pod %s", view.name)
+                await self._delete(view.name)
 
     async def _create(self) -> None:
         manifest = self._make_warm(warm_pod_name())
@@ -246,6 +271,10 @@ class PodPool:
         if not mine:
             log.info("kubernetes: this replica refills the warm pool now")
         return True
+
+
+def _when(seconds: float | None) -> datetime | None:
+    return None if seconds is None else datetime.fromtimestamp(seconds, UTC)
 
 
 def _micro(when: datetime) -> str:

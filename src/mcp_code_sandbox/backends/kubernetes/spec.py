@@ -3,7 +3,8 @@
 :func:`warm_pod` and :func:`session_pod` build a sandbox pod's manifest (from the same
 sandbox image as the docker backend), :func:`workspace_claim` the volume a paused
 session's workspace is kept on, :func:`sandbox_network_policy` the policy that walls
-every sandbox pod in. Nothing here talks to a cluster or imports its client, so all of
+every sandbox pod in, and :func:`sandbox_egress_policy` the one door a pod with network
+gets: the server pods' egress gate. Nothing here talks to a cluster or imports its client, so all of
 it is unit-tested against the Kubernetes schemas without one (STYLE.md rule 4), and
 ``deploy/kubernetes/`` holds the same policy as YAML.
 
@@ -13,7 +14,8 @@ dropped, no privilege escalation, a seccomp profile, no service account token, n
 service links in its environment, CPU/memory/ephemeral-storage requests equal to limits,
 ``/tmp`` and the workspace size-limited ``emptyDir`` volumes, the agent listening only
 on its pod's address, and (the policy) ingress only from the server's pods on the agent
-port and no egress at all.
+port and no egress at all, but to the server pods' egress gate for a pod labelled with
+network (:data:`LABEL_NETWORK`), whose proxy decides every host.
 
 The agent holds no secret: it proves nothing to the server, the server proves itself to
 it with a certificate the agent checks against the CA certificate mounted from a
@@ -41,6 +43,8 @@ from mcp_code_sandbox.settings import Settings
 __all__ = [
     "AGENT_PORT",
     "AGENT_PORT_NAME",
+    "ANNOTATION_ACTIVE",
+    "ANNOTATION_CREATED",
     "ANNOTATION_OWNER",
     "ANNOTATION_SESSION",
     "CA_CONFIGMAP",
@@ -52,15 +56,20 @@ __all__ = [
     "COMPONENT_SERVER",
     "COMPONENT_WORKSPACE",
     "CONTAINER",
+    "EGRESS_PORT",
+    "EGRESS_PORT_NAME",
     "LABEL_COMPONENT",
     "LABEL_KEY",
     "LABEL_NAME",
+    "LABEL_NETWORK",
     "LABEL_POOL",
     "NAME",
+    "NETWORK_ON",
     "WARM",
     "claim_metadata",
     "limits_of",
     "pod_labels",
+    "sandbox_egress_policy",
     "sandbox_network_policy",
     "session_pod",
     "warm_pod",
@@ -74,8 +83,17 @@ LABEL_COMPONENT = "app.kubernetes.io/component"
 LABEL_POOL = "mcp-code-sandbox/pool"
 #: The session's key (``SandboxSpec.key``), on claimed pods and workspace claims only.
 LABEL_KEY = "mcp-code-sandbox/session-key"
+#: ``on`` on a claimed pod whose session has network: the pods
+#: :func:`sandbox_egress_policy` lets reach the server pods' egress gate (and nothing
+#: else). Only a server writes it; what a pod may reach through the gate is its proxy's.
+LABEL_NETWORK = "mcp-code-sandbox/network"
+NETWORK_ON = "on"
 ANNOTATION_OWNER = "mcp-code-sandbox/owner"
 ANNOTATION_SESSION = "mcp-code-sandbox/session-id"
+#: Wall-clock seconds: when the session was made, and when a server last noted it active
+#: (the session's registry entry for its lifetime and idle TTL, read by every replica).
+ANNOTATION_CREATED = "mcp-code-sandbox/created"
+ANNOTATION_ACTIVE = "mcp-code-sandbox/active"
 COMPONENT_SANDBOX = "sandbox"
 #: The server's pods (deploy/kubernetes/): the only ones the agents accept traffic from.
 COMPONENT_SERVER = "server"
@@ -85,6 +103,10 @@ CLAIMED = "claimed"
 
 AGENT_PORT = 7070
 AGENT_PORT_NAME = "agent"
+#: The server pods' egress gate (``egress.gate``): one port for all of a server's
+#: proxies, each sandbox with a credential of its own. The usual HTTP proxy port.
+EGRESS_PORT = 3128
+EGRESS_PORT_NAME = "egress"
 #: The CA certificate's ConfigMap (``mcp-code-sandbox kubernetes certs`` writes it) and
 #: where sandbox pods see it.
 CA_CONFIGMAP = "mcp-code-sandbox-agent-ca"
@@ -131,9 +153,13 @@ def claim_metadata(spec: SandboxSpec) -> dict[str, dict[str, str]]:
     """The labels and annotations that make a pod ``spec``'s session's: what a claim
     writes over a warm pod's (its ``metadata``, in a merge patch), and what a pod made
     for the session has from the start. Annotations carry who and which session, never
-    a secret (anyone who may list pods reads them)."""
+    a secret (anyone who may list pods reads them). A session with network
+    (``spec.egress``) has :data:`LABEL_NETWORK` too."""
+    labels = pod_labels(spec.key)
+    if spec.egress is not None:
+        labels[LABEL_NETWORK] = NETWORK_ON
     return {
-        "labels": pod_labels(spec.key),
+        "labels": labels,
         "annotations": {ANNOTATION_OWNER: spec.owner, ANNOTATION_SESSION: spec.session_id},
     }
 
@@ -159,9 +185,10 @@ def session_pod(
     :func:`workspace_claim`) holding the workspace, for a paused session that comes back;
     None: an ``emptyDir`` of the quota's size.
 
-    ``spec.egress`` changes nothing here: the pod has no route out whatever the session
-    may do (its NetworkPolicy allows no egress), and ``spec.workspace`` is a host path
-    that no pod sees."""
+    ``spec.egress`` adds :data:`LABEL_NETWORK` only: the pod's one way out is then the
+    server pods' egress gate (:func:`sandbox_egress_policy`), its proxy's address and
+    credential come with each run's env, never in the pod; ``spec.workspace`` is a host
+    path that no pod sees."""
     return _pod(
         name,
         settings,
@@ -341,13 +368,8 @@ def workspace_claim(name: str, spec: SandboxSpec, settings: Settings) -> dict[st
     }
 
 
-def sandbox_network_policy(
-    settings: Settings, server_namespace: str | None = None
-) -> dict[str, Any]:
-    """The NetworkPolicy of every sandbox pod: ingress only from the server's pods, on
-    the agent port; no egress at all (not even DNS). ``server_namespace``: where the
-    server's pods are, when not in the sandboxes' namespace (None: the same one).
-    ``deploy/kubernetes/`` holds this policy as YAML, for the default settings."""
+def _server_peer(settings: Settings, server_namespace: str | None) -> dict[str, Any]:
+    """The server's pods, as a NetworkPolicy peer."""
     server: dict[str, Any] = {
         "podSelector": {"matchLabels": {LABEL_NAME: NAME, LABEL_COMPONENT: COMPONENT_SERVER}}
     }
@@ -355,6 +377,17 @@ def sandbox_network_policy(
         server["namespaceSelector"] = {
             "matchLabels": {"kubernetes.io/metadata.name": server_namespace}
         }
+    return server
+
+
+def sandbox_network_policy(
+    settings: Settings, server_namespace: str | None = None
+) -> dict[str, Any]:
+    """The NetworkPolicy of every sandbox pod: ingress only from the server's pods, on
+    the agent port; no egress at all (not even DNS). ``server_namespace``: where the
+    server's pods are, when not in the sandboxes' namespace (None: the same one).
+    ``deploy/kubernetes/`` holds this policy as YAML, for the default settings."""
+    server = _server_peer(settings, server_namespace)
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -368,5 +401,38 @@ def sandbox_network_policy(
             "policyTypes": ["Ingress", "Egress"],
             "ingress": [{"from": [server], "ports": [{"protocol": "TCP", "port": AGENT_PORT}]}],
             "egress": [],
+        },
+    }
+
+
+def sandbox_egress_policy(
+    settings: Settings, server_namespace: str | None = None
+) -> dict[str, Any]:
+    """The NetworkPolicy that adds (policies add up) one way out for the sandbox pods
+    labelled with network: TCP to the server pods' egress gate, nothing else (no DNS: the
+    proxy resolves). ``deploy/kubernetes/components/network`` holds it as YAML."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": f"{NAME}-sandbox-network",
+            "namespace": settings.kubernetes_namespace,
+            "labels": {LABEL_NAME: NAME, LABEL_COMPONENT: COMPONENT_SANDBOX},
+        },
+        "spec": {
+            "podSelector": {
+                "matchLabels": {
+                    LABEL_NAME: NAME,
+                    LABEL_COMPONENT: COMPONENT_SANDBOX,
+                    LABEL_NETWORK: NETWORK_ON,
+                }
+            },
+            "policyTypes": ["Egress"],
+            "egress": [
+                {
+                    "to": [_server_peer(settings, server_namespace)],
+                    "ports": [{"protocol": "TCP", "port": EGRESS_PORT}],
+                }
+            ],
         },
     }
