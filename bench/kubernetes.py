@@ -17,8 +17,8 @@ Parts:
    full again (with the refill's create); the pool Lease's writes (renewals) apart.
    Two untimed samples first.
 2. burst: two servers (each its own state directory; one fake cluster) and a pool of
-   ``--burst`` warm pods made up front (the servers refill nothing: a server's pool size
-   stops at 64, and the pool Lease's holder would trim the pool to its own); then
+   ``--burst`` warm pods made up front by the bench, which holds the pool's Lease (a
+   server's pool size stops at 64, and the Lease's holder keeps the pool at its own); then
    ``--burst`` new sessions at once, each a ``print(1)``, half through each server
    (several clients per server). Reported:
    the wall time of the whole burst, failures, and the double-claim check: every
@@ -43,6 +43,7 @@ import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,7 @@ from mcp import Client
 from bench import PROTOCOL, log
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # after bench.py: tests/ too
+from mcp_code_sandbox.backends.kubernetes.pool import POOL_LEASE
 from mcp_code_sandbox.backends.kubernetes.spec import (
     ANNOTATION_OWNER,
     ANNOTATION_SESSION,
@@ -211,24 +213,39 @@ def _spread(values: list[int]) -> dict[str, float]:
 
 
 def add_warm_pods(cluster: FakeCluster, n: int) -> None:
-    """``n`` warm pods, as a server's refill makes them (``spec.warm_pod``)."""
+    """``n`` warm pods, as a server's refill makes them (``spec.warm_pod``), and the pool's
+    Lease held by the bench for an hour, so that no server trims the pool to its size."""
     settings = load_settings({"preload": [], "kubernetes_namespace": cluster.namespace}, environ={})
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    lease = {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": POOL_LEASE},
+        "spec": {
+            "holderIdentity": "bench",
+            "leaseDurationSeconds": 3600,
+            "acquireTime": now,
+            "renewTime": now,
+        },
+    }
+    ns = cluster.namespace
     with httpx.Client(base_url=cluster.api.url, trust_env=False, timeout=30) as http:
+        path = f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
+        http.post(path, json=lease).raise_for_status()
         for _ in range(n):
             manifest = warm_pod(f"mcp-sandbox-{secrets.token_hex(6)}", settings)
-            path = f"/api/v1/namespaces/{cluster.namespace}/pods"
-            http.post(path, json=manifest).raise_for_status()
+            http.post(f"/api/v1/namespaces/{ns}/pods", json=manifest).raise_for_status()
 
 
 async def burst(cluster: FakeCluster, state: Path, n: int) -> dict[str, Any]:
     api = cluster.api
-    # No refill: a pool of n made up front (a server's SANDBOX_POOL_SIZE stops at 64, and
-    # the Lease's holder would trim the pool to its own size); claims need no refiller.
+    # The pool made up front by the bench, which holds its Lease (a server's
+    # SANDBOX_POOL_SIZE stops at 64, and the Lease's holder keeps the pool at its size).
+    log(f"burst: filling a pool of {n}")
+    filled_at = time.perf_counter()
+    add_warm_pods(cluster, n)
     env = server_env(cluster, 0, n + 10)
     with Server(state, "a", env) as a, Server(state, "b", env) as b:
-        log(f"burst: filling a pool of {n}")
-        filled_at = time.perf_counter()
-        add_warm_pods(cluster, n)
         warm = await until_pool(cluster, n)
         fill_s = time.perf_counter() - filled_at
         async with httpx.AsyncClient(timeout=60) as http:
