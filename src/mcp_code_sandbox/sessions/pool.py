@@ -178,11 +178,6 @@ class WarmPool:
 
     def start(self) -> None:
         """Begin filling the pool, and watching it. Called by the manager's ``start``."""
-        if self.backend.pools_itself and self.settings.pool_size > 0:
-            # The backend's own pool (kubernetes: warm pods) begins with the backend's
-            # first contact with its cluster: make that now, not at the first session.
-            self._watcher = asyncio.create_task(self._start_backend(), name="warm-pool")
-            return
         if self.size == 0:
             return
         self._watcher = asyncio.create_task(self._watch_forever(), name="warm-pool")
@@ -400,12 +395,6 @@ class WarmPool:
         records.remove_record(self.settings.sessions_dir, slot)
         if lease is not None:
             lease.release()  # after the record: see ``uids``
-
-    async def _start_backend(self) -> None:
-        try:
-            await self.backend.check_ready()
-        except Exception as exc:  # tried again at the first session or /readyz
-            log.warning("the backend's warm pool did not start", error=str(exc))
 
     async def _watch_forever(self) -> None:
         while True:
