@@ -98,6 +98,8 @@ def server(pods: KubectlPods) -> Iterator[Server]:
         **passed,
         "SANDBOX_API_TOKENS": f"{ALICE_NAME}:{ALICE},{BOB_NAME}:{BOB}",
         "SANDBOX_POOL_SIZE": POOL_SIZE,
+        # Room for every session the module's tests open on this one server.
+        "SANDBOX_MAX_SESSIONS": "20",
     }
     with scratch_dir() as state, Server(state, "server", env) as started:
         yield started
