@@ -129,3 +129,43 @@ async def test_a_pod_deleted_behind_the_servers_back_fails_the_next_run(
                 await run(agent, "print(2)")
     finally:
         await backend.aclose()
+
+
+async def test_with_a_storage_class_a_stopped_pods_workspace_outlives_it(
+    cluster: Cluster,
+) -> None:
+    backend = cluster.backend(pool_size=2, instance="replica-a", storage_class="standard")
+    try:
+        await backend.check_ready()
+        await filled(backend, 2)
+        before = cluster.api.writes("pods") + cluster.api.writes("persistentvolumeclaims")
+        spec = cluster.spec("kept")
+        sandbox = await backend.create(spec)
+        await filled(backend, 2)  # the refill after the claim: a claim and a pod
+        after = cluster.api.writes("pods") + cluster.api.writes("persistentvolumeclaims")
+        assert after - before <= 3
+        agent = AgentClient(sandbox.channel)
+        await run(agent, "open('notes.txt', 'w').write('kept')")
+        await backend.stop(sandbox)  # a pause's stop: the pod goes, its workspace stays
+        assert sandbox.backend_id not in {
+            p.metadata.name for p in await cluster.pods() if p.metadata
+        }
+        found = await backend.find(spec.key)
+        assert found is not None and not found.running and found.paused == {}
+        assert (found.owner, found.session_id) == ("alice", "kept")
+        again = await backend.create(spec)  # a resume: a pod on the same workspace
+        assert again.backend_id != sandbox.backend_id
+        assert (
+            await run(AgentClient(again.channel), "print(open('notes.txt').read())")
+        ).strip() == "kept"
+        found = await backend.find(spec.key)
+        assert found is not None and found.running  # not paused while a pod runs on it
+        await backend.stop(again)
+        await backend.forget(spec.key)  # the session ended
+        keys = [
+            (c.metadata.labels or {}).get(LABEL_KEY) for c in await cluster.claims() if c.metadata
+        ]
+        assert spec.key not in keys
+        assert await backend.find(spec.key) is None
+    finally:
+        await backend.aclose()

@@ -21,7 +21,7 @@ Semantics:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 import structlog
@@ -80,6 +80,10 @@ class Ending:
         #: Ended sessions that still hold something (a sandbox a stop failed to free,
         #: files not removed), by slot: tried again at every reaper pass.
         self.unfinished: dict[str, Session] = {}
+        #: Deletes what the backend keeps of a session beyond its sandbox (its kept
+        #: workspace: :meth:`.shared.Shared.forget`), saying what it could not; set by
+        #: the manager on a backend that keeps workspaces.
+        self.forget: Callable[[Session], Awaitable[str | None]] | None = None
 
     async def end(self, session: Session, reason: str, why: EndReason) -> list[str]:
         """End ``session`` (a live one of the table); what could not be freed, in words
@@ -130,6 +134,10 @@ class Ending:
         remains = await self.release(session, retry=False)  # what those calls left
         if session.paused is not None:
             await self.stops.discard(session.paused)
+        if self.forget is not None:  # after its sandbox's stop, which kept its workspace
+            left = await self.forget(session)
+            if left is not None:
+                remains.append(left)
         if session.replaces is not None:  # a slot it moved out of that could not go then
             moved = session.replaces
             if await forget_moved(self.settings, self.threads, session.owner, moved):
