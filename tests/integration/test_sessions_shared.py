@@ -150,6 +150,25 @@ async def test_a_paused_session_is_resumed_by_either_server_with_its_variables_a
             assert await service.list_sessions("alice") == []
             with pytest.raises(SessionNotFound):
                 await service.read_file("alice", "conv", "notes.txt", offset=0, max_bytes=None)
+        await run(b, "print(1)", "brief")
+        await b.close_session("alice", "brief")  # running: its pod's workspace goes too
+        async with asyncio.timeout(20):  # (the pool's refill makes a claim, then its pod)
+            while set(await claim_names(cluster)) - set(await pod_claims(cluster)):
+                await asyncio.sleep(0.1)
+
+
+async def claim_names(cluster: Cluster) -> list[str]:
+    return [c.metadata.name for c in await cluster.claims() if c.metadata and c.metadata.name]
+
+
+async def pod_claims(cluster: Cluster) -> list[str]:
+    """The claims that pods' workspaces are on."""
+    return [
+        volume.persistentVolumeClaim.claimName
+        for pod in await cluster.pods()
+        for volume in (pod.spec.volumes or [] if pod.spec else [])
+        if volume.persistentVolumeClaim is not None
+    ]
 
 
 async def test_two_servers_resuming_one_paused_session_at_once_start_one_pod(

@@ -49,6 +49,12 @@ class SharedSandboxes(abc.ABC):
         :attr:`keeps_workspaces`."""
 
     @abc.abstractmethod
+    def ending(self, key: str) -> None:
+        """The session filed under ``key`` ends: a stop of its sandbox from now on deletes
+        its kept workspace rather than keeping it. Only called when
+        :attr:`keeps_workspaces`."""
+
+    @abc.abstractmethod
     async def forget(self, key: str) -> None:
         """Delete the kept workspace of the session filed under ``key`` (it ended), if
         there is one. Raises when it could not be deleted. Only called when

@@ -177,7 +177,7 @@ class SessionManager:
         if self.shared is not None and registry is not None and registry.keeps_workspaces:
             # A paused session's record is its kept workspace, which ends with it.
             self.pausing.hand_on = self.shared.paused
-            self.ending.forget = self.shared.forget
+            self.ending.forgets = self.shared
         #: Expires and pauses idle sessions (started by :meth:`start`).
         self.reaper = Reaper(
             settings,

@@ -180,6 +180,10 @@ class Shared:
                 log.warning("cannot record a pause", session=session.id, error=repr(exc))
         await self.let_go(session)
 
+    def ending(self, session: Session) -> None:
+        """``session`` ends here: its sandbox's stop deletes its kept workspace."""
+        self._registry.ending(session.key)
+
     async def forget(self, session: Session) -> str | None:
         """Delete ``session``'s kept workspace (its end); what could not be, in words."""
         try:

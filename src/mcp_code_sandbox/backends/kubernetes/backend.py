@@ -320,16 +320,26 @@ class KubernetesBackend(Backend, SharedSandboxes, GatedEgress):
 
     async def stop(self, sandbox: Sandbox) -> None:
         sandbox.channel.close()
-        if self.workspaces is not None and isinstance(sandbox, PodSandbox) and sandbox.claim:
+        key = sandbox.spec.key
+        claim = sandbox.claim if isinstance(sandbox, PodSandbox) else None
+        if self.workspaces is not None and claim is not None:
+            if key in self.workspaces.ending:  # nothing to keep: deleted after its pod
+                await stop_step(key, "delete its pod", self._delete(sandbox.backend_id))
+                await stop_step(key, "delete its workspace", self.workspaces.delete(claim))
+                return
             view = self.watch.get(sandbox.backend_id)
             made, active = (None, None) if view is None else (view.session_created, view.active)
-            keep = self.workspaces.keep(sandbox.claim, sandbox.spec, made, active)
-            await stop_step(sandbox.spec.key, "keep its workspace", keep)
-        await stop_step(sandbox.spec.key, "delete its pod", self._delete(sandbox.backend_id))
+            keep = self.workspaces.keep(claim, sandbox.spec, made, active)
+            await stop_step(key, "keep its workspace", keep)
+        await stop_step(key, "delete its pod", self._delete(sandbox.backend_id))
 
     async def kept(self, key: str, paused: dict[str, Any]) -> None:
         if self.workspaces is not None:
             await self.workspaces.kept(key, paused)
+
+    def ending(self, key: str) -> None:
+        if self.workspaces is not None:
+            self.workspaces.ending.add(key)
 
     async def forget(self, key: str) -> None:
         if self.workspaces is not None:

@@ -17,9 +17,11 @@ A claim is a session's record while no pod runs it:
 - **Every server** lists the paused claims from one watch (:meth:`~KeptWorkspaces.paused`)
   and finds one by key with a read (:meth:`~KeptWorkspaces.find`): a session paused by
   another server a moment ago is found.
-- **The end** of a session deletes its claim (:meth:`~KeptWorkspaces.forget`); the pool's
-  reaper deletes those of sessions past their lifetime or idle TTL, and anonymous ones
-  whose pod is gone.
+- **The end** of a session deletes its claim: announced first (:attr:`~KeptWorkspaces.ending`),
+  so the stop of its pod deletes the claim instead of keeping it (no other server can
+  take it as paused meanwhile), then whatever an earlier stop kept
+  (:meth:`~KeptWorkspaces.forget`). The pool's reaper deletes the claims of sessions
+  past their lifetime or idle TTL, and anonymous ones whose pod is gone.
 """
 
 from __future__ import annotations
@@ -67,6 +69,9 @@ class KeptWorkspaces:
         self._namespace = namespace
         self._make = make
         self.watch = ClaimWatch(client, namespace)
+        #: Keys of sessions ending here: their pods' stops delete their claims, until
+        #: :meth:`forget` is done with them.
+        self.ending: set[str] = set()
 
     async def start(self) -> None:
         await self.watch.start()
@@ -144,14 +149,17 @@ class KeptWorkspaces:
         )
         async for claim in found:
             assert claim.metadata is not None and claim.metadata.name is not None
-            try:
-                await self._client.delete(
-                    PersistentVolumeClaim, claim.metadata.name, namespace=self._namespace
-                )
-            except ApiError as exc:
-                if exc.status.code != 404:
-                    raise
-            self.watch.forget(claim.metadata.name)
+            await self.delete(claim.metadata.name)
+        self.ending.discard(key)
+
+    async def delete(self, name: str) -> None:
+        """Delete claim ``name`` (gone already: nothing to do)."""
+        try:
+            await self._client.delete(PersistentVolumeClaim, name, namespace=self._namespace)
+        except ApiError as exc:
+            if exc.status.code != 404:
+                raise
+        self.watch.forget(name)
 
     async def find(self, key: str) -> Leftover | None:
         """The paused session filed under ``key``, read from the API server: another
