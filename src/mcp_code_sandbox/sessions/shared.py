@@ -198,7 +198,8 @@ class Shared:
 
     async def let_go(self, session: Session) -> None:
         """Forget ``session`` here without ending it: its sandbox runs on for the server
-        that adopts it next. For shutdown, or a session handed on (see the docstring)."""
+        that adopts it next. For shutdown, a session handed on, or one paused into its
+        kept workspace (see the docstring)."""
         self._table.forget(session)
         if session.phase is not Phase.HANDED_ON:
             session.phase = transition(session.phase, Phase.HANDED_ON)
