@@ -194,3 +194,17 @@ async def test_two_servers_resuming_one_paused_session_at_once_start_one_pod(
         last = await run(a, "set(calls) <= {'a', 'b'} and len(calls)", "conv")
         ok = [o for o in both if not isinstance(o, BaseException)]
         assert last.result == str(len(ok))
+
+
+async def test_either_server_closes_a_session_the_other_serves(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    async with server(cluster, tmp_path, "a") as a, server(cluster, tmp_path, "b") as b:
+        await run(a, "x = 1", "conv")
+        await b.close_session("alice", "conv")
+        pools = [
+            (p.metadata.labels or {}).get(LABEL_POOL) for p in await cluster.pods() if p.metadata
+        ]
+        assert "claimed" not in pools  # its pod is gone
+        again = await run(a, "'x' in dir()", "conv")
+        assert again.result == "False"  # a fresh session of that name, not the closed one

@@ -558,7 +558,7 @@ class SessionManager:
         if self.replicas is not None:
             await self.replicas.take(owner, session_id, END_WAIT_S)
         if self.shared is not None and self.table.get(owner, session_id) is None:
-            await self.shared.adopt(owner, session_id, paused_only=True)  # no server holds it
+            await self.shared.adopt(owner, session_id)  # another server's, or none's
         session = self.table.get(owner, session_id)
         if session is None:
             raise SessionNotFound(f"no session {session_id!r} (already closed, or never existed)")

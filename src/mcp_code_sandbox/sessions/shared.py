@@ -97,13 +97,10 @@ class Shared:
         except BackendUnavailable as exc:
             log.warning("cannot list the sessions' sandboxes yet", error=str(exc))
 
-    async def adopt(
-        self, owner: str, session_id: str, *, paused_only: bool = False
-    ) -> Session | None:
+    async def adopt(self, owner: str, session_id: str) -> Session | None:
         """``owner``'s session ``session_id``, adopted from its sandbox wherever it was
         made, or as a paused session from its kept workspace, and added to the table;
-        ``None`` when neither records it (or its agent cannot be reached), or, with
-        ``paused_only``, when it runs (its server holds it)."""
+        ``None`` when neither records it (or its agent cannot be reached)."""
         key = session_key(owner, session_id)
         async with self._adopting:
             held = self._table.get(owner, session_id)
@@ -111,8 +108,6 @@ class Shared:
                 return held
             found = await self._registry.find(key)
             if found is None or (found.owner, found.session_id) != (owner, session_id):
-                return None
-            if paused_only and found.running:
                 return None
             now = time.time()
             record = records.SessionRecord(
