@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from lightkube import AsyncClient
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import ConfigMap, Namespace, Pod
+from lightkube.resources.core_v1 import ConfigMap, Namespace, PersistentVolumeClaim, Pod
 
 from mcp_code_sandbox.backends.base import SandboxSpec
 from mcp_code_sandbox.backends.kubernetes.backend import KubernetesBackend, Manifests
@@ -26,6 +26,7 @@ from mcp_code_sandbox.backends.kubernetes.spec import (
     limits_of,
     session_pod,
     warm_pod,
+    workspace_claim,
 )
 from mcp_code_sandbox.settings import Settings, load_settings
 from tests.kube_api import KubeApi
@@ -42,12 +43,25 @@ class Cluster:
     settings: Settings
     certs: Path
 
-    def backend(self, *, pool_size: int, instance: str, idle_s: float = 3600) -> KubernetesBackend:
+    def backend(
+        self,
+        *,
+        pool_size: int,
+        instance: str,
+        idle_s: float = 3600,
+        storage_class: str | None = None,
+    ) -> KubernetesBackend:
+        """A server's backend; ``storage_class``: every workspace a claim of that class
+        (``SANDBOX_KUBERNETES_STORAGE_CLASS``; the fake kubelet keeps a directory per claim)."""
         files = self.certs
+        settings = self.settings.model_copy(update={"kubernetes_storage_class": storage_class})
+        keeps = storage_class is not None
+        claim = functools.partial(workspace_claim, spec=None, settings=settings)
         manifests = Manifests(
-            warm=functools.partial(warm_pod, settings=self.settings),
-            session=functools.partial(session_pod, settings=self.settings),
+            warm=functools.partial(warm_pod, settings=settings, own_claim=keeps),
+            session=functools.partial(session_pod, settings=settings),
             agent_port=AGENT_PORT,
+            claim=claim if keeps else None,
         )
         return KubernetesBackend(
             client=self.api.client(self.settings.kubernetes_namespace),
@@ -72,6 +86,9 @@ class Cluster:
 
     async def pods(self) -> list[Pod]:
         return [pod async for pod in self.kube.list(Pod)]
+
+    async def claims(self) -> list[PersistentVolumeClaim]:
+        return [claim async for claim in self.kube.list(PersistentVolumeClaim)]
 
 
 @pytest.fixture

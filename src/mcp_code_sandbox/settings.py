@@ -134,9 +134,9 @@ class Settings(BaseSettings):
     #: A Localhost seccomp profile for sandbox pods, relative to the kubelet's seccomp
     #: directory on every node. None: the runtime's default profile (RuntimeDefault).
     kubernetes_seccomp_profile: str | None = None
-    #: StorageClass of the volume a paused session's workspace is kept on. None: no
-    #: volume is made, and sessions on Kubernetes are not paused (they keep their pod
-    #: until they expire).
+    #: StorageClass of every sandbox pod's workspace volume (a claim per pod, which a
+    #: paused session keeps). None: no volume is made, and sessions on Kubernetes are
+    #: not paused (they keep their pod until they expire).
     kubernetes_storage_class: str | None = None
     #: Directory with the agent channel's ``ca.crt``, ``server.crt`` and ``server.key``
     #: (what ``mcp-code-sandbox kubernetes certs --out DIR`` writes; a mounted Secret).

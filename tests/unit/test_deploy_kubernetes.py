@@ -129,6 +129,8 @@ def test_the_role_grants_the_fewest_verbs_in_one_namespace_only(
         ("networking.k8s.io", "networkpolicies"),
     }
     assert granted[("networking.k8s.io", "networkpolicies")] == {"get", "list"}
+    # Sessions' workspaces: made, labelled and taken by (conditional) patches, deleted.
+    assert granted[("", "persistentvolumeclaims")] == VERBS
     [binding] = find(base, "RoleBinding")
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",

@@ -67,6 +67,8 @@ def every_object(s: Settings) -> list[dict[str, Any]]:
     ]
     if s.kubernetes_storage_class is not None:
         objects.append(k8s.workspace_claim("ws-1", session(), s))
+        objects.append(k8s.workspace_claim("warm-2", None, s))
+        objects.append(k8s.warm_pod("warm-2", s, own_claim=True))
     return objects
 
 
@@ -227,6 +229,17 @@ def test_a_workspace_claim_has_the_quota_the_class_and_the_session_labels() -> N
     assert claim["metadata"]["labels"]["app.kubernetes.io/component"] == "workspace"
     with pytest.raises(ValueError, match="StorageClass"):
         k8s.workspace_claim("ws-1", session(), settings("defaults"))
+
+
+def test_with_a_storage_class_a_warm_pod_has_an_anonymous_claim_of_its_name() -> None:
+    s = settings("gvisor, seccomp, storage")
+    claim = k8s.workspace_claim("warm-2", None, s)
+    assert "mcp-code-sandbox/session-key" not in claim["metadata"]["labels"]
+    assert claim["metadata"]["annotations"] == {}
+    pod = k8s.warm_pod("warm-2", s, own_claim=True)
+    [workspace] = [v for v in pod["spec"]["volumes"] if v["name"] == "workspace"]
+    assert workspace == {"name": "workspace", "persistentVolumeClaim": {"claimName": "warm-2"}}
+    assert pod["metadata"]["labels"]["mcp-code-sandbox/pool"] == "warm"
 
 
 def test_the_policy_lets_only_the_server_in_on_the_agent_port_and_nothing_out() -> None:

@@ -155,6 +155,10 @@ class Leftover:
     created_at: float | None = None
     #: Wall-clock seconds of its session's last noted activity, the same way.
     active_at: float | None = None
+    #: Not ``running``, its workspace kept (:attr:`.shared.SharedSandboxes.keeps_workspaces`):
+    #: how its session was paused, as the server that paused it recorded it (``{}``: not
+    #: recorded). ``None``: nothing is kept of a sandbox that is not running.
+    paused: dict[str, Any] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

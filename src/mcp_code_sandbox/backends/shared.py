@@ -15,11 +15,20 @@ annotations, its agent listening on the pod network). The session manager then:
 Semantics: the agent of such a sandbox keeps its state across connections and serves the
 newest server that connected, once idle; a server whose connection it let go dials again
 at its next request.
+
+Where a session's workspace outlives its sandbox (:attr:`SharedSandboxes.keeps_workspaces`:
+kubernetes with a StorageClass), a session is paused by stopping its sandbox, and the
+kept workspace is then its record: :meth:`~SharedSandboxes.find` and
+:meth:`~SharedSandboxes.sessions` return it, not running, with how it was paused
+(:meth:`~SharedSandboxes.kept` writes that), and the backend's ``create`` for the
+session's key starts the sandbox on it (a resume). Ending the session deletes it
+(:meth:`~SharedSandboxes.forget`).
 """
 
 from __future__ import annotations
 
 import abc
+from typing import Any
 
 from mcp_code_sandbox.backends.base import Leftover, Sandbox
 
@@ -28,6 +37,28 @@ __all__ = ["SharedSandboxes"]
 
 class SharedSandboxes(abc.ABC):
     """See the module docstring."""
+
+    #: A session's workspace outlives its stopped sandbox, so its sessions may be paused.
+    keeps_workspaces: bool = False
+
+    @abc.abstractmethod
+    async def kept(self, key: str, paused: dict[str, Any]) -> None:
+        """Record on the kept workspace of the session filed under ``key`` how it was
+        paused (JSON), for whichever server resumes it. Raises what the registry answers
+        (the session is paused all the same, its record says less). Only called when
+        :attr:`keeps_workspaces`."""
+
+    @abc.abstractmethod
+    def ending(self, key: str) -> None:
+        """The session filed under ``key`` ends: a stop of its sandbox from now on deletes
+        its kept workspace rather than keeping it. Only called when
+        :attr:`keeps_workspaces`."""
+
+    @abc.abstractmethod
+    async def forget(self, key: str) -> None:
+        """Delete the kept workspace of the session filed under ``key`` (it ended), if
+        there is one. Raises when it could not be deleted. Only called when
+        :attr:`keeps_workspaces`."""
 
     @abc.abstractmethod
     async def follow(self) -> None:

@@ -53,6 +53,17 @@ class Stops(Protocol):
         """Free what a pause holds outside the workspace. Never raises."""
 
 
+class Forgets(Protocol):
+    """What ending needs where a session's workspace outlives its sandbox
+    (:class:`.shared.Shared`, on a backend that keeps workspaces)."""
+
+    def ending(self, session: Session) -> None:
+        """``session`` ends: a stop of its sandbox from now on keeps nothing."""
+
+    async def forget(self, session: Session) -> str | None:
+        """Delete what is kept of ``session``'s workspace; what could not be, in words."""
+
+
 def close(session: Session) -> None:
     """Mark ``session`` ending, whatever it was doing (a no-op once it is closed)."""
     if not session.closed:
@@ -80,6 +91,9 @@ class Ending:
         #: Ended sessions that still hold something (a sandbox a stop failed to free,
         #: files not removed), by slot: tried again at every reaper pass.
         self.unfinished: dict[str, Session] = {}
+        #: What the backend keeps of a session beyond its sandbox, deleted with it; set
+        #: by the manager on a backend that keeps workspaces.
+        self.forgets: Forgets | None = None
 
     async def end(self, session: Session, reason: str, why: EndReason) -> list[str]:
         """End ``session`` (a live one of the table); what could not be freed, in words
@@ -125,11 +139,17 @@ class Ending:
             return remains
 
     async def _destroy_now(self, session: Session) -> list[str]:
+        if self.forgets is not None:  # before its sandbox's stop, which would keep it
+            self.forgets.ending(session)
         await self.release(session)  # ends a running cell: its call returns soon
         await self._settle(session)
         remains = await self.release(session, retry=False)  # what those calls left
         if session.paused is not None:
             await self.stops.discard(session.paused)
+        if self.forgets is not None:  # what an earlier stop kept (a pause)
+            left = await self.forgets.forget(session)
+            if left is not None:
+                remains.append(left)
         if session.replaces is not None:  # a slot it moved out of that could not go then
             moved = session.replaces
             if await forget_moved(self.settings, self.threads, session.owner, moved):

@@ -174,6 +174,10 @@ class SessionManager:
         end_idle: Callable[[Session, str, EndReason], Awaitable[None]] = self.ending.end_logged
         if self.shared is not None:  # served elsewhere since: let go, not ended
             end_idle = self.shared.end_idle(end_idle)
+        if self.shared is not None and registry is not None and registry.keeps_workspaces:
+            # A paused session's record is its kept workspace, which ends with it.
+            self.pausing.hand_on = self.shared.paused
+            self.ending.forgets = self.shared
         #: Expires and pauses idle sessions (started by :meth:`start`).
         self.reaper = Reaper(
             settings,
@@ -363,7 +367,9 @@ class SessionManager:
             yield Acquired(session, created, notice)
         finally:
             try:
-                if not session.closed:
+                # Not one let go meanwhile (a resume that failed: see ``executor``).
+                held = self.table.get(session.owner, session.id) is session
+                if not session.closed and held:
                     self.table.touch(session)
                     if self.shared is not None:
                         await self.shared.touch(session)
@@ -485,6 +491,10 @@ class SessionManager:
             if session.phase is Phase.RESUMING:  # not closed meanwhile
                 back = Phase.RUNNING if session.paused is None else Phase.PAUSED
                 session.phase = transition(session.phase, back)
+                if back is Phase.PAUSED and self.shared is not None and self.pausing.hand_on:
+                    # Not resumed: the cluster says where it is (resumed by another
+                    # server meanwhile, or paused still); its next call adopts it again.
+                    await self.shared.let_go(session)
 
     # -- files ---------------------------------------------------------------------------
 
@@ -547,6 +557,8 @@ class SessionManager:
         validate_session_id(session_id)
         if self.replicas is not None:
             await self.replicas.take(owner, session_id, END_WAIT_S)
+        if self.shared is not None and self.table.get(owner, session_id) is None:
+            await self.shared.adopt(owner, session_id)  # another server's, or none's
         session = self.table.get(owner, session_id)
         if session is None:
             raise SessionNotFound(f"no session {session_id!r} (already closed, or never existed)")

@@ -11,11 +11,17 @@ pause through it):
   blocks): the checkpoint's, and the workspace's measured each time it is unmounted.
 - Shutdown of a service keeping its sessions pauses every one for its successor
   (:meth:`Pausing.leave`).
+- A backend whose sessions' files live in their sandboxes (``workspace_in_sandbox``)
+  pauses only when it keeps a session's workspace beyond its sandbox (``keeps_workspaces``
+  of :class:`~.backends.shared.SharedSandboxes`: kubernetes with a StorageClass); the
+  paused session is then handed on (:attr:`Pausing.hand_on`): the kept workspace is its
+  record, and whichever server gets its next call resumes it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Awaitable, Callable
 
 import structlog
 
@@ -25,6 +31,7 @@ from mcp_code_sandbox.sessions.mounts import MountedWorkspaces
 from mcp_code_sandbox.sessions.overview import files_held
 from mcp_code_sandbox.sessions.sandboxes import Sandboxes
 from mcp_code_sandbox.sessions.session import Paused, Session
+from mcp_code_sandbox.sessions.shared import shared_of
 from mcp_code_sandbox.sessions.table import SessionTable
 from mcp_code_sandbox.sessions.workers import WorkerThreads
 
@@ -47,6 +54,14 @@ class Pausing:
         self.threads = threads
         self.table = table
         self.mounts = mounts
+        registry = shared_of(sandboxes.backend)
+        #: A session's files outlive its stopped sandbox (see the module docstring).
+        self.keeps_files = not sandboxes.backend.workspace_in_sandbox or (
+            registry is not None and registry.keeps_workspaces
+        )
+        #: What a complete pause hands the paused session to (lock held): set by the
+        #: manager when the backend's kept workspaces are the sessions' records.
+        self.hand_on: Callable[[Session], Awaitable[None]] | None = None
 
     async def pause(self, session: Session, *, wait: bool = True) -> None:
         """Pause ``session`` (see :meth:`.sandboxes.Sandboxes.pause`) under its lock: a
@@ -57,7 +72,7 @@ class Pausing:
         if wait:
             await session.lock.acquire()
         try:
-            if not _pausable(session) or self.sandboxes.backend.workspace_in_sandbox:
+            if not _pausable(session) or not self.keeps_files:
                 # Its files live in its sandbox: stopping it would lose them.
                 return
             session.phase = transition(session.phase, Phase.PAUSING)
@@ -81,6 +96,8 @@ class Pausing:
             self.table.save(session, force=True)
             await self.unmount(session)
             log.info("session paused", owner=session.owner, session=session.id, kind=paused.kind)
+            if self.hand_on is not None and session.phase is Phase.PAUSED:
+                await self.hand_on(session)
         finally:
             if wait:
                 session.lock.release()

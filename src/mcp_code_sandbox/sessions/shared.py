@@ -20,16 +20,23 @@ it holds now, and:
   with network (:meth:`.sandboxes.Sandboxes.handout`, behind the egress gate).
 - **At shutdown** every session is let go, running: the other replicas (or this one's
   successor) adopt them at their next call; a rolling restart ends nothing.
-- **A pause** is not possible here: a session's files live in its sandbox
-  (``workspace_in_sandbox``), so stopping the sandbox would lose them
-  (:mod:`.pausing` declines).
+- **A pause** is possible only where the backend keeps a session's workspace beyond its
+  sandbox (``keeps_workspaces``: kubernetes with a StorageClass); else a session's files
+  live in its sandbox, and stopping it would lose them (:mod:`.pausing` declines). A
+  complete pause records how the session was kept on its kept workspace and lets the
+  session go (:meth:`Shared.paused`): from then on the cluster holds it, listed by every
+  server as paused, and the server that gets its next call adopts it as a paused
+  session (:meth:`Shared.adopt`) and resumes it, loading its saved variables. Ending a
+  session deletes its kept workspace (:meth:`Shared.forget`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import structlog
 
@@ -41,8 +48,8 @@ from mcp_code_sandbox.sessions import records
 from mcp_code_sandbox.sessions.egress import EgressProxies
 from mcp_code_sandbox.sessions.ids import session_key
 from mcp_code_sandbox.sessions.lifecycle import Phase, transition
-from mcp_code_sandbox.sessions.recovery import Adopted, adopted_session
-from mcp_code_sandbox.sessions.session import Session
+from mcp_code_sandbox.sessions.recovery import Adopted, Kept, adopted_session, kept_session
+from mcp_code_sandbox.sessions.session import Paused, Session
 from mcp_code_sandbox.sessions.table import SessionTable
 
 __all__ = ["Shared", "shared_of"]
@@ -92,8 +99,8 @@ class Shared:
 
     async def adopt(self, owner: str, session_id: str) -> Session | None:
         """``owner``'s session ``session_id``, adopted from its sandbox wherever it was
-        made, and added to the table; ``None`` when no running sandbox records it (or
-        its agent cannot be reached)."""
+        made, or as a paused session from its kept workspace, and added to the table;
+        ``None`` when neither records it (or its agent cannot be reached)."""
         key = session_key(owner, session_id)
         async with self._adopting:
             held = self._table.get(owner, session_id)
@@ -111,7 +118,14 @@ class Shared:
                 instance=self._instance,
                 created_at=found.created_at if found.created_at is not None else now,
                 last_active=now,
+                paused=_pause_record(found.paused, found.active_at or now),
             )
+            if not found.running:  # paused: its call resumes it
+                paused = kept_session(self._table, Kept(record, None))
+                self._table.add(paused)
+                self._table.save(paused, force=True)
+                self._metrics.handed_over("in")
+                return paused
             sandbox = await self._backend.reattach(found, self._spec_for(record))
             if sandbox is None:
                 return None
@@ -145,16 +159,42 @@ class Shared:
                 instance="",
                 created_at=made,
                 last_active=sandbox.active_at or made,
+                paused=_pause_record(sandbox.paused, sandbox.active_at or made),
             )
             found.append(record)
         return found
+
+    async def paused(self, session: Session) -> None:
+        """Hand on ``session``, just paused (lock held): record how on its kept workspace
+        (a failure costs only that record: its saved variables are loaded all the same),
+        then let it go (see the module docstring)."""
+        if session.paused is not None:
+            try:
+                await self._registry.kept(session.key, session.paused.to_json())
+            except Exception as exc:
+                log.warning("cannot record a pause", session=session.id, error=repr(exc))
+        await self.let_go(session)
+
+    def ending(self, session: Session) -> None:
+        """``session`` ends here: its sandbox's stop deletes its kept workspace."""
+        self._registry.ending(session.key)
+
+    async def forget(self, session: Session) -> str | None:
+        """Delete ``session``'s kept workspace (its end); what could not be, in words."""
+        try:
+            await self._registry.forget(session.key)
+        except Exception as exc:
+            log.warning("cannot delete a kept workspace", session=session.id, error=repr(exc))
+            return f"its kept workspace could not be deleted ({exc})"
+        return None
 
     def handed_on(self, session: Session) -> bool:
         return session.sandbox is not None and self._registry.handed_on(session.sandbox)
 
     async def let_go(self, session: Session) -> None:
         """Forget ``session`` here without ending it: its sandbox runs on for the server
-        that adopts it next. For shutdown, or a session handed on (see the docstring)."""
+        that adopts it next. For shutdown, a session handed on, or one paused into its
+        kept workspace (see the docstring)."""
         self._table.forget(session)
         if session.phase is not Phase.HANDED_ON:
             session.phase = transition(session.phase, Phase.HANDED_ON)
@@ -188,3 +228,15 @@ class Shared:
             await end(session, reason, why)
 
         return end_or_let_go
+
+
+def _pause_record(paused: dict[str, Any] | None, at: float) -> dict[str, Any] | None:
+    """A record's pause from a kept workspace's (``{}``, or one that does not parse: its
+    files and whatever variables its last complete pause saved)."""
+    if paused is None:
+        return None
+    try:
+        # A checkpoint is a host's: nothing a pod's session could have.
+        return dataclasses.replace(Paused.from_json(paused), checkpoint=None).to_json()
+    except (ValueError, TypeError):
+        return Paused("files", at, load=True).to_json()

@@ -13,7 +13,10 @@ connection; the session's next call then finds the sandbox dead and replaces it
 (``state_lost``), never hangs (the socket has keepalives, and the view sees the pod go).
 
 What this backend does not see: a pod's files. Its workspace is an ``emptyDir`` (or a
-PVC) inside the pod, reached through the agent (``workspace_in_sandbox``).
+PVC) inside the pod, reached through the agent (``workspace_in_sandbox``). With a
+StorageClass it is a claim of the pod's own, which outlives the pod and records the
+session while it is paused (``keeps_workspaces``: :mod:`.workspaces`): ``stop`` keeps
+it, ``create`` for a paused session's key starts a pod on it (cold), ``forget`` deletes it.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from mcp_code_sandbox.backends.base import (
 )
 from mcp_code_sandbox.backends.egress_gate import GatedEgress
 from mcp_code_sandbox.backends.kubernetes.channel import open_channel, server_context
-from mcp_code_sandbox.backends.kubernetes.pods import PodView, PodWatch, pod_of
+from mcp_code_sandbox.backends.kubernetes.pods import ClaimView, PodView, PodWatch, pod_of
 from mcp_code_sandbox.backends.kubernetes.pool import PodPool, warm_pod_name
 from mcp_code_sandbox.backends.kubernetes.spec import (
     AGENT_PORT,
@@ -58,7 +61,9 @@ from mcp_code_sandbox.backends.kubernetes.spec import (
     claim_metadata,
     session_pod,
     warm_pod,
+    workspace_claim,
 )
+from mcp_code_sandbox.backends.kubernetes.workspaces import KeptWorkspaces
 from mcp_code_sandbox.backends.shared import SharedSandboxes
 from mcp_code_sandbox.errors import BackendUnavailable, SandboxFailed
 from mcp_code_sandbox.settings import ConfigError as SettingsError
@@ -90,12 +95,17 @@ class Manifests:
     def __init__(
         self,
         warm: Callable[[str], dict[str, Any]],
-        session: Callable[[SandboxSpec, str], dict[str, Any]],
+        session: Callable[..., dict[str, Any]],
         agent_port: int,
+        claim: Callable[[str], dict[str, Any]] | None = None,
     ) -> None:
+        #: A warm pod's (on the claim of its name when ``claim`` is set).
         self.warm = warm
+        #: ``session(spec, name, workspace_claim=None)``: a pod made for a session.
         self.session = session
         self.agent_port = agent_port
+        #: An anonymous workspace claim; ``None``: no StorageClass, no claims.
+        self.claim = claim
 
 
 class PodChannel(Channel):
@@ -128,9 +138,18 @@ class PodChannel(Channel):
 class PodSandbox(Sandbox):
     """A session's pod, as the backend hands it out."""
 
-    def __init__(self, spec: SandboxSpec, channel: Channel, pod: str, watch: PodWatch) -> None:
+    def __init__(
+        self,
+        spec: SandboxSpec,
+        channel: Channel,
+        pod: str,
+        watch: PodWatch,
+        claim: str | None = None,
+    ) -> None:
         super().__init__(spec, channel, pod)
         self._watch = watch
+        #: The claim its workspace is on (``None``: an ``emptyDir``).
+        self.claim = claim
         #: When this server last wrote the pod's activity annotation (``time.time()``).
         self.noted_active = 0.0
 
@@ -172,11 +191,17 @@ class KubernetesBackend(Backend, SharedSandboxes, GatedEgress):
         self._tls = tls
         self._open_channel = open_channel
         self.watch = PodWatch(client, namespace)
+        self.workspaces = (
+            None if manifests.claim is None else KeptWorkspaces(client, namespace, manifests.claim)
+        )
+        self.keeps_workspaces = self.workspaces is not None
         self.pool = PodPool(
             client,
             namespace,
             self.watch,
             manifests.warm,
+            make_claim=manifests.claim,
+            claims=None if self.workspaces is None else self.workspaces.watch,
             size=pool_size,
             instance=instance,
             idle_s=idle_s,
@@ -198,6 +223,8 @@ class KubernetesBackend(Backend, SharedSandboxes, GatedEgress):
 
     async def _begin(self) -> None:
         await self.watch.start()
+        if self.workspaces is not None:
+            await self.workspaces.start()
         self.pool.start()
 
     async def create(self, spec: SandboxSpec, *, mounted: Awaitable[None] | None = None) -> Sandbox:
@@ -205,6 +232,9 @@ class KubernetesBackend(Backend, SharedSandboxes, GatedEgress):
             await mounted  # nothing is mounted for a pod: its workspace lives in it
         await self._start()
         try:
+            kept = self.workspaces.of(spec.key) if self.workspaces is not None else None
+            if kept is not None:  # its workspace is kept: a pod on it
+                return await self._resume(kept, spec)
             view = await self.pool.claim(_claimed(spec))
             if view is None:
                 view = await self._start_cold(spec)
@@ -216,10 +246,36 @@ class KubernetesBackend(Backend, SharedSandboxes, GatedEgress):
             await self._delete(view.name)
             raise
 
-    async def _start_cold(self, spec: SandboxSpec) -> PodView:
+    async def _resume(self, kept: ClaimView, spec: SandboxSpec) -> Sandbox:
+        """A pod for ``spec``'s paused session on its kept claim (:mod:`.workspaces`)."""
+        assert self.workspaces is not None
+        if kept.paused is None:  # a pod runs on it
+            raise SandboxFailed(f"session {spec.session_id} was resumed by another server")
+        await self.workspaces.take(kept, spec.session_id)
+        view: PodView | None = None
+        try:
+            view = await self._start_cold(spec, kept.name, created=kept.session_created)
+            return await self._connect(view, spec)
+        except BaseException:
+            if view is not None:
+                await self._delete(view.name)
+            await stop_step(spec.key, "keep its workspace", self.workspaces.give_back(kept))
+            raise
+
+    async def _start_cold(
+        self, spec: SandboxSpec, claim: str | None = None, *, created: float | None = None
+    ) -> PodView:
+        """A pod made for ``spec``'s session, on ``claim`` (else one of its own when there
+        are claims); ``created``: a resumed session's time of making."""
         name = warm_pod_name()
-        manifest = self._manifests.session(spec, name)
-        manifest["metadata"].setdefault("annotations", {}).update(_claimed(spec)["annotations"])
+        if claim is None and self.workspaces is not None:
+            await self.workspaces.make(name)
+            claim = name
+        manifest = self._manifests.session(spec, name, workspace_claim=claim)
+        annotations = _claimed(spec)["annotations"]
+        if created is not None:
+            annotations[ANNOTATION_CREATED] = _stamp(created)
+        manifest["metadata"].setdefault("annotations", {}).update(annotations)
         pod = await self._client.create(pod_of(manifest, self._namespace))
         self.watch.note(pod)
         try:
@@ -249,7 +305,7 @@ class KubernetesBackend(Backend, SharedSandboxes, GatedEgress):
             return await self._open_channel(ip, port, self._tls, _CONNECT_WAIT_S)
 
         channel = PodChannel(await dial(), dial)
-        sandbox = PodSandbox(spec, channel, name, self.watch)
+        sandbox = PodSandbox(spec, channel, name, self.watch, view.claim)
 
         async def not_ready(message: dict[str, Any] | None, timed_out: bool) -> str:
             what = "said nothing" if timed_out else f"sent {message!r}"[:200]
@@ -264,7 +320,31 @@ class KubernetesBackend(Backend, SharedSandboxes, GatedEgress):
 
     async def stop(self, sandbox: Sandbox) -> None:
         sandbox.channel.close()
-        await stop_step(sandbox.spec.key, "delete its pod", self._delete(sandbox.backend_id))
+        key = sandbox.spec.key
+        claim = sandbox.claim if isinstance(sandbox, PodSandbox) else None
+        if self.workspaces is not None and claim is not None:
+            if key in self.workspaces.ending:  # nothing to keep: deleted after its pod
+                await stop_step(key, "delete its pod", self._delete(sandbox.backend_id))
+                await stop_step(key, "delete its workspace", self.workspaces.delete(claim))
+                return
+            view = self.watch.get(sandbox.backend_id)
+            made, active = (None, None) if view is None else (view.session_created, view.active)
+            keep = self.workspaces.keep(claim, sandbox.spec, made, active)
+            await stop_step(key, "keep its workspace", keep)
+        await stop_step(key, "delete its pod", self._delete(sandbox.backend_id))
+
+    async def kept(self, key: str, paused: dict[str, Any]) -> None:
+        if self.workspaces is not None:
+            await self.workspaces.kept(key, paused)
+
+    def ending(self, key: str) -> None:
+        if self.workspaces is not None:
+            self.workspaces.ending.add(key)
+
+    async def forget(self, key: str) -> None:
+        if self.workspaces is not None:
+            await self._start()
+            await self.workspaces.forget(key)
 
     async def _delete(self, name: str) -> None:
         try:
@@ -298,17 +378,21 @@ class KubernetesBackend(Backend, SharedSandboxes, GatedEgress):
 
     async def find(self, key: str) -> Leftover | None:
         await self._start()
+        paused = await self.workspaces.find(key) if self.workspaces is not None else None
+        if paused is not None:
+            return paused
         for view in self.watch.all():
             if view.pool == CLAIMED and view.key == key and not view.gone and view.ip:
                 return _found(view)
         return None
 
     def sessions(self, owner: str | None) -> list[Leftover]:
+        paused = self.workspaces.paused(owner) if self.workspaces is not None else []
         return [
             _found(view)
             for view in self.watch.all()
             if view.pool == CLAIMED and not view.gone and owner in (None, view.owner)
-        ]
+        ] + paused
 
     def handed_on(self, sandbox: Sandbox) -> bool:
         return sandbox.channel.at_eof() and sandbox.is_alive()
@@ -391,6 +475,8 @@ class KubernetesBackend(Backend, SharedSandboxes, GatedEgress):
     async def aclose(self) -> None:
         await self.pool.aclose()
         await self.watch.aclose()
+        if self.workspaces is not None:
+            await self.workspaces.aclose()
         await self._client.close()
 
 
@@ -442,10 +528,12 @@ def from_settings(settings: Settings) -> KubernetesBackend:
             "`mcp-code-sandbox kubernetes certs --out DIR`"
         )
         raise SettingsError([why]) from None
+    keeps = settings.kubernetes_storage_class is not None
     manifests = Manifests(
-        warm=functools.partial(warm_pod, settings=settings),
+        warm=functools.partial(warm_pod, settings=settings, own_claim=keeps),
         session=functools.partial(session_pod, settings=settings),
         agent_port=AGENT_PORT,
+        claim=functools.partial(workspace_claim, spec=None, settings=settings) if keeps else None,
     )
     return KubernetesBackend(
         client=AsyncClient(config, namespace=settings.kubernetes_namespace),

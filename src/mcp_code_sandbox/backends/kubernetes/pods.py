@@ -17,23 +17,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 from lightkube import ApiError, AsyncClient
 from lightkube.codecs import from_dict
-from lightkube.resources.core_v1 import Pod
+from lightkube.resources.core_v1 import PersistentVolumeClaim, Pod
 
 from mcp_code_sandbox.backends.kubernetes.spec import (
     ANNOTATION_ACTIVE,
     ANNOTATION_CREATED,
     ANNOTATION_OWNER,
+    ANNOTATION_PAUSED,
     ANNOTATION_SESSION,
     COMPONENT_SANDBOX,
+    COMPONENT_WORKSPACE,
     LABEL_COMPONENT,
     LABEL_KEY,
     LABEL_NAME,
@@ -43,9 +46,14 @@ from mcp_code_sandbox.backends.kubernetes.spec import (
 )
 
 __all__ = [
+    "CLAIM_SELECTOR",
     "SELECTOR",
+    "ClaimView",
+    "ClaimWatch",
     "PodView",
     "PodWatch",
+    "claim_of",
+    "claim_view_of",
     "pod_of",
     "view_of",
 ]
@@ -54,6 +62,8 @@ log = logging.getLogger(__name__)
 
 #: Every sandbox pod of this product, whoever made it.
 SELECTOR: dict[str, str | None] = {LABEL_NAME: NAME, LABEL_COMPONENT: COMPONENT_SANDBOX}
+#: Every workspace claim of this product (with ``SANDBOX_KUBERNETES_STORAGE_CLASS``).
+CLAIM_SELECTOR: dict[str, str | None] = {LABEL_NAME: NAME, LABEL_COMPONENT: COMPONENT_WORKSPACE}
 
 #: Between two tries to list and watch again after the API server failed: short, as
 #: claims wait on the view; the client's own timeout bounds each try.
@@ -79,6 +89,8 @@ class PodView:
     #: The session's own times (wall-clock seconds), as its annotations record them.
     session_created: float | None = None
     active: float | None = None
+    #: The PersistentVolumeClaim its workspace is on; ``None``: an ``emptyDir``.
+    claim: str | None = None
 
     @property
     def claimable(self) -> bool:
@@ -115,7 +127,67 @@ def view_of(pod: Pod) -> PodView:
         deleting=meta.deletionTimestamp is not None,
         session_created=_seconds(annotations.get(ANNOTATION_CREATED)),
         active=_seconds(annotations.get(ANNOTATION_ACTIVE)),
+        claim=_claim_name(pod),
     )
+
+
+def _claim_name(pod: Pod) -> str | None:
+    for volume in (pod.spec.volumes or []) if pod.spec is not None else []:
+        if volume.persistentVolumeClaim is not None:
+            return volume.persistentVolumeClaim.claimName
+    return None
+
+
+@dataclass(frozen=True)
+class ClaimView:
+    """What the view knows of one workspace claim: anonymous (a warm pod's, ``key``
+    None), or a session's (labelled by the first stop of its pod; ``paused`` set while
+    no pod runs on it)."""
+
+    name: str
+    resource_version: str
+    key: str | None
+    owner: str | None
+    session_id: str | None
+    created: datetime | None
+    deleting: bool
+    session_created: float | None = None
+    active: float | None = None
+    #: How the session was paused (``sessions.session.Paused`` as JSON, ``{}`` when its
+    #: pod was stopped without a pause's record): present exactly while no pod runs on
+    #: it, so that a resume takes it from there by a conditional update.
+    paused: dict[str, Any] | None = None
+
+
+def claim_view_of(claim: PersistentVolumeClaim) -> ClaimView:
+    meta = claim.metadata
+    assert meta is not None and meta.name is not None
+    labels = meta.labels or {}
+    annotations = meta.annotations or {}
+    return ClaimView(
+        name=meta.name,
+        resource_version=meta.resourceVersion or "",
+        key=labels.get(LABEL_KEY),
+        owner=annotations.get(ANNOTATION_OWNER),
+        session_id=annotations.get(ANNOTATION_SESSION),
+        created=meta.creationTimestamp,
+        deleting=meta.deletionTimestamp is not None,
+        session_created=_seconds(annotations.get(ANNOTATION_CREATED)),
+        active=_seconds(annotations.get(ANNOTATION_ACTIVE)),
+        paused=_paused(annotations.get(ANNOTATION_PAUSED)),
+    )
+
+
+def _paused(text: str | None) -> dict[str, Any] | None:
+    """A claim's pause annotation; ``{}`` when it is there but not a JSON object (the
+    session is paused all the same: its files are kept, what else is unknown)."""
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def _seconds(text: str | None) -> float | None:
@@ -127,13 +199,27 @@ def _seconds(text: str | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
-class PodWatch:
-    """The sandbox pods of one namespace, kept current by a watch (see the module doc)."""
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def resource_version(self) -> str: ...
+
+
+V = TypeVar("V", bound=_Named)
+
+
+class _Watch(Generic[V]):
+    """The objects of one kind and selector in one namespace, kept current by a watch
+    (see the module doc)."""
+
+    _kind: Any
+    _selector: dict[str, str | None]
 
     def __init__(self, client: AsyncClient, namespace: str) -> None:
         self._client = client
         self._namespace = namespace
-        self._pods: dict[str, PodView] = {}
+        self._seen: dict[str, V] = {}
         self._changed = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
         self._synced = asyncio.Event()
@@ -141,7 +227,7 @@ class PodWatch:
     async def start(self) -> None:
         """List once (raising what the API server answers), then watch in the background."""
         version = await self._list()
-        self._task = asyncio.create_task(self._follow(version), name="kubernetes-pod-watch")
+        self._task = asyncio.create_task(self._follow(version), name="kubernetes-watch")
 
     async def aclose(self) -> None:
         if self._task is not None:
@@ -149,47 +235,46 @@ class PodWatch:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
-    def get(self, name: str) -> PodView | None:
-        return self._pods.get(name)
+    def _view(self, obj: Any) -> V:
+        raise NotImplementedError
 
-    def all(self) -> list[PodView]:
-        return list(self._pods.values())
+    def get(self, name: str) -> V | None:
+        return self._seen.get(name)
 
-    def claimable(self) -> list[PodView]:
-        """Warm pods ready to be claimed, the oldest first."""
-        ready = [p for p in self._pods.values() if p.claimable]
-        ready.sort(key=lambda p: (p.created is None, p.created or datetime.min, p.name))
-        return ready
+    def all(self) -> list[V]:
+        return list(self._seen.values())
 
     def forget(self, name: str) -> None:
         """Drop ``name`` from the view now (this replica deleted it)."""
-        self._pods.pop(name, None)
+        self._seen.pop(name, None)
 
-    def note(self, pod: Pod) -> None:
+    def note(self, pod: Any) -> None:
         """Take an object this replica just wrote, ahead of its watch event."""
-        view = view_of(pod)
-        known = self._pods.get(view.name)
+        view = self._view(pod)
+        known = self._seen.get(view.name)
         if known is None or _newer(view.resource_version, known.resource_version):
-            self._pods[view.name] = view
+            self._seen[view.name] = view
 
     async def wait_for(
-        self, name: str, done: Callable[[PodView | None], bool], timeout_s: float
-    ) -> PodView | None:
+        self, name: str, done: Callable[[V | None], bool], timeout_s: float
+    ) -> V | None:
         """The view of ``name`` once ``done`` holds for it (``None``: not there), or
         raise ``TimeoutError`` after ``timeout_s``."""
         async with asyncio.timeout(timeout_s), self._changed:
-            while not done(self._pods.get(name)):
+            while not done(self._seen.get(name)):
                 await self._changed.wait()
-        return self._pods.get(name)
+        return self._seen.get(name)
 
     async def _list(self) -> str:
-        listing = self._client.list(Pod, namespace=self._namespace, labels=dict(SELECTOR))
+        listing = self._client.list(
+            self._kind, namespace=self._namespace, labels=dict(self._selector)
+        )
         pods = {}
         async for pod in listing:
-            view = view_of(pod)
+            view = self._view(pod)
             pods[view.name] = view
         async with self._changed:
-            self._pods = pods
+            self._seen = pods
             self._changed.notify_all()
         self._synced.set()
         return listing.resourceVersion
@@ -198,21 +283,24 @@ class PodWatch:
         while True:
             try:
                 async for kind, pod in self._client.watch(
-                    Pod, namespace=self._namespace, labels=dict(SELECTOR), resource_version=version
+                    self._kind,
+                    namespace=self._namespace,
+                    labels=dict(self._selector),
+                    resource_version=version,
                 ):
-                    view = view_of(pod)
+                    view = self._view(pod)
                     version = view.resource_version or version
                     async with self._changed:
                         if kind == "DELETED":
-                            self._pods.pop(view.name, None)
+                            self._seen.pop(view.name, None)
                         else:
-                            self._pods[view.name] = view
+                            self._seen[view.name] = view
                         self._changed.notify_all()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # 410 Gone, a broken stream, an API server away
                 if not (isinstance(exc, ApiError) and exc.status.code == 410):
-                    log.warning("kubernetes: pod watch broke (%s); listing again", exc)
+                    log.warning("kubernetes: a watch broke (%s); listing again", exc)
                 await asyncio.sleep(_RELIST_PAUSE_S)
             # The watch ended (the server's timeout) or broke: list again, whole, so
             # that what was deleted meanwhile leaves the view too.
@@ -223,8 +311,42 @@ class PodWatch:
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
-                    log.warning("kubernetes: cannot list pods (%s)", exc)
+                    log.warning("kubernetes: cannot list (%s)", exc)
                     await asyncio.sleep(_RELIST_PAUSE_S)
+
+
+class PodWatch(_Watch[PodView]):
+    """The sandbox pods of one namespace (see the module doc)."""
+
+    _kind = Pod
+    _selector = SELECTOR
+
+    def _view(self, obj: Any) -> PodView:
+        return view_of(obj)
+
+    def claimable(self) -> list[PodView]:
+        """Warm pods ready to be claimed, the oldest first."""
+        ready = [p for p in self._seen.values() if p.claimable]
+        ready.sort(key=lambda p: (p.created is None, p.created or datetime.min, p.name))
+        return ready
+
+
+class ClaimWatch(_Watch[ClaimView]):
+    """The workspace claims of one namespace (with a StorageClass): a paused session's
+    record, which every replica lists its sessions from."""
+
+    _kind = PersistentVolumeClaim
+    _selector = CLAIM_SELECTOR
+
+    def _view(self, obj: Any) -> ClaimView:
+        return claim_view_of(obj)
+
+    def of(self, key: str) -> ClaimView | None:
+        """The claim of the session filed under ``key``, if the view has one."""
+        for view in self._seen.values():
+            if view.key == key and not view.deleting:
+                return view
+        return None
 
 
 def _newer(a: str, b: str) -> bool:
@@ -232,6 +354,14 @@ def _newer(a: str, b: str) -> bool:
         return int(a) > int(b)
     except ValueError:
         return a != b
+
+
+def claim_of(manifest: dict[str, Any], namespace: str) -> PersistentVolumeClaim:
+    """The typed claim of ``manifest`` (:func:`.spec.workspace_claim`), in ``namespace``."""
+    claim = from_dict(manifest)
+    assert isinstance(claim, PersistentVolumeClaim) and claim.metadata is not None
+    claim.metadata.namespace = namespace
+    return claim
 
 
 def pod_of(manifest: dict[str, Any], namespace: str) -> Pod:

@@ -16,6 +16,12 @@ authenticated channel, with each run). Semantics:
   expired, so the pool outlives any replica. It also ends sessions' pods past their
   lifetime or idle TTL by their annotations, whichever server served them last. So a
   claim costs at most two writes: the claim and the refill's create.
+- **Workspace claims** (with a StorageClass): each warm pod is made with a claim of its
+  own, of the same name (the claim first, then the pod), so a claim of a pod still
+  writes the pod alone, and a claim costs at most three writes. A pod deleted here
+  takes its claim along; a session's claim without a pod (a paused session) is deleted
+  past the session's lifetime or idle TTL, by its annotations; an anonymous claim whose
+  pod is gone (its maker died between the two creates) after :data:`_ORPHAN_S`.
 """
 
 from __future__ import annotations
@@ -33,10 +39,18 @@ from lightkube import ApiError, AsyncClient
 from lightkube.models.coordination_v1 import LeaseSpec
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.coordination_v1 import Lease
-from lightkube.resources.core_v1 import Pod
+from lightkube.resources.core_v1 import PersistentVolumeClaim, Pod
 from lightkube.types import PatchType
 
-from mcp_code_sandbox.backends.kubernetes.pods import PodView, PodWatch, pod_of, view_of
+from mcp_code_sandbox.backends.kubernetes.pods import (
+    ClaimView,
+    ClaimWatch,
+    PodView,
+    PodWatch,
+    claim_of,
+    pod_of,
+    view_of,
+)
 from mcp_code_sandbox.backends.kubernetes.spec import CLAIMED, WARM
 
 __all__ = ["POOL_LEASE", "PodPool", "warm_pod_name"]
@@ -61,6 +75,10 @@ _MAX_AGE = timedelta(hours=1)
 _IDLE_GRACE_S = 180.0
 #: How often the refiller looks again when no claim woke it.
 _TICK_S = 1.0
+#: How old an anonymous workspace claim with no pod may be before it is deleted: its
+#: pod is created right after it, so only a refiller that died between the two leaves
+#: one; a minute is far beyond that gap and any watch's lag.
+_ORPHAN_S = 60.0
 
 
 def warm_pod_name() -> str:
@@ -78,6 +96,8 @@ class PodPool:
         watch: PodWatch,
         make_warm: Callable[[str], dict[str, Any]],
         *,
+        make_claim: Callable[[str], dict[str, Any]] | None = None,
+        claims: ClaimWatch | None = None,
         size: int,
         instance: str,
         idle_s: float,
@@ -87,6 +107,8 @@ class PodPool:
         self._namespace = namespace
         self._watch = watch
         self._make_warm = make_warm
+        self._make_claim = make_claim
+        self._claims = claims
         self.size = size
         self._instance = instance
         self._idle = timedelta(seconds=idle_s + _IDLE_GRACE_S)
@@ -176,14 +198,14 @@ class PodPool:
             if view.pool != WARM:
                 continue
             if view.gone or (view.created is not None and now - view.created > _MAX_AGE):
-                await self._delete(view.name)
+                await self._delete(view)
             else:
                 alive.append(view)
         surplus = len(alive) - self.size
         if surplus > 0:
             # The newest first: the oldest are the readiest.
             for view in sorted(alive, key=lambda v: v.created or now, reverse=True)[:surplus]:
-                await self._delete(view.name)
+                await self._delete(view)
             return
         missing = min(-surplus, _CREATES_AT_ONCE)
         if missing > 0:
@@ -197,23 +219,56 @@ class PodPool:
         for view in self._watch.all():
             if view.pool != CLAIMED or view.gone:
                 continue
-            made = _when(view.session_created) or view.created
-            active = _when(view.active) or made
-            if (made is not None and now - made > self._lifetime) or (
-                active is not None and now - active > self._idle
-            ):
+            if self._expired(view, now):
                 log.info("kubernetes: ending the idle or expired session of pod %s", view.name)
-                await self._delete(view.name)
+                await self._delete(view)
+        if self._claims is not None:
+            await self._reap_claims(now)
+
+    async def _reap_claims(self, now: datetime) -> None:
+        """Delete the claims no pod runs on that nobody will: a paused session's past
+        its lifetime or idle TTL, an anonymous one left by a refiller that died."""
+        assert self._claims is not None
+        used = {view.claim for view in self._watch.all() if view.claim is not None}
+        for claim in self._claims.all():
+            if claim.deleting or claim.name in used:
+                continue
+            if claim.key is None:
+                if claim.created is not None and (now - claim.created).total_seconds() > _ORPHAN_S:
+                    await self._delete_claim(claim.name)
+            elif self._expired(claim, now):
+                log.info("kubernetes: ending the idle or expired paused session %s", claim.name)
+                await self._delete_claim(claim.name)
+
+    def _expired(self, view: PodView | ClaimView, now: datetime) -> bool:
+        made = _when(view.session_created) or view.created
+        active = _when(view.active) or made
+        return (made is not None and now - made > self._lifetime) or (
+            active is not None and now - active > self._idle
+        )
 
     async def _create(self) -> None:
-        manifest = self._make_warm(warm_pod_name())
-        pod = await self._client.create(pod_of(manifest, self._namespace))
+        name = warm_pod_name()
+        if self._make_claim is not None:  # its workspace's claim first: the pod mounts it
+            claim = await self._client.create(claim_of(self._make_claim(name), self._namespace))
+            if self._claims is not None:
+                self._claims.note(claim)
+        pod = await self._client.create(pod_of(self._make_warm(name), self._namespace))
         self._watch.note(pod)
 
-    async def _delete(self, name: str) -> None:
+    async def _delete(self, view: PodView) -> None:
+        """Delete a pod and the claim its workspace is on, if any."""
         with contextlib.suppress(ApiError):
-            await self._client.delete(Pod, name, namespace=self._namespace, grace_period=0)
-        self._watch.forget(name)
+            await self._client.delete(Pod, view.name, namespace=self._namespace, grace_period=0)
+        self._watch.forget(view.name)
+        if view.claim is not None:
+            await self._delete_claim(view.claim)
+
+    async def _delete_claim(self, name: str) -> None:
+        with contextlib.suppress(ApiError):
+            await self._client.delete(PersistentVolumeClaim, name, namespace=self._namespace)
+        if self._claims is not None:
+            self._claims.forget(name)
 
     async def _hold_lease(self) -> bool:
         """Take or renew the pool's Lease; whether this replica holds it now."""

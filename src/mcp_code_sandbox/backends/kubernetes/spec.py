@@ -1,12 +1,13 @@
 """The kubernetes backend's pure half: the objects it asks the API server for, as dicts.
 
 :func:`warm_pod` and :func:`session_pod` build a sandbox pod's manifest (from the same
-sandbox image as the docker backend), :func:`workspace_claim` the volume a paused
-session's workspace is kept on, :func:`sandbox_network_policy` the policy that walls
-every sandbox pod in, and :func:`sandbox_egress_policy` the one door a pod with network
-gets: the server pods' egress gate. Nothing here talks to a cluster or imports its client, so all of
-it is unit-tested against the Kubernetes schemas without one (STYLE.md rule 4), and
-``deploy/kubernetes/`` holds the same policy as YAML.
+sandbox image as the docker backend), :func:`workspace_claim` the volume a session's
+workspace is kept on through pauses (with a StorageClass), :func:`sandbox_network_policy`
+the policy that walls every sandbox pod in, and :func:`sandbox_egress_policy` the one
+door a pod with network gets: the server pods' egress gate. Nothing here talks to a
+cluster or imports its client, so all of it is unit-tested against the Kubernetes
+schemas without one (STYLE.md rule 4), and ``deploy/kubernetes/`` holds the same policy
+as YAML.
 
 Hardening of every sandbox pod, each the pod's own (none needs a cluster policy):
 non-root uid (the session's own when it has one), read-only root, every capability
@@ -46,6 +47,7 @@ __all__ = [
     "ANNOTATION_ACTIVE",
     "ANNOTATION_CREATED",
     "ANNOTATION_OWNER",
+    "ANNOTATION_PAUSED",
     "ANNOTATION_SESSION",
     "CA_CONFIGMAP",
     "CA_DIR",
@@ -94,6 +96,9 @@ ANNOTATION_SESSION = "mcp-code-sandbox/session-id"
 #: (the session's registry entry for its lifetime and idle TTL, read by every replica).
 ANNOTATION_CREATED = "mcp-code-sandbox/created"
 ANNOTATION_ACTIVE = "mcp-code-sandbox/active"
+#: On a session's workspace claim while no pod runs on it: how the session was paused
+#: (JSON, written by the server that paused it).
+ANNOTATION_PAUSED = "mcp-code-sandbox/paused"
 COMPONENT_SANDBOX = "sandbox"
 #: The server's pods (deploy/kubernetes/): the only ones the agents accept traffic from.
 COMPONENT_SERVER = "server"
@@ -164,12 +169,14 @@ def claim_metadata(spec: SandboxSpec) -> dict[str, dict[str, str]]:
     }
 
 
-def warm_pod(name: str, settings: Settings) -> dict[str, Any]:
+def warm_pod(name: str, settings: Settings, *, own_claim: bool = False) -> dict[str, Any]:
     """An anonymous pod for the warm pool: the image's sandbox uid, an ``emptyDir``
-    workspace, the settings' preload; no session's name, owner or env in it."""
+    workspace (``own_claim``: the claim of the same name, :func:`workspace_claim`), the
+    settings' preload; no session's name, owner or env in it."""
     metadata = {"labels": pod_labels(None)}
+    claim = name if own_claim else None
     return _pod(
-        name, settings, metadata, uid=SANDBOX_UID, preload=tuple(settings.preload), claim=None
+        name, settings, metadata, uid=SANDBOX_UID, preload=tuple(settings.preload), claim=claim
     )
 
 
@@ -341,16 +348,20 @@ def _volumes(limits: Limits, settings: Settings, claim: str | None) -> list[dict
     ]
 
 
-def workspace_claim(name: str, spec: SandboxSpec, settings: Settings) -> dict[str, Any]:
-    """The PersistentVolumeClaim a paused session's workspace is kept on: the quota's
-    size, of ``SANDBOX_KUBERNETES_STORAGE_CLASS`` (``ValueError`` when unset: without a
-    class nothing is paused), one node at a time."""
+def workspace_claim(name: str, spec: SandboxSpec | None, settings: Settings) -> dict[str, Any]:
+    """The PersistentVolumeClaim a session's workspace is kept on, through pauses: the
+    quota's size, of ``SANDBOX_KUBERNETES_STORAGE_CLASS`` (``ValueError`` when unset:
+    without a class nothing is paused), one node at a time. ``spec`` None: an anonymous
+    one, for a warm pod (the session's labels reach it when its pod first stops)."""
     storage_class = settings.kubernetes_storage_class
     if storage_class is None:
         raise ValueError("no StorageClass is set: sessions on Kubernetes are not paused")
-    metadata = claim_metadata(spec)
+    if spec is None:
+        metadata: dict[str, dict[str, str]] = {"labels": {LABEL_NAME: NAME}, "annotations": {}}
+    else:
+        metadata = claim_metadata(spec)
     labels = {**metadata["labels"], LABEL_COMPONENT: COMPONENT_WORKSPACE}
-    del labels[LABEL_POOL]
+    labels.pop(LABEL_POOL, None)
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
