@@ -577,7 +577,9 @@ def load_settings(
 
 #: ``SANDBOX_*`` names that are no setting but not a mistake either: the test suite's
 #: own switches, which CI exports for the whole run (servers under test inherit them).
-_NOT_SETTINGS = frozenset({"SANDBOX_REQUIRE_DOCKER", "SANDBOX_TEST_RUNTIME_PYTHON"})
+_NOT_SETTINGS = frozenset(
+    {"SANDBOX_REQUIRE_DOCKER", "SANDBOX_TEST_RUNTIME_PYTHON", "SANDBOX_K8S_E2E"}
+)
 
 
 #: Settings that were removed, with what became of each: a user who still sets one is

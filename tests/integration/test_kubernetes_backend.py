@@ -210,3 +210,19 @@ async def test_the_pool_deletes_expired_paused_workspaces_and_orphans_not_warm_o
         assert await backend.find("alice-idle") is None
     finally:
         await backend.aclose()
+
+
+async def test_a_burst_of_claims_on_one_replica_patches_each_pod_once(cluster: Cluster) -> None:
+    backend = cluster.backend(pool_size=8, instance="replica-a")
+    try:
+        await backend.check_ready()
+        await filled(backend, 8)
+        before = cluster.api.counts[("patch", "pods")]
+        made = await asyncio.gather(*(backend.create(cluster.spec(f"b{i}")) for i in range(8)))
+        assert len({s.backend_id for s in made}) == 8
+        # One claim write per session: no claim lost a race to another of its replica's.
+        assert cluster.api.counts[("patch", "pods")] - before == 8
+        for sandbox in made:
+            await backend.stop(sandbox)
+    finally:
+        await backend.aclose()

@@ -69,6 +69,7 @@ def test_a_mistyped_variable_is_warned_with_the_closest_name() -> None:
     ]
     assert unknown_variables({"SANDBOX_ZZZ": "1"}) == ["unknown setting SANDBOX_ZZZ is ignored"]
     assert unknown_variables({"SANDBOX_REQUIRE_DOCKER": "1"}) == []  # the test suite's own
+    assert unknown_variables({"SANDBOX_K8S_E2E": "1"}) == []
 
 
 def test_setup_writes_the_apparmor_profile_unless_told_not_to() -> None:

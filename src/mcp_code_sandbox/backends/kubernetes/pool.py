@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import secrets
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -117,6 +118,8 @@ class PodPool:
         self.leading = False
         #: Claims that lost their race (409): for the metrics and the bench.
         self.conflicts = 0
+        #: Pods a claim of this replica is patching now.
+        self._trying: set[str] = set()
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._refill_loop(), name="kubernetes-pool")
@@ -141,8 +144,17 @@ class PodPool:
         """Make a ready warm pod a session's, by one conditional update writing
         ``metadata`` (its labels and annotations: ``spec.claim_metadata``); ``None`` when
         none is left (the caller starts one cold). Raises the API server's other errors."""
-        for view in self._watch.claimable():
+        # In random order, and never a pod another claim of this replica is trying: a
+        # burst of claims that all tried the oldest pod first would lose to each other
+        # once per pod claimed before them (a conflict each, quadratic in the burst).
+        names = [v.name for v in self._watch.claimable()]
+        random.shuffle(names)
+        for name in names:
+            view = self._watch.get(name)  # as of now: another claim may have taken it
+            if view is None or not view.claimable or name in self._trying:
+                continue
             patch = {"metadata": {"resourceVersion": view.resource_version, **metadata}}
+            self._trying.add(view.name)
             try:
                 pod = await self._client.patch(
                     Pod, view.name, patch, namespace=self._namespace, patch_type=PatchType.MERGE
@@ -152,6 +164,8 @@ class PodPool:
                     self.conflicts += 1
                     continue
                 raise
+            finally:
+                self._trying.discard(view.name)
             self._watch.note(pod)
             self._wake.set()
             return view_of(pod)
