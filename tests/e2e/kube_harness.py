@@ -26,7 +26,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, Self
 
 import anyio
 import httpx
@@ -248,7 +248,12 @@ class Server:
                 self.proc.kill()
                 self.proc.wait()
 
-    def __enter__(self) -> Server:
+    def kill(self) -> None:
+        """SIGKILL: no clean-up at all, as a node's failure or an OOM kill."""
+        self.proc.kill()
+        self.proc.wait(timeout=STOP_WAIT_S)
+
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

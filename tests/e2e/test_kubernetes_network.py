@@ -16,25 +16,16 @@ from __future__ import annotations
 
 import contextlib
 import http.server
-import os
 import random
-import subprocess
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from mcp import Client
 
-from mcp_code_sandbox.backends.kubernetes.certs import write_certs
-from mcp_code_sandbox.backends.kubernetes.spec import CA_CONFIGMAP, CA_KEY
-from tests.kube_api import KubeApi, in_thread
-from tests.kubelet import Kubelet
-
-from .conftest import free_port, http_server_argv, server_env
+from .kube_harness import FakeCluster, Server, fake_cluster, scratch_dir
 from .tenants import client_as, structured
 
 pytestmark = pytest.mark.timeout(300)
@@ -79,52 +70,12 @@ class Echo(http.server.BaseHTTPRequestHandler):
         pass
 
 
-class Server:
-    """One replica: its process, base URL and "pod IP"."""
+class Replica(Server):
+    """A replica and the "pod IP" its egress gate listens on."""
 
-    def __init__(self, root: Path, name: str, kubeconfig: Path, resolve: str, pod_ip: str) -> None:
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.log_path = root / f"{name}.log"
+    def __init__(self, state: Path, name: str, env: dict[str, str], pod_ip: str) -> None:
         self.pod_ip = pod_ip
-        env = server_env(
-            root / name / "state",
-            root / name / "runtime",
-            SANDBOX_BACKEND="kubernetes",
-            SANDBOX_KUBERNETES_NAMESPACE=NAMESPACE,
-            SANDBOX_KUBERNETES_AGENT_TLS_DIR=str(root / "certs"),
-            SANDBOX_KUBERNETES_POD_IP=self.pod_ip,
-            SANDBOX_POOL_SIZE="1",
-            SANDBOX_PRELOAD="",
-            SANDBOX_API_TOKENS=f"alice:{ALICE}",
-            SANDBOX_ALLOW_NETWORK="true",
-            SANDBOX_NETWORK_ALLOW="allowed.test,127.0.0.1/32",
-            SANDBOX_NETWORK_RESOLVE=resolve,
-            KUBECONFIG=str(kubeconfig),
-            PYTHONPATH=os.environ.get("PYTHONPATH", ""),
-        )
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                http_server_argv(self.port), env=env, stdout=subprocess.DEVNULL, stderr=log
-            )
-        deadline = time.monotonic() + 60
-        while True:
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(f"{self.base}/healthz", timeout=1).status_code == 200:
-                    return
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.proc.kill()
-                self.proc.wait()
-                raise RuntimeError(f"server {name} did not start: {self.log()[-3000:]}")
-            time.sleep(0.1)
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=60)
+        super().__init__(state, name, {**env, "SANDBOX_KUBERNETES_POD_IP": pod_ip})
 
 
 @pytest.fixture
@@ -140,37 +91,30 @@ def upstream() -> Iterator[int]:
 
 
 @pytest.fixture
-def servers(tmp_path: Path) -> Iterator[tuple[Server, Server, KubeApi]]:
-    files = write_certs(tmp_path / "certs")
-    resolve = "allowed.test=127.0.0.1,blocked.test=127.0.0.1"
-    with in_thread(KubeApi()) as api, in_thread(Kubelet(api.url, NAMESPACE)):
-        kubeconfig = api.kubeconfig(tmp_path / "kubeconfig", NAMESPACE)
-        httpx.post(f"{api.url}/api/v1/namespaces", json={
-            "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE},
-        }).raise_for_status()  # fmt: skip
-        httpx.post(f"{api.url}/api/v1/namespaces/{NAMESPACE}/configmaps", json={
-            "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": CA_CONFIGMAP},
-            "data": {CA_KEY: files.ca_cert.read_text()},
-        }).raise_for_status()  # fmt: skip
-        started: list[Server] = []
+def servers() -> Iterator[tuple[Replica, Replica, FakeCluster]]:
+    with fake_cluster(NAMESPACE) as cluster, scratch_dir() as state:
+        env = {
+            **cluster.server_env(),
+            "SANDBOX_POOL_SIZE": "1",
+            "SANDBOX_API_TOKENS": f"alice:{ALICE}",
+            "SANDBOX_ALLOW_NETWORK": "true",
+            "SANDBOX_NETWORK_ALLOW": "allowed.test,127.0.0.1/32",
+            "SANDBOX_NETWORK_RESOLVE": "allowed.test=127.0.0.1,blocked.test=127.0.0.1",
+        }
         # Each its own, not 127.0.0.1 (the port is fixed; 127.0.0.0/24 is never a pod's).
         pod_ips = [f"127.0.0.{x}" for x in random.sample(range(2, 255), 2)]
-        try:
-            for name, pod_ip in zip(("a", "b"), pod_ips, strict=True):
-                started.append(Server(tmp_path, name, kubeconfig, resolve, pod_ip))
-            yield started[0], started[1], api
-        finally:
-            for server in started:
-                with contextlib.suppress(Exception):
-                    server.stop()
+        with contextlib.ExitStack() as stack:
+            a = stack.enter_context(Replica(state, "a", env, pod_ips[0]))
+            b = stack.enter_context(Replica(state, "b", env, pod_ips[1]))
+            yield a, b, cluster
 
 
 async def run(client: Client, code: str, **args: Any) -> dict[str, Any]:
     return structured(await client.call_tool("run_code", {"code": code, **args}))
 
 
-def pod_labels(api: KubeApi) -> list[dict[str, str]]:
-    pods = httpx.get(f"{api.url}/api/v1/namespaces/{NAMESPACE}/pods").json()["items"]
+def pod_labels(cluster: FakeCluster) -> list[dict[str, str]]:
+    pods = cluster.list()
     return [
         p["metadata"].get("labels", {})
         for p in pods
@@ -179,9 +123,9 @@ def pod_labels(api: KubeApi) -> list[dict[str, str]]:
 
 
 async def test_a_run_with_network_goes_through_its_proxy_on_the_servers_pod(
-    servers: tuple[Server, Server, KubeApi], upstream: int
+    servers: tuple[Replica, Replica, FakeCluster], upstream: int
 ) -> None:
-    a, _, api = servers
+    a, _, cluster = servers
     async with client_as(a.base, ALICE) as client:
         await run(client, FETCH + BARE, session_id="net")  # no network yet
         out = await run(
@@ -205,13 +149,13 @@ async def test_a_run_with_network_goes_through_its_proxy_on_the_servers_pod(
         assert out["result"] == f"'{a.pod_ip}:3128'"  # the server's pod, not the bridge
         out = await run(client, f"bare('allowed.test:{upstream}')", session_id="net", network=True)
         assert out["result"] == "'HTTP/1.1 407 Proxy Authentication Required'"
-    assert [labels.get("mcp-code-sandbox/network") for labels in pod_labels(api)] == ["on"]
+    assert [labels.get("mcp-code-sandbox/network") for labels in pod_labels(cluster)] == ["on"]
 
 
 async def test_a_run_without_network_has_no_proxy(
-    servers: tuple[Server, Server, KubeApi],
+    servers: tuple[Replica, Replica, FakeCluster],
 ) -> None:
-    a, _, api = servers
+    a, _, cluster = servers
     async with client_as(a.base, ALICE) as client:
         out = await run(
             client,
@@ -219,11 +163,11 @@ async def test_a_run_without_network_has_no_proxy(
             session_id="quiet",
         )
     assert out["result"] == "[]"
-    assert [labels.get("mcp-code-sandbox/network") for labels in pod_labels(api)] == [None]
+    assert [labels.get("mcp-code-sandbox/network") for labels in pod_labels(cluster)] == [None]
 
 
 async def test_an_adopted_session_gets_its_proxy_on_the_other_replica(
-    servers: tuple[Server, Server, KubeApi], upstream: int
+    servers: tuple[Replica, Replica, FakeCluster], upstream: int
 ) -> None:
     a, b, _ = servers
     url = f"http://allowed.test:{upstream}/"

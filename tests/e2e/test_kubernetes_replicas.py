@@ -12,120 +12,45 @@ SIGKILL loses no session.
 from __future__ import annotations
 
 import contextlib
-import os
-import subprocess
-import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from mcp import Client
 
-from mcp_code_sandbox.backends.kubernetes.certs import write_certs
-from mcp_code_sandbox.backends.kubernetes.spec import CA_CONFIGMAP, CA_KEY
-from tests.kube_api import KubeApi, in_thread
-from tests.kubelet import Kubelet
-
-from .conftest import free_port, http_server_argv, server_env
+from .kube_harness import ALICE, BOB, TOKENS, FakeCluster, Server, fake_cluster, scratch_dir
 from .tenants import client_as, structured
 
 pytestmark = pytest.mark.timeout(300)
 
-ALICE = "alice-0123456789abcdef0"
-BOB = "bob-0123456789abcdef0123"
-TOKENS = f"alice:{ALICE},bob:{BOB}"
-NAMESPACE = "sandboxes"
-
-
-class Server:
-    """One replica's process and base URL."""
-
-    def __init__(self, root: Path, name: str, kubeconfig: Path, certs: Path) -> None:
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.log_path = root / f"{name}.log"
-        env = server_env(
-            root / name / "state",
-            root / name / "runtime",
-            SANDBOX_BACKEND="kubernetes",
-            SANDBOX_KUBERNETES_NAMESPACE=NAMESPACE,
-            SANDBOX_KUBERNETES_AGENT_TLS_DIR=str(certs),
-            SANDBOX_POOL_SIZE="2",
-            SANDBOX_PRELOAD="",
-            SANDBOX_API_TOKENS=TOKENS,
-            KUBECONFIG=str(kubeconfig),
-            PYTHONPATH=os.environ.get("PYTHONPATH", ""),
-        )
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                http_server_argv(self.port), env=env, stdout=subprocess.DEVNULL, stderr=log
-            )
-        deadline = time.monotonic() + 60
-        while True:
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(f"{self.base}/healthz", timeout=1).status_code == 200:
-                    return
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.proc.kill()
-                self.proc.wait()
-                raise RuntimeError(f"server {name} did not start: {self.log()[-3000:]}")
-            time.sleep(0.1)
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=60)
-
-    def kill(self) -> None:
-        self.proc.kill()
-        self.proc.wait(timeout=30)
-
 
 @pytest.fixture
-def servers(tmp_path: Path) -> Iterator[tuple[Server, Server, KubeApi]]:
-    files = write_certs(tmp_path / "certs")
-    with in_thread(KubeApi()) as api, in_thread(Kubelet(api.url, NAMESPACE)):
-        kubeconfig = api.kubeconfig(tmp_path / "kubeconfig", NAMESPACE)
-        httpx.post(f"{api.url}/api/v1/namespaces", json={
-            "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE},
-        }).raise_for_status()  # fmt: skip
-        httpx.post(f"{api.url}/api/v1/namespaces/{NAMESPACE}/configmaps", json={
-            "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": CA_CONFIGMAP},
-            "data": {CA_KEY: files.ca_cert.read_text()},
-        }).raise_for_status()  # fmt: skip
-        started: list[Server] = []
-        try:
-            for name in ("a", "b"):
-                started.append(Server(tmp_path, name, kubeconfig, tmp_path / "certs"))
-            yield started[0], started[1], api
-        finally:
-            for server in started:
-                with contextlib.suppress(Exception):
-                    server.stop()
+def servers() -> Iterator[tuple[Server, Server, FakeCluster]]:
+    """Two replicas, each with a state directory of its own, on one fake cluster."""
+    with fake_cluster() as cluster, scratch_dir() as state:
+        env = {**cluster.server_env(), "SANDBOX_API_TOKENS": TOKENS, "SANDBOX_POOL_SIZE": "2"}
+        with contextlib.ExitStack() as stack:
+            a = stack.enter_context(Server(state, "a", env))
+            b = stack.enter_context(Server(state, "b", env))
+            yield a, b, cluster
 
 
 async def run(client: Client, code: str, **args: Any) -> dict[str, Any]:
     return structured(await client.call_tool("run_code", {"code": code, **args}))
 
 
-def claimed_pods(api: KubeApi) -> list[str]:
-    pods = httpx.get(f"{api.url}/api/v1/namespaces/{NAMESPACE}/pods").json()["items"]
+def claimed_pods(cluster: FakeCluster) -> list[str]:
     return [
         p["metadata"]["name"]
-        for p in pods
+        for p in cluster.list()
         if p["metadata"].get("labels", {}).get("mcp-code-sandbox/pool") == "claimed"
     ]
 
 
 async def test_either_replica_serves_one_session_in_order(
-    servers: tuple[Server, Server, KubeApi],
+    servers: tuple[Server, Server, FakeCluster],
 ) -> None:
-    a, b, api = servers
+    a, b, cluster = servers
     async with client_as(a.base, ALICE) as via_a, client_as(b.base, ALICE) as via_b:
         first = await run(via_a, "calls = []", session_id="conv")
         assert first["session_created"]
@@ -135,11 +60,11 @@ async def test_either_replica_serves_one_session_in_order(
             )
             assert out["result"] == str(i + 1) and not out.get("state_lost")
         assert (await run(via_b, "calls == list(range(50))", session_id="conv"))["result"] == "True"
-    assert len(claimed_pods(api)) == 1
+    assert len(claimed_pods(cluster)) == 1
 
 
 async def test_another_owner_sees_nothing_through_either(
-    servers: tuple[Server, Server, KubeApi],
+    servers: tuple[Server, Server, FakeCluster],
 ) -> None:
     a, b, _ = servers
     async with client_as(a.base, ALICE) as alice, client_as(b.base, BOB) as bob_b:
@@ -156,7 +81,7 @@ async def test_another_owner_sees_nothing_through_either(
 
 
 async def test_a_replica_killed_loses_no_session(
-    servers: tuple[Server, Server, KubeApi],
+    servers: tuple[Server, Server, FakeCluster],
 ) -> None:
     a, b, _ = servers
     async with client_as(a.base, ALICE) as via_a:

@@ -306,6 +306,9 @@ class KubernetesBackend(Backend, SharedSandboxes, GatedEgress):
 
         channel = PodChannel(await dial(), dial)
         sandbox = PodSandbox(spec, channel, name, self.watch, view.claim)
+        # As the pod records it: a claim wrote it just now, so the first call writes no
+        # annotation of its own (a claim stays within its writes).
+        sandbox.noted_active = view.active or 0.0
 
         async def not_ready(message: dict[str, Any] | None, timed_out: bool) -> str:
             what = "said nothing" if timed_out else f"sent {message!r}"[:200]
