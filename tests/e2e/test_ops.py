@@ -54,8 +54,12 @@ def test_healthz_and_readyz_when_ready(make_settings: Callable[..., Settings]) -
         assert ready.json() == {
             "status": "ready",
             "backend": "bwrap",
-            "pool": {"size": 0, "ready": 0, "starting": 0, "preload": []},
-        }
+            "pool": {
+                "size": 0, "ready": 0, "starting": 0, "preload": [],
+                # The pool follows demand between its floor and ceiling (both 0: off).
+                "floor": 0, "ceiling": 0, "trend": "resting", "decision": None,
+            },
+        }  # fmt: skip
 
 
 async def test_not_ready_without_the_runtime_env(
