@@ -19,6 +19,7 @@ Every failure (refused, reset, timed out, the handshake, a wrong ``ready``) is
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 from pathlib import Path
 from typing import Any
@@ -89,6 +90,7 @@ async def _connect(
     do that for a connection they opened, so the protocol is wired here)."""
     loop = asyncio.get_running_loop()
     raw, _ = await loop.create_connection(asyncio.Protocol, host, port)
+    _keep_alive(raw.get_extra_info("socket"))
     reader = asyncio.StreamReader()
     protocol = asyncio.StreamReaderProtocol(reader)
     try:
@@ -101,6 +103,23 @@ async def _connect(
     # reader learns its transport here, which its flow control (pause at its limit) needs.
     protocol.connection_made(transport)
     return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
+
+
+#: TCP keepalive on the channel: a pod whose node vanished sends no FIN, and a channel
+#: waiting on it would wait until the run's deadline. Probes after a minute idle, every
+#: ten seconds, three lost: a dead peer is noticed within about ninety seconds.
+_KEEPALIVE_IDLE_S = 60
+_KEEPALIVE_INTERVAL_S = 10
+_KEEPALIVE_PROBES = 3
+
+
+def _keep_alive(sock: socket.socket | None) -> None:
+    if sock is None:
+        return
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, _KEEPALIVE_IDLE_S)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, _KEEPALIVE_INTERVAL_S)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, _KEEPALIVE_PROBES)
 
 
 class _ReadyChannel(Channel):
