@@ -176,6 +176,16 @@ def loadavg() -> str:
     return "?"
 
 
+def report(rows: list[Row], facts: dict[str, str], json_path: Path | None) -> None:
+    """A bench's end: its samples to ``json_path`` first (they survive a failure to
+    print), then the machine's facts with the load now, and the table."""
+    if json_path is not None:
+        json_path.write_text(json.dumps([r.__dict__ for r in rows], indent=1))
+    print("\n".join(f"- {k}: {v}" for k, v in facts.items()))
+    print(f"- loadavg (1/5/15 min) at the end: {loadavg()}\n")
+    print(markdown_table(rows))
+
+
 def machine_facts(backends: list[str], image: str) -> dict[str, str]:
     runtime_python = RUNTIME_DIR / "venv" / "bin" / "python"
     facts = {

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import shutil
 import statistics
 import sys
@@ -40,7 +39,7 @@ from typing import Any
 
 from mcp import Client, StdioServerParameters
 
-from bench import PROTOCOL, Row, log, machine_facts, make_state_dir, markdown_table, server_env
+from bench import PROTOCOL, Row, log, machine_facts, make_state_dir, report, server_env
 
 DOCKER_WAVE = 10
 BWRAP_WAVE = 20
@@ -201,12 +200,7 @@ def main() -> int:
         rows += asyncio.run(docker_side_by_side(args))
     if "bwrap" in backends:
         rows += asyncio.run(bwrap_burst(args))
-    if args.json:  # first: the samples survive a failure to print
-        args.json.write_text(json.dumps([r.__dict__ for r in rows], indent=1))
-    end = machine_facts(backends, args.image)["loadavg (1/5/15 min) at start"]
-    print("\n".join(f"- {k}: {v}" for k, v in facts.items()))
-    print(f"- loadavg (1/5/15 min) at the end: {end}\n")
-    print(markdown_table(rows))
+    report(rows, facts, args.json)
     return 0
 
 

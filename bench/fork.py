@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import shutil
 import sys
@@ -45,7 +44,7 @@ from bench import (
     log,
     machine_facts,
     make_state_dir,
-    markdown_table,
+    report,
     server_env,
 )
 
@@ -133,12 +132,7 @@ def main() -> int:
     rows: list[Row] = []
     for backend in backends:
         rows += asyncio.run(measure(backend, args))
-    if args.json:
-        args.json.write_text(json.dumps([r.__dict__ for r in rows], indent=1))
-    facts_end = machine_facts(backends, args.image)
-    print("\n".join(f"- {k}: {v}" for k, v in facts.items()))
-    print(f"- loadavg (1/5/15 min) at the end: {facts_end['loadavg (1/5/15 min) at start']}\n")
-    print(markdown_table(rows))
+    report(rows, facts, args.json)
     return 0
 
 

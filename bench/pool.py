@@ -51,9 +51,9 @@ from bench import (
     log,
     machine_facts,
     make_state_dir,
-    markdown_table,
     our_containers,
     pss_kib,
+    report,
     server_env,
 )
 
@@ -220,12 +220,7 @@ def main() -> int:
     rows: list[Row] = []
     for backend in backends:
         rows += asyncio.run(measure(backend, args))
-    if args.json:  # first: the samples survive a failure to print
-        args.json.write_text(json.dumps([r.__dict__ for r in rows], indent=1))
-    facts_end = machine_facts(backends, args.image)
-    print("\n".join(f"- {k}: {v}" for k, v in facts.items()))
-    print(f"- loadavg (1/5/15 min) at the end: {facts_end['loadavg (1/5/15 min) at start']}\n")
-    print(markdown_table(rows))
+    report(rows, facts, args.json)
     return 0
 
 

@@ -55,7 +55,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
-from bench import PROTOCOL, log, machine_facts, make_state_dir, server_env
+from bench import PROTOCOL, loadavg, log, machine_facts, make_state_dir, server_env
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # after bench.py: tests/ too
 from tests.procs import remove_containers_of
@@ -420,12 +420,12 @@ def main() -> int:
         replicas.close()
         if not args.keep:
             shutil.rmtree(state_dir, ignore_errors=True)
-    facts_end = machine_facts(["docker"], args.image)
+    load_end = loadavg()
     if args.json:
         data = {k: asdict(v) if isinstance(v, Phase) else v for k, v in found.items()}
         args.json.write_text(json.dumps(data | {"facts": facts}, indent=1))
     print("\n".join(f"- {k}: {v}" for k, v in facts.items()))
-    print(f"- loadavg (1/5/15 min) at the end: {facts_end['loadavg (1/5/15 min) at start']}")
+    print(f"- loadavg (1/5/15 min) at the end: {load_end}")
     print(f"- {args.clients} sessions started at once (the untimed first calls): "
           f"{found['started_s']:.1f} s\n")  # fmt: skip
     print(table(found["one"], found["two"], found["same"], found["alt"], found["dead"],
