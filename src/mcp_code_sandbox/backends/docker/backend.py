@@ -85,6 +85,7 @@ from mcp_code_sandbox.backends.checkpoints import Checkpoint, Checkpoints
 from mcp_code_sandbox.backends.docker.derived import sandbox_image
 from mcp_code_sandbox.backends.docker.engine import (
     Engine,
+    checkpoint_copy_left,
     create_container,
     engine_ready,
     instance_alive,
@@ -140,6 +141,13 @@ CHECKPOINT_NAME = "mcs-pause"
 #: (``agent.hostlink``), and a checkpoint taken in the middle of a connect attempt fails
 #: (a host socket is open).
 _CHECKPOINT_TRIES = 3
+#: How long a restore waits for containerd to drop its own copy of the checkpoint
+#: (:func:`.engine.checkpoint_copy_left`). containerd spaces its garbage collections
+#: by fifty times their average length (its 2% pause threshold), and a collection on a
+#: busy engine with many images takes tens of milliseconds: seconds between them.
+_CHECKPOINT_COPY_WAIT_S = 20.0
+#: The longest pause between two tries in that wait.
+_CHECKPOINT_COPY_RETRY_S = 1.0
 
 
 class DockerBackend(Backend, RunnerImages, Checkpoints):
@@ -412,7 +420,7 @@ class DockerBackend(Backend, RunnerImages, Checkpoints):
             raise SandboxFailed("the paused sandbox's run dir is gone")
 
         async def start() -> None:
-            await self.engine.call(_start_from_checkpoint, client.api, checkpoint.backend_id)
+            await self._start_from_checkpoint(client.api, checkpoint.backend_id)
 
         try:
             sandbox = await self._take_back(container, run_dir, spec, READY_TIMEOUT_S, start)
@@ -424,6 +432,21 @@ class DockerBackend(Backend, RunnerImages, Checkpoints):
         await self.engine.call_unless_gone(_delete_checkpoint, client.api, checkpoint.backend_id)
         return sandbox
 
+    async def _start_from_checkpoint(self, api: Any, container_id: str) -> None:
+        """Start ``container_id`` from its checkpoint, waiting out containerd's copy of it
+        (:data:`_CHECKPOINT_COPY_WAIT_S`); any other failure is raised at once."""
+        deadline = time.monotonic() + _CHECKPOINT_COPY_WAIT_S
+        pause = 0.1
+        while True:
+            try:
+                await self.engine.call(_start_from_checkpoint, api, container_id)
+                return
+            except SandboxError as exc:
+                if not checkpoint_copy_left(exc) or time.monotonic() + pause > deadline:
+                    raise
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, _CHECKPOINT_COPY_RETRY_S)
+
     async def _take_back(
         self,
         container: Any,
@@ -434,14 +457,14 @@ class DockerBackend(Backend, RunnerImages, Checkpoints):
     ) -> DockerSandbox:
         """Listen again on ``run_dir``'s socket (replacing the old one), ``start`` the
         container if asked, and take its agent's reconnection: the sandbox, once its agent
-        said ``ready`` with ``reattached`` (its interpreter kept), within ``wait_s``.
-        For a re-attach after a restart, a restore and a parked agent taken back. Raises
+        said ``ready`` with ``reattached`` (its interpreter kept), within ``wait_s`` of
+        the start. For a re-attach after a restart, a restore and a parked agent taken back. Raises
         ``SandboxError`` (its channel closed) otherwise."""
-        deadline = time.monotonic() + wait_s
         listener = await asyncio.to_thread(bind_listener, run_dir, sandbox_ids(spec), replace=True)
         try:
             if start is not None:
                 await start()
+            deadline = time.monotonic() + wait_s
             channel, reader, peer = await accept_agent(
                 listener, container, self.engine.call, wait_s
             )

@@ -30,6 +30,7 @@ from mcp_code_sandbox.host import process_alive, read_mark
 __all__ = [
     "API_TIMEOUT_S",
     "Engine",
+    "checkpoint_copy_left",
     "create_container",
     "engine_missing",
     "engine_ready",
@@ -208,6 +209,23 @@ def map_docker_error(exc: BaseException, *, image: str, runtime: str) -> Sandbox
     if isinstance(exc, docker.errors.DockerException):
         return SandboxFailed(f"docker: {_short(exc)}")
     return SandboxFailed(f"docker: {type(exc).__name__}: {_short(exc)}")
+
+
+def checkpoint_copy_left(exc: SandboxError) -> bool:
+    """Whether a start from a checkpoint failed only because containerd still holds the
+    copy of that checkpoint it made when the checkpoint was taken (moby/moby#42900).
+
+    Docker hands a checkpoint to containerd as a tar in its content store, both to take
+    it and to restore from it; the two tars have one digest, and containerd deletes the
+    first at its next garbage collection, not at once. A restore before that is refused
+    with "already exists" before anything starts, and the same restore succeeds once
+    the collection has run. The engine says so in no status of its own: its words are
+    the one sign, read here beside the other readings of docker-py's errors."""
+    cause = exc.__context__
+    if not isinstance(cause, docker.errors.APIError) or cause.status_code != 500:
+        return False
+    said = str(cause.explanation or "")
+    return "upload checkpoint" in said and said.endswith("already exists")
 
 
 def _unreachable(exc: BaseException) -> bool:
