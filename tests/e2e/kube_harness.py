@@ -405,8 +405,22 @@ async def check_the_pool_refills(alice: Client, pods: Pods, size: int, owner: st
     assert claimed <= warm, (claimed, warm)  # every one a warm pod, none made cold
     await until_pool(pods, size)
     assert not {p["metadata"]["name"] for p in ready_warm_pods(pods)} & claimed
+    await until_listed_pool(alice, size)
     for sid in sids:
         structured(await alice.call_tool("close_session", {"session_id": sid}))
+
+
+async def until_listed_pool(client: Client, size: int) -> None:
+    """``list_runtimes`` (as ``/readyz`` and ``/ui``) shows the cluster's warm pods:
+    ``size`` of them ready, in a pool of that size."""
+    with anyio.fail_after(CLUSTER_WAIT_S):
+        while True:
+            pool = structured(await client.call_tool("list_runtimes", {}))["pool"]
+            if pool["ready"] == size:
+                break
+            await anyio.sleep(0.2)
+    shown = (pool["size"], pool["floor"], pool["ceiling"], pool["starting"])
+    assert shown == (size, size, size, 0), pool
 
 
 async def until_pool(pods: Pods, size: int) -> None:

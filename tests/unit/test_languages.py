@@ -99,7 +99,6 @@ class _Backend:
 
     name = "stub"
     per_sandbox_uids = False
-    pools_itself = False
     workspace_in_sandbox = False
 
     def __init__(self, info: dict[str, dict[str, Any]]) -> None:

@@ -282,10 +282,6 @@ class Backend(abc.ABC):
     #: raises ``BackendUnavailable`` with it); read by the warm pool, which then stops
     #: starting sandboxes instead of failing every few seconds.
     host_problem: str | None = None
-    #: The backend keeps warm sandboxes of its own, shared beyond this server (kubernetes:
-    #: a pool of pods every replica claims from), which ``create`` claims from: the
-    #: session manager's own warm pool then stays empty.
-    pools_itself: bool = False
 
     @abc.abstractmethod
     async def create(self, spec: SandboxSpec, *, mounted: Awaitable[None] | None = None) -> Sandbox:

@@ -24,6 +24,9 @@ with ``pool=True``). Semantics:
   (a burst's own cold starts come first). A start that fails is logged and counted, and
   the next one waits, doubling up to ``_BACKOFF_MAX_S``: an engine that is down is not
   hammered.
+- Where the backend keeps a pool of its own (kubernetes: see
+  :mod:`mcp_code_sandbox.backends.own_pool`), this one starts nothing, and
+  :meth:`WarmPool.status` shows the backend's.
 - :meth:`WarmPool.aclose` (shutdown) starts nothing more, waits (bounded) for the starts
   in flight, and stops every pooled sandbox and removes its files and record. After a
   crash, the next server's recovery removes them: a record that says ``pool`` is never
@@ -43,6 +46,7 @@ from dataclasses import dataclass
 import structlog
 
 from mcp_code_sandbox.backends.base import Backend, Sandbox, SandboxSpec
+from mcp_code_sandbox.backends.own_pool import OwnPool
 from mcp_code_sandbox.metrics import Metrics
 from mcp_code_sandbox.sessions import demand, records, runlog
 from mcp_code_sandbox.sessions.agent_client import AgentClient
@@ -135,7 +139,7 @@ class WarmPool:
         manager's role."""
         self.settings = settings
         #: The floor (SANDBOX_POOL_SIZE); 0: off, also where the backend pools itself.
-        self.size = 0 if backend.pools_itself else settings.pool_size
+        self.size = 0 if isinstance(backend, OwnPool) else settings.pool_size
         spare_uids = None
         if backend.per_sandbox_uids:  # never a uid a session or a paused one could need
             used = settings.max_sessions + settings.max_paused_sessions
@@ -238,6 +242,19 @@ class WarmPool:
         return list(self._ready)
 
     def status(self) -> PoolStatus:
+        if isinstance(self.backend, OwnPool):  # its pool stands in for this one
+            own = self.backend.pool_counts()
+            preload = tuple(self.settings.preload) if own.size else ()
+            return PoolStatus(
+                size=own.size,
+                ready=own.ready,
+                starting=own.starting,
+                preload=preload,
+                floor=own.size,
+                ceiling=own.size,
+                trend=demand.Trend.RESTING.value,
+                decision=None,
+            )
         # Only pooled interpreters preload: with no pool, nothing is imported ahead.
         preload = tuple(self.settings.preload) if self.size else ()
         d = self.demand

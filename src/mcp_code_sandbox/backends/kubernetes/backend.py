@@ -64,6 +64,7 @@ from mcp_code_sandbox.backends.kubernetes.spec import (
     workspace_claim,
 )
 from mcp_code_sandbox.backends.kubernetes.workspaces import KeptWorkspaces
+from mcp_code_sandbox.backends.own_pool import OwnPool, PoolCounts
 from mcp_code_sandbox.backends.shared import SharedSandboxes
 from mcp_code_sandbox.errors import BackendUnavailable, SandboxFailed
 from mcp_code_sandbox.settings import ConfigError as SettingsError
@@ -158,11 +159,10 @@ class PodSandbox(Sandbox):
         return view is not None and not view.gone
 
 
-class KubernetesBackend(Backend, SharedSandboxes, GatedEgress):
+class KubernetesBackend(Backend, SharedSandboxes, GatedEgress, OwnPool):
     """Sandboxes as pods in one namespace (see the module doc)."""
 
     name = "kubernetes"
-    pools_itself = True
     workspace_in_sandbox = True
     #: The session manager then mounts no filesystem per session on this server: a
     #: session's files are the pod's, bound by its volume's size limit.
@@ -454,6 +454,9 @@ class KubernetesBackend(Backend, SharedSandboxes, GatedEgress):
                 ) from None
         except OSError as exc:
             raise BackendUnavailable(f"the Kubernetes API does not answer: {exc}") from None
+
+    def pool_counts(self) -> PoolCounts:
+        return self.pool.counts()
 
     def describe(self) -> Description:
         return Description(

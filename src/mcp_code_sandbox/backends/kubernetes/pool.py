@@ -52,6 +52,7 @@ from mcp_code_sandbox.backends.kubernetes.pods import (
     view_of,
 )
 from mcp_code_sandbox.backends.kubernetes.spec import CLAIMED, WARM
+from mcp_code_sandbox.backends.own_pool import PoolCounts
 
 __all__ = ["POOL_LEASE", "PodPool", "warm_pod_name"]
 
@@ -139,6 +140,12 @@ class PodPool:
                     namespace=self._namespace,
                     patch_type=PatchType.MERGE,
                 )
+
+    def counts(self) -> PoolCounts:
+        """The warm pods now, as this replica's view has them (every replica's pool)."""
+        warm = [view for view in self._watch.all() if view.pool == WARM and not view.gone]
+        ready = sum(1 for view in warm if view.claimable)
+        return PoolCounts(self.size, ready, len(warm) - ready)
 
     async def claim(self, metadata: dict[str, dict[str, str]]) -> PodView | None:
         """Make a ready warm pod a session's, by one conditional update writing
