@@ -945,6 +945,16 @@ async def measure(backend: str, args: argparse.Namespace, state_dir: Path, repor
     ]
 
 
+async def call(client: Client, tool: str, **arguments: Any) -> dict[str, Any]:
+    """``tool``'s structured result; ``RuntimeError`` with its text when it failed."""
+    result = await client.call_tool(tool, arguments)
+    content = result.structured_content
+    if result.is_error or not isinstance(content, dict):
+        text = " ".join(getattr(c, "text", "") for c in result.content)
+        raise RuntimeError(f"{tool} failed: {text[:300]}")
+    return content
+
+
 def find_row(rows: list[Row], backend: str, prefix: str) -> Row | None:
     for row in rows:
         if row.backend == backend and row.metric.startswith(prefix):

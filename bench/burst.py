@@ -39,7 +39,7 @@ from typing import Any
 
 from mcp import Client, StdioServerParameters
 
-from bench import PROTOCOL, Row, log, machine_facts, make_state_dir, report, server_env
+from bench import PROTOCOL, Row, call, log, machine_facts, make_state_dir, report, server_env
 
 DOCKER_WAVE = 10
 BWRAP_WAVE = 20
@@ -61,15 +61,6 @@ async def serving(
             yield client
     finally:
         shutil.rmtree(state_dir, ignore_errors=True)  # the server has ended
-
-
-async def call(client: Client, tool: str, **arguments: Any) -> dict[str, Any]:
-    result = await client.call_tool(tool, arguments)
-    content = result.structured_content
-    if result.is_error or not isinstance(content, dict):
-        text = " ".join(getattr(c, "text", "") for c in result.content)
-        raise RuntimeError(f"{tool} failed: {text[:300]}")
-    return content
 
 
 async def rest(client: Client, pooled: bool) -> tuple[float, dict[str, Any] | None]:

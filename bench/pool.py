@@ -45,6 +45,7 @@ from bench import (
     PROTOCOL,
     SERVER_BACKEND,
     Row,
+    call,
     cgroup_pids,
     descendants,
     find_server,
@@ -80,15 +81,6 @@ async def serving(backend: str, image: str, pool: int) -> AsyncIterator[tuple[Cl
             yield client, state_dir
     finally:
         shutil.rmtree(state_dir, ignore_errors=True)  # the server has ended: nothing waits
-
-
-async def call(client: Client, tool: str, **arguments: Any) -> dict[str, Any]:
-    result = await client.call_tool(tool, arguments)
-    content = result.structured_content
-    if result.is_error or not isinstance(content, dict):
-        text = " ".join(getattr(c, "text", "") for c in result.content)
-        raise RuntimeError(f"{tool} failed: {text[:300]}")
-    return content
 
 
 async def rest(client: Client) -> dict[str, Any]:
