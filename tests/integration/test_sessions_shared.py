@@ -44,6 +44,18 @@ async def server(
         await service.aclose()
 
 
+@asynccontextmanager
+async def two_servers(
+    cluster: Cluster, state_dir: Path, *, storage_class: str | None = None
+) -> AsyncIterator[tuple[SandboxService, SandboxService]]:
+    """Servers ``a`` and ``b`` on the cluster (see :func:`server`)."""
+    async with (
+        server(cluster, state_dir, "a", storage_class=storage_class) as a,
+        server(cluster, state_dir, "b", storage_class=storage_class) as b,
+    ):
+        yield a, b
+
+
 async def run(service: SandboxService, code: str, sid: str, owner: str = "alice") -> Any:
     return await service.run_code(owner, RunRequest(code), sid)
 
@@ -51,7 +63,7 @@ async def run(service: SandboxService, code: str, sid: str, owner: str = "alice"
 async def test_two_servers_serve_one_session_alternately_in_order(
     cluster: Cluster, tmp_path: Path
 ) -> None:
-    async with server(cluster, tmp_path, "a") as a, server(cluster, tmp_path, "b") as b:
+    async with two_servers(cluster, tmp_path) as (a, b):
         first = await run(a, "calls = []", "conv")
         assert first.session_created
         for i in range(50):
@@ -66,7 +78,7 @@ async def test_two_servers_serve_one_session_alternately_in_order(
 async def test_another_owner_cannot_see_or_drive_it_through_either(
     cluster: Cluster, tmp_path: Path
 ) -> None:
-    async with server(cluster, tmp_path, "a") as a, server(cluster, tmp_path, "b") as b:
+    async with two_servers(cluster, tmp_path) as (a, b):
         await run(a, "open('secret.txt', 'w').write('alice only')\nmine = 1", "conv")
         for service in (a, b):
             assert [s.session_id for s in await service.list_sessions("alice")] == ["conv"]
@@ -115,11 +127,7 @@ async def claimed_pods(cluster: Cluster) -> int:
 async def test_a_paused_session_is_resumed_by_either_server_with_its_variables_and_files(
     cluster: Cluster, tmp_path: Path
 ) -> None:
-    kept = {"storage_class": "standard"}
-    async with (
-        server(cluster, tmp_path, "a", **kept) as a,
-        server(cluster, tmp_path, "b", **kept) as b,
-    ):
+    async with two_servers(cluster, tmp_path, storage_class="standard") as (a, b):
         await run(a, "x = 41\nopen('notes.txt', 'w').write('kept')", "conv")
         paused = await a.sessions.pause("alice", "conv")
         assert paused is not None and paused.kind == "variables"
@@ -171,11 +179,7 @@ async def pod_claims(cluster: Cluster) -> list[str]:
 async def test_two_servers_resuming_one_paused_session_at_once_start_one_pod(
     cluster: Cluster, tmp_path: Path
 ) -> None:
-    kept = {"storage_class": "standard"}
-    async with (
-        server(cluster, tmp_path, "a", **kept) as a,
-        server(cluster, tmp_path, "b", **kept) as b,
-    ):
+    async with two_servers(cluster, tmp_path, storage_class="standard") as (a, b):
         await run(a, "calls = []", "conv")
         await a.sessions.pause("alice", "conv")
         both = await asyncio.gather(
@@ -196,7 +200,7 @@ async def test_two_servers_resuming_one_paused_session_at_once_start_one_pod(
 async def test_either_server_closes_a_session_the_other_serves(
     cluster: Cluster, tmp_path: Path
 ) -> None:
-    async with server(cluster, tmp_path, "a") as a, server(cluster, tmp_path, "b") as b:
+    async with two_servers(cluster, tmp_path) as (a, b):
         await run(a, "x = 1", "conv")
         await b.close_session("alice", "conv")
         assert await claimed_pods(cluster) == 0  # its pod is gone
